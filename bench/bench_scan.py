@@ -1,0 +1,697 @@
+"""The dlindex scan benchmark: every figure is a ratio to a baseline measured in the same run.
+
+Cases (select with --cases; default all):
+  warm    first scan of the 50k ImageNet-like tree, page cache warm, fresh DB each rep
+          vs (a) a bare os.open/os.read/os.close loop (one process) and (b) find | xargs cat
+  cold    first scan of a 5,000-file copy after `sync; echo 3 > /proc/sys/vm/drop_caches`
+          vs the best raw parallel read (8/32/64 threads) of the same files, caches dropped too
+  rescan  unchanged rescan of the 200k tiny-image tree (metadata warm)
+          vs find ROOT -type f -printf '%s %T@\\n' (warm)
+  rss     peak RSS of first scan and rescan at 50k, 100k and 200k files (target <= 200 MB)
+  naive   speed-up over a naive single-process indexer (stat, read, xxh3_128, Image.open,
+          INSERT + commit per file), 50k tree, warm
+  hf      speed-up over datasets.load_dataset("imagefolder", data_dir=ROOT), 50k tree, warm
+
+Every measured command runs in a fresh process; wall-clock time is taken around it, so
+interpreter start-up is included for dlindex and for the Python baselines alike.  Medians of
+--reps repetitions are quoted.  The table is printed and written into docs/benchmarks.md between
+<!-- bench_scan:start --> and <!-- bench_scan:end --> (other scripts own other sections).
+Trees are generated (once, reused) by bench/make_trees.py under $DLINDEX_BENCH_DIR
+(default /tmp/dlindex-bench).  Needs root for drop_caches (cold case).
+
+  python bench/bench_scan.py                      # full run, ~15-20 min, writes docs
+  python bench/bench_scan.py --quick              # smoke test: small trees, 1 rep, no docs
+  python bench/bench_scan.py --cases warm,cold --reps 5 --dlindex "python -m dlindex"
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import make_trees as mt  # noqa: E402
+
+BASE = HERE / "baselines"
+PY = sys.executable
+ALL_CASES = ["warm", "cold", "rescan", "rss", "naive", "hf"]
+START, END = "<!-- bench_scan:start -->", "<!-- bench_scan:end -->"
+MB = 1e6
+
+
+# --------------------------------------------------------------------------- running things
+@dataclass
+class Run:
+    argv: list[str] | str
+    wall: float = 0.0
+    rc: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    maxrss_kb: int = 0  # ru_maxrss of the child and its reaped descendants (wait4)
+    tree_peak_kb: int = 0  # sampled peak of the summed PSS of the whole process tree
+    timed_out: bool = False
+
+    @property
+    def json(self) -> dict:
+        for line in reversed(self.stdout.strip().splitlines()):
+            line = line.strip()
+            if line.startswith("{"):
+                return json.loads(line)
+        raise ValueError(f"no JSON object on stdout of {self.cmd!r}: {self.stdout[-300:]!r} / {self.stderr[-500:]!r}")
+
+    @property
+    def cmd(self) -> str:
+        return self.argv if isinstance(self.argv, str) else shlex.join(self.argv)
+
+    def check(self) -> "Run":
+        if self.timed_out:
+            raise RuntimeError(f"timed out after {self.wall:.0f}s: {self.cmd}")
+        if self.rc != 0:
+            raise RuntimeError(f"exit {self.rc}: {self.cmd}\n{self.stderr[-2000:]}")
+        return self
+
+
+def _descendants(pid: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    s = f.read()
+                ppid = int(s[s.rindex(b")") + 2 :].split()[1])
+            except (OSError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(kids.get(p, []))
+    return out
+
+
+def _pss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | None = None,
+        timeout: float = 1800, sample_tree: bool = False) -> Run:
+    """Run one command in a fresh process; time it from the outside."""
+    r = Run(argv)
+    # ru_maxrss from our own wait4() would be polluted: a child that this (big) process forks
+    # inherits our RSS high-water mark until it execs.  /usr/bin/time forks from a tiny process.
+    gnu_time = sample_tree and isinstance(argv, list) and os.access("/usr/bin/time", os.X_OK)
+    if gnu_time:
+        Path(_tmpfile("rss")).unlink(missing_ok=True)
+        argv = ["/usr/bin/time", "-f", "%M", "-o", _tmpfile("rss"), *argv]
+    out_f, err_f = (open(_tmpfile(n), "w+") for n in ("out", "err"))
+    with out_f, err_f:
+        t0 = time.perf_counter()
+        p = subprocess.Popen(argv, shell=isinstance(argv, str), stdin=subprocess.DEVNULL, stdout=out_f,
+                             stderr=err_f, env=env, cwd=cwd, start_new_session=True,
+                             executable="/bin/bash" if isinstance(argv, str) else None)
+        stop = threading.Event()
+
+        def killer() -> None:
+            if not stop.wait(timeout):
+                r.timed_out = True
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+        def sampler() -> None:
+            while not stop.wait(0.02):
+                r.tree_peak_kb = max(r.tree_peak_kb, sum(_pss_kb(q) for q in _descendants(p.pid)))
+
+        threads = [threading.Thread(target=killer, daemon=True)]
+        if sample_tree:
+            threads.append(threading.Thread(target=sampler, daemon=True))
+        for t in threads:
+            t.start()
+        _, status, ru = os.wait4(p.pid, 0)
+        r.wall = time.perf_counter() - t0
+        stop.set()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        r.rc, r.maxrss_kb = p.returncode, ru.ru_maxrss
+        if gnu_time:
+            try:
+                r.maxrss_kb = int(Path(_tmpfile("rss")).read_text().split()[-1])
+            except (OSError, ValueError, IndexError):
+                r.maxrss_kb = 0
+        out_f.seek(0)
+        err_f.seek(0)
+        r.stdout, r.stderr = out_f.read(), err_f.read()
+    return r
+
+
+_TMP: Path | None = None
+
+
+def _tmpfile(name: str) -> str:
+    assert _TMP is not None
+    return str(_TMP / f"run.{name}")
+
+
+def sh(cmd: str, timeout: float = 3600) -> Run:
+    return run(cmd, timeout=timeout).check()
+
+
+def q(p: str | Path) -> str:
+    return shlex.quote(str(p))
+
+
+# --------------------------------------------------------------------------- cache control
+def warm_data(root: Path) -> None:
+    """Pull every byte of the tree into the page cache (untimed)."""
+    sh(f"find {q(root)} -type f -print0 | xargs -0 -P 8 -n 512 cat > /dev/null")
+    sh(f"find {q(root)} -type f -print0 | xargs -0 cat > /dev/null")  # second pass: cache-hot
+
+
+def warm_meta(root: Path) -> None:
+    """Pull directories and inodes into the cache (what an unchanged rescan needs)."""
+    sh(f"find {q(root)} -type f -printf '%s %T@\\n' > /dev/null")
+
+
+def drop_caches() -> None:
+    sh("sync; echo 3 > /proc/sys/vm/drop_caches")
+
+
+def rm_db(db: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(str(db) + suffix).unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------- results
+@dataclass
+class Row:
+    case: str
+    label: str
+    d_s: float | None = None  # dlindex median seconds (or MB for RSS rows)
+    n: int | None = None  # files
+    base: str = ""
+    b_s: float | None = None
+    ratio: float | None = None
+    ratio_kind: str = ""  # how the ratio is defined
+    target: str = ""
+    ok: bool | None = None
+    note: str = ""
+    unit: str = "s"
+    samples: dict = field(default_factory=dict)
+
+    def cells(self) -> list[str]:
+        if self.unit == "MB":
+            d = f"{self.d_s:.0f} MB" if self.d_s is not None else "-"
+            b = f"{self.b_s:.0f} MB" if self.b_s is not None else "-"
+        else:
+            d = f"{self.d_s:.2f} s ({self.n / self.d_s:,.0f} files/s)" if self.d_s and self.n else "-"
+            b = f"{self.b_s:.2f} s ({self.n / self.b_s:,.0f} files/s)" if self.b_s and self.n else "-"
+        ratio = f"{self.ratio:.2f}x" if self.ratio is not None else "-"
+        res = {True: "PASS", False: "**FAIL**", None: "info"}[self.ok]
+        return [self.label, d, self.base or "-", b, ratio + (f" ({self.ratio_kind})" if self.ratio_kind else ""),
+                self.target or "-", res]
+
+
+HEAD = ["case", "dlindex median", "baseline", "baseline median", "ratio", "target", "result"]
+
+
+def md_table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+# --------------------------------------------------------------------------- the bench
+class Bench:
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.spec = mt.QUICK if a.quick else mt.FULL
+        self.work = mt.work_dir(a.work)
+        self.dbdir = self.work / "dbs"
+        self.dbdir.mkdir(exist_ok=True)
+        self.reps = a.reps
+        self.dl = shlex.split(a.dlindex) if a.dlindex else default_dlindex()
+        self.dl_env = dict(os.environ)
+        # `python -m dlindex` from a source checkout: make the package importable from anywhere
+        self.dl_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        # how the dlindex command is shown in the docs: the console script by name
+        self.dl_shown = ["dlindex"] if not a.dlindex and Path(self.dl[0]).name == "dlindex" else self.dl
+        self.scan_extra = ["--workers", str(a.workers)] if a.workers else []
+        self.rows: list[Row] = []
+        self.commands: dict[str, list[str]] = {}
+        self.log: list[str] = []
+        self.warm_scan_med: tuple[float, int] | None = None
+        self.trees: dict = {}
+
+    # ----- helpers
+    def say(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    def note_cmd(self, case: str, cmd: str) -> None:
+        cmd = cmd.replace(str(self.work), "$W")
+        if self.dl_shown != self.dl:
+            cmd = cmd.replace(shlex.join(self.dl), shlex.join(self.dl_shown))
+        lst = self.commands.setdefault(case, [])
+        if cmd not in lst:
+            lst.append(cmd)
+
+    def scan_argv(self, root: Path, db: Path) -> list[str]:
+        return [*self.dl, "scan", str(root), "--db", str(db), "--json", *self.scan_extra]
+
+    def dl_scan(self, case: str, root: Path, db: Path, *, fresh: bool, sample_tree: bool = False,
+                expect: dict | None = None) -> Run:
+        if fresh:
+            rm_db(db)
+        argv = self.scan_argv(root, db)
+        self.note_cmd(case, shlex.join(argv).replace(str(self.work), "$W"))
+        r = run(argv, env=self.dl_env, cwd=REPO, sample_tree=sample_tree, timeout=self.a.timeout).check()
+        out = r.json
+        for k, v in (expect or {}).items():
+            if out.get(k) != v:
+                raise RuntimeError(f"dlindex scan reported {k}={out.get(k)!r}, expected {v!r}: {out}")
+        return r
+
+    def py(self, case: str, script: str, *args: str | Path, env: dict | None = None) -> Run:
+        argv = [PY, str(BASE / script), *map(str, args)]
+        self.note_cmd(case, shlex.join(["python", f"bench/baselines/{script}", *map(str, args)]).replace(str(self.work), "$W"))
+        return run(argv, env=env, timeout=self.a.timeout).check()
+
+    def shell(self, case: str, cmd: str) -> Run:
+        self.note_cmd(case, cmd.replace(str(self.work), "$W"))
+        return run(cmd, timeout=self.a.timeout).check()
+
+    def tree(self, name: str) -> Path:
+        if name not in self.trees:
+            only = {"big": {"big"}, "subset": {"subset"}, "small": {"small"}, "links": {"links"}}[name]
+            self.trees.update(mt.ensure_all(self.spec, self.work, only))
+        return self.trees[name]
+
+    # ----- cases
+    def case_warm(self) -> None:
+        root, n = self.tree("big"), self.spec.big
+        db = self.dbdir / "warm.db"
+        ts: dict[str, list[float]] = {"dlindex": [], "a": [], "b": []}
+        cat = f"find {q(root)} -type f -print0 | xargs -0 cat > /dev/null"
+        for i in range(self.reps):
+            warm_data(root)
+            r = self.dl_scan("warm", root, db, fresh=True, expect={"seen": n, "new": n})
+            ts["dlindex"].append(r.wall)
+            self.say(f"warm rep {i + 1}: dlindex {r.wall:.2f}s  {r.json}")
+            rm_db(db)
+            warm_data(root)
+            ra = self.py("warm", "read_all.py", root)
+            assert ra.json["files"] == n, ra.json
+            ts["a"].append(ra.wall)
+            warm_data(root)
+            ts["b"].append(self.shell("warm", cat).wall)
+            self.say(f"warm rep {i + 1}: read_all {ra.wall:.2f}s  find|xargs cat {ts['b'][-1]:.2f}s")
+        d, a, b = med(ts["dlindex"]), med(ts["a"]), med(ts["b"])
+        self.warm_scan_med = (d, n)
+        lab = f"warm first scan, {n:,} files"
+        self.rows.append(Row("warm", lab, d, n, "(a) os.open/read/close loop, 1 process", a, a / d,
+                             "throughput vs (a)", ">= 0.40x", a / d >= 0.4, samples=ts))
+        self.rows.append(Row("warm", lab, d, n, "(b) find | xargs cat", b, b / d,
+                             "throughput vs (b)", ">= 1.50x", b / d >= 1.5))
+
+    def case_cold(self) -> None:
+        root, n = self.tree("subset"), self.spec.subset
+        db = self.dbdir / "cold.db"
+        tiny = self.tiny_tree()
+        ts: dict[str, list[float]] = {"dlindex": [], "dlindex_cold_start": []}
+        threads = [int(x) for x in self.a.cold_threads.split(",")]
+        for t in threads:
+            ts[f"read{t}"] = []
+        for i in range(self.reps):
+            # dlindex: caches dropped, then code/interpreter re-warmed on a 3-file tree
+            drop_caches()
+            self.dl_scan("cold", tiny, self.dbdir / "tiny.db", fresh=True)
+            rm_db(self.dbdir / "tiny.db")
+            r = self.dl_scan("cold", root, db, fresh=True, expect={"seen": n, "new": n})
+            ts["dlindex"].append(r.wall)
+            rm_db(db)
+            # dlindex, everything cold (interpreter and imports too): info only
+            drop_caches()
+            r2 = self.dl_scan("cold", root, db, fresh=True, expect={"seen": n})
+            ts["dlindex_cold_start"].append(r2.wall)
+            rm_db(db)
+            msg = f"cold rep {i + 1}: dlindex {r.wall:.2f}s (fully cold {r2.wall:.2f}s)"
+            for t in threads:
+                drop_caches()
+                self.py("cold", "parallel_read.py", tiny, t)
+                rr = self.py("cold", "parallel_read.py", root, t)
+                assert rr.json["files"] == n, rr.json
+                ts[f"read{t}"].append(rr.wall)
+                msg += f"  read{t} {rr.wall:.2f}s"
+            self.say(msg)
+        d = med(ts["dlindex"])
+        best_t = min(threads, key=lambda t: med(ts[f"read{t}"]))
+        b = med(ts[f"read{best_t}"])
+        others = ", ".join(f"{t} thr {med(ts[f'read{t}']):.2f} s" for t in threads)
+        self.rows.append(Row("cold", f"cold first scan, {n:,} files", d, n,
+                             f"best raw parallel read ({best_t} threads; {others})", b, b / d,
+                             "throughput vs baseline", ">= 0.80x", b / d >= 0.8, samples=ts,
+                             note="caches dropped before every run; code re-warmed by a 3-file run"))
+        dc = med(ts["dlindex_cold_start"])
+        self.rows.append(Row("cold", "cold first scan incl. cold interpreter/imports", dc, n,
+                             f"same ({best_t} threads)", b, b / dc, "throughput vs baseline", "", None))
+
+    def case_rescan(self) -> None:
+        root, n = self.tree("small"), self.spec.small
+        db = self.dbdir / "rescan.db"
+        warm_data(root)
+        first = self.dl_scan("rescan", root, db, fresh=True, expect={"seen": n, "new": n})
+        self.say(f"rescan: first scan of {n} files {first.wall:.2f}s {first.json}")
+        ts: dict[str, list[float]] = {"dlindex": [], "find": [], "first_scan": [first.wall]}
+        find = f"find {q(root)} -type f -printf '%s %T@\\n' > /dev/null"
+        for i in range(self.reps):
+            warm_meta(root)
+            sh(f"cat {q(db)}* > /dev/null")
+            r = self.dl_scan("rescan", root, db, fresh=False, expect={"seen": n, "unchanged": n, "new": 0})
+            ts["dlindex"].append(r.wall)
+            warm_meta(root)
+            ts["find"].append(self.shell("rescan", find).wall)
+            self.say(f"rescan rep {i + 1}: dlindex {r.wall:.2f}s  find {ts['find'][-1]:.2f}s")
+        rm_db(db)
+        d, b = med(ts["dlindex"]), med(ts["find"])
+        self.rows.append(Row("rescan", f"unchanged rescan, {n:,} files", d, n,
+                             "find -type f -printf '%s %T@\\n'", b, d / b, "time / baseline time",
+                             "<= 2.00x", d / b <= 2.0, samples=ts))
+        self.rows.append(Row("rescan", f"(first scan of the same {n:,} tiny files, warm)", first.wall, n,
+                             "", None, None, "", "", None))
+
+    def case_rss(self) -> None:
+        trees = [(k, p) for k, p in sorted(self.tree("links").items())] + [(self.spec.small, self.tree("small"))]
+        res: dict[int, dict] = {}
+        for n, root in trees:
+            db = self.dbdir / f"rss{n}.db"
+            warm_data(root)
+            r1 = self.dl_scan("rss", root, db, fresh=True, sample_tree=True, expect={"seen": n, "new": n})
+            warm_meta(root)
+            r2 = self.dl_scan("rss", root, db, fresh=False, sample_tree=True, expect={"seen": n, "unchanged": n})
+            rm_db(db)
+            res[n] = {"scan_maxrss_mb": r1.maxrss_kb * 1024 / MB, "scan_tree_pss_mb": r1.tree_peak_kb * 1024 / MB,
+                      "rescan_maxrss_mb": r2.maxrss_kb * 1024 / MB, "rescan_tree_pss_mb": r2.tree_peak_kb * 1024 / MB,
+                      "scan_s": r1.wall, "rescan_s": r2.wall}
+            self.say(f"rss {n}: {res[n]}")
+        top = max(res)
+        for what in ("scan", "rescan"):
+            for n in sorted(res):
+                m, t = res[n][f"{what}_maxrss_mb"], res[n][f"{what}_tree_pss_mb"]
+                big = n == top
+                self.rows.append(Row("rss", f"peak RSS, {'first scan' if what == 'scan' else 'unchanged rescan'}, {n:,} files",
+                                     m, n, "sampled PSS sum of the process tree", t, None, "", "<= 200 MB" if big else "",
+                                     (m <= 200 and t <= 200) if big else None, unit="MB", samples=res[n]))
+            lo, hi = min(res), max(res)
+            if lo != hi:
+                growth = res[hi][f"{what}_maxrss_mb"] / res[lo][f"{what}_maxrss_mb"]
+                per_file = (res[hi][f"{what}_maxrss_mb"] - res[lo][f"{what}_maxrss_mb"]) * MB / (hi - lo)
+                self.rows.append(Row("rss", f"RSS growth {lo:,} -> {hi:,} files ({what})", None, None,
+                                     f"linear would be {hi / lo:.1f}x", None, growth, f"{per_file:.0f} B per extra file",
+                                     f"< {hi / lo:.1f}x (sub-linear)", growth < hi / lo, unit="MB"))
+
+    def _warm_dlindex(self) -> tuple[float, int]:
+        if self.warm_scan_med is None:  # warm case not run: one warm scan of our own
+            root, n = self.tree("big"), self.spec.big
+            db = self.dbdir / "warm1.db"
+            warm_data(root)
+            r = self.dl_scan("naive", root, db, fresh=True, expect={"seen": n})
+            rm_db(db)
+            self.warm_scan_med = (r.wall, n)
+        return self.warm_scan_med
+
+    def case_naive(self) -> None:
+        root, n = self.tree("big"), self.spec.big
+        db = self.dbdir / "naive.db"
+        ts, rates, complete = [], [], True
+        for _ in range(self.a.slow_reps):
+            warm_data(root)
+            rm_db(db)
+            args = [root, db] + (["--max-seconds", str(self.a.naive_max_s)] if self.a.naive_max_s else [])
+            r = self.py("naive", "naive_index.py", *args)
+            rm_db(db)
+            out = r.json
+            complete &= out["complete"]
+            ts.append(r.wall)
+            rates.append(out["files"] / r.wall)
+            self.say(f"naive: {r.wall:.2f}s {out}")
+        d, _ = self._warm_dlindex()
+        b = n / med(rates)  # time for the whole tree (extrapolated if the run was capped)
+        note = f"{self.a.slow_reps} rep(s)" + ("" if complete else f"; capped at {self.a.naive_max_s}s, extrapolated")
+        self.rows.append(Row("naive", f"speed-up over naive 1-process indexer, {n:,} files, warm", d, n,
+                             "os.walk+stat+read+xxh3_128+Image.open+INSERT/commit per file", b, b / d,
+                             "speed-up", "report", None, note=note, samples={"naive": ts}))
+
+    def case_hf(self) -> None:
+        root, n = self.tree("big"), self.spec.big
+        ts = []
+        info = {}
+        try:
+            import importlib.util
+
+            if importlib.util.find_spec("datasets") is None:
+                raise RuntimeError("the `datasets` package is not installed in this interpreter (pip install datasets)")
+            for _ in range(self.a.slow_reps):
+                cache = self.work / "hf-cache"
+                shutil.rmtree(cache, ignore_errors=True)
+                cache.mkdir()
+                env = dict(os.environ, HF_HOME=str(cache / "home"), HF_DATASETS_CACHE=str(cache / "datasets"),
+                           HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+                warm_data(root)
+                r = self.py("hf", "hf_imagefolder.py", root, cache, env=env)
+                shutil.rmtree(cache, ignore_errors=True)
+                info = r.json
+                if info["files"] != n:
+                    raise RuntimeError(f"HF loaded {info['files']} rows, expected {n}")
+                ts.append(r.wall)
+                self.say(f"hf: {r.wall:.2f}s {info}")
+        except Exception as e:  # report, don't fail the whole benchmark
+            self.rows.append(Row("hf", "speed-up over HF datasets imagefolder", None, n, "HF datasets",
+                                 None, None, "", "report", None, note=f"could not run: {str(e).splitlines()[0][:200]}"))
+            return
+        d, _ = self._warm_dlindex()
+        b = med(ts)
+        emb = "reads and embeds image bytes" if info.get("embedded_bytes") else \
+            "lists files and stores paths only; it does not read image bytes"
+        self.rows.append(Row("hf", f"speed-up over HF datasets imagefolder, {n:,} files, warm", d, n,
+                             f"load_dataset('imagefolder') (datasets {info.get('datasets')})", b, b / d,
+                             "speed-up", "report", None, note=f"{self.a.slow_reps} rep(s); HF {emb}",
+                             samples={"hf": ts}))
+
+    def tiny_tree(self) -> Path:
+        """3 images, to re-warm interpreter and code after drop_caches."""
+        tiny = self.work / "tiny3"
+        if not (tiny / "a" / "x.png").exists():
+            from PIL import Image
+
+            (tiny / "a").mkdir(parents=True, exist_ok=True)
+            im = Image.new("RGB", (8, 8), (10, 20, 30))
+            im.save(tiny / "a" / "z.jpg")
+            im.save(tiny / "a" / "y.webp")
+            im.save(tiny / "a" / "x.png")
+        return tiny
+
+    # ----- driver
+    def go(self, cases: list[str]) -> None:
+        global _TMP
+        _TMP = self.work / "tmp"
+        _TMP.mkdir(exist_ok=True)
+        self.t0 = time.perf_counter()
+        self.started = _dt.datetime.now(_dt.timezone.utc)
+        try:
+            v = run([*self.dl, "--help"], env=self.dl_env, cwd=REPO, timeout=120)
+            if v.rc != 0:
+                self.say(f"warning: `{shlex.join(self.dl)} --help` exited {v.rc}: {v.stderr[-500:]}")
+        except Exception as e:  # noqa: BLE001
+            self.say(f"warning: cannot run {self.dl}: {e}")
+        for c in cases:
+            self.say(f"=== case {c}")
+            t = time.perf_counter()
+            try:
+                getattr(self, f"case_{c}")()
+            except Exception as e:  # noqa: BLE001
+                tb = traceback.format_exc()
+                self.say(f"case {c} FAILED: {tb}")
+                self.rows.append(Row(c, f"{c}: case failed", ok=False, note=str(e).strip().splitlines()[0][:300]))
+            self.log.append(f"{c}: {time.perf_counter() - t:.0f}s")
+        self.total = time.perf_counter() - self.t0
+
+
+def default_dlindex() -> list[str]:
+    exe = shutil.which("dlindex")
+    return [exe] if exe else [PY, "-m", "dlindex"]
+
+
+def machine_info(b: Bench) -> dict:
+    def cmd(c: str) -> str:
+        try:
+            return subprocess.run(c, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
+        except Exception:  # noqa: BLE001
+            return "?"
+
+    import PIL
+    import xxhash
+
+    cpu = cmd("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").strip()
+    mem = cmd("awk '/MemTotal/ {printf \"%.0f GiB\", $2/1048576}' /proc/meminfo")
+    fs = cmd(f"df -T {q(b.work)} | awk 'NR==2 {{print $2}}'")
+    rev = cmd(f"git -C {q(REPO)} rev-parse --short HEAD 2>/dev/null") or "uncommitted"
+    dirty = cmd(f"git -C {q(REPO)} status --porcelain 2>/dev/null | head -1")
+    ver = cmd(f"cd {q(REPO)} && PYTHONPATH={q(REPO)} {q(PY)} -c 'import importlib.metadata as m; print(m.version(\"dlindex\"))' 2>/dev/null")
+    return {
+        "date": b.started.strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem": mem,
+        "os": f"{platform.system()} {platform.release()}",
+        "fs": fs,
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "pillow": PIL.__version__,
+        "xxhash": xxhash.VERSION,
+        "dlindex": f"{ver or '?'} (git {rev}{' + local changes' if dirty else ''})",
+        "dlindex_cmd": shlex.join(b.dl_shown),
+    }
+
+
+def tree_size(b: Bench, name: str) -> str:
+    p = b.trees.get(name)
+    try:
+        m = json.loads(p.with_name(p.name + ".complete").read_text())
+        return f" ({m['bytes'] / 2**30:.2f} GiB)" if m["bytes"] > 2**30 else f" ({m['bytes'] / 2**20:.0f} MiB)"
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def render(b: Bench, info: dict, argv: list[str]) -> str:
+    s = b.spec
+    lines = [
+        START,
+        "## Scan (`bench/bench_scan.py`)",
+        "",
+        f"Measured {info['date']} on {info['nproc']} cores ({info['cpu']}), {info['mem']} RAM, {info['os']}, "
+        f"{info['fs']}; Python {info['python']}, SQLite {info['sqlite']}, Pillow {info['pillow']}, "
+        f"xxhash {info['xxhash']}; dlindex {info['dlindex']}.",
+        "",
+        f"Every figure is the **median of {b.reps} runs** (the naive and HF baselines: {b.a.slow_reps}), each in a "
+        "fresh process, timed wall-clock from outside (interpreter start-up included for dlindex and for the "
+        "Python baselines). Each ratio is against a baseline measured in the same run, so it carries over "
+        "between machines better than the absolute figures. Throughput ratios are baseline time / dlindex "
+        "time (> 1: dlindex is faster).",
+        "",
+        md_table(b.rows),
+        "",
+        "Notes:",
+        "",
+        f"- Trees (`bench/make_trees.py`, seed {s.seed}): {s.big:,} ImageNet-like images in {s.big_classes} class "
+        f"folders{tree_size(b, 'big')} (85 % JPEG, median ~31 KB, 5th-95th percentile ~7-190 KB; 10 % PNG; 5 % WebP); "
+        f"{s.small:,} tiny PNG/JPEG images{tree_size(b, 'small')} (~0.6-2.3 KB) in {s.small_classes:,} folders; a real copy of "
+        f"{s.subset:,} files of the first tree for the cold case; hard-linked prefixes of the tiny tree for RSS "
+        "growth. Every file has distinct bytes.",
+        "- *warm*: before every run the whole tree is read (`find | xargs cat`) so it is in the page cache; "
+        "dlindex gets a fresh DB each run. *cold*: `sync; echo 3 > /proc/sys/vm/drop_caches` before every "
+        "run; then a 3-file run of the same program re-warms only the interpreter and code, the data stays "
+        "cold (the row 'incl. cold interpreter/imports' skips that). *rescan*: `find -printf` right before "
+        "each run warms directories and inodes, the DB file is read into the cache too.",
+        "- Peak RSS: `ru_maxrss` of the dlindex process via `/usr/bin/time -f %M` (the largest single process among it and "
+        "its reaped children); the baseline column is the peak of the summed PSS of the whole process "
+        "tree sampled every 20 ms (counts worker processes together, shared pages once).",
+    ]
+    notes = [f"- {r.label}: {r.note}" for r in b.rows if r.note]
+    lines += notes
+    lines += ["", "Reproduce (as root, from the repository root, in the venv):", "", "```sh",
+              ". .venv/bin/activate && pip install -e . datasets   # datasets: benchmark-only",
+              "python bench/make_trees.py" + (" --quick" if b.a.quick else "") + "   # once; reused while complete",
+              "python bench/bench_scan.py " + shlex.join(argv), "```", "",
+              "Exact commands of each case (`$W` = " + str(b.work) + "):", ""]
+    for c, cmds in b.commands.items():
+        lines.append(f"- {c}: " + "; ".join(f"`{x}`" for x in cmds))
+    lines += ["", f"Wall time of this run: {b.total / 60:.1f} min ({', '.join(b.log)}).", END]
+    return "\n".join(lines)
+
+
+def write_docs(path: Path, section: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        text = path.read_text()
+    else:
+        text = ("# Benchmarks\n\nFigures measured by the scripts in `bench/`. Each section is rewritten by the "
+                "script named in it; edit outside the marked sections only.\n")
+    if START in text and END in text:
+        pre, rest = text.split(START, 1)
+        post = rest.split(END, 1)[1]
+        text = pre + section + post
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small trees, 1 rep, no docs (smoke test)")
+    ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma list of {','.join(ALL_CASES)}")
+    ap.add_argument("--reps", type=int, help="repetitions per case (default 3; --quick: 1)")
+    ap.add_argument("--slow-reps", type=int, help="repetitions for the naive and HF baselines (default 1)")
+    ap.add_argument("--dlindex", help="command to run dlindex (default: `dlindex` on PATH, else python -m dlindex)")
+    ap.add_argument("--workers", type=int, help="pass --workers N to dlindex scan (default: dlindex's own)")
+    ap.add_argument("--cold-threads", default="8,32,64", help="thread counts for the cold raw-read baseline")
+    ap.add_argument("--naive-max-s", type=float, default=600, help="cap the naive run, extrapolate (0: no cap)")
+    ap.add_argument("--timeout", type=float, default=1800, help="per-command timeout, s")
+    ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
+    ap.add_argument("--docs", help="markdown file to update (default docs/benchmarks.md; --quick: none)")
+    ap.add_argument("--no-docs", action="store_true")
+    a = ap.parse_args(argv)
+    a.reps = a.reps or (1 if a.quick else 3)
+    a.slow_reps = a.slow_reps or 1
+    cases = [c.strip() for c in a.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in ALL_CASES]
+    if bad:
+        ap.error(f"unknown case(s) {bad}; choose from {ALL_CASES}")
+    b = Bench(a)
+    b.say(f"dlindex command: {shlex.join(b.dl)}; work dir {b.work}; cases {cases}; reps {a.reps}")
+    b.go(cases)
+    info = machine_info(b)
+    section = render(b, info, argv)
+    print("\n" + section)
+    stamp = b.started.strftime("%Y%m%d-%H%M%S")
+    raw = b.work / f"bench_scan-{stamp}.json"
+    raw.write_text(json.dumps({"info": info, "argv": argv, "rows": [r.__dict__ for r in b.rows],
+                               "commands": b.commands}, indent=1, default=str))
+    b.say(f"raw results: {raw}")
+    docs = None if a.no_docs else (Path(a.docs) if a.docs else (None if a.quick else REPO / "docs" / "benchmarks.md"))
+    if docs:
+        write_docs(docs, section)
+        b.say(f"wrote {docs}")
+    return 0 if all(r.ok is not False for r in b.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

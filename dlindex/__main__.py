@@ -1,0 +1,3 @@
+from dlindex.cli import main
+
+main()

@@ -1,0 +1,80 @@
+"""`dlindex scan ROOT`: index an image tree into the catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from tqdm import tqdm
+
+from ..catalog import open_catalog
+from ..errors import ExitCode
+from ..scan import ScanOptions, ScanSummary, check_root, scan_tree
+from ..walk import DEFAULT_EXTENSIONS
+from ._shared import DbOption, JsonFlag, QuietFlag, handle_errors, print_json, stderr_console, stdout_console
+
+
+@handle_errors
+def scan(
+    root: Annotated[Path, typer.Argument(help="Folder to index (class-per-folder: ROOT/LABEL/...).", show_default=False)],
+    db: DbOption = None,
+    ext: Annotated[list[str] | None, typer.Option("--ext", help="Image extension to index (repeatable; replaces the default list).", show_default=False)] = None,
+    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of paths or names to skip (repeatable).", show_default=False)] = None,
+    hidden: Annotated[bool, typer.Option("--hidden", help="Include hidden files and folders.")] = False,
+    follow_symlinks: Annotated[bool, typer.Option("--follow-symlinks", help="Follow symbolic links (loops are detected; no file is indexed twice).")] = False,
+    labels: Annotated[Path | None, typer.Option("--labels", help="CSV file with columns path,label overriding folder labels.", show_default=False)] = None,
+    verify: Annotated[bool, typer.Option("--verify", help="Also fully decode every probed image with Pillow.")] = False,
+    max_pixels: Annotated[int, typer.Option("--max-pixels", min=1, help="Decode limit; headers above twice this are recorded corrupt (decompression bombs).")] = ScanOptions().max_pixels,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Probe processes; 0 means one per CPU.")] = 0,
+    io_threads: Annotated[int, typer.Option("--io-threads", min=1, help="Reads in flight per worker (helps cold caches).")] = ScanOptions().io_threads,
+    prune: Annotated[bool, typer.Option("--prune", help="Delete rows of files gone from disk instead of marking them missing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Re-probe every file, even unchanged ones.")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
+    as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
+) -> None:
+    """Index an image tree into the catalog (incremental, parallel).
+
+        dlindex scan ~/data/imagenet/train --db train.db
+    """
+    options = ScanOptions(
+        extensions=tuple(e.lower().lstrip(".") for e in ext) if ext else DEFAULT_EXTENSIONS,
+        hidden=hidden,
+        exclude=tuple(exclude or ()),
+        follow_symlinks=follow_symlinks,
+        labels_file=labels,
+        verify=verify,
+        max_pixels=max_pixels,
+        workers=workers,
+        io_threads=io_threads,
+        prune=prune,
+        force=force,
+    )
+    check_root(root)  # a bad ROOT must not leave a new catalog file behind
+    with open_catalog(db, create=True) as catalog:
+        with tqdm(unit="img", disable=True if quiet else None, desc="scan", smoothing=0.1) as bar:
+            summary = scan_tree(catalog, root, options, progress=bar.update)
+    if as_json:
+        print_json(summary.as_dict())
+    else:
+        _print_summary(summary)
+    if not quiet and summary.error_samples:
+        for path, message in summary.error_samples[:10]:
+            stderr_console.print(f"error: {path!r}: {message}", markup=False)
+        if summary.errors > 10:
+            stderr_console.print(f"... and {summary.errors - 10} more errors (see --json)", markup=False)
+    if strict and summary.errors:
+        raise typer.Exit(ExitCode.PARTIAL)
+
+
+def _print_summary(s: ScanSummary) -> None:
+    stdout_console.print(
+        f"[bold]scanned[/] {s.root}\n"
+        f"  seen {s.seen}  new {s.new}  changed {s.changed}  unchanged {s.unchanged}  "
+        f"missing {s.missing}\n"
+        f"  corrupt {s.corrupt}  skipped {s.skipped}  errors {s.errors}"
+        + (f"  relabeled {s.relabeled}" if s.relabeled else "")
+        + (f"  pruned {s.pruned}" if s.pruned else "")
+        + f"\n  {s.seconds:.2f} s, {s.files_per_s:,.0f} files/s",
+    )

@@ -1,0 +1,54 @@
+"""`dlindex stats`: what is in the catalog."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from ..catalog import open_catalog
+from ..stats import CatalogStats, catalog_stats
+from ._shared import DbOption, JsonFlag, handle_errors, human_bytes, print_json, stdout_console
+
+
+@handle_errors
+def stats(
+    db: DbOption = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many largest and smallest labels to list.")] = 5,
+    as_json: JsonFlag = False,
+) -> None:
+    """Show totals by status, label balance, sizes, indexes and recent scans.
+
+        dlindex stats --json | jq .by_status
+    """
+    with open_catalog(db) as catalog:
+        result = catalog_stats(catalog, top=top)
+    if as_json:
+        print_json(result.as_dict())
+    else:
+        _print(result)
+
+
+def _print(s: CatalogStats) -> None:
+    out = stdout_console
+    status = ", ".join(f"{k} {v:,}" for k, v in s.by_status.items())
+    out.print(f"[bold]images[/] {s.images:,} ({status})")
+    out.print(f"[bold]processed[/] {s.processed:,}, unprocessed {s.unprocessed:,}")
+    if s.processing_status:
+        out.print("[bold]processing status[/] " + ", ".join(f"{k} {v:,}" for k, v in s.processing_status.items()))
+    out.print(f"[bold]labels[/] {s.labels:,}")
+    if s.largest_labels:
+        out.print("  largest:  " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.largest_labels), markup=False)
+        out.print("  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False)
+    out.print(f"[bold]image bytes[/] {human_bytes(s.total_bytes)}; catalog file {human_bytes(s.catalog_bytes)}")
+    out.print(f"[bold]indexes[/] {', '.join(i['name'] for i in s.indexes) or 'none (see dlindex index --suggest)'}")
+    if s.last_scans:
+        table = Table("scan", "root", "state", "started", "seen", "new", "changed", "missing", "corrupt", "errors", "s")
+        for scan in s.last_scans:
+            table.add_row(*(str(scan[k]) for k in ("id", "root", "state", "started_at", "seen", "new", "changed", "missing", "corrupt", "errors", "seconds")))
+        out.print(table)
+
+
+def _label(name: str) -> str:
+    return name if name else "(root)"

@@ -1,0 +1,103 @@
+"""The catalog schema, as an append-only list of forward migrations.
+
+The schema version is ``PRAGMA user_version``: one integer in the database header that
+any SQLite client can read, so an older dlindex can refuse a newer catalog before it
+touches anything. A released migration is never edited; a change is a new function
+appended to ``MIGRATIONS``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+
+# "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
+APPLICATION_ID = 0x646C6978
+
+
+def m001_initial(conn: sqlite3.Connection) -> None:
+    # Only keys and uniqueness: secondary indexes are for `dlindex index` to prove worth it.
+    for statement in _M001:
+        conn.execute(statement)
+
+
+_M001 = (
+    """CREATE TABLE roots (
+        id INTEGER PRIMARY KEY,
+        path TEXT NOT NULL UNIQUE,
+        path_bytes BLOB,
+        added_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
+    )""",
+    """CREATE TABLE labels (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE
+    )""",
+    """CREATE TABLE image_metadata (
+        id INTEGER PRIMARY KEY,
+        root_id INTEGER NOT NULL REFERENCES roots(id),
+        file_path TEXT NOT NULL,
+        file_path_bytes BLOB,
+        label_id INTEGER NOT NULL REFERENCES labels(id),
+        width INTEGER,
+        height INTEGER,
+        format TEXT,
+        mode TEXT,
+        bytes INTEGER,
+        mtime_ns INTEGER,
+        xxh3_128 TEXT,
+        status TEXT NOT NULL DEFAULT 'ok' CHECK (status IN ('ok', 'corrupt', 'missing')),
+        error TEXT,
+        warning TEXT,
+        processed BOOLEAN NOT NULL DEFAULT 0,
+        processing_status TEXT CHECK (processing_status IN ('queued', 'completed', 'failed')),
+        created_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+        updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+        UNIQUE (root_id, file_path)
+    )""",
+    """CREATE TABLE scans (
+        id INTEGER PRIMARY KEY,
+        root_id INTEGER NOT NULL REFERENCES roots(id),
+        options TEXT NOT NULL,
+        pid INTEGER,
+        state TEXT NOT NULL DEFAULT 'running'
+            CHECK (state IN ('running', 'completed', 'interrupted', 'failed')),
+        started_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        finished_at TIMESTAMP,
+        seen INTEGER NOT NULL DEFAULT 0,
+        new INTEGER NOT NULL DEFAULT 0,
+        changed INTEGER NOT NULL DEFAULT 0,
+        unchanged INTEGER NOT NULL DEFAULT 0,
+        missing INTEGER NOT NULL DEFAULT 0,
+        corrupt INTEGER NOT NULL DEFAULT 0,
+        skipped INTEGER NOT NULL DEFAULT 0,
+        errors INTEGER NOT NULL DEFAULT 0,
+        seconds REAL
+    )""",
+)
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (m001_initial,)
+LATEST_VERSION = len(MIGRATIONS)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def apply_migrations(conn: sqlite3.Connection) -> int:
+    """Bring the catalog to LATEST_VERSION; each step commits together with its version bump."""
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read inside the write lock: another process may have migrated meanwhile.
+            version = schema_version(conn)
+            if version >= LATEST_VERSION:
+                conn.execute("COMMIT")
+                return version
+            MIGRATIONS[version](conn)
+            # PRAGMA takes no parameters; both values are integers from this module.
+            conn.execute(f"PRAGMA user_version = {int(version + 1)}")
+            conn.execute(f"PRAGMA application_id = {int(APPLICATION_ID)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise

@@ -1,0 +1,100 @@
+"""``stats``: what is in a catalog, in a handful of aggregate reads."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .catalog import Catalog
+
+_BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
+_PROCESSED = "SELECT processed, count(*) FROM image_metadata WHERE status != 'missing' GROUP BY processed"
+_PROCESSING = (
+    "SELECT coalesce(processing_status, 'none'), count(*) FROM image_metadata "
+    "WHERE status != 'missing' GROUP BY processing_status"
+)
+_LABEL_COUNTS = """SELECT labels.name, counts.n FROM (
+        SELECT label_id, count(*) AS n FROM image_metadata WHERE status = 'ok' GROUP BY label_id
+    ) AS counts JOIN labels ON labels.id = counts.label_id
+    ORDER BY counts.n {direction}, labels.name LIMIT ?"""
+_LARGEST_LABELS = _LABEL_COUNTS.format(direction="DESC")
+_SMALLEST_LABELS = _LABEL_COUNTS.format(direction="ASC")
+_LABEL_TOTAL = "SELECT count(DISTINCT label_id) FROM image_metadata WHERE status = 'ok'"
+_INDEXES = (
+    "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
+    "AND name NOT LIKE 'sqlite_%' ORDER BY tbl_name, name"
+)
+_ROOTS = "SELECT id, path, added_at FROM roots ORDER BY id"
+_LAST_SCANS = """SELECT scans.id, roots.path AS root, state, started_at, finished_at, seen, new, changed,
+        unchanged, missing, corrupt, skipped, errors, seconds
+    FROM scans JOIN roots ON roots.id = scans.root_id ORDER BY scans.id DESC LIMIT ?"""
+
+
+@dataclass(frozen=True)
+class LabelCount:
+    label: str
+    images: int
+
+
+@dataclass(frozen=True)
+class CatalogStats:
+    images: int
+    by_status: dict[str, int]
+    bytes_by_status: dict[str, int]
+    processed: int
+    unprocessed: int
+    processing_status: dict[str, int]
+    labels: int
+    largest_labels: list[LabelCount]
+    smallest_labels: list[LabelCount]
+    total_bytes: int
+    catalog_bytes: int
+    indexes: list[dict[str, str]]
+    roots: list[dict[str, Any]]
+    last_scans: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStats:
+    """Totals by status, processed counts, label balance, size, indexes and recent scans."""
+    conn = catalog.conn
+    by_status: dict[str, int] = {"ok": 0, "corrupt": 0, "missing": 0}
+    bytes_by_status: dict[str, int] = {"ok": 0, "corrupt": 0, "missing": 0}
+    for status, count, size in conn.execute(_BY_STATUS):
+        by_status[status] = count
+        bytes_by_status[status] = size
+    processed_counts = dict(conn.execute(_PROCESSED).fetchall())
+    return CatalogStats(
+        images=sum(by_status.values()),
+        by_status=by_status,
+        bytes_by_status=bytes_by_status,
+        processed=processed_counts.get(1, 0),
+        unprocessed=processed_counts.get(0, 0),
+        processing_status=dict(conn.execute(_PROCESSING).fetchall()),
+        labels=int(conn.execute(_LABEL_TOTAL).fetchone()[0]),
+        largest_labels=[LabelCount(*row) for row in conn.execute(_LARGEST_LABELS, (top,))],
+        smallest_labels=[LabelCount(*row) for row in conn.execute(_SMALLEST_LABELS, (top,))],
+        total_bytes=bytes_by_status["ok"] + bytes_by_status["corrupt"],
+        catalog_bytes=_file_size(catalog),
+        indexes=[{"name": n, "table": t, "sql": s} for n, t, s in conn.execute(_INDEXES)],
+        roots=[dict(zip(("id", "path", "added_at"), row)) for row in conn.execute(_ROOTS)],
+        last_scans=_rows_as_dicts(conn.execute(_LAST_SCANS, (scans,))),
+    )
+
+
+def _rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:
+    names = [d[0] for d in cursor.description]
+    return [dict(zip(names, row)) for row in cursor]
+
+
+def _file_size(catalog: Catalog) -> int:
+    total = 0
+    for suffix in ("", "-wal"):
+        try:
+            total += os.path.getsize(os.fspath(catalog.path) + suffix)
+        except OSError:
+            pass
+    return total
