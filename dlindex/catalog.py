@@ -24,14 +24,17 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 class Catalog:
     """An open catalog: a sqlite3 connection in autocommit mode plus its sqlite-utils view.
 
-    Writes go through ``write_transaction()`` (BEGIN IMMEDIATE), so a writer never fails
-    half-way on a lock upgrade and a crash leaves either all of a batch or none of it.
+    ``Catalog("train.db")`` opens an existing catalog (``create=True`` allows a new file,
+    which only ``scan`` does); every check runs before anything is written, so a foreign
+    or newer file is refused untouched. Writes go through ``write_transaction()`` (BEGIN
+    IMMEDIATE), so a writer never fails half-way on a lock upgrade and a crash leaves
+    either all of a batch or none of it.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
-        self.path = path
-        self.conn = conn
-        self.db = sqlite_utils.Database(conn)
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = False) -> None:
+        self.path = Path(path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB))
+        self.conn = _connect(self.path, create=create)
+        self.db = sqlite_utils.Database(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -65,7 +68,10 @@ def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = F
         path: the database file; default ``$DLINDEX_DB`` or ``./dlindex.db``.
         create: allow a new file (only ``scan`` does this).
     """
-    db_path = Path(path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB))
+    return Catalog(path, create=create)
+
+
+def _connect(db_path: Path, *, create: bool) -> sqlite3.Connection:
     existed = db_path.exists()
     _check_before_open(db_path, create=create)
     try:
@@ -82,7 +88,7 @@ def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = F
         if not existed:
             _remove_new_file(db_path)
         raise CatalogError(f"cannot open catalog {db_path}: {e}") from None
-    return Catalog(db_path, conn)
+    return conn
 
 
 def _check_before_open(db_path: Path, *, create: bool) -> None:
