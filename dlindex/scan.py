@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from . import worker
 from .catalog import Catalog
-from .errors import InputError, Interrupted
+from .errors import DlindexError, InputError, Interrupted
 from .probe import Probe, ProbeOptions
 from .walk import DEFAULT_EXTENSIONS, WalkedFile, WalkOptions, WalkReport, display_name, walk_tree
 
@@ -408,6 +408,7 @@ class _ProbePool:
         results = []
         for path, key in (item for batch in batches for item in batch):
             self.executor = self._new_executor()
+            self._check_workers_start()
             try:
                 results.extend(self.executor.submit(worker.probe_batch, [(path, key)]).result())
             except BrokenProcessPool:
@@ -415,6 +416,12 @@ class _ProbePool:
                 self.executor.shutdown(wait=False)
         self.executor = self._new_executor()
         return results
+
+    def _check_workers_start(self) -> None:
+        try:
+            self.executor.submit(int).result()
+        except BrokenProcessPool:
+            raise DlindexError("probe worker processes die on start; try --workers 1") from None
 
     def close(self) -> None:
         processes = list((getattr(self.executor, "_processes", None) or {}).values())

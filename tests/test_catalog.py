@@ -1,0 +1,105 @@
+"""Opening catalogs: creation, validation before any write, schema versions."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from dlindex import Catalog, CatalogError
+from dlindex.migrations import APPLICATION_ID, LATEST_VERSION
+
+
+def test_create_makes_schema_with_version_and_wal(db_path: Path) -> None:
+    with Catalog(db_path, create=True) as catalog:
+        tables = set(catalog.db.table_names())
+        assert {"roots", "labels", "image_metadata", "scans"} <= tables
+        assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+        assert catalog.conn.execute("PRAGMA application_id").fetchone()[0] == APPLICATION_ID
+        assert catalog.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert catalog.conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert catalog.conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 1000
+
+
+def test_image_metadata_has_the_issue_columns(db_path: Path) -> None:
+    with Catalog(db_path, create=True) as catalog:
+        columns = {c.name for c in catalog.db["image_metadata"].columns}
+    assert {
+        "id", "file_path", "label_id", "width", "height", "processed", "created_at", "root_id",
+        "format", "mode", "bytes", "mtime_ns", "xxh3_128", "status", "error",
+        "processing_status", "updated_at",
+    } <= columns  # fmt: skip
+
+
+def test_no_secondary_indexes_by_default(db_path: Path) -> None:
+    with Catalog(db_path, create=True) as catalog:
+        named = catalog.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+        ).fetchall()
+    assert named == []
+
+
+def test_missing_catalog_is_an_error_and_creates_nothing(db_path: Path) -> None:
+    with pytest.raises(CatalogError, match="no catalog at"):
+        Catalog(db_path)
+    assert not db_path.exists()
+
+
+def test_non_sqlite_file_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"hello, I am a text file\n")
+    with pytest.raises(CatalogError, match="not an SQLite database"):
+        Catalog(path, create=True)
+    assert path.read_bytes() == b"hello, I am a text file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.db"]
+
+
+def test_foreign_sqlite_database_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(CatalogError, match="not a dlindex catalog"):
+        Catalog(path, create=True)
+    assert path.read_bytes() == before
+
+
+def test_newer_schema_is_refused_untouched(db_path: Path) -> None:
+    Catalog(db_path, create=True).close()
+    conn = sqlite3.connect(db_path)
+    conn.execute(f"PRAGMA user_version = {LATEST_VERSION + 5}")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = db_path.read_bytes()
+    with pytest.raises(CatalogError, match="newer than this dlindex"):
+        Catalog(db_path)
+    assert db_path.read_bytes() == before
+
+
+def test_unwritable_location_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="does not exist"):
+        Catalog(tmp_path / "no" / "such" / "dir" / "x.db", create=True)
+
+
+def test_directory_is_not_a_catalog(tmp_path: Path) -> None:
+    with pytest.raises(CatalogError, match="is a directory"):
+        Catalog(tmp_path)
+
+
+def test_empty_file_becomes_a_catalog_only_with_create(tmp_path: Path) -> None:
+    path = tmp_path / "empty.db"
+    path.touch()
+    with pytest.raises(CatalogError, match="empty"):
+        Catalog(path)
+    Catalog(path, create=True).close()
+    with Catalog(path) as catalog:
+        assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+
+
+def test_reopening_does_not_migrate_again(db_path: Path) -> None:
+    Catalog(db_path, create=True).close()
+    with Catalog(db_path) as catalog:
+        assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION

@@ -1,0 +1,149 @@
+"""The scan, stats and demo commands through typer's CliRunner and a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlindex.cli import app
+from dlindex.migrations import LATEST_VERSION
+
+SUMMARY_KEYS = {"seen", "new", "changed", "unchanged", "missing", "corrupt", "errors", "seconds", "skipped"}
+
+
+def test_scan_json_summary(runner: CliRunner, image_tree: Path, db_path: Path) -> None:
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--json", "-w", "1"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert SUMMARY_KEYS <= set(summary)
+    assert (summary["seen"], summary["new"], summary["corrupt"]) == (7, 7, 1)
+    assert result.stderr == ""
+
+
+def test_scan_human_summary(runner: CliRunner, image_tree: Path, db_path: Path) -> None:
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "-w", "1"])
+    assert result.exit_code == 0
+    assert "seen 7" in result.stdout and "files/s" in result.stdout
+
+
+def test_db_from_environment(runner: CliRunner, image_tree: Path, db_path: Path) -> None:
+    result = runner.invoke(app, ["scan", str(image_tree), "-q", "-w", "1"], env={"DLINDEX_DB": str(db_path)})
+    assert result.exit_code == 0, result.output
+    assert db_path.exists()
+
+
+@pytest.mark.parametrize(
+    ("make_root", "message"),
+    [
+        (lambda tmp: tmp / "nope", "does not exist"),
+        (lambda tmp: (tmp / "f.txt").write_text("x") and tmp / "f.txt", "not a folder"),
+    ],
+)
+def test_bad_root_is_one_line_and_creates_no_catalog(
+    runner: CliRunner, tmp_path: Path, db_path: Path, make_root, message: str  # type: ignore[no-untyped-def]
+) -> None:
+    result = runner.invoke(app, ["scan", str(make_root(tmp_path)), "--db", str(db_path)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert not db_path.exists()
+
+
+def test_unwritable_db_location(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(tmp_path / "missing" / "x.db")])
+    assert result.exit_code == 1
+    assert "cannot create catalog" in result.stderr
+
+
+def test_not_a_catalog_and_newer_schema(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
+    text = tmp_path / "text.db"
+    text.write_text("not sqlite")
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(text)])
+    assert (result.exit_code, text.read_text()) == (1, "not sqlite")
+    assert "not a dlindex catalog" in result.stderr
+    newer = tmp_path / "newer.db"
+    conn = sqlite3.connect(newer)
+    conn.execute(f"PRAGMA user_version = {LATEST_VERSION + 1}")
+    conn.execute("PRAGMA application_id = 1684826488")
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    result = runner.invoke(app, ["stats", "--db", str(newer)])
+    assert result.exit_code == 1 and "newer than this dlindex" in result.stderr
+
+
+def test_stats_without_catalog(runner: CliRunner, db_path: Path) -> None:
+    result = runner.invoke(app, ["stats", "--db", str(db_path)])
+    assert result.exit_code == 1
+    assert "no catalog at" in result.stderr and "dlindex scan" in result.stderr
+    assert not db_path.exists()
+
+
+def test_stats_json(runner: CliRunner, scanned_db: Path) -> None:
+    result = runner.invoke(app, ["stats", "--db", str(scanned_db), "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)
+    assert stats["images"] == 7
+    assert stats["by_status"] == {"ok": 6, "corrupt": 1, "missing": 0}
+    assert (stats["processed"], stats["unprocessed"], stats["labels"]) == (0, 7, 2)
+    assert stats["largest_labels"][0] == {"label": "cat", "images": 3}
+    assert stats["last_scans"][0]["new"] == 7
+    assert stats["catalog_bytes"] > 0
+    assert stats["indexes"] == []
+
+
+def test_stats_human(runner: CliRunner, scanned_db: Path) -> None:
+    result = runner.invoke(app, ["stats", "--db", str(scanned_db)])
+    assert result.exit_code == 0
+    assert "images 7" in result.stdout
+
+
+def test_unknown_option_is_a_usage_error(runner: CliRunner, image_tree: Path) -> None:
+    result = runner.invoke(app, ["scan", str(image_tree), "--no-such-option"])
+    assert result.exit_code == 2
+
+
+def test_strict_exits_3_on_errors(runner: CliRunner, image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    real_open = os.open
+
+    def deny(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if os.fsencode(path).endswith(b"cat/000.png"):
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", deny)
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--strict", "-w", "1", "--json"])
+    assert result.exit_code == 3
+    assert "Permission denied" in result.stderr
+
+
+def test_demo_runs_end_to_end(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["demo", str(tmp_path / "demo"), "--images", "60"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "demo" / "catalog.db").exists()
+    assert "unchanged 64" in result.stdout  # the rescan step: 60 images + 4 odd names
+
+
+def test_python_dash_m_help() -> None:
+    done = subprocess.run([sys.executable, "-m", "dlindex", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for command in ("scan", "stats", "demo"):
+        assert command in done.stdout
+
+
+def test_subprocess_scan_has_no_progress_noise_off_a_terminal(image_tree: Path, db_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dlindex", "scan", str(image_tree), "--db", str(db_path), "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert done.stderr == ""
+    assert json.loads(done.stdout)["seen"] == 7

@@ -1,0 +1,323 @@
+"""scan_tree: labels, incremental rescans, hostile names, links, special files, failures."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from dlindex import Catalog, InputError, ScanOptions, scan_tree
+from dlindex import worker as worker_module
+
+from .conftest import make_jpeg, make_png, rows
+
+ONE = ScanOptions(workers=1)
+
+
+def scan(db: Path, root: Path, options: ScanOptions = ONE):  # type: ignore[no-untyped-def]
+    with Catalog(db, create=True) as catalog:
+        return scan_tree(catalog, root, options)
+
+
+def by_path(db: Path) -> dict[str, tuple[object, ...]]:
+    found = rows(
+        db,
+        "SELECT file_path, image_metadata.id, labels.name, status, width, height, format, processed, "
+        "xxh3_128, error FROM image_metadata JOIN labels ON labels.id = label_id",
+    )
+    return {r[0]: r[1:] for r in found}  # type: ignore[misc]
+
+
+def test_first_scan_records_every_file(image_tree: Path, db_path: Path) -> None:
+    summary = scan(db_path, image_tree)
+    assert (summary.seen, summary.new, summary.corrupt, summary.errors) == (7, 7, 1, 0)
+    found = by_path(db_path)
+    assert sorted(found) == ["cat/000.png", "cat/001.png", "cat/002.png", "dog/000.png", "dog/001.png", "dog/002.png", "dog/broken.jpg"]
+    assert found["cat/001.png"][1:6] == ("cat", "ok", 17, 16, "PNG")
+    assert found["dog/broken.jpg"][2] == "corrupt"
+    assert "cannot identify" in str(found["dog/broken.jpg"][8])
+
+
+def test_files_directly_under_root_get_the_empty_label(image_tree: Path, db_path: Path) -> None:
+    make_png(image_tree / "top.png")
+    scan(db_path, image_tree)
+    assert by_path(db_path)["top.png"][1] == ""
+
+
+def test_nested_folders_take_the_first_level_label(image_tree: Path, db_path: Path) -> None:
+    make_png(image_tree / "cat" / "indoor" / "sofa" / "x.png")
+    scan(db_path, image_tree)
+    assert by_path(db_path)["cat/indoor/sofa/x.png"][1] == "cat"
+
+
+def test_rescan_of_unchanged_tree_changes_nothing(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    before = by_path(db_path)
+    summary = scan(db_path, image_tree)
+    assert (summary.seen, summary.new, summary.changed, summary.unchanged, summary.missing) == (7, 0, 0, 7, 0)
+    assert by_path(db_path) == before
+
+
+def test_rescan_detects_new_changed_and_missing_with_stable_ids(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    before = by_path(db_path)
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE image_metadata SET processed = 1, processing_status = 'completed'")
+    conn.commit()
+    conn.close()
+    make_png(image_tree / "cat" / "001.png", (50, 40), (1, 2, 3))  # new content
+    (image_tree / "dog" / "002.png").unlink()
+    make_png(image_tree / "dog" / "new.png")
+    summary = scan(db_path, image_tree)
+    assert (summary.new, summary.changed, summary.missing, summary.unchanged) == (1, 1, 1, 5)
+    after = by_path(db_path)
+    assert after["cat/001.png"][0] == before["cat/001.png"][0]  # same id
+    assert after["cat/001.png"][3:5] == (50, 40)
+    assert after["cat/001.png"][6] == 0, "new content resets processed"
+    assert after["cat/000.png"][6] == 1, "unchanged rows keep their flags"
+    assert after["dog/002.png"][2] == "missing"
+    assert rows(db_path, "SELECT processing_status FROM image_metadata WHERE file_path = 'cat/001.png'") == [(None,)]
+
+
+def test_touch_without_new_content_keeps_processed(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE image_metadata SET processed = 1")
+    conn.commit()
+    conn.close()
+    target = image_tree / "cat" / "000.png"
+    os.utime(target, ns=(1, 1_000_000_000))
+    summary = scan(db_path, image_tree)
+    assert summary.changed == 1
+    assert by_path(db_path)["cat/000.png"][6] == 1
+
+
+def test_missing_file_that_returns_is_ok_again_with_same_id(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    target = image_tree / "cat" / "000.png"
+    data = target.read_bytes()
+    original_id = by_path(db_path)["cat/000.png"][0]
+    target.unlink()
+    scan(db_path, image_tree)
+    assert by_path(db_path)["cat/000.png"][2] == "missing"
+    target.write_bytes(data)
+    scan(db_path, image_tree)
+    assert by_path(db_path)["cat/000.png"][:3] == (original_id, "cat", "ok")
+
+
+def test_prune_deletes_missing_rows(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    (image_tree / "cat" / "000.png").unlink()
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, prune=True))
+    assert summary.pruned == 1
+    assert "cat/000.png" not in by_path(db_path)
+
+
+def test_vanished_folder_marks_its_files_missing(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    for f in (image_tree / "cat").iterdir():
+        f.unlink()
+    (image_tree / "cat").rmdir()
+    summary = scan(db_path, image_tree)
+    assert summary.missing == 3
+    assert {v[2] for k, v in by_path(db_path).items() if k.startswith("cat/")} == {"missing"}
+
+
+def test_hostile_names_are_ordinary(image_tree: Path, db_path: Path) -> None:
+    names = ["with space.png", "quote'\"s.png", "new\nline.png", "-leading-dash.png", "ünïcødé.png", "tab\t.png"]
+    for name in names:
+        make_png(image_tree / "cat" / name)
+    scan(db_path, image_tree)
+    found = by_path(db_path)
+    for name in names:
+        assert found[f"cat/{name}"][2] == "ok", name
+    assert scan(db_path, image_tree).unchanged == 7 + len(names)
+
+
+def test_non_utf8_names_are_stored_losslessly(tmp_path: Path, db_path: Path) -> None:
+    root = tmp_path / "images"
+    raw_dir = os.path.join(os.fsencode(root), b"caf\xe9")
+    os.makedirs(raw_dir)
+    raw_file = os.path.join(raw_dir, b"\xff\xfeimg.png")
+    make_png(Path(os.fsdecode(raw_file)))
+    make_png(root / "ok" / "plain.png")
+    summary = scan(db_path, root)
+    assert (summary.new, summary.errors) == (2, 0)
+    (display, raw, label), = rows(
+        db_path,
+        "SELECT file_path, file_path_bytes, labels.name FROM image_metadata JOIN labels ON labels.id = label_id "
+        "WHERE file_path_bytes IS NOT NULL",
+    )
+    assert raw == b"caf\xe9/\xff\xfeimg.png"
+    assert display == "caf\\xe9/\\xff\\xfeimg.png"
+    assert label == "caf\\xe9"
+    root_path, = rows(db_path, "SELECT path FROM roots")[0]
+    with open(os.path.join(os.fsencode(str(root_path)), raw), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert scan(db_path, root).unchanged == 2
+
+
+def test_symlinks_are_skipped_unless_followed(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    outside = make_png(tmp_path / "elsewhere" / "out.png")
+    (image_tree / "cat" / "link.png").symlink_to(outside)
+    (image_tree / "cat" / "dangling.png").symlink_to(tmp_path / "nope.png")
+    summary = scan(db_path, image_tree)
+    assert "cat/link.png" not in by_path(db_path)
+    assert summary.skipped == 2
+
+
+def test_symlink_loop_terminates_and_indexes_each_file_once(image_tree: Path, db_path: Path) -> None:
+    (image_tree / "cat" / "loop").symlink_to(image_tree)
+    (image_tree / "dog" / "again").symlink_to(image_tree / "dog")
+    (image_tree / "dog" / "twin.png").symlink_to(image_tree / "dog" / "000.png")
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, follow_symlinks=True))
+    assert (summary.seen, summary.skipped) == (7, 3)
+    assert len(by_path(db_path)) == 7
+    assert not any("loop" in p or "again" in p or "twin" in p for p in by_path(db_path))
+
+
+def test_broken_symlink_is_an_error_when_following(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    (image_tree / "cat" / "dangling.png").symlink_to(tmp_path / "nope.png")
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, follow_symlinks=True))
+    assert summary.errors == 1
+    assert "broken symlink" in summary.error_samples[0][1]
+
+
+@pytest.mark.timeout(30)
+def test_fifo_and_socket_with_image_names_are_skipped(image_tree: Path, db_path: Path) -> None:
+    import socket
+
+    os.mkfifo(image_tree / "cat" / "pipe.jpg")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(image_tree / "cat" / "sock.png"))
+    try:
+        summary = scan(db_path, image_tree)
+    finally:
+        sock.close()
+    assert (summary.seen, summary.skipped) == (7, 2)
+
+
+def test_hidden_ext_and_exclude_options(image_tree: Path, db_path: Path) -> None:
+    make_png(image_tree / ".cache" / "x.png")
+    make_png(image_tree / "cat" / ".hidden.png")
+    (image_tree / "cat" / "notes.txt").write_text("hi")
+    make_png(image_tree / "tmp" / "scratch.png")
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, exclude=("tmp",)))
+    assert summary.seen == 7
+    other = db_path.with_name("other.db")
+    summary = scan(other, image_tree, ScanOptions(workers=1, hidden=True, extensions=("png",)))
+    assert summary.seen == 9  # 6 PNGs + tmp/scratch.png + 2 hidden; no .jpg, no .txt
+    assert ".cache/x.png" in by_path(other)
+
+
+def test_labels_file_overrides_folder_labels(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\ncat/000.png,tiger\n")
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, labels_file=labels))
+    assert by_path(db_path)["cat/000.png"][1] == "tiger"
+    assert by_path(db_path)["cat/001.png"][1] == "cat"
+    labels.write_text("path,label\ncat/000.png,lion\n")
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, labels_file=labels))
+    assert (summary.relabeled, summary.changed) == (1, 0)
+    assert by_path(db_path)["cat/000.png"][1] == "lion"
+
+
+def test_bad_labels_file_is_an_input_error(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("file,class\na,b\n")
+    with pytest.raises(InputError, match="path,label"):
+        scan(db_path, image_tree, ScanOptions(workers=1, labels_file=labels))
+
+
+def test_bad_root_is_an_input_error(tmp_path: Path, db_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        scan(db_path, tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(InputError, match="not a folder"):
+        scan(db_path, tmp_path / "file")
+
+
+def test_unreadable_and_vanishing_files_are_counted_not_fatal(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def flaky_open(path, flags, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = os.fsencode(path)
+        if name.endswith(b"cat/001.png"):
+            raise PermissionError(13, "Permission denied")
+        if name.endswith(b"dog/001.png"):
+            raise FileNotFoundError(2, "No such file or directory")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", flaky_open)  # forked workers inherit the patch
+    summary = scan(db_path, image_tree)
+    assert (summary.errors, summary.new) == (2, 5)
+    messages = dict(summary.error_samples)
+    assert "Permission denied" in messages["cat/001.png"]
+
+
+def test_unreadable_folder_does_not_mark_its_files_missing(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scan(db_path, image_tree)
+    real_scandir = os.scandir
+
+    def failing_scandir(path):  # type: ignore[no-untyped-def]
+        if os.fsencode(path).endswith(b"/cat"):
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", failing_scandir)
+    summary = scan(db_path, image_tree)
+    assert (summary.errors, summary.missing) == (1, 0)
+    assert by_path(db_path)["cat/000.png"][2] == "ok"
+
+
+def test_a_crashing_decoder_only_marks_its_file(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = worker_module.inspect_content
+
+    def crash_on_one(path, key, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if key == "dog/001.png":
+            os._exit(139)  # what a segfault in a C decoder looks like to the pool
+        return real(path, key, *args, **kwargs)
+
+    monkeypatch.setattr(worker_module, "inspect_content", crash_on_one)
+    summary = scan(db_path, image_tree, ScanOptions(workers=2))
+    found = by_path(db_path)
+    assert summary.seen == 7 and len(found) == 7
+    assert found["dog/001.png"][2] == "corrupt"
+    assert "crashed" in str(found["dog/001.png"][8])
+    assert found["dog/000.png"][2] == "ok"
+
+
+def test_many_files_with_several_workers(tmp_path: Path, db_path: Path) -> None:
+    root = tmp_path / "many"
+    for i in range(600):
+        make_jpeg(root / f"c{i % 7}" / f"{i:04d}.jpg", (8 + i % 5, 8), (i % 256, 0, 0))
+    summary = scan(db_path, root, ScanOptions(workers=2, io_threads=4))
+    assert (summary.seen, summary.new, summary.corrupt) == (600, 600, 0)
+    assert rows(db_path, "SELECT count(*), count(DISTINCT file_path) FROM image_metadata") == [(600, 600)]
+    assert scan(db_path, root, ScanOptions(workers=2)).unchanged == 600
+
+
+def test_scans_table_records_each_run(image_tree: Path, db_path: Path) -> None:
+    scan(db_path, image_tree)
+    scan(db_path, image_tree)
+    recorded = rows(db_path, "SELECT state, seen, new, unchanged, finished_at IS NOT NULL FROM scans ORDER BY id")
+    assert recorded == [("completed", 7, 7, 0, 1), ("completed", 7, 0, 7, 1)]
+
+
+def test_two_roots_in_one_catalog(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    make_png(other / "cat" / "000.png")
+    scan(db_path, image_tree)
+    scan(db_path, other)
+    assert rows(db_path, "SELECT count(*) FROM roots") == [(2,)]
+    assert rows(db_path, "SELECT count(*) FROM image_metadata") == [(8,)]
+    summary = scan(db_path, image_tree)
+    assert (summary.unchanged, summary.missing) == (7, 0), "another root's rows are not missing"
