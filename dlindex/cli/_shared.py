@@ -22,7 +22,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="DLINDEX_DB",
-        help="Catalog database file. [default: ./dlindex.db]",
+        help="Catalog database file (default: ./dlindex.db).",
         show_default=False,
     ),
 ]
