@@ -42,6 +42,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -119,8 +120,16 @@ def _pss_kb(pid: int) -> int:
 
 
 def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | None = None,
-        timeout: float = 1800, sample_tree: bool = False) -> Run:
-    """Run one command in a fresh process; time it from the outside."""
+        timeout: float = 1800, sample_tree: bool = False, measured: bool = False,
+        prep: Callable[[], None] | None = None) -> Run:
+    """Run one command in a fresh process; time it from the outside.
+
+    measured: first wait for a quiet machine (QUIET); prep: then set the stage (caches), untimed.
+    """
+    if measured:
+        QUIET.wait()
+    if prep is not None:
+        prep()
     r = Run(argv)
     # ru_maxrss from our own wait4() would be polluted: a child that this (big) process forks
     # inherits our RSS high-water mark until it execs.  /usr/bin/time forks from a tiny process.
@@ -183,6 +192,53 @@ def sh(cmd: str, timeout: float = 3600) -> Run:
 
 def q(p: str | Path) -> str:
     return shlex.quote(str(p))
+
+
+# --------------------------------------------------------------------------- a quiet machine
+def _cpu_busy() -> tuple[int, int]:
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v[:8]) - idle, sum(v[:8])
+
+
+def background_load(window: float = 0.5) -> float:
+    """CPUs' worth of work done by other processes over `window` seconds (we are idle then)."""
+    b0, t0 = _cpu_busy()
+    time.sleep(window)
+    b1, t1 = _cpu_busy()
+    return (b1 - b0) / max(1, t1 - t0) * (os.cpu_count() or 1)
+
+
+class Quiet:
+    """Before each measured run wait (up to max_wait s) until other processes use < limit CPUs."""
+
+    def __init__(self, max_wait: float, limit: float = 0.15):
+        self.max_wait, self.limit = max_wait, limit
+        self.loads: list[float] = []  # load seen right before each measured run
+        self.waited = 0.0
+
+    def wait(self) -> None:
+        if self.max_wait <= 0:
+            return
+        t0 = time.perf_counter()
+        load = background_load()
+        while load > self.limit and time.perf_counter() - t0 < self.max_wait:
+            load = background_load()
+        self.waited += time.perf_counter() - t0
+        self.loads.append(load)
+
+    def summary(self) -> str:
+        if not self.loads:
+            return "not checked (--max-wait-idle 0)"
+        busy = [x for x in self.loads if x > self.limit]
+        return (f"before each of the {len(self.loads)} measured runs, other processes used a median "
+                f"{statistics.median(self.loads):.2f} and at most {max(self.loads):.2f} CPUs; "
+                f"{len(busy)} run(s) started above {self.limit} CPUs after waiting "
+                f"(total wait {self.waited:.0f} s)")
+
+
+QUIET = Quiet(0)
 
 
 # --------------------------------------------------------------------------- cache control
@@ -287,26 +343,28 @@ class Bench:
         return [*self.dl, "scan", str(root), "--db", str(db), "--json", *self.scan_extra]
 
     def dl_scan(self, case: str, root: Path, db: Path, *, fresh: bool, sample_tree: bool = False,
-                expect: dict | None = None) -> Run:
+                expect: dict | None = None, measured: bool = True, prep: Callable[[], None] | None = None) -> Run:
         if fresh:
             rm_db(db)
         argv = self.scan_argv(root, db)
-        self.note_cmd(case, shlex.join(argv).replace(str(self.work), "$W"))
-        r = run(argv, env=self.dl_env, cwd=REPO, sample_tree=sample_tree, timeout=self.a.timeout).check()
+        self.note_cmd(case, shlex.join(argv))
+        r = run(argv, env=self.dl_env, cwd=REPO, sample_tree=sample_tree, timeout=self.a.timeout,
+                measured=measured, prep=prep).check()
         out = r.json
         for k, v in (expect or {}).items():
             if out.get(k) != v:
                 raise RuntimeError(f"dlindex scan reported {k}={out.get(k)!r}, expected {v!r}: {out}")
         return r
 
-    def py(self, case: str, script: str, *args: str | Path, env: dict | None = None) -> Run:
+    def py(self, case: str, script: str, *args: str | Path, env: dict | None = None, measured: bool = True,
+           prep: Callable[[], None] | None = None) -> Run:
         argv = [PY, str(BASE / script), *map(str, args)]
-        self.note_cmd(case, shlex.join(["python", f"bench/baselines/{script}", *map(str, args)]).replace(str(self.work), "$W"))
-        return run(argv, env=env, timeout=self.a.timeout).check()
+        self.note_cmd(case, shlex.join(["python", f"bench/baselines/{script}", *map(str, args)]))
+        return run(argv, env=env, timeout=self.a.timeout, measured=measured, prep=prep).check()
 
-    def shell(self, case: str, cmd: str) -> Run:
-        self.note_cmd(case, cmd.replace(str(self.work), "$W"))
-        return run(cmd, timeout=self.a.timeout).check()
+    def shell(self, case: str, cmd: str, prep: Callable[[], None] | None = None) -> Run:
+        self.note_cmd(case, cmd)
+        return run(cmd, timeout=self.a.timeout, measured=True, prep=prep).check()
 
     def tree(self, name: str) -> Path:
         if name not in self.trees:
@@ -314,71 +372,90 @@ class Bench:
             self.trees.update(mt.ensure_all(self.spec, self.work, only))
         return self.trees[name]
 
+    @staticmethod
+    def rotated(i: int, items: list) -> list:
+        """Rep i runs the contenders in a rotated order, so slow drifts hit all of them alike."""
+        k = i % len(items)
+        return items[k:] + items[:k]
+
     # ----- cases
     def case_warm(self) -> None:
         root, n = self.tree("big"), self.spec.big
         db = self.dbdir / "warm.db"
         ts: dict[str, list[float]] = {"dlindex": [], "a": [], "b": []}
         cat = f"find {q(root)} -type f -print0 | xargs -0 cat > /dev/null"
-        for i in range(self.reps):
-            warm_data(root)
-            r = self.dl_scan("warm", root, db, fresh=True, expect={"seen": n, "new": n})
-            ts["dlindex"].append(r.wall)
-            self.say(f"warm rep {i + 1}: dlindex {r.wall:.2f}s  {r.json}")
+        prep = lambda: warm_data(root)  # noqa: E731
+
+        def dl() -> None:
+            r = self.dl_scan("warm", root, db, fresh=True, expect={"seen": n, "new": n}, prep=prep)
             rm_db(db)
-            warm_data(root)
-            ra = self.py("warm", "read_all.py", root)
-            assert ra.json["files"] == n, ra.json
-            ts["a"].append(ra.wall)
-            warm_data(root)
-            ts["b"].append(self.shell("warm", cat).wall)
-            self.say(f"warm rep {i + 1}: read_all {ra.wall:.2f}s  find|xargs cat {ts['b'][-1]:.2f}s")
-        d, a, b = med(ts["dlindex"]), med(ts["a"]), med(ts["b"])
+            ts["dlindex"].append(r.wall)
+
+        def a() -> None:
+            r = self.py("warm", "read_all.py", root, prep=prep)
+            assert r.json["files"] == n, r.json
+            ts["a"].append(r.wall)
+
+        def b() -> None:
+            ts["b"].append(self.shell("warm", cat, prep=prep).wall)
+
+        for i in range(self.reps):
+            for f in self.rotated(i, [dl, a, b]):
+                f()
+            self.say(f"warm rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  read_all {ts['a'][-1]:.2f}s  "
+                     f"find|xargs cat {ts['b'][-1]:.2f}s")
+        d, a_, b_ = med(ts["dlindex"]), med(ts["a"]), med(ts["b"])
         self.warm_scan_med = (d, n)
         lab = f"warm first scan, {n:,} files"
-        self.rows.append(Row("warm", lab, d, n, "(a) os.open/read/close loop, 1 process", a, a / d,
-                             "throughput vs (a)", ">= 0.40x", a / d >= 0.4, samples=ts))
-        self.rows.append(Row("warm", lab, d, n, "(b) find | xargs cat", b, b / d,
-                             "throughput vs (b)", ">= 1.50x", b / d >= 1.5))
+        self.rows.append(Row("warm", lab, d, n, "(a) os.open/read/close loop, 1 process", a_, a_ / d,
+                             "throughput vs (a)", ">= 0.40x", a_ / d >= 0.4, samples=ts))
+        self.rows.append(Row("warm", lab, d, n, "(b) find | xargs cat", b_, b_ / d,
+                             "throughput vs (b)", ">= 1.50x", b_ / d >= 1.5))
 
     def case_cold(self) -> None:
         root, n = self.tree("subset"), self.spec.subset
         db = self.dbdir / "cold.db"
         tiny = self.tiny_tree()
-        ts: dict[str, list[float]] = {"dlindex": [], "dlindex_cold_start": []}
         threads = [int(x) for x in self.a.cold_threads.split(",")]
-        for t in threads:
-            ts[f"read{t}"] = []
-        for i in range(self.reps):
-            # dlindex: caches dropped, then code/interpreter re-warmed on a 3-file tree
+        ts: dict[str, list[float]] = {"dlindex": [], "dlindex_cold_start": [], **{f"read{t}": [] for t in threads}}
+
+        def prep_dl() -> None:  # caches dropped, then interpreter + code re-warmed on a 3-file tree
             drop_caches()
-            self.dl_scan("cold", tiny, self.dbdir / "tiny.db", fresh=True)
+            self.dl_scan("cold", tiny, self.dbdir / "tiny.db", fresh=True, measured=False)
             rm_db(self.dbdir / "tiny.db")
-            r = self.dl_scan("cold", root, db, fresh=True, expect={"seen": n, "new": n})
+
+        def dl() -> None:
+            r = self.dl_scan("cold", root, db, fresh=True, expect={"seen": n, "new": n}, prep=prep_dl)
+            rm_db(db)
             ts["dlindex"].append(r.wall)
+
+        def dl_cold_start() -> None:  # everything cold, interpreter and imports too: info only
+            r = self.dl_scan("cold", root, db, fresh=True, expect={"seen": n}, prep=drop_caches)
             rm_db(db)
-            # dlindex, everything cold (interpreter and imports too): info only
-            drop_caches()
-            r2 = self.dl_scan("cold", root, db, fresh=True, expect={"seen": n})
-            ts["dlindex_cold_start"].append(r2.wall)
-            rm_db(db)
-            msg = f"cold rep {i + 1}: dlindex {r.wall:.2f}s (fully cold {r2.wall:.2f}s)"
-            for t in threads:
+            ts["dlindex_cold_start"].append(r.wall)
+
+        def reader(t: int) -> Callable[[], None]:
+            def prep() -> None:
                 drop_caches()
-                self.py("cold", "parallel_read.py", tiny, t)
-                rr = self.py("cold", "parallel_read.py", root, t)
-                assert rr.json["files"] == n, rr.json
-                ts[f"read{t}"].append(rr.wall)
-                msg += f"  read{t} {rr.wall:.2f}s"
-            self.say(msg)
+                self.py("cold", "parallel_read.py", tiny, t, measured=False)
+
+            def go() -> None:
+                r = self.py("cold", "parallel_read.py", root, t, prep=prep)
+                assert r.json["files"] == n, r.json
+                ts[f"read{t}"].append(r.wall)
+            return go
+
+        for i in range(self.reps):
+            for f in self.rotated(i, [dl, dl_cold_start, *map(reader, threads)]):
+                f()
+            self.say(f"cold rep {i + 1}: " + "  ".join(f"{k} {v[-1]:.2f}s" for k, v in ts.items()))
         d = med(ts["dlindex"])
         best_t = min(threads, key=lambda t: med(ts[f"read{t}"]))
         b = med(ts[f"read{best_t}"])
         others = ", ".join(f"{t} thr {med(ts[f'read{t}']):.2f} s" for t in threads)
         self.rows.append(Row("cold", f"cold first scan, {n:,} files", d, n,
                              f"best raw parallel read ({best_t} threads; {others})", b, b / d,
-                             "throughput vs baseline", ">= 0.80x", b / d >= 0.8, samples=ts,
-                             note="caches dropped before every run; code re-warmed by a 3-file run"))
+                             "throughput vs baseline", ">= 0.80x", b / d >= 0.8, samples=ts))
         dc = med(ts["dlindex_cold_start"])
         self.rows.append(Row("cold", "cold first scan incl. cold interpreter/imports", dc, n,
                              f"same ({best_t} threads)", b, b / dc, "throughput vs baseline", "", None))
@@ -386,25 +463,33 @@ class Bench:
     def case_rescan(self) -> None:
         root, n = self.tree("small"), self.spec.small
         db = self.dbdir / "rescan.db"
-        warm_data(root)
-        first = self.dl_scan("rescan", root, db, fresh=True, expect={"seen": n, "new": n})
+        first = self.dl_scan("rescan", root, db, fresh=True, expect={"seen": n, "new": n},
+                             prep=lambda: warm_data(root))
         self.say(f"rescan: first scan of {n} files {first.wall:.2f}s {first.json}")
         ts: dict[str, list[float]] = {"dlindex": [], "find": [], "first_scan": [first.wall]}
         find = f"find {q(root)} -type f -printf '%s %T@\\n' > /dev/null"
-        for i in range(self.reps):
+
+        def prep() -> None:
             warm_meta(root)
             sh(f"cat {q(db)}* > /dev/null")
-            r = self.dl_scan("rescan", root, db, fresh=False, expect={"seen": n, "unchanged": n, "new": 0})
+
+        def dl() -> None:
+            r = self.dl_scan("rescan", root, db, fresh=False, expect={"seen": n, "unchanged": n, "new": 0}, prep=prep)
             ts["dlindex"].append(r.wall)
-            warm_meta(root)
-            ts["find"].append(self.shell("rescan", find).wall)
-            self.say(f"rescan rep {i + 1}: dlindex {r.wall:.2f}s  find {ts['find'][-1]:.2f}s")
+
+        def base() -> None:
+            ts["find"].append(self.shell("rescan", find, prep=prep).wall)
+
+        for i in range(self.reps):
+            for f in self.rotated(i, [dl, base]):
+                f()
+            self.say(f"rescan rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  find {ts['find'][-1]:.2f}s")
         rm_db(db)
         d, b = med(ts["dlindex"]), med(ts["find"])
         self.rows.append(Row("rescan", f"unchanged rescan, {n:,} files", d, n,
                              "find -type f -printf '%s %T@\\n'", b, d / b, "time / baseline time",
                              "<= 2.00x", d / b <= 2.0, samples=ts))
-        self.rows.append(Row("rescan", f"(first scan of the same {n:,} tiny files, warm)", first.wall, n,
+        self.rows.append(Row("rescan", f"(first scan of the same {n:,} tiny files, warm, 1 run)", first.wall, n,
                              "", None, None, "", "", None))
 
     def case_rss(self) -> None:
@@ -412,15 +497,15 @@ class Bench:
         res: dict[int, dict] = {}
         for n, root in trees:
             db = self.dbdir / f"rss{n}.db"
-            warm_data(root)
-            r1 = self.dl_scan("rss", root, db, fresh=True, sample_tree=True, expect={"seen": n, "new": n})
-            warm_meta(root)
-            r2 = self.dl_scan("rss", root, db, fresh=False, sample_tree=True, expect={"seen": n, "unchanged": n})
+            r1 = self.dl_scan("rss", root, db, fresh=True, sample_tree=True, expect={"seen": n, "new": n},
+                              prep=lambda: warm_data(root))  # noqa: B023
+            r2 = self.dl_scan("rss", root, db, fresh=False, sample_tree=True, expect={"seen": n, "unchanged": n},
+                              prep=lambda: warm_meta(root))  # noqa: B023
             rm_db(db)
             res[n] = {"scan_maxrss_mb": r1.maxrss_kb * 1024 / MB, "scan_tree_pss_mb": r1.tree_peak_kb * 1024 / MB,
                       "rescan_maxrss_mb": r2.maxrss_kb * 1024 / MB, "rescan_tree_pss_mb": r2.tree_peak_kb * 1024 / MB,
                       "scan_s": r1.wall, "rescan_s": r2.wall}
-            self.say(f"rss {n}: {res[n]}")
+            self.say(f"rss {n}: " + ", ".join(f"{k} {v:.1f}" for k, v in res[n].items()))
         top = max(res)
         for what in ("scan", "rescan"):
             for n in sorted(res):
@@ -438,13 +523,15 @@ class Bench:
                                      f"< {hi / lo:.1f}x (sub-linear)", growth < hi / lo, unit="MB"))
 
     def _warm_dlindex(self) -> tuple[float, int]:
-        if self.warm_scan_med is None:  # warm case not run: one warm scan of our own
+        if self.warm_scan_med is None:  # warm case not run: warm scans of our own
             root, n = self.tree("big"), self.spec.big
             db = self.dbdir / "warm1.db"
-            warm_data(root)
-            r = self.dl_scan("naive", root, db, fresh=True, expect={"seen": n})
-            rm_db(db)
-            self.warm_scan_med = (r.wall, n)
+            ts = []
+            for _ in range(self.reps):
+                ts.append(self.dl_scan("naive", root, db, fresh=True, expect={"seen": n},
+                                       prep=lambda: warm_data(root)).wall)
+                rm_db(db)
+            self.warm_scan_med = (med(ts), n)
         return self.warm_scan_med
 
     def case_naive(self) -> None:
@@ -452,10 +539,9 @@ class Bench:
         db = self.dbdir / "naive.db"
         ts, rates, complete = [], [], True
         for _ in range(self.a.slow_reps):
-            warm_data(root)
             rm_db(db)
             args = [root, db] + (["--max-seconds", str(self.a.naive_max_s)] if self.a.naive_max_s else [])
-            r = self.py("naive", "naive_index.py", *args)
+            r = self.py("naive", "naive_index.py", *args, prep=lambda: warm_data(root))
             rm_db(db)
             out = r.json
             complete &= out["complete"]
@@ -464,7 +550,7 @@ class Bench:
             self.say(f"naive: {r.wall:.2f}s {out}")
         d, _ = self._warm_dlindex()
         b = n / med(rates)  # time for the whole tree (extrapolated if the run was capped)
-        note = f"{self.a.slow_reps} rep(s)" + ("" if complete else f"; capped at {self.a.naive_max_s}s, extrapolated")
+        note = f"{self.a.slow_reps} run(s)" + ("" if complete else f"; capped at {self.a.naive_max_s}s, extrapolated")
         self.rows.append(Row("naive", f"speed-up over naive 1-process indexer, {n:,} files, warm", d, n,
                              "os.walk+stat+read+xxh3_128+Image.open+INSERT/commit per file", b, b / d,
                              "speed-up", "report", None, note=note, samples={"naive": ts}))
@@ -478,14 +564,17 @@ class Bench:
 
             if importlib.util.find_spec("datasets") is None:
                 raise RuntimeError("the `datasets` package is not installed in this interpreter (pip install datasets)")
-            for _ in range(self.a.slow_reps):
-                cache = self.work / "hf-cache"
+            cache = self.work / "hf-cache"
+
+            def prep() -> None:
                 shutil.rmtree(cache, ignore_errors=True)
                 cache.mkdir()
-                env = dict(os.environ, HF_HOME=str(cache / "home"), HF_DATASETS_CACHE=str(cache / "datasets"),
-                           HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
                 warm_data(root)
-                r = self.py("hf", "hf_imagefolder.py", root, cache, env=env)
+
+            env = dict(os.environ, HF_HOME=str(cache / "home"), HF_DATASETS_CACHE=str(cache / "datasets"),
+                       HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+            for _ in range(self.a.slow_reps):
+                r = self.py("hf", "hf_imagefolder.py", root, cache, env=env, prep=prep)
                 shutil.rmtree(cache, ignore_errors=True)
                 info = r.json
                 if info["files"] != n:
@@ -499,10 +588,10 @@ class Bench:
         d, _ = self._warm_dlindex()
         b = med(ts)
         emb = "reads and embeds image bytes" if info.get("embedded_bytes") else \
-            "lists files and stores paths only; it does not read image bytes"
+            "lists the files and stores their paths; it does not read image bytes"
         self.rows.append(Row("hf", f"speed-up over HF datasets imagefolder, {n:,} files, warm", d, n,
                              f"load_dataset('imagefolder') (datasets {info.get('datasets')})", b, b / d,
-                             "speed-up", "report", None, note=f"{self.a.slow_reps} rep(s); HF {emb}",
+                             "speed-up", "report", None, note=f"{self.a.slow_reps} run(s); HF {emb}",
                              samples={"hf": ts}))
 
     def tiny_tree(self) -> Path:
@@ -600,7 +689,7 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
         f"{info['fs']}; Python {info['python']}, SQLite {info['sqlite']}, Pillow {info['pillow']}, "
         f"xxhash {info['xxhash']}; dlindex {info['dlindex']}.",
         "",
-        f"Every figure is the **median of {b.reps} runs** (the naive and HF baselines: {b.a.slow_reps}), each in a "
+        f"Every figure is the **median of {b.reps} run(s)** (the naive and HF baselines: {b.a.slow_reps}), each in a "
         "fresh process, timed wall-clock from outside (interpreter start-up included for dlindex and for the "
         "Python baselines). Each ratio is against a baseline measured in the same run, so it carries over "
         "between machines better than the absolute figures. Throughput ratios are baseline time / dlindex "
@@ -624,6 +713,7 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
         "its reaped children); the baseline column is the peak of the summed PSS of the whole process "
         "tree sampled every 20 ms (counts worker processes together, shared pages once).",
     ]
+    lines.append(f"- Machine load: {QUIET.summary()}.")
     notes = [f"- {r.label}: {r.note}" for r in b.rows if r.note]
     lines += notes
     lines += ["", "Reproduce (as root, from the repository root, in the venv):", "", "```sh",
@@ -658,19 +748,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small trees, 1 rep, no docs (smoke test)")
     ap.add_argument("--cases", default=",".join(ALL_CASES), help=f"comma list of {','.join(ALL_CASES)}")
-    ap.add_argument("--reps", type=int, help="repetitions per case (default 3; --quick: 1)")
-    ap.add_argument("--slow-reps", type=int, help="repetitions for the naive and HF baselines (default 1)")
+    ap.add_argument("--reps", type=int, help="repetitions per case (default 5; --quick: 1)")
+    ap.add_argument("--slow-reps", type=int, help="repetitions for the naive and HF baselines (default 2; --quick: 1)")
     ap.add_argument("--dlindex", help="command to run dlindex (default: `dlindex` on PATH, else python -m dlindex)")
     ap.add_argument("--workers", type=int, help="pass --workers N to dlindex scan (default: dlindex's own)")
     ap.add_argument("--cold-threads", default="8,32,64", help="thread counts for the cold raw-read baseline")
     ap.add_argument("--naive-max-s", type=float, default=600, help="cap the naive run, extrapolate (0: no cap)")
+    ap.add_argument("--max-wait-idle", type=float, default=60,
+                    help="before each measured run wait up to this many s for other processes to go quiet (0: don't)")
     ap.add_argument("--timeout", type=float, default=1800, help="per-command timeout, s")
     ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--docs", help="markdown file to update (default docs/benchmarks.md; --quick: none)")
     ap.add_argument("--no-docs", action="store_true")
     a = ap.parse_args(argv)
-    a.reps = a.reps or (1 if a.quick else 3)
-    a.slow_reps = a.slow_reps or 1
+    a.reps = a.reps or (1 if a.quick else 5)
+    a.slow_reps = a.slow_reps or (1 if a.quick else 2)
+    global QUIET
+    QUIET = Quiet(a.max_wait_idle)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in ALL_CASES]
     if bad:

@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-
-import sqlite_utils
+from typing import Any
 
 from .errors import CatalogError
 from .migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations
@@ -34,7 +33,17 @@ class Catalog:
     def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = False) -> None:
         self.path = Path(path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB))
         self.conn = _connect(self.path, create=create)
-        self.db = sqlite_utils.Database(self.conn)
+        self._db: Any = None
+
+    @property
+    def db(self) -> Any:
+        """The connection as a ``sqlite_utils.Database`` (imported on first use: it pulls in
+        pandas and numpy when they are installed, which would slow every command's start)."""
+        if self._db is None:
+            import sqlite_utils
+
+            self._db = sqlite_utils.Database(self.conn)
+        return self._db
 
     def close(self) -> None:
         self.conn.close()

@@ -75,7 +75,50 @@ _M001 = (
     )""",
 )
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (m001_initial,)
+def m002_query_log(conn: sqlite3.Connection) -> None:
+    # The query log (evidence for `dlindex index`), the change counter that keys the
+    # query-result cache, and the cache itself; see docs/concepts.md.
+    for statement in _M002:
+        conn.execute(statement)
+
+
+_M002 = (
+    """CREATE TABLE query_log (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('read', 'write')),
+        source TEXT NOT NULL DEFAULT 'dlindex' CHECK (source IN ('dlindex', 'import')),
+        sql TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,
+        table_name TEXT,
+        calls INTEGER NOT NULL DEFAULT 1,
+        rows INTEGER,
+        duration_ms REAL,
+        plan TEXT CHECK (plan IN ('index', 'scan', 'none')),
+        cached INTEGER NOT NULL DEFAULT 0,
+        logged_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
+    )""",
+    """CREATE TABLE query_log_templates (
+        sql TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        plan_detail TEXT,
+        offered INTEGER NOT NULL DEFAULT 0,
+        sample_params TEXT NOT NULL DEFAULT '[]'
+    ) WITHOUT ROWID""",
+    """CREATE TABLE catalog_changes (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        counter INTEGER NOT NULL
+    )""",
+    "INSERT INTO catalog_changes (id, counter) VALUES (1, 0)",
+    """CREATE TABLE query_cache (
+        key TEXT PRIMARY KEY,
+        changes INTEGER NOT NULL,
+        ids BLOB NOT NULL,
+        rows INTEGER NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
+    )""",
+)
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (m001_initial, m002_query_log)
 LATEST_VERSION = len(MIGRATIONS)
 
 

@@ -61,8 +61,17 @@ class _Content(NamedTuple):
     tail: bytes
 
 
-def read_content(path: bytes, follow_symlinks: bool = False) -> _Content | Probe:
-    """Open without blocking (a FIFO must never hang us), refuse non-regular files, hash it all."""
+NOT_CACHED = Probe("", "not-cached")
+_ONE_BYTE = bytearray(1)
+
+
+def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: bool = False) -> _Content | Probe:
+    """Open without blocking (a FIFO must never hang us), refuse non-regular files, hash it all.
+
+    Args:
+        only_if_cached: return NOT_CACHED instead of waiting for the disk when the file's
+            last byte is not in the page cache (the caller then reads it from a thread).
+    """
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow_symlinks:
         flags |= getattr(os, "O_NOFOLLOW", 0)
@@ -75,6 +84,8 @@ def read_content(path: bytes, follow_symlinks: bool = False) -> _Content | Probe
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return Probe(key, "skipped", error="not a regular file")
+        if only_if_cached and st.st_size and not _in_page_cache(fd, st.st_size):
+            return NOT_CACHED
         if st.st_size <= WHOLE_READ_LIMIT:
             data = _read_all(fd, st.st_size)
             return _Content(len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data), data, data)
@@ -85,16 +96,22 @@ def read_content(path: bytes, follow_symlinks: bool = False) -> _Content | Probe
         os.close(fd)
 
 
-def _read_all(fd: int, size_hint: int) -> bytes:
-    data = os.read(fd, size_hint + 1)
-    if len(data) <= size_hint:
-        # Short read or the file shrank: keep reading until EOF so the hash is of what is there.
-        parts = [data]
-        while chunk := os.read(fd, _CHUNK):
-            parts.append(chunk)
-        return b"".join(parts) if len(parts) > 1 else data
+def _in_page_cache(fd: int, size: int) -> bool:
+    try:
+        os.preadv(fd, [_ONE_BYTE], size - 1, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    except (OSError, AttributeError):  # no RWF_NOWAIT here: just read
+        return True
+    return True
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    data = os.read(fd, size)
+    if len(data) == size:
+        return data  # a file that grows meanwhile is caught by the next scan's mtime check
     parts = [data]
-    while chunk := os.read(fd, _CHUNK):  # the file grew while we read it
+    while chunk := os.read(fd, _CHUNK):  # short reads, or the file shrank and grew
         parts.append(chunk)
     return b"".join(parts)
 
