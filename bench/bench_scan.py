@@ -326,6 +326,7 @@ class Bench:
         self.log: list[str] = []
         self.warm_scan_med: tuple[float, int] | None = None
         self.trees: dict = {}
+        self.checks: list[str] = []
 
     # ----- helpers
     def say(self, msg: str) -> None:
@@ -372,6 +373,36 @@ class Bench:
             self.trees.update(mt.ensure_all(self.spec, self.work, only))
         return self.trees[name]
 
+    def verify_hashes(self, db: Path, root: Path, k: int = 40) -> None:
+        """Check that the catalog holds whole-file xxh3_128 digests (i.e. the scan read every byte).
+
+        Every generated file has distinct bytes, so the digests of k random files must all be in
+        image_metadata.xxh3_128.  A schema this does not know is reported, not fatal."""
+        import random
+
+        import xxhash
+
+        files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+        sample = random.Random(0).sample(files, min(k, len(files)))
+        digests = [xxhash.xxh3_128_hexdigest(Path(p).read_bytes()) for p in sample]
+        try:
+            con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            try:
+                marks = ",".join("?" * len(digests))
+                found = con.execute(f"SELECT count(*) FROM image_metadata WHERE xxh3_128 IN ({marks})",
+                                    digests).fetchone()[0]
+            finally:
+                con.close()
+        except sqlite3.Error as e:
+            self.say(f"note: could not verify the catalog's digests ({e})")
+            self.checks.append(f"whole-file digests not verified ({e})")
+            return
+        msg = f"{found} of {len(digests)} sampled files' whole-file xxh3_128 digests found in the catalog"
+        self.say(msg)
+        self.checks.append(msg)
+        if found != len(digests):
+            raise RuntimeError(f"the catalog does not hold whole-file digests: {msg}")
+
     @staticmethod
     def rotated(i: int, items: list) -> list:
         """Rep i runs the contenders in a rotated order, so slow drifts hit all of them alike."""
@@ -388,6 +419,8 @@ class Bench:
 
         def dl() -> None:
             r = self.dl_scan("warm", root, db, fresh=True, expect={"seen": n, "new": n}, prep=prep)
+            if not ts["dlindex"]:
+                self.verify_hashes(db, root)
             rm_db(db)
             ts["dlindex"].append(r.wall)
 
@@ -612,6 +645,7 @@ class Bench:
         global _TMP
         _TMP = self.work / "tmp"
         _TMP.mkdir(exist_ok=True)
+        self.fp_start = source_fingerprint()
         self.t0 = time.perf_counter()
         self.started = _dt.datetime.now(_dt.timezone.utc)
         try:
@@ -631,6 +665,19 @@ class Bench:
                 self.rows.append(Row(c, f"{c}: case failed", ok=False, note=str(e).strip().splitlines()[0][:300]))
             self.log.append(f"{c}: {time.perf_counter() - t:.0f}s")
         self.total = time.perf_counter() - self.t0
+        self.fp_end = source_fingerprint()
+        if self.fp_end != self.fp_start:
+            self.say("WARNING: dlindex/ sources changed during the run; the figures mix versions")
+
+
+def source_fingerprint() -> str:
+    """A hash of dlindex's sources, to notice when they change during a run."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted((REPO / "dlindex").rglob("*.py")):
+        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
 
 
 def default_dlindex() -> list[str]:
@@ -714,6 +761,12 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
         "tree sampled every 20 ms (counts worker processes together, shared pages once).",
     ]
     lines.append(f"- Machine load: {QUIET.summary()}.")
+    lines += [f"- Check: {c}." for c in b.checks]
+    if b.fp_end != b.fp_start:
+        lines.append(f"- **WARNING: the dlindex sources changed during this run** (fingerprint {b.fp_start} -> "
+                     f"{b.fp_end}); the figures mix versions, rerun on a quiet tree.")
+    else:
+        lines.append(f"- dlindex sources fingerprint (sha256 of dlindex/**/*.py): {b.fp_start}.")
     notes = [f"- {r.label}: {r.note}" for r in b.rows if r.note]
     lines += notes
     lines += ["", "Reproduce (as root, from the repository root, in the venv):", "", "```sh",

@@ -5,19 +5,28 @@ from __future__ import annotations
 import os
 import shlex
 import sqlite3
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from . import query as _query
 from .errors import CatalogError
 from .migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations
+from .querylog import FLUSH_ENTRIES, QueryLog
+
+if TYPE_CHECKING:
+    from .query import QuerySpec
 
 DEFAULT_DB = "dlindex.db"
 BUSY_TIMEOUT_S = 30.0
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+_BUMP_CHANGES = "UPDATE catalog_changes SET counter = counter + 1 WHERE id = 1"
+_CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
+_LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
 
 
 class Catalog:
@@ -30,10 +39,18 @@ class Catalog:
     either all of a batch or none of it.
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, create: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, *, create: bool = False, log: bool | None = None
+    ) -> None:
+        """Args:
+        log: record reads and writes in the query log; default: on unless ``$DLINDEX_NO_LOG``.
+        """
         self.path = Path(path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB))
         self.conn = _connect(self.path, create=create)
         self._db: Any = None
+        if log is None:
+            log = os.environ.get("DLINDEX_NO_LOG", "").strip().lower() in ("", "0", "false", "no")
+        self.querylog = QueryLog(log)
 
     @property
     def db(self) -> Any:
@@ -46,6 +63,7 @@ class Catalog:
         return self._db
 
     def close(self) -> None:
+        self.flush_log()
         self.conn.close()
 
     def __enter__(self) -> Catalog:
@@ -60,14 +78,155 @@ class Catalog:
         self.close()
 
     @contextmanager
-    def write_transaction(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN IMMEDIATE")
+    def write_transaction(self, *, bookkeeping: bool = False) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE ... COMMIT; the change counter moves, so cached query results expire.
+
+        Args:
+            bookkeeping: dlindex's own log and cache writes: no counter bump, not logged.
+        """
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        log = self.querylog
+        if log.enabled and not bookkeeping and isinstance(conn, _Connection):
+            conn.on_write = log.count_write
+        flushed = False
         try:
-            yield self.conn
+            yield conn
+            if isinstance(conn, _Connection):
+                conn.on_write = None
+            if not bookkeeping:
+                conn.execute(_BUMP_CHANGES)  # one row per transaction: scan speed is unaffected
+                log.commit_writes()
+                if log.due():
+                    log.flush_into(conn)  # rides along: no transaction of its own
+                    flushed = True
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if isinstance(conn, _Connection):
+                conn.on_write = None
+            log.discard_writes()
+            conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
+        conn.execute("COMMIT")
+        if flushed:
+            log.flushed()
+
+    def read(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Iterator[tuple[Any, ...]]:
+        """Run one read statement and yield its rows lazily, recording it in the query log."""
+        if not self.querylog.enabled:
+            yield from self.conn.execute(sql, params)
+            return
+        started = time.perf_counter()
+        cursor = self.conn.execute(sql, params)
+        seconds = time.perf_counter() - started
+        rows = 0
+        try:
+            while True:
+                started = time.perf_counter()
+                batch = cursor.fetchmany(256)
+                seconds += time.perf_counter() - started
+                if not batch:
+                    break
+                rows += len(batch)
+                yield from batch
+        finally:
+            cursor.close()
+            self.querylog.record_read(self.conn, sql, params, seconds, rows)
+            self._maybe_flush_log()
+
+    def changes(self) -> int:
+        """The catalog change counter: it moves with every committed dlindex write."""
+        return int(self.conn.execute(_CHANGES).fetchone()[0])
+
+    def query(self, spec: QuerySpec | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+        """Rows matching filters, as dicts, lazily; see ``dlindex.query.QuerySpec`` for options.
+
+            for row in Catalog("train.db").query(per_label=32, processed=True, seed=0):
+                ...
+        """
+        return _query.query_rows(self, spec or _query.QuerySpec(**options))
+
+    def sample_ids(self, spec: QuerySpec | None = None, **options: Any) -> list[int]:
+        """The ids that ``query`` with the same options would yield, in the same order."""
+        return _query.sample_ids(self, spec or _query.QuerySpec(**options))
+
+    def flush_log(self, timeout_ms: int | None = None) -> None:
+        """Write buffered query-log entries now (``close()`` does this)."""
+        log = self.querylog
+        if not log.enabled or not log.has_entries():
+            return
+        try:
+            with self.busy_timeout(timeout_ms), self.write_transaction(bookkeeping=True) as conn:
+                log.flush_into(conn)
+            log.flushed()
+        except sqlite3.OperationalError:
+            # Busy or read-only: the log is evidence, not data; never fail the user's work.
+            # A mid-run flush keeps its entries for the next try, up to a bound.
+            if timeout_ms is None or len(log.entries) > 10 * FLUSH_ENTRIES:
+                log.flushed()
+        except sqlite3.ProgrammingError:
+            log.flushed()  # the connection is already closed
+
+    @contextmanager
+    def busy_timeout(self, timeout_ms: int | None) -> Iterator[None]:
+        """Wait at most ``timeout_ms`` for a lock inside the block (None: the usual 30 s)."""
+        if timeout_ms is None:
+            yield
+            return
+        self.conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")  # PRAGMA takes no parameters
+        try:
+            yield
+        finally:
+            try:
+                self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            except sqlite3.ProgrammingError:
+                pass  # closed meanwhile
+
+    def _maybe_flush_log(self) -> None:
+        if self.querylog.due() and not self.conn.in_transaction:
+            self.flush_log(timeout_ms=_LOG_FLUSH_TIMEOUT_MS)
+
+
+class _Connection(sqlite3.Connection):
+    """A connection that can report each write statement it runs (to the query log)."""
+
+    on_write: Callable[[str, int, int, float], None] | None = None
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        report = self.on_write
+        if report is None:
+            return super().execute(sql, parameters)
+        started = time.perf_counter()
+        cursor = super().execute(sql, parameters)
+        if cursor.rowcount >= 0:  # -1: a SELECT or DDL, not a row write
+            report(sql, 1, cursor.rowcount, time.perf_counter() - started)
+        return cursor
+
+    def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
+        report = self.on_write
+        if report is None:
+            return super().executemany(sql, parameters)
+        counted = _Counted(parameters)
+        started = time.perf_counter()
+        cursor = super().executemany(sql, counted)
+        if counted.n:
+            report(sql, counted.n, max(cursor.rowcount, 0), time.perf_counter() - started)
+        return cursor
+
+
+class _Counted:
+    """An iterable that counts what it yields (statement executions in an executemany)."""
+
+    def __init__(self, items: Iterable[Any]) -> None:
+        self.items = iter(items)
+        self.n = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.items)
+        self.n += 1
+        return item
 
 
 def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = False) -> Catalog:
@@ -85,7 +244,8 @@ def _connect(db_path: Path, *, create: bool) -> sqlite3.Connection:
     _check_before_open(db_path, create=create)
     try:
         conn = sqlite3.connect(
-            os.fspath(db_path), isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False
+            os.fspath(db_path), isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
+            factory=_Connection,
         )
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         conn.execute("PRAGMA journal_mode = WAL")

@@ -19,7 +19,10 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
 
 _INSERT_ENTRY = """INSERT INTO query_log (kind, source, sql, fingerprint, table_name, calls, rows,
         duration_ms, plan, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
@@ -32,6 +35,7 @@ _LOG_ROWS = """SELECT query_log.fingerprint, kind, source, query_log.sql, calls,
         cached, logged_at
     FROM query_log ORDER BY query_log.fingerprint, query_log.id"""
 _TEMPLATE_PARAMS = "SELECT fingerprint, sample_params FROM query_log_templates"
+_COUNT_ENTRIES = "SELECT count(*) FROM query_log"
 _CLEAR_LOG = "DELETE FROM query_log"
 _CLEAR_TEMPLATES = "DELETE FROM query_log_templates"
 
@@ -114,14 +118,14 @@ class QueryLog:
         )
         self.params.setdefault(sql, []).append(params)
 
-    def count_write(self, sql: str, rows: int, seconds: float) -> None:
-        """Count one executed write statement (inside a write transaction)."""
+    def count_write(self, sql: str, calls: int, rows: int, seconds: float) -> None:
+        """Count executions of one write statement (inside a write transaction)."""
         totals = self.writes.get(sql)
         if totals is None:
-            self.writes[sql] = [1, max(rows, 0), seconds]
+            self.writes[sql] = [calls, rows, seconds]
         else:
-            totals[0] += 1
-            totals[1] += max(rows, 0)
+            totals[0] += calls
+            totals[1] += rows
             totals[2] += seconds
 
     def commit_writes(self) -> None:
@@ -397,3 +401,31 @@ def clear(conn: sqlite3.Connection) -> int:
     removed = int(conn.execute(_CLEAR_LOG).rowcount)
     conn.execute(_CLEAR_TEMPLATES)
     return removed
+
+
+@dataclass(frozen=True)
+class LogSummary:
+    entries: int  # rows in query_log
+    fingerprints: tuple[FingerprintStats, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"entries": self.entries, "fingerprints": [asdict(f) for f in self.fingerprints]}
+
+
+def log_summary(catalog: Catalog, top: int | None = 10) -> LogSummary:
+    """The ``top`` fingerprints by total time, with calls, mean and p95 duration and plans."""
+    entries = int(catalog.conn.execute(_COUNT_ENTRIES).fetchone()[0])
+    return LogSummary(entries=entries, fingerprints=tuple(summarize(catalog.conn, top)))
+
+
+def import_log(catalog: Catalog, text: str) -> ImportSummary:
+    """Store the statements in captured SQL text (see ``parse_statements``); never run them."""
+    with catalog.write_transaction(bookkeeping=True) as conn:
+        return import_statements(conn, parse_statements(text))
+
+
+def clear_log(catalog: Catalog) -> int:
+    """Delete the whole query log; return how many entries there were."""
+    catalog.querylog.flushed()  # what is buffered belongs to the log being cleared
+    with catalog.write_transaction(bookkeeping=True) as conn:
+        return clear(conn)

@@ -1,8 +1,10 @@
 """``scan``: walk a tree, diff it against the catalog, probe what changed, write in batches.
 
-One process walks and writes; a pool of worker processes only probes (read, hash, sniff).
-Each batch of results is committed in its own short transaction, so a kill at any moment
-leaves whole rows, and the next scan skips what was written and probes the rest.
+The main process plans the work and is the single writer; a pool of worker processes
+walks units of the tree (diffing each against the catalog through a read-only
+connection) and probes files (read, hash, sniff). Each batch of results is committed in
+its own short transaction, so a kill at any moment leaves whole rows, and the next scan
+skips what was written and probes the rest.
 """
 
 from __future__ import annotations
@@ -12,27 +14,22 @@ import json
 import multiprocessing
 import os
 import signal
-import sqlite3
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import worker
 from .catalog import Catalog
 from .errors import DlindexError, InputError, Interrupted
 from .probe import Probe, ProbeOptions
-from .walk import DEFAULT_EXTENSIONS, WalkedFile, WalkOptions, WalkReport, display_name, walk_tree
+from .treediff import DiffOptions, ToProbe, UnitDiff
+from .walk import DEFAULT_EXTENSIONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
-_CATALOG_ROWS = (
-    "SELECT file_path, id, bytes, mtime_ns, status, label_id FROM image_metadata "
-    "WHERE root_id = ? ORDER BY file_path"
-)
-_HAS_ROWS = "SELECT 1 FROM image_metadata WHERE root_id = ? LIMIT 1"
 _UPSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
         format, mode, bytes, mtime_ns, xxh3_128, status, error, warning)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
@@ -56,6 +53,7 @@ _RELABEL = "UPDATE image_metadata SET label_id = ?, updated_at = CURRENT_TIMESTA
 _PRUNE = "DELETE FROM image_metadata WHERE root_id = ? AND status = 'missing'"
 _INSERT_LABEL = "INSERT OR IGNORE INTO labels (name) VALUES (?)"
 _LABEL_ID = "SELECT id FROM labels WHERE name = ?"
+_ALL_LABELS = "SELECT id, name FROM labels"
 _INSERT_ROOT = "INSERT OR IGNORE INTO roots (path, path_bytes) VALUES (?, ?)"
 _ROOT_ID = "SELECT id FROM roots WHERE path = ?"
 _START_SCAN = "INSERT INTO scans (root_id, options, pid) VALUES (?, ?, ?)"
@@ -67,6 +65,7 @@ _FINISH_SCAN = """UPDATE scans SET state = ?, finished_at = CURRENT_TIMESTAMP, s
 
 _FLUSH_ROWS = 2000
 _FLUSH_SECONDS = 0.5
+_QUEUED_PROBES = 8192  # walk no further ahead than this many files waiting to be probed
 
 
 @dataclass(frozen=True)
@@ -111,21 +110,6 @@ class ScanSummary:
         return data
 
 
-class _Known(NamedTuple):
-    file_path: str
-    id: int
-    bytes: int | None
-    mtime_ns: int | None
-    status: str
-    label_id: int
-
-
-class _Pending(NamedTuple):
-    label: str
-    raw: bytes | None
-    known_id: int | None
-
-
 @dataclass
 class _Counts:
     seen: int = 0
@@ -160,7 +144,7 @@ def scan_tree(
     interrupted = False
     restore = _raise_on_sigterm()
     try:
-        _run(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
+        _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress).run()
         writer.flush()
         if options.prune:
             writer.pruned = _prune(catalog, root_id)
@@ -186,123 +170,105 @@ def scan_tree(
     return summary
 
 
-def _run(
-    catalog: Catalog,
-    root_bytes: bytes,
-    root_id: int,
-    options: ScanOptions,
-    label_overrides: dict[str, str] | None,
-    report: WalkReport,
-    counts: _Counts,
-    writer: _Writer,
-    progress: Callable[[int], None] | None,
-) -> None:
-    walk_options = WalkOptions(options.extensions, options.hidden, options.exclude, options.follow_symlinks)
-    rescan = catalog.conn.execute(_HAS_ROWS, (root_id,)).fetchone() is not None
-    walked = walk_tree(root_bytes, walk_options, report, stat_files=rescan)
-    probe_options = ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks)
-    pool = _ProbePool(options.workers or os.cpu_count() or 1, options.io_threads, probe_options)
-    # A second connection reads the catalog as it was when the scan began, while the
-    # first one writes: the merge never sees its own inserts.
-    reader = sqlite3.connect(os.fspath(catalog.path), isolation_level=None, timeout=30)
-    try:
-        reader.execute("BEGIN")
-        known_rows = (_Known(*row) for row in reader.execute(_CATALOG_ROWS, (root_id,)))
-        batch: list[tuple[bytes, str]] = []
-        pending: dict[str, _Pending] = {}
+class _Pipeline:
+    """Feeds units to walk and batches to probe through one pool, bounded in flight."""
 
-        def handle(results: Iterable[Probe]) -> None:
-            done = 0
-            for probe in results:
-                _record(probe, pending.pop(probe.key), counts, report, writer)
-                done += 1
-            if progress is not None:
-                progress(done)
-            writer.maybe_flush()
+    def __init__(
+        self,
+        catalog: Catalog,
+        root: bytes,
+        root_id: int,
+        options: ScanOptions,
+        label_overrides: dict[str, str] | None,
+        report: WalkReport,
+        counts: _Counts,
+        writer: _Writer,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
+        self.writer, self.progress = writer, progress or (lambda n: None)
+        walk_options = WalkOptions(options.extensions, options.hidden, options.exclude, options.follow_symlinks)
+        self.diff_options = DiffOptions(walk_options, options.force, label_overrides)
+        self.workers = max(1, options.workers or os.cpu_count() or 1)
+        self.pool = _Pool(
+            self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
+            options.io_threads, os.fspath(catalog.path),
+        )  # fmt: skip
+        self.units: deque[Unit] = deque(plan_units(root, walk_options, report, self.workers))
+        self.queued: deque[ToProbe] = deque()
+        self.pending: dict[str, ToProbe] = {}
+        self.diffs_in_flight = 0
+        self.probes_in_flight = 0
+        self.batches = 0
 
-        for item, known in _merge(walked, known_rows):
-            if item is None:
-                assert known is not None
-                if known.status != "missing" and not _under(known.file_path, report.unlisted):
-                    writer.missing.append(known.id)
+    def run(self) -> None:
+        try:
+            while self.units or self.queued or self.pool.inflight:
+                self._submit()
+                for kind, result in self.pool.wait_any():
+                    if kind == "diff":
+                        self.diffs_in_flight -= 1
+                        self._on_diff(result)  # type: ignore[arg-type]
+                    else:
+                        self.probes_in_flight -= 1
+                        self._on_probes(result)  # type: ignore[arg-type]
+                self.writer.maybe_flush()
+        except BaseException:
+            self.pool.close(abort=True)
+            raise
+        self.pool.close()
+
+    def _submit(self) -> None:
+        while self.units and self.diffs_in_flight < 2 * self.workers and len(self.queued) < _QUEUED_PROBES:
+            self.pool.submit("diff", worker.diff_task, (self.root_id, self.units.popleft(), self.diff_options))
+            self.diffs_in_flight += 1
+        walking = bool(self.units) or self.diffs_in_flight > 0
+        while self.queued and self.probes_in_flight < 3 * self.workers:
+            # Small first batches get every worker busy at once; later ones amortise overhead.
+            size = 32 if self.batches < 2 * self.workers else 256
+            if walking and len(self.queued) < size:
+                break
+            batch = [self.queued.popleft() for _ in range(min(size, len(self.queued)))]
+            for item in batch:
+                self.pending[item.key] = item
+            self.pool.submit("probe", worker.probe_batch, ([(item.path, item.key) for item in batch],))
+            self.probes_in_flight += 1
+            self.batches += 1
+
+    def _on_diff(self, diff: UnitDiff) -> None:
+        self.report.absorb(diff.report)
+        counts = self.counts
+        counts.seen += diff.seen
+        counts.unchanged += diff.unchanged
+        missing = [i for i, path in diff.missing if not any(path.startswith(u) for u in self.report.unlisted)]
+        counts.missing += len(missing)
+        counts.relabeled += len(diff.relabel)
+        self.writer.missing.extend(missing)
+        self.writer.relabel.extend(diff.relabel)
+        self.queued.extend(diff.to_probe)
+        self.progress(diff.unchanged)
+
+    def _on_probes(self, results: list[Probe]) -> None:
+        counts, writer = self.counts, self.writer
+        for probe in results:
+            item = self.pending.pop(probe.key)
+            if probe.kind == "skipped":
+                counts.seen -= 1
+                self.report.skipped += 1
+            elif probe.kind == "error":
+                self.report.error(probe.key, probe.error or "unreadable")
+                if item.known_id is not None and probe.error and "No such file" in probe.error:
+                    writer.missing.append(item.known_id)  # vanished between the walk and the read
                     counts.missing += 1
-                continue
-            counts.seen += 1
-            label = label_overrides.get(item.key, item.label) if label_overrides else item.label
-            if known is not None and not options.force and _unchanged(item, known):
-                counts.unchanged += 1
-                label_id = writer.label_id(label)
-                if label_id != known.label_id:
-                    writer.relabel.append((label_id, known.id))
-                    counts.relabeled += 1
-                if progress is not None:
-                    progress(1)
-                continue
-            pending[item.key] = _Pending(label, item.raw, known.id if known else None)
-            batch.append((item.path, item.key))
-            if len(batch) >= pool.batch_size():
-                handle(pool.submit(batch))
-                batch = []
-            writer.maybe_flush()
-        if batch:
-            handle(pool.submit(batch))
-        handle(pool.drain())
-    finally:
-        reader.close()
-        pool.close()
-
-
-def _merge(
-    walked: Iterator[WalkedFile], known_rows: Iterator[_Known]
-) -> Iterator[tuple[WalkedFile | None, _Known | None]]:
-    """Merge-join two streams sorted by path: (file, row), (file, None) or (None, row)."""
-    known = next(known_rows, None)
-    for item in walked:
-        while known is not None and known.file_path < item.key:
-            yield None, known
-            known = next(known_rows, None)
-        if known is not None and known.file_path == item.key:
-            yield item, known
-            known = next(known_rows, None)
-        else:
-            yield item, None
-    while known is not None:
-        yield None, known
-        known = next(known_rows, None)
-
-
-def _unchanged(item: WalkedFile, known: _Known) -> bool:
-    st = item.stat
-    return (
-        st is not None
-        and known.status != "missing"
-        and st.st_size == known.bytes
-        and st.st_mtime_ns == known.mtime_ns
-    )
-
-
-def _under(path: str, prefixes: list[str]) -> bool:
-    return any(path.startswith(prefix) for prefix in prefixes)
-
-
-def _record(probe: Probe, pending: _Pending, counts: _Counts, report: WalkReport, writer: _Writer) -> None:
-    if probe.kind == "skipped":
-        counts.seen -= 1
-        report.skipped += 1
-        return
-    if probe.kind == "error":
-        report.error(probe.key, probe.error or "unreadable")
-        if pending.known_id is not None and probe.error and "No such file" in probe.error:
-            writer.missing.append(pending.known_id)  # vanished between the walk and the read
-            counts.missing += 1
-        return
-    if pending.known_id is None:
-        counts.new += 1
-    else:
-        counts.changed += 1
-    if probe.kind == "corrupt":
-        counts.corrupt += 1
-    writer.rows.append((probe, pending))
+            else:
+                if item.known_id is None:
+                    counts.new += 1
+                else:
+                    counts.changed += 1
+                if probe.kind == "corrupt":
+                    counts.corrupt += 1
+                writer.rows.append((probe, item))
+        self.progress(len(results))
 
 
 class _Writer:
@@ -311,13 +277,11 @@ class _Writer:
     def __init__(self, catalog: Catalog, root_id: int) -> None:
         self.catalog = catalog
         self.root_id = root_id
-        self.rows: list[tuple[Probe, _Pending]] = []
+        self.rows: list[tuple[Probe, ToProbe]] = []
         self.missing: list[int] = []
-        self.relabel: list[tuple[int, int]] = []
+        self.relabel: list[tuple[int, str]] = []  # (id, label name)
         self.pruned = 0
-        self._labels: dict[str, int] = dict(
-            (name, id_) for id_, name in catalog.conn.execute("SELECT id, name FROM labels")
-        )
+        self._labels: dict[str, int] = {name: id_ for id_, name in catalog.conn.execute(_ALL_LABELS)}
         self._last_flush = time.monotonic()
 
     def label_id(self, name: str) -> int:
@@ -338,82 +302,77 @@ class _Writer:
         if self.rows or self.missing or self.relabel:
             upserts = [
                 (
-                    self.root_id, p.key, pending.raw, self.label_id(pending.label), p.width, p.height,
+                    self.root_id, p.key, item.raw, self.label_id(item.label), p.width, p.height,
                     p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning,
                 )  # fmt: skip
-                for p, pending in self.rows
+                for p, item in self.rows
             ]
+            relabels = [(self.label_id(name), row_id) for row_id, name in self.relabel]
             with self.catalog.write_transaction() as conn:
                 conn.executemany(_UPSERT, upserts)
                 conn.executemany(_MARK_MISSING, ((i,) for i in self.missing))
-                conn.executemany(_RELABEL, self.relabel)
+                conn.executemany(_RELABEL, relabels)
             self.rows.clear()
             self.missing.clear()
             self.relabel.clear()
         self._last_flush = time.monotonic()
 
 
-class _ProbePool:
-    """Worker processes that probe batches of files, with a bounded number in flight.
+class _Pool:
+    """Worker processes running diff and probe tasks, answering in completion order.
 
-    A worker killed by a crashing decoder breaks the pool; the batches in flight are then
-    retried one file at a time in a fresh pool, so only the culprit is marked corrupt.
+    A worker killed by a crashing decoder breaks the pool; the probe batches in flight are
+    then retried one file at a time in fresh pools, so only the culprit is marked corrupt,
+    and the unit walks in flight are simply run again.
     """
 
-    def __init__(self, workers: int, io_threads: int, options: ProbeOptions) -> None:
-        self.workers = max(1, workers)
-        self.io_threads = io_threads
-        self.options = options
-        self.inflight: deque[tuple[Future[list[Probe]], list[tuple[bytes, str]]]] = deque()
-        self.submitted = 0
+    def __init__(self, workers: int, options: ProbeOptions, io_threads: int, catalog_path: str) -> None:
+        self.initargs = (options, io_threads, catalog_path)
+        self.workers = workers
+        self.inflight: dict[Future[Any], tuple[str, Callable[..., Any], tuple[Any, ...]]] = {}
         self.executor = self._new_executor()
 
     def _new_executor(self) -> ProcessPoolExecutor:
         # fork: workers start in milliseconds and inherit the imported modules.
         context = multiprocessing.get_context("fork") if os.name == "posix" else None
-        return ProcessPoolExecutor(
-            self.workers, mp_context=context, initializer=worker.init, initargs=(self.options, self.io_threads)
-        )
+        return ProcessPoolExecutor(self.workers, mp_context=context, initializer=worker.init, initargs=self.initargs)
 
-    def batch_size(self) -> int:
-        # Small first batches get every worker busy at once; later ones amortise overhead.
-        return 32 if self.submitted < self.workers * 2 else 256
+    def submit(self, kind: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.inflight[self.executor.submit(fn, *args)] = (kind, fn, args)
 
-    def submit(self, batch: list[tuple[bytes, str]]) -> list[Probe]:
-        self.inflight.append((self.executor.submit(worker.probe_batch, batch), batch))
-        self.submitted += 1
-        results: list[Probe] = []
-        while len(self.inflight) > self.workers * 3:
-            results.extend(self._collect_oldest())
-        while self.inflight and self.inflight[0][0].done():
-            results.extend(self._collect_oldest())
+    def wait_any(self) -> list[tuple[str, Any]]:
+        done, _ = wait(self.inflight, return_when=FIRST_COMPLETED)
+        results = []
+        for future in done:
+            kind, fn, args = self.inflight.pop(future)
+            try:
+                results.append((kind, future.result()))
+            except BrokenProcessPool:
+                return results + self._recover([(kind, fn, args)] + list(self.inflight.values()))
         return results
 
-    def drain(self) -> list[Probe]:
-        results: list[Probe] = []
-        while self.inflight:
-            results.extend(self._collect_oldest())
-        return results
-
-    def _collect_oldest(self) -> list[Probe]:
-        future, batch = self.inflight.popleft()
-        try:
-            return future.result()
-        except BrokenProcessPool:
-            return self._recover([batch] + [b for _, b in self.inflight])
-
-    def _recover(self, batches: list[list[tuple[bytes, str]]]) -> list[Probe]:
+    def _recover(self, tasks: list[tuple[str, Callable[..., Any], tuple[Any, ...]]]) -> list[tuple[str, Any]]:
         self.inflight.clear()
         self.executor.shutdown(wait=False, cancel_futures=True)
-        results = []
-        for path, key in (item for batch in batches for item in batch):
-            self.executor = self._new_executor()
-            self._check_workers_start()
-            try:
-                results.extend(self.executor.submit(worker.probe_batch, [(path, key)]).result())
-            except BrokenProcessPool:
-                results.append(Probe(key, "corrupt", error="a decoder crashed the worker process on this file"))
-                self.executor.shutdown(wait=False)
+        results: list[tuple[str, Any]] = []
+        for kind, fn, args in tasks:
+            if kind == "diff":
+                self.executor = self._new_executor()
+                try:
+                    results.append((kind, self.executor.submit(fn, *args).result()))
+                except BrokenProcessPool:
+                    raise DlindexError("a worker process died while walking the tree; try --workers 1") from None
+                continue
+            probes: list[Probe] = []
+            for path, key in args[0]:
+                self.executor = self._new_executor()
+                self._check_workers_start()
+                try:
+                    probes.extend(self.executor.submit(fn, [(path, key)]).result())
+                except BrokenProcessPool:
+                    probes.append(Probe(key, "corrupt", error="a decoder crashed the worker process on this file"))
+                    self.executor.shutdown(wait=False)
+            results.append((kind, probes))
         self.executor = self._new_executor()
         return results
 
@@ -423,11 +382,11 @@ class _ProbePool:
         except BrokenProcessPool:
             raise DlindexError("probe worker processes die on start; try --workers 1") from None
 
-    def close(self) -> None:
-        processes = list((getattr(self.executor, "_processes", None) or {}).values())
-        self.executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:  # idle workers, or busy ones after an interrupt
-            process.terminate()
+    def close(self, abort: bool = False) -> None:
+        if abort:  # stop busy workers now; then the manager thread sees them gone and exits
+            for process in list((getattr(self.executor, "_processes", None) or {}).values()):
+                process.terminate()
+        self.executor.shutdown(wait=True, cancel_futures=True)
 
 
 def check_root(root: str | os.PathLike[str]) -> bytes:

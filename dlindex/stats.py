@@ -29,6 +29,8 @@ _ROOTS = "SELECT id, path, added_at FROM roots ORDER BY id"
 _LAST_SCANS = """SELECT scans.id, roots.path AS root, state, started_at, finished_at, seen, new, changed,
         unchanged, missing, corrupt, skipped, errors, seconds
     FROM scans JOIN roots ON roots.id = scans.root_id ORDER BY scans.id DESC LIMIT ?"""
+_LAST_SCANS_KEYS = ("id", "root", "state", "started_at", "finished_at", "seen", "new", "changed",
+                    "unchanged", "missing", "corrupt", "skipped", "errors", "seconds")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,34 +62,29 @@ class CatalogStats:
 
 def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStats:
     """Totals by status, processed counts, label balance, size, indexes and recent scans."""
-    conn = catalog.conn
+    read = catalog.read  # recorded in the query log, like every read dlindex runs for a user
     by_status: dict[str, int] = {"ok": 0, "corrupt": 0, "missing": 0}
     bytes_by_status: dict[str, int] = {"ok": 0, "corrupt": 0, "missing": 0}
-    for status, count, size in conn.execute(_BY_STATUS):
+    for status, count, size in read(_BY_STATUS):
         by_status[status] = count
         bytes_by_status[status] = size
-    processed_counts = dict(conn.execute(_PROCESSED).fetchall())
+    processed_counts = dict(read(_PROCESSED))
     return CatalogStats(
         images=sum(by_status.values()),
         by_status=by_status,
         bytes_by_status=bytes_by_status,
         processed=processed_counts.get(1, 0),
         unprocessed=processed_counts.get(0, 0),
-        processing_status=dict(conn.execute(_PROCESSING).fetchall()),
-        labels=int(conn.execute(_LABEL_TOTAL).fetchone()[0]),
-        largest_labels=[LabelCount(*row) for row in conn.execute(_LARGEST_LABELS, (top,))],
-        smallest_labels=[LabelCount(*row) for row in conn.execute(_SMALLEST_LABELS, (top,))],
+        processing_status=dict(read(_PROCESSING)),
+        labels=int(list(read(_LABEL_TOTAL))[0][0]),
+        largest_labels=[LabelCount(*row) for row in read(_LARGEST_LABELS, (top,))],
+        smallest_labels=[LabelCount(*row) for row in read(_SMALLEST_LABELS, (top,))],
         total_bytes=bytes_by_status["ok"] + bytes_by_status["corrupt"],
         catalog_bytes=_file_size(catalog),
-        indexes=[{"name": n, "table": t, "sql": s} for n, t, s in conn.execute(_INDEXES)],
-        roots=[dict(zip(("id", "path", "added_at"), row)) for row in conn.execute(_ROOTS)],
-        last_scans=_rows_as_dicts(conn.execute(_LAST_SCANS, (scans,))),
+        indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
+        roots=[dict(zip(("id", "path", "added_at"), row)) for row in read(_ROOTS)],
+        last_scans=[dict(zip(_LAST_SCANS_KEYS, row)) for row in read(_LAST_SCANS, (scans,))],
     )
-
-
-def _rows_as_dicts(cursor: Any) -> list[dict[str, Any]]:
-    names = [d[0] for d in cursor.description]
-    return [dict(zip(names, row)) for row in cursor]
 
 
 def _file_size(catalog: Catalog) -> int:

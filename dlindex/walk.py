@@ -1,9 +1,12 @@
 """Walking an image tree in the catalog's own sort order, losslessly, in bytes.
 
 The walk yields files sorted exactly as SQLite's BINARY collation sorts their stored
-``file_path`` (siblings ordered by their UTF-8 display name, a folder as ``name/``), so a
-rescan can merge-join it against ``ORDER BY file_path`` on the catalog's unique index and
-hold only one directory in memory instead of the whole catalog.
+``file_path`` (siblings ordered by the UTF-8 bytes of their display name, a folder as
+``name/``), so a scan can merge-join it against ``ORDER BY file_path`` on the catalog's
+unique index and hold one folder in memory instead of the whole catalog.
+
+The tree is cut into *units* — runs of consecutive siblings, each owning a contiguous range
+of catalog keys — so that several processes can walk and diff it at once.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 DEFAULT_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
+_FILES_PER_UNIT = 2000
 
 
 class WalkedFile(NamedTuple):
@@ -23,10 +27,32 @@ class WalkedFile(NamedTuple):
     raw: bytes | None  # the relative path's bytes when the name is not valid UTF-8
     path: bytes  # absolute path to open
     label: str
-    stat: os.stat_result | None  # filled only when asked for (rescans) or when following links
 
 
-@dataclass
+class Child(NamedTuple):
+    """One folder entry, picklable: kind is dir | file | link_dir | link_file | link | other."""
+
+    name: bytes
+    text: str
+    lossless: bool
+    kind: str
+
+
+class Unit(NamedTuple):
+    """Consecutive children of one folder, walked by one task, owning the catalog keys
+    ``start <= file_path < end`` (``end`` None: to the end)."""
+
+    folder: bytes
+    prefix: str  # '' at ROOT, else 'a/b/'
+    raw_prefix: bytes
+    lossless: bool
+    label: str | None  # None at ROOT: each first-level folder names its own label
+    children: tuple[Child, ...]
+    start: str
+    end: str | None
+
+
+@dataclass(frozen=True)
 class WalkOptions:
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     hidden: bool = False
@@ -39,7 +65,6 @@ class WalkReport:
     skipped: int = 0
     errors: list[tuple[str, str]] = field(default_factory=list)
     error_count: int = 0
-    directories: int = 0
     # Folders that could not be listed: their catalogued files are not declared missing.
     unlisted: list[str] = field(default_factory=list)
 
@@ -47,6 +72,12 @@ class WalkReport:
         self.error_count += 1
         if len(self.errors) < 1000:
             self.errors.append((key, message))
+
+    def absorb(self, other: WalkReport) -> None:
+        self.skipped += other.skipped
+        self.error_count += other.error_count
+        self.errors.extend(other.errors[: max(0, 1000 - len(self.errors))])
+        self.unlisted.extend(other.unlisted)
 
 
 def display_name(name: bytes) -> tuple[str, bool]:
@@ -58,131 +89,190 @@ def display_name(name: bytes) -> tuple[str, bool]:
         return name.decode("utf-8", "backslashreplace"), False
 
 
-def walk_tree(
-    root: bytes,
-    options: WalkOptions,
-    report: WalkReport,
-    stat_files: bool = False,
-) -> Iterator[WalkedFile]:
-    """Yield every selected regular file under ``root`` in catalog order.
-
-    Args:
-        stat_files: stat each file (rescans compare size and mtime against the catalog);
-            a first scan leaves that to the worker's fstat.
-    """
-    exts = {b"." + e.lower().lstrip(".").encode() for e in options.extensions}
-    root_st = os.stat(root)
-    visited_dirs = {(root_st.st_dev, root_st.st_ino)}
-    seen_files: set[tuple[int, int]] = set()
-    # An explicit stack of sorted directory listings: no recursion limit on deep trees.
-    stack = [_Listing(iter(_list_dir(root, "", options, report)), "", b"", True, None)]
-    while stack:
-        top = stack[-1]
-        child = next(top.children, None)
-        if child is None:
-            stack.pop()
-            continue
-        sort_key, text, name_ok, entry = child
-        key = top.prefix + text
-        if options.exclude and _excluded(key, text, options.exclude):
-            continue
-        raw_key = top.raw_prefix + entry.name
-        lossless = top.lossless and name_ok
-        label = top.label if top.label is not None else ("" if not sort_key.endswith(b"/") else text)
-        if sort_key.endswith(b"/"):
-            if entry.is_symlink() and not options.follow_symlinks:
-                report.skipped += 1
-                continue
-            try:
-                st = entry.stat(follow_symlinks=options.follow_symlinks)
-            except OSError as e:
-                report.error(key, f"cannot stat folder: {e.strerror or e}")
-                continue
-            ident = (st.st_dev, st.st_ino)
-            if ident in visited_dirs:
-                report.skipped += 1  # a symlink loop, or a second link to a folder we index
-                continue
-            visited_dirs.add(ident)
-            listing = _list_dir(entry.path, key, options, report)
-            stack.append(_Listing(iter(listing), key + "/", raw_key + b"/", lossless, label))
-            continue
-        dot = entry.name.rfind(b".")
-        if dot < 0 or entry.name[dot:].lower() not in exts:
-            continue
-        file_stat = _file_stat(entry, key, options, report, stat_files)
-        if file_stat is False:
-            continue
-        if options.follow_symlinks:
-            assert isinstance(file_stat, os.stat_result)
-            ident = (file_stat.st_dev, file_stat.st_ino)
-            if ident in seen_files:
-                report.skipped += 1  # the same file reached through a second link
-                continue
-            seen_files.add(ident)
-        yield WalkedFile(key, None if lossless else raw_key, entry.path, label, file_stat or None)
+def _is_dir_kind(kind: str) -> bool:
+    return kind == "dir" or kind == "link_dir"
 
 
-class _Listing(NamedTuple):
-    children: Iterator[tuple[bytes, str, bool, os.DirEntry[bytes]]]
+def sort_text(child: Child) -> str:
+    return child.text + "/" if _is_dir_kind(child.kind) else child.text
+
+
+def list_children(folder: bytes, prefix: str, options: WalkOptions, report: WalkReport) -> list[Child]:
+    """A folder's selected entries in catalog order; unreadable folders are reported."""
+    try:
+        with os.scandir(folder) as it:
+            entries = list(it)
+    except OSError as e:
+        report.error(prefix.rstrip("/") or ".", f"cannot list folder: {e.strerror or e}")
+        report.unlisted.append(prefix)
+        return []
+    children = []
+    for entry in entries:
+        name = entry.name
+        if not options.hidden and name.startswith(b"."):
+            continue
+        try:
+            text, ok = name.decode(), True
+        except UnicodeDecodeError:
+            text, ok = display_name(name)
+        if options.exclude and _excluded(prefix + text, text, options.exclude):
+            continue
+        try:
+            # d_type answers these without a system call; only links need a stat.
+            if entry.is_file(follow_symlinks=False):
+                kind = "file"
+            elif entry.is_dir(follow_symlinks=False):
+                kind = "dir"
+            elif entry.is_symlink():
+                kind = "link"
+                if options.follow_symlinks:
+                    kind = "link_dir" if entry.is_dir() else "link_file"
+            else:
+                kind = "other"
+        except OSError:
+            kind = "other"
+        children.append(Child(name, text, ok, kind))
+    # str order is code-point order, which is UTF-8 byte order: SQLite's BINARY collation.
+    children.sort(key=sort_text)
+    return children
+
+
+def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelism: int) -> list[Unit]:
+    """Cut the tree into units for ``parallelism`` processes (one unit when following links,
+    since a file reachable through two links must be recognised within one walk)."""
+    children = list_children(root, "", options, report)
+    if options.follow_symlinks:
+        units = [Unit(root, "", b"", True, None, tuple(children), "", None)]
+        return units
+    units = _slices(root, "", b"", True, None, children)
+    for _ in range(2):  # few large folders: cut one level deeper so every process has work
+        if len(units) >= 4 * parallelism:
+            break
+        deeper: list[Unit] = []
+        for unit in units:
+            child = unit.children[0]
+            if len(unit.children) == 1 and child.kind == "dir":
+                prefix = unit.prefix + child.text + "/"
+                folder = os.path.join(unit.folder, child.name)
+                label = unit.label if unit.label is not None else child.text
+                grandchildren = list_children(folder, prefix, options, report)
+                deeper.extend(
+                    _slices(folder, prefix, unit.raw_prefix + child.name + b"/",
+                            unit.lossless and child.lossless, label, grandchildren)
+                )  # fmt: skip
+            else:
+                deeper.append(unit)
+        units = deeper
+    return [
+        unit._replace(start=unit.start if i else "", end=units[i + 1].start if i + 1 < len(units) else None)
+        for i, unit in enumerate(units)
+    ]
+
+
+def _slices(
+    folder: bytes, prefix: str, raw_prefix: bytes, lossless: bool, label: str | None, children: list[Child]
+) -> list[Unit]:
+    """Each folder its own unit; runs of files between folders grouped in bounded units."""
+    units: list[Unit] = []
+    run: list[Child] = []
+
+    def close_run() -> None:
+        if run:
+            units.append(Unit(folder, prefix, raw_prefix, lossless, label, tuple(run), prefix + sort_text(run[0]), None))
+            run.clear()
+
+    for child in children:
+        if _is_dir_kind(child.kind):
+            close_run()
+            units.append(Unit(folder, prefix, raw_prefix, lossless, label, (child,), prefix + sort_text(child), None))
+        else:
+            run.append(child)
+            if len(run) >= _FILES_PER_UNIT:
+                close_run()
+    close_run()
+    return units
+
+
+class _Frame(NamedTuple):
+    children: Iterator[Child]
+    folder: bytes
     prefix: str
     raw_prefix: bytes
     lossless: bool
     label: str | None
 
 
-def _list_dir(
-    abs_dir: bytes, key: str, options: WalkOptions, report: WalkReport
-) -> list[tuple[bytes, str, bool, os.DirEntry[bytes]]]:
-    report.directories += 1
-    try:
-        with os.scandir(abs_dir) as it:
-            entries = list(it)
-    except OSError as e:
-        report.error(key or ".", f"cannot list folder: {e.strerror or e}")
-        report.unlisted.append(key + "/" if key else "")
-        return []
-    children = []
-    for entry in entries:
-        if not options.hidden and entry.name.startswith(b"."):
+def walk_unit(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[WalkedFile]:
+    """Yield every selected regular file of a unit, in catalog order.
+
+    Folders and (with --follow-symlinks) files are entered once by (device, inode), so
+    symlink loops end and no file is yielded twice.
+    """
+    exts = {b"." + e.lower().lstrip(".").encode() for e in options.extensions}
+    visited_dirs: set[tuple[int, int]] = set()
+    seen_files: set[tuple[int, int]] = set()
+    if options.follow_symlinks:
+        st = os.stat(unit.folder)
+        visited_dirs.add((st.st_dev, st.st_ino))
+    # An explicit stack of listings: no recursion limit on deep trees.
+    folder = unit.folder if unit.folder.endswith(b"/") else unit.folder + b"/"
+    stack = [_Frame(iter(unit.children), folder, unit.prefix, unit.raw_prefix, unit.lossless, unit.label)]
+    while stack:
+        top = stack[-1]
+        child = next(top.children, None)
+        if child is None:
+            stack.pop()
             continue
-        text, ok = display_name(entry.name)
-        try:
-            is_dir = entry.is_dir(follow_symlinks=options.follow_symlinks)
-        except OSError:
-            is_dir = False
-        children.append(((text + "/" if is_dir else text).encode(), text, ok, entry))
-    children.sort(key=lambda child: child[0])
-    return children
-
-
-def _file_stat(
-    entry: os.DirEntry[bytes], key: str, options: WalkOptions, report: WalkReport, stat_files: bool
-) -> os.stat_result | None | bool:
-    """The file's stat (or None when not needed); False when the entry is not indexed."""
-    if entry.is_symlink():
-        if not options.follow_symlinks:
-            report.skipped += 1
-            return False
-        try:
-            st = entry.stat(follow_symlinks=True)
-        except OSError as e:
-            report.error(key, f"broken symlink: {e.strerror or e}")
-            return False
-    elif not entry.is_file(follow_symlinks=False):
-        report.skipped += 1  # FIFO, socket, device: never opened
-        return False
-    elif options.follow_symlinks or stat_files:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError as e:
-            report.error(key, f"cannot stat: {e.strerror or e}")
-            return False
-    else:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        report.skipped += 1
-        return False
-    return st
+        key = top.prefix + child.text
+        path = top.folder + child.name  # frames hold folders with a trailing slash
+        kind = child.kind
+        if kind == "dir" or kind == "link_dir":
+            if options.follow_symlinks:
+                try:
+                    st = os.stat(path)
+                except OSError as e:
+                    report.error(key, f"cannot stat folder: {e.strerror or e}")
+                    continue
+                if (st.st_dev, st.st_ino) in visited_dirs:
+                    report.skipped += 1  # a symlink loop, or a second link to a folder we index
+                    continue
+                visited_dirs.add((st.st_dev, st.st_ino))
+            listing = list_children(path, key + "/", options, report)
+            label = top.label if top.label is not None else child.text
+            raw = top.raw_prefix + child.name + b"/"
+            stack.append(_Frame(iter(listing), path + b"/", key + "/", raw, top.lossless and child.lossless, label))
+            continue
+        name = child.name
+        dot = name.rfind(b".")
+        if dot < 0 or name[dot:].lower() not in exts:
+            continue
+        if kind == "link_file":
+            try:
+                st = os.stat(path)
+            except OSError as e:
+                report.error(key, f"broken symlink: {e.strerror or e}")
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                report.skipped += 1
+                continue
+        elif kind != "file":
+            report.skipped += 1  # a link we do not follow, a FIFO, socket or device: never opened
+            continue
+        elif options.follow_symlinks:
+            st = os.lstat(path)
+        if options.follow_symlinks:
+            ident = (st.st_dev, st.st_ino)
+            if ident in seen_files:
+                report.skipped += 1  # the same file reached through a second link
+                continue
+            seen_files.add(ident)
+        lossless = top.lossless and child.lossless
+        yield WalkedFile(
+            key,
+            None if lossless else top.raw_prefix + name,
+            path,
+            top.label if top.label is not None else "",
+        )
 
 
 def _excluded(key: str, name: str, patterns: tuple[str, ...]) -> bool:

@@ -10,17 +10,21 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sqlite3
+import urllib.parse
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 from PIL import Image
 
+from .treediff import DiffOptions, LabelIds, UnitDiff, diff_unit
+from .walk import Unit
 from .probe import NOT_CACHED, CStderrCapture, Probe, ProbeOptions, inspect_content, read_content
 
 _state: dict[str, object] = {}
 
 
-def init(options: ProbeOptions, io_threads: int) -> None:
+def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
@@ -33,6 +37,23 @@ def init(options: ProbeOptions, io_threads: int) -> None:
     _state["capture"] = capture
     _state["io"] = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
     _state["io_threads"] = io_threads
+    _state["catalog_path"] = catalog_path
+    _state["reader"] = None
+
+
+def diff_task(root_id: int, unit: Unit, options: DiffOptions) -> UnitDiff:
+    """Walk one unit and diff it against the catalog through this process's read-only connection."""
+    reader = _state.get("reader")
+    if reader is None:
+        path = str(_state["catalog_path"])
+        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+        reader = sqlite3.connect(uri, uri=True, timeout=30)
+        _state["reader"] = reader
+        _state["labels"] = LabelIds(reader)
+    assert isinstance(reader, sqlite3.Connection)
+    labels = _state["labels"]
+    assert isinstance(labels, LabelIds)
+    return diff_unit(reader, root_id, unit, options, labels)
 
 
 def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:

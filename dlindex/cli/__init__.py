@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from . import demo, scan, stats
+from . import demo, log, mark, query, scan, stats
 
 app = typer.Typer(
     name="dlindex",
@@ -20,6 +20,9 @@ app = typer.Typer(
 app.command()(scan.scan)
 app.command()(stats.stats)
 app.command()(demo.demo)
+app.command()(query.query)
+app.command()(mark.mark)
+app.add_typer(log.app, name="log")
 
 
 def main() -> None:

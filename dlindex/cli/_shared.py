@@ -57,3 +57,9 @@ def human_bytes(n: int | float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
+
+
+NoLogFlag = Annotated[
+    bool,
+    typer.Option("--no-log", envvar="DLINDEX_NO_LOG", help="Do not record this command's reads and writes in the query log."),
+]

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from ..catalog import open_catalog
-from ..demo import make_demo_tree
 from ..scan import ScanOptions, scan_tree
 from ..stats import catalog_stats
 from . import scan as scan_command
@@ -26,6 +25,8 @@ def demo(
 
         dlindex demo /tmp/demo --images 5000
     """
+    from ..demo import make_demo_tree  # Pillow's drawing code, needed by this command only
+
     root = folder / "images"
     db = folder / "catalog.db"
     say = stderr_console.print

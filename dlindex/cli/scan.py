@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from tqdm import tqdm
 
 from ..catalog import open_catalog
 from ..errors import ExitCode
@@ -52,6 +51,8 @@ def scan(
         force=force,
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
+    from tqdm import tqdm  # only scan shows a progress bar; keep other commands' start fast
+
     with open_catalog(db, create=True) as catalog:
         with tqdm(unit="img", disable=True if quiet else None, desc="scan", smoothing=0.1) as bar:
             summary = scan_tree(catalog, root, options, progress=bar.update)

@@ -1,0 +1,115 @@
+"""Row writers for commands that print rows: table, jsonl, csv, tsv, paths. Each streams."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from enum import Enum
+from typing import Annotated, Any, TextIO
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ._shared import stdout_console
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    jsonl = "jsonl"
+    csv = "csv"
+    tsv = "tsv"
+    paths = "paths"
+
+
+FormatOption = Annotated[
+    OutputFormat | None,
+    typer.Option(
+        "--format",
+        "-f",
+        help="Output format: table, jsonl, csv, tsv or paths (one absolute path per line). "
+        "[default: table at a terminal, jsonl otherwise]",
+        show_default=False,
+    ),
+]
+NullFlag = Annotated[bool, typer.Option("-0", "--null", help="With --format paths: end each path with NUL, not newline.")]
+
+
+def resolve_format(fmt: OutputFormat | None) -> OutputFormat:
+    return fmt or (OutputFormat.table if stdout_console.is_terminal else OutputFormat.jsonl)
+
+
+def emit_rows(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool = False) -> int:
+    """Write rows to stdout in ``fmt``; return how many were written."""
+    if fmt is OutputFormat.table:
+        return _table(rows, columns)
+    if fmt is OutputFormat.paths:
+        return _paths(rows, b"\0" if null else b"\n")
+    # File names that are not UTF-8 come back from the library as surrogate escapes: written
+    # as their original bytes in csv/tsv, as \udcXX escapes in JSON (valid JSON either way).
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="surrogateescape")
+    return WRITERS[fmt](rows, sys.stdout, columns)
+
+
+def _jsonl(rows: Iterable[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> int:
+    n = 0
+    write = out.write
+    dumps = json.JSONEncoder(ensure_ascii=False, default=str).encode
+    for row in rows:
+        line = dumps(row)
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(row, ensure_ascii=True, default=str)
+        write(line + "\n")
+        n += 1
+    out.flush()
+    return n
+
+
+def _delimited(delimiter: str) -> Callable[[Iterable[dict[str, Any]], TextIO, Sequence[str]], int]:
+    def write(rows: Iterable[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> int:
+        writer = csv.writer(out, delimiter=delimiter, lineterminator="\n")
+        writer.writerow(columns)
+        n = 0
+        for row in rows:
+            writer.writerow(["" if v is None else v for v in row.values()])
+            n += 1
+        out.flush()
+        return n
+
+    return write
+
+
+def _paths(rows: Iterable[dict[str, Any]], end: bytes) -> int:
+    out = sys.stdout.buffer
+    n = 0
+    for row in rows:
+        path = row.get("path")
+        if path is not None:
+            out.write(os.fsencode(path) + end)  # the exact file name, whatever its encoding
+            n += 1
+    out.flush()
+    return n
+
+
+def _table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> int:
+    table = Table(*columns)
+    n = 0
+    for row in rows:
+        table.add_row(*(Text("" if v is None else str(v)) for v in row.values()))  # names are not markup
+        n += 1
+    stdout_console.print(table)
+    return n
+
+
+WRITERS: dict[OutputFormat, Callable[[Iterable[dict[str, Any]], TextIO, Sequence[str]], int]] = {
+    OutputFormat.jsonl: _jsonl,
+    OutputFormat.csv: _delimited(","),
+    OutputFormat.tsv: _delimited("\t"),
+}

@@ -1,0 +1,86 @@
+"""`dlindex mark`: set processed flags or processing states from ids, paths or JSON lines."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated, BinaryIO
+
+import typer
+
+from ..catalog import Catalog
+from ..errors import ExitCode, InputError
+from ..mark import MarkResult, mark_samples, read_records
+from ._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, print_json, stderr_console, stdout_console
+from .query import ProcessingStatus
+
+
+class By(str, Enum):
+    id = "id"
+    path = "path"
+
+
+@handle_errors
+def mark(
+    file: Annotated[str, typer.Argument(metavar="[FILE|-]", help="Ids, paths or JSON lines, one per line; - reads stdin.")] = "-",
+    processed: Annotated[bool | None, typer.Option("--processed/--unprocessed", help="Set the processed flag, or clear it.", show_default=False)] = None,
+    status: Annotated[ProcessingStatus | None, typer.Option("--status", help="Set processing_status: queued, completed or failed.", show_default=False)] = None,
+    error: Annotated[str | None, typer.Option("--error", help="Also set the error text (e.g. with --status failed).", show_default=False)] = None,
+    by: Annotated[By, typer.Option("--by", help="What plain lines hold: sample ids, or paths (absolute, or relative to their root).")] = By.id,
+    null: Annotated[bool, typer.Option("-0", "--null", help="Records end with NUL instead of newline (find -print0, query -0).")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any id or path is not in the catalog.")] = False,
+    as_json: JsonFlag = False,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Set processed flags or processing status for samples read from a file or stdin.
+
+        dlindex query --unprocessed --format jsonl | ./resize.py | dlindex mark --processed -
+    """
+    if processed is None and status is None:
+        raise typer.BadParameter("give --processed, --unprocessed or --status", param_hint="'--processed'")
+    with Catalog(db, log=not no_log) as catalog, _open(file) as stream:
+        result = mark_samples(
+            catalog, read_records(stream, null=null), processed=processed,
+            processing_status=status.value if status else None, error=error, by=by.value,
+        )  # fmt: skip
+    if as_json:
+        print_json(result.as_dict())
+    else:
+        _print(result)
+    if result.unknown:
+        shown = ", ".join(result.unknown_examples)
+        more = " ..." if result.unknown > len(result.unknown_examples) else ""
+        stderr_console.print(f"{result.unknown} not in the catalog: {shown}{more}", markup=False, highlight=False)
+        if strict:
+            raise typer.Exit(ExitCode.PARTIAL)
+
+
+def _open(file: str) -> BinaryIO:
+    if file == "-":
+        return _KeepOpen(sys.stdin.buffer)  # type: ignore[return-value]
+    try:
+        return open(file, "rb")
+    except OSError as e:
+        raise InputError(f"cannot read {file}: {e.strerror or e}") from None
+
+
+class _KeepOpen:
+    """stdin as a context manager that leaves it open."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> BinaryIO:
+        return self.stream
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def _print(r: MarkResult) -> None:
+    rate = f", {r.inputs / r.seconds:,.0f}/s" if r.seconds > 0 else ""
+    stdout_console.print(
+        f"matched {r.matched:,}  updated {r.updated:,}  unknown {r.unknown:,}  ({r.seconds:.2f} s{rate})",
+        markup=False, highlight=False,
+    )  # fmt: skip

@@ -1,0 +1,81 @@
+"""`dlindex query`: filter and sample the catalog; rows on stdout."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Annotated
+
+import typer
+
+from ..catalog import Catalog
+from ..query import QuerySpec, explain
+from ._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
+from ._shared import DbOption, NoLogFlag, handle_errors
+
+
+class Status(str, Enum):
+    ok = "ok"
+    corrupt = "corrupt"
+    missing = "missing"
+
+
+class ProcessingStatus(str, Enum):
+    queued = "queued"
+    completed = "completed"
+    failed = "failed"
+
+
+class Order(str, Enum):
+    id = "id"
+    random = "random"
+
+
+@handle_errors
+def query(
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)] = None,
+    status: Annotated[list[Status] | None, typer.Option("--status", help="Only this status (repeatable). [default: ok]", show_default=False)] = None,
+    processed: Annotated[bool | None, typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False)] = None,
+    processing_status: Annotated[list[ProcessingStatus] | None, typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False)] = None,
+    since: Annotated[str | None, typer.Option("--since", help="Created at or after WHEN: ISO date-time (UTC unless given) or a duration back from now: 30m, 24h, 7d.", metavar="WHEN", show_default=False)] = None,
+    until: Annotated[str | None, typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False)] = None,
+    min_width: Annotated[int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)] = None,
+    min_height: Annotated[int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)] = None,
+    per_label: Annotated[int | None, typer.Option("--per-label", min=1, help="Class balance: at most N random samples per label (deterministic for a --seed).", show_default=False)] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N rows.", show_default=False)] = None,
+    order: Annotated[Order, typer.Option("--order", help="Row order: id, or random (deterministic for a --seed).")] = Order.id,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label and --order random.")] = 0,
+    columns: Annotated[str | None, typer.Option("--columns", "-c", help="Comma-separated columns to print (see docs/commands/query.md). [default: id,path,label,width,height,status,processed,processing_status,created_at]", show_default=False)] = None,
+    fmt: FormatOption = None,
+    null: NullFlag = False,
+    show_plan: Annotated[bool, typer.Option("--explain", help="Print the SQL, its parameters and EXPLAIN QUERY PLAN instead of rows.")] = False,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run the query even if an unchanged catalog has its result cached.")] = False,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Select samples by label, status, flags, time and size; sample per label; rows on stdout.
+
+        dlindex query --per-label 32 --processed --seed 7 --format paths | head
+    """
+    if null and fmt not in (None, OutputFormat.paths):
+        raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
+    out = OutputFormat.paths if null else resolve_format(fmt)
+    spec = QuerySpec(
+        labels=tuple(label or ()),
+        status=tuple(s.value for s in status) if status else ("ok",),
+        processed=processed,
+        processing_status=tuple(s.value for s in processing_status or ()),
+        since=since, until=until, min_width=min_width, min_height=min_height,
+        per_label=per_label, limit=limit, order=order.value, seed=seed,
+        columns=("path",) if out is OutputFormat.paths else columns,
+        cache=not no_cache,
+    )  # fmt: skip
+    with Catalog(db, log=not no_log) as catalog:
+        if show_plan:
+            explained = explain(catalog, spec)
+            typer.echo(explained.sql + ";")
+            typer.echo("-- params: " + json.dumps(explained.params, ensure_ascii=False))
+            for line in explained.plan:
+                typer.echo("-- " + line)
+            return
+        emit_rows(catalog.query(spec), out, spec.columns, null=null)

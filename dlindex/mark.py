@@ -1,0 +1,280 @@
+"""``mark``: set processed flags and processing states for many samples at once.
+
+Input records (sample ids, paths, or JSON objects carrying ``id``, ``path`` or
+``file_path``) are parsed and staged into temporary tables first, without touching the
+catalog, so a malformed record aborts with nothing changed and a slow producer upstream
+never holds the write lock. Then one write transaction resolves them with set-based
+statements (a join, never one statement per sample) and updates only rows whose values
+change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import InputError
+from .query import PROCESSING_STATUSES
+from .walk import display_name
+
+if TYPE_CHECKING:
+    from .catalog import Catalog
+
+_CREATE_IDS = "CREATE TEMP TABLE IF NOT EXISTS mark_ids (id INTEGER PRIMARY KEY)"
+_CREATE_PATHS = (
+    "CREATE TEMP TABLE IF NOT EXISTS mark_paths (root_id INTEGER NOT NULL, file_path TEXT NOT NULL, "
+    "PRIMARY KEY (root_id, file_path)) WITHOUT ROWID"
+)
+_DROP_IDS = "DROP TABLE IF EXISTS temp.mark_ids"
+_DROP_PATHS = "DROP TABLE IF EXISTS temp.mark_paths"
+_STAGE_ID = "INSERT OR IGNORE INTO temp.mark_ids (id) VALUES (?)"
+_STAGE_PATH = "INSERT OR IGNORE INTO temp.mark_paths (root_id, file_path) VALUES (?, ?)"
+_COUNT_IDS = "SELECT count(*) FROM temp.mark_ids"
+_COUNT_PATHS = "SELECT count(*) FROM temp.mark_paths"
+_ROOTS = "SELECT id, path, path_bytes FROM roots"
+_UNKNOWN_IDS = (
+    "SELECT staged.id FROM temp.mark_ids AS staged WHERE NOT EXISTS "
+    "(SELECT 1 FROM main.image_metadata WHERE image_metadata.id = staged.id)"
+)
+# root_id 0 stands for a relative path: it may sit under any root.
+_UNKNOWN_PATHS = (
+    "SELECT staged.root_id, staged.file_path FROM temp.mark_paths AS staged WHERE NOT EXISTS ("
+    "SELECT 1 FROM main.image_metadata WHERE image_metadata.root_id = staged.root_id "
+    "AND image_metadata.file_path = staged.file_path) AND (staged.root_id != 0 OR NOT EXISTS ("
+    "SELECT 1 FROM main.roots JOIN main.image_metadata ON image_metadata.root_id = roots.id "
+    "AND image_metadata.file_path = staged.file_path))"
+)
+_UPDATE_BY_ID = (
+    "UPDATE image_metadata SET {set}, updated_at = CURRENT_TIMESTAMP "
+    "WHERE id IN (SELECT id FROM temp.mark_ids) AND ({changed})"
+)
+_UPDATE_BY_PATH = (
+    "UPDATE image_metadata SET {set}, updated_at = CURRENT_TIMESTAMP WHERE id IN ("
+    "SELECT target.id FROM temp.mark_paths AS staged JOIN main.image_metadata AS target "
+    "ON target.root_id = staged.root_id AND target.file_path = staged.file_path "
+    "UNION ALL SELECT target.id FROM temp.mark_paths AS staged JOIN main.roots "
+    "JOIN main.image_metadata AS target ON target.root_id = roots.id AND target.file_path = staged.file_path "
+    "WHERE staged.root_id = 0) AND ({changed})"
+)
+_SET = {
+    "processed": "processed = :processed",
+    "processing_status": "processing_status = :processing_status",
+    "error": "error = :error",
+}
+_CHANGED = {
+    "processed": "processed IS NOT :processed",
+    "processing_status": "processing_status IS NOT :processing_status",
+    "error": "error IS NOT :error",
+}
+
+_STAGE_BATCH = 50_000
+_EXAMPLES = 10
+BY = ("id", "path")
+
+
+@dataclass(frozen=True)
+class MarkResult:
+    """What one ``mark`` did: inputs are non-blank records, the rest count distinct samples."""
+
+    inputs: int
+    matched: int
+    updated: int
+    unknown: int
+    seconds: float
+    unknown_examples: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["unknown_examples"] = list(self.unknown_examples)
+        return data
+
+
+def mark_samples(
+    catalog: Catalog,
+    records: Iterable[bytes | str],
+    *,
+    processed: bool | None = None,
+    processing_status: str | None = None,
+    error: str | None = None,
+    by: str = "id",
+) -> MarkResult:
+    """Update the samples named by ``records`` in one transaction; see docs/commands/mark.md.
+
+    Args:
+        records: one sample per item: an id (``by="id"``), a path (``by="path"``: absolute,
+            or relative to its root as ``file_path``), or a JSON object with ``id``, ``path``
+            or ``file_path``. Blank records are skipped; a trailing newline is ignored.
+        processed: set the processed flag to this value.
+        processing_status: set processing_status (queued, completed or failed).
+        error: set the error text.
+
+    Raises:
+        InputError: a malformed record (named by its 1-based line number); nothing changed.
+    """
+    started = time.perf_counter()
+    values: dict[str, Any] = {}
+    if processed is not None:
+        values["processed"] = int(bool(processed))
+    if processing_status is not None:
+        if processing_status not in PROCESSING_STATUSES:
+            raise InputError(f"unknown status {processing_status!r}; choose from: {', '.join(PROCESSING_STATUSES)}")
+        values["processing_status"] = processing_status
+    if error is not None:
+        values["error"] = error
+    if "processed" not in values and "processing_status" not in values:
+        raise InputError("nothing to set: give --processed, --unprocessed or --status")
+    if by not in BY:
+        raise InputError(f"unknown --by {by!r}; choose id or path")
+    conn = catalog.conn
+    conn.execute(_CREATE_IDS)
+    conn.execute(_CREATE_PATHS)
+    try:
+        inputs = _stage(catalog, records, by)
+        set_sql = ", ".join(_SET[k] for k in values)
+        changed_sql = " OR ".join(_CHANGED[k] for k in values)
+        with catalog.write_transaction() as tx:
+            staged_ids = int(tx.execute(_COUNT_IDS).fetchone()[0])
+            staged_paths = int(tx.execute(_COUNT_PATHS).fetchone()[0])
+            examples: list[str] = []
+            unknown = 0
+            for unknown_id in _unknown(tx, staged_ids, staged_paths):
+                unknown += 1
+                if len(examples) < _EXAMPLES:
+                    examples.append(unknown_id)
+            updated = 0
+            if staged_ids:
+                sql = _UPDATE_BY_ID.replace("{set}", set_sql).replace("{changed}", changed_sql)
+                updated += tx.execute(sql, values).rowcount
+            if staged_paths:
+                sql = _UPDATE_BY_PATH.replace("{set}", set_sql).replace("{changed}", changed_sql)
+                updated += tx.execute(sql, values).rowcount
+    finally:
+        conn.execute(_DROP_IDS)
+        conn.execute(_DROP_PATHS)
+    return MarkResult(
+        inputs=inputs, matched=staged_ids + staged_paths - unknown, updated=updated, unknown=unknown,
+        seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(examples),
+    )  # fmt: skip
+
+
+def _unknown(tx: Any, staged_ids: int, staged_paths: int) -> Iterator[str]:
+    if staged_ids:
+        for (id_,) in tx.execute(_UNKNOWN_IDS):
+            yield str(id_)
+    if staged_paths:
+        roots = {id_: text for id_, text, _ in tx.execute(_ROOTS)}
+        for root_id, file_path in tx.execute(_UNKNOWN_PATHS):
+            yield roots[root_id].rstrip("/") + "/" + file_path if root_id in roots else file_path
+
+
+def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
+    """Parse every record into the temporary tables; return how many were not blank."""
+    conn = catalog.conn
+    roots = _root_prefixes(catalog)
+    ids: list[int] = []
+    paths: list[tuple[int, str]] = []
+    inputs = 0
+    conn.execute("BEGIN")  # temporary tables only: no lock on the catalog is taken
+    try:
+        for number, record in enumerate(records, start=1):
+            if by == "id":
+                try:
+                    ids.append(int(record))  # the fast path: int() ignores spaces and the newline
+                    inputs += 1
+                    if len(ids) >= _STAGE_BATCH:
+                        conn.executemany(_STAGE_ID, zip(ids))
+                        ids.clear()
+                    continue
+                except ValueError:
+                    pass
+            raw = record.encode("utf-8", "surrogateescape") if isinstance(record, str) else record
+            raw = raw.rstrip(b"\r\n")
+            if not raw.strip():
+                continue
+            inputs += 1
+            target = _parse(raw, number, by, roots)
+            if isinstance(target, int):
+                ids.append(target)
+            else:
+                paths.append(target)
+            if len(ids) >= _STAGE_BATCH or len(paths) >= _STAGE_BATCH:
+                conn.executemany(_STAGE_ID, zip(ids))
+                conn.executemany(_STAGE_PATH, paths)
+                ids.clear()
+                paths.clear()
+        conn.executemany(_STAGE_ID, zip(ids))
+        conn.executemany(_STAGE_PATH, paths)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return inputs
+
+
+def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> int | tuple[int, str]:
+    text = raw.strip()
+    if text.startswith(b"{"):
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            raise InputError(f"line {number}: not valid JSON ({e.msg}); nothing was changed") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"line {number}: expected a JSON object; nothing was changed")
+        if "id" in obj:
+            value = obj["id"]
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InputError(f"line {number}: \"id\" must be an integer, not {value!r}; nothing was changed")
+            return value
+        for key in ("path", "file_path"):
+            value = obj.get(key)
+            if value is not None:
+                if not isinstance(value, str) or not value:
+                    raise InputError(f"line {number}: \"{key}\" must be a non-empty string; nothing was changed")
+                return _resolve(os.fsencode(value), roots)
+        raise InputError(f"line {number}: a JSON object needs \"id\", \"path\" or \"file_path\"; nothing was changed")
+    if by == "id":
+        shown = text[:40].decode("utf-8", "backslashreplace")
+        raise InputError(f"line {number}: {shown!r} is not a sample id (for paths use --by path); nothing was changed")
+    return _resolve(raw, roots)
+
+
+def _resolve(path: bytes, roots: list[tuple[bytes, int]]) -> tuple[int, str]:
+    """(root_id, file_path) for a path: 0 for a relative one, -1 under no known root."""
+    if not path.startswith(b"/"):
+        while path.startswith(b"./"):
+            path = path[2:]
+        return 0, display_name(path)[0]
+    path = os.path.normpath(path)
+    for prefix, root_id in roots:
+        if path.startswith(prefix):
+            return root_id, display_name(path[len(prefix) :])[0]
+    return -1, display_name(path)[0]
+
+
+def _root_prefixes(catalog: Catalog) -> list[tuple[bytes, int]]:
+    prefixes = []
+    for id_, text, raw in catalog.conn.execute(_ROOTS):
+        prefix = bytes(raw) if raw is not None else os.fsencode(text)
+        prefixes.append((prefix.rstrip(b"/") + b"/", int(id_)))
+    return sorted(prefixes, key=lambda p: -len(p[0]))  # the deepest root wins
+
+
+def read_records(stream: Any, null: bool = False, chunk_size: int = 1 << 16) -> Iterator[bytes]:
+    """Records from a binary stream: lines, or NUL-separated with ``null``; streamed."""
+    if not null:
+        yield from stream
+        return
+    rest = b""
+    while True:
+        chunk = stream.read(chunk_size)
+        if not chunk:
+            break
+        parts = (rest + chunk).split(b"\0")
+        rest = parts.pop()
+        yield from parts
+    if rest:
+        yield rest

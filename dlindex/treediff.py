@@ -1,0 +1,112 @@
+"""Diffing one unit of the tree against the catalog: what is new, changed, gone, relabelled.
+
+Runs in worker processes with a read-only connection. The walk and the catalog rows of the
+unit's key range are both in ``file_path`` order, so one merge pass classifies everything;
+an unchanged file costs one ``lstat`` and nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from .walk import Unit, WalkOptions, WalkReport, walk_unit
+
+_ROWS_FROM = (
+    "SELECT file_path, id, bytes, mtime_ns, status, label_id FROM image_metadata "
+    "WHERE root_id = ? AND file_path >= ? ORDER BY file_path"
+)
+_ROWS_BETWEEN = (
+    "SELECT file_path, id, bytes, mtime_ns, status, label_id FROM image_metadata "
+    "WHERE root_id = ? AND file_path >= ? AND file_path < ? ORDER BY file_path"
+)
+_LABELS = "SELECT name, id FROM labels"
+
+
+class ToProbe(NamedTuple):
+    path: bytes
+    key: str
+    label: str
+    raw: bytes | None
+    known_id: int | None
+
+
+@dataclass
+class UnitDiff:
+    seen: int = 0
+    unchanged: int = 0
+    to_probe: list[ToProbe] = field(default_factory=list)
+    missing: list[tuple[int, str]] = field(default_factory=list)  # (id, file_path)
+    relabel: list[tuple[int, str]] = field(default_factory=list)  # (id, new label name)
+    report: WalkReport = field(default_factory=WalkReport)
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    walk: WalkOptions
+    force: bool = False
+    label_overrides: dict[str, str] | None = None
+
+
+class LabelIds:
+    """Label name -> id as the catalog had it; re-read when a name is not known yet."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.ids: dict[str, int] = {}
+
+    def get(self, name: str) -> int | None:
+        found = self.ids.get(name)
+        if found is None:
+            self.ids = dict(self.conn.execute(_LABELS).fetchall())
+            found = self.ids.get(name)
+        return found
+
+
+def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffOptions, labels: LabelIds) -> UnitDiff:
+    """Merge-join the unit's walk with its catalog rows, both in file_path order."""
+    diff = UnitDiff()
+    if unit.end is None:
+        cursor = conn.execute(_ROWS_FROM, (root_id, unit.start))
+    else:
+        cursor = conn.execute(_ROWS_BETWEEN, (root_id, unit.start, unit.end))
+    overrides = options.label_overrides
+    force = options.force
+    stat = os.stat if options.walk.follow_symlinks else os.lstat
+    missing, relabel, to_probe = diff.missing, diff.relabel, diff.to_probe
+    unchanged = seen = 0
+    # known: (file_path, id, bytes, mtime_ns, status, label_id); the hot loop stays flat.
+    known = next(cursor, None)
+    for item in walk_unit(unit, options.walk, diff.report):
+        key = item.key
+        while known is not None and known[0] < key:
+            if known[4] != "missing":
+                missing.append((known[1], known[0]))
+            known = next(cursor, None)
+        match = None
+        if known is not None and known[0] == key:
+            match, known = known, next(cursor, None)
+        seen += 1
+        label = overrides.get(key, item.label) if overrides else item.label
+        if match is not None and not force and match[4] != "missing":
+            try:
+                st = stat(item.path)
+            except OSError:
+                st = None  # let the probe report what is wrong with it
+            if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:
+                unchanged += 1
+                if labels.get(label) != match[5]:
+                    relabel.append((match[1], label))
+                continue
+        to_probe.append(ToProbe(item.path, key, label, item.raw, match[1] if match else None))
+    while known is not None:
+        if known[4] != "missing":
+            missing.append((known[1], known[0]))
+        known = next(cursor, None)
+    diff.seen, diff.unchanged = seen, unchanged
+    unlisted = diff.report.unlisted
+    if unlisted:  # a folder we could not read is not a folder whose files are gone
+        diff.missing = [(i, p) for i, p in missing if not any(p.startswith(u) for u in unlisted)]
+    return diff
