@@ -4,7 +4,7 @@ Every read that dlindex runs for a user (query, sampling, stats) and every write
 shape (scan upserts, mark updates) is recorded in ``query_log``; ``dlindex index`` later
 reads it as evidence. Recording is cheap: an entry is a tuple appended to a buffer, the
 plan is explained once per template per process, and the buffer is written in one
-statement per flush (with the next write transaction, after 256 entries or 5 s, and when
+statement per flush (with the next write transaction, after 1,000 entries or 5 s, and when
 the catalog is closed). Imported statements are stored as text and never executed.
 """
 
@@ -39,7 +39,7 @@ _COUNT_ENTRIES = "SELECT count(*) FROM query_log"
 _CLEAR_LOG = "DELETE FROM query_log"
 _CLEAR_TEMPLATES = "DELETE FROM query_log_templates"
 
-FLUSH_ENTRIES = 256
+FLUSH_ENTRIES = 1000
 FLUSH_SECONDS = 5.0
 RESERVOIR_SIZE = 8  # sample parameter sets kept per template
 _MAX_PARAMS_CHARS = 4096  # a parameter set larger than this is not worth keeping as a sample
@@ -92,10 +92,12 @@ class QueryLog:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self.entries: list[tuple[Any, ...]] = []  # query_log rows, ready for executemany
-        self.params: dict[str, list[Any]] = {}  # sql -> parameter sets since the last flush
+        self.samples: dict[str, list[Any]] = {}  # sql -> [offered since flush, reservoir...]
+        self.names: dict[str, tuple[str, str | None]] = {}  # sql -> (fingerprint, table), memoised
         self.writes: dict[str, list[float]] = {}  # sql -> [calls, rows, seconds] in this transaction
         self.pending_writes: dict[str, list[float]] = {}  # committed, not yet flushed
         self.plans: dict[str, tuple[str, str]] = {}  # sql -> (plan, plan_detail), once per process
+        self.rng = random.Random(0)  # deterministic: tests and reruns agree
         self.last_flush = time.monotonic()
 
     def record_read(
@@ -113,10 +115,26 @@ class QueryLog:
         plan = self.plans.get(sql)
         if plan is None:
             plan = self.plans[sql] = explain_plan(conn, sql, params)
-        self.entries.append(
-            ("read", "dlindex", sql, fingerprint(sql), table_of(sql), 1, rows, seconds * 1000.0, plan[0], int(cached))
-        )
-        self.params.setdefault(sql, []).append(params)
+        fp, table = self._names(sql)
+        self.entries.append(("read", "dlindex", sql, fp, table, 1, rows, seconds * 1000.0, plan[0], int(cached)))
+        # Reservoir sampling (Algorithm R) as parameters arrive; merged with the stored one on flush.
+        sample = self.samples.get(sql)
+        if sample is None:
+            self.samples[sql] = [1, params]
+        else:
+            sample[0] += 1
+            if len(sample) <= RESERVOIR_SIZE:
+                sample.append(params)
+            else:
+                slot = self.rng.randrange(sample[0])
+                if slot < RESERVOIR_SIZE:
+                    sample[1 + slot] = params
+
+    def _names(self, sql: str) -> tuple[str, str | None]:
+        names = self.names.get(sql)
+        if names is None:
+            names = self.names[sql] = (fingerprint(sql), table_of(sql))
+        return names
 
     def count_write(self, sql: str, calls: int, rows: int, seconds: float) -> None:
         """Count executions of one write statement (inside a write transaction)."""
@@ -148,41 +166,40 @@ class QueryLog:
 
     def flush_into(self, conn: sqlite3.Connection) -> None:
         """Write the buffer with ``conn``, which must be inside a write transaction."""
-        entries = self.entries
+        entries = list(self.entries)
         for sql, (calls, rows, seconds) in self.pending_writes.items():
-            entries.append(("write", "dlindex", sql, fingerprint(sql), table_of(sql), int(calls), int(rows), seconds * 1000.0, None, 0))
+            fp, table = self._names(sql)
+            entries.append(("write", "dlindex", sql, fp, table, int(calls), int(rows), seconds * 1000.0, None, 0))
         if entries:
             conn.executemany(_INSERT_ENTRY, entries)
-        for sql, offered in self.params.items():
-            _offer_samples(conn, sql, self.plans.get(sql, ("", None))[1], offered)
+        for sql, (offered, *sample) in self.samples.items():
+            _merge_samples(conn, sql, self._names(sql)[0], self.plans.get(sql, ("", None))[1], offered, sample, self.rng)
 
     def flushed(self) -> None:
         self.entries = []
-        self.params = {}
+        self.samples = {}
         self.pending_writes = {}
         self.last_flush = time.monotonic()
 
 
-def _offer_samples(conn: sqlite3.Connection, sql: str, plan_detail: str | None, offered: list[Any]) -> None:
-    """Keep a uniform sample of parameter sets per template (reservoir sampling, Algorithm R)."""
+def _merge_samples(
+    conn: sqlite3.Connection, sql: str, fp: str, plan_detail: str | None, offered: int, sample: list[Any],
+    rng: random.Random,
+) -> None:
+    """Merge this process's reservoir into the stored one; each stays a uniform sample."""
     row = conn.execute(_TEMPLATE, (sql,)).fetchone()
-    seen, samples = (int(row[0]), json.loads(row[1])) if row else (0, [])
-    rng = random.Random(f"{sql}:{seen}")  # deterministic: tests and reruns agree
-    for params in offered:
-        encoded = _jsonable(params)
-        if len(json.dumps(encoded)) > _MAX_PARAMS_CHARS:
-            continue
-        seen += 1
-        if len(samples) < RESERVOIR_SIZE:
-            samples.append(encoded)
-        else:
-            slot = rng.randrange(seen)
-            if slot < RESERVOIR_SIZE:
-                samples[slot] = encoded
+    stored_offered, stored = (int(row[0]), json.loads(row[1])) if row else (0, [])
+    fresh = [encoded for encoded in map(_jsonable, sample) if len(json.dumps(encoded)) <= _MAX_PARAMS_CHARS]
+    total = stored_offered + offered
+    merged: list[Any] = []
+    while len(merged) < RESERVOIR_SIZE and (stored or fresh):
+        # Draw from each side in proportion to how many parameter sets it stands for.
+        take_fresh = bool(fresh) and (not stored or rng.random() < offered / total)
+        merged.append((fresh if take_fresh else stored).pop(rng.randrange(len(fresh if take_fresh else stored))))
     conn.execute(
         _UPSERT_TEMPLATE,
-        {"sql": sql, "fingerprint": fingerprint(sql), "plan_detail": plan_detail, "offered": seen,
-         "sample_params": json.dumps(samples, ensure_ascii=False)},
+        {"sql": sql, "fingerprint": fp, "plan_detail": plan_detail, "offered": total,
+         "sample_params": json.dumps(merged, ensure_ascii=False)},
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ skips what was written and probes the rest.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -247,11 +248,15 @@ class _Pipeline:
         self.writer.relabel.extend(diff.relabel)
         self.queued.extend(diff.to_probe)
         self.progress(diff.unchanged)
+        if diff.probed:
+            self._record(diff.probed)
 
     def _on_probes(self, results: list[Probe]) -> None:
+        self._record([(probe, self.pending.pop(probe.key)) for probe in results])
+
+    def _record(self, results: list[tuple[Probe, ToProbe]]) -> None:
         counts, writer = self.counts, self.writer
-        for probe in results:
-            item = self.pending.pop(probe.key)
+        for probe, item in results:
             if probe.kind == "skipped":
                 counts.seen -= 1
                 self.report.skipped += 1
@@ -357,6 +362,10 @@ class _Pool:
         results: list[tuple[str, Any]] = []
         for kind, fn, args in tasks:
             if kind == "diff":
+                # Walk again without probing in the walker, so that probing goes through
+                # batches below and a crashing file is isolated like any other.
+                root_id, unit, options = args
+                args = (root_id, unit, dataclasses.replace(options, probe_inline=0))
                 self.executor = self._new_executor()
                 try:
                     results.append((kind, self.executor.submit(fn, *args).result()))

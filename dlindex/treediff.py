@@ -12,6 +12,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .probe import Probe
 from .walk import Unit, WalkOptions, WalkReport, walk_unit
 
 _ROWS_FROM = (
@@ -40,6 +41,7 @@ class UnitDiff:
     to_probe: list[ToProbe] = field(default_factory=list)
     missing: list[tuple[int, str]] = field(default_factory=list)  # (id, file_path)
     relabel: list[tuple[int, str]] = field(default_factory=list)  # (id, new label name)
+    probed: list[tuple[Probe, ToProbe]] = field(default_factory=list)  # probed by the same worker
     report: WalkReport = field(default_factory=WalkReport)
 
 
@@ -48,6 +50,9 @@ class DiffOptions:
     walk: WalkOptions
     force: bool = False
     label_overrides: dict[str, str] | None = None
+    # A worker probes up to this many of a unit's new/changed files itself, saving a round
+    # trip through the main process; larger units are spread over all workers in batches.
+    probe_inline: int = 2048
 
 
 class LabelIds:

@@ -53,7 +53,12 @@ def diff_task(root_id: int, unit: Unit, options: DiffOptions) -> UnitDiff:
     assert isinstance(reader, sqlite3.Connection)
     labels = _state["labels"]
     assert isinstance(labels, LabelIds)
-    return diff_unit(reader, root_id, unit, options, labels)
+    diff = diff_unit(reader, root_id, unit, options, labels)
+    if 0 < len(diff.to_probe) <= options.probe_inline:
+        probes = probe_batch([(item.path, item.key) for item in diff.to_probe])
+        diff.probed = list(zip(probes, diff.to_probe))
+        diff.to_probe = []
+    return diff
 
 
 def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:

@@ -1,0 +1,59 @@
+"""Catalogs written straight into SQLite, for query and mark tests that need no image files."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from dlindex import Catalog
+
+ROOT = "/data/train"
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    status: str = "ok"
+    processed: int = 0
+    processing_status: str | None = None
+    width: int = 32
+    height: int = 32
+    age_hours: float = 100.0  # created this long ago
+
+
+def stamp(hours_ago: float) -> str:
+    moment = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Path:
+    """A catalog whose image rows have ids 1..len(rows), in order, under one root."""
+    Catalog(path, create=True).close()
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            conn.execute("INSERT INTO roots (id, path) VALUES (1, ?)", (root,))
+            labels = sorted({r.label for r in rows})
+            conn.executemany("INSERT INTO labels (name) VALUES (?)", [(name,) for name in labels])
+            ids = dict(conn.execute("SELECT name, id FROM labels"))
+            counts: dict[str, int] = {}
+            for i, r in enumerate(rows, start=1):
+                counts[r.label] = counts.get(r.label, 0) + 1
+                created = stamp(r.age_hours)
+                conn.execute(
+                    "INSERT INTO image_metadata (id, root_id, file_path, label_id, width, height, format, "
+                    "mode, bytes, mtime_ns, xxh3_128, status, processed, processing_status, created_at, updated_at) "
+                    "VALUES (?, 1, ?, ?, ?, ?, 'PNG', 'RGB', 100, 1, 'x', ?, ?, ?, ?, ?)",
+                    (i, f"{r.label}/{counts[r.label]:04d}.png", ids[r.label], r.width, r.height, r.status,
+                     r.processed, r.processing_status, created, created),
+                )  # fmt: skip
+    finally:
+        conn.close()
+    return path
+
+
+def balanced(path: Path, labels: dict[str, int]) -> Path:
+    """``labels`` maps a label to its number of plain ok, unprocessed rows."""
+    return make_catalog(path, [Row(label) for label, n in labels.items() for _ in range(n)])
