@@ -7,7 +7,10 @@
 
 from .catalog import Catalog, open_catalog
 from .errors import CatalogError, DlindexError, ExitCode, InputError, Interrupted
+from .mark import MarkResult, mark_samples
 from .probe import Probe, ProbeOptions, probe_file, sniff_header
+from .query import QuerySpec
+from .querylog import clear_log, import_log, log_summary
 from .scan import ScanOptions, ScanSummary, scan_tree
 from .stats import CatalogStats, catalog_stats
 
@@ -21,11 +24,17 @@ __all__ = [
     "ExitCode",
     "InputError",
     "Interrupted",
+    "MarkResult",
     "Probe",
     "ProbeOptions",
+    "QuerySpec",
     "ScanOptions",
     "ScanSummary",
     "catalog_stats",
+    "clear_log",
+    "import_log",
+    "log_summary",
+    "mark_samples",
     "open_catalog",
     "probe_file",
     "scan_tree",

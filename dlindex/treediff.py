@@ -79,7 +79,7 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
         cursor = conn.execute(_ROWS_BETWEEN, (root_id, unit.start, unit.end))
     overrides = options.label_overrides
     force = options.force
-    stat = os.stat if options.walk.follow_symlinks else os.lstat
+    follow = options.walk.follow_symlinks
     missing, relabel, to_probe = diff.missing, diff.relabel, diff.to_probe
     unchanged = seen = 0
     # known: (file_path, id, bytes, mtime_ns, status, label_id); the hot loop stays flat.
@@ -97,7 +97,7 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
         label = overrides.get(key, item.label) if overrides else item.label
         if match is not None and not force and match[4] != "missing":
             try:
-                st = stat(item.path)
+                st = os.stat(item.path) if follow else os.lstat(item.path)
             except OSError:
                 st = None  # let the probe report what is wrong with it
             if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:

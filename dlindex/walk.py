@@ -94,6 +94,7 @@ def _is_dir_kind(kind: str) -> bool:
 
 
 def sort_text(child: Child) -> str:
+    """The text a child sorts by among its siblings: folders as ``name/``."""
     return child.text + "/" if _is_dir_kind(child.kind) else child.text
 
 
@@ -106,7 +107,7 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
         report.error(prefix.rstrip("/") or ".", f"cannot list folder: {e.strerror or e}")
         report.unlisted.append(prefix)
         return []
-    children = []
+    keyed = []
     for entry in entries:
         name = entry.name
         if not options.hidden and name.startswith(b"."):
@@ -131,10 +132,10 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
                 kind = "other"
         except OSError:
             kind = "other"
-        children.append(Child(name, text, ok, kind))
+        keyed.append((text + "/" if kind == "dir" or kind == "link_dir" else text, Child(name, text, ok, kind)))
     # str order is code-point order, which is UTF-8 byte order: SQLite's BINARY collation.
-    children.sort(key=sort_text)
-    return children
+    keyed.sort()  # sort keys are unique within a folder, so Child is never compared
+    return [child for _, child in keyed]
 
 
 def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelism: int) -> list[Unit]:
@@ -259,7 +260,11 @@ def walk_unit(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[
             report.skipped += 1  # a link we do not follow, a FIFO, socket or device: never opened
             continue
         elif options.follow_symlinks:
-            st = os.lstat(path)
+            try:
+                st = os.lstat(path)
+            except OSError as e:
+                report.error(key, f"cannot stat: {e.strerror or e}")
+                continue
         if options.follow_symlinks:
             ident = (st.st_dev, st.st_ino)
             if ident in seen_files:
