@@ -278,7 +278,7 @@ def table_of(sql: str) -> str | None:
     for match in _TABLE_OF.finditer(sql):
         name = match.group(1) or match.group(2)
         if name and name.lower() not in ("select", "json_each"):
-            return name.strip('"`[]').split(".")[-1]
+            return name.split(".")[-1].strip('"`[]')
     return None
 
 

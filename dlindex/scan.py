@@ -209,7 +209,8 @@ class _Pipeline:
                 for kind, result in self.pool.wait_any():
                     if kind == "diff":
                         self.diffs_in_flight -= 1
-                        self._on_diff(result)  # type: ignore[arg-type]
+                        for diff in result:  # type: ignore[union-attr]
+                            self._on_diff(diff)
                     else:
                         self.probes_in_flight -= 1
                         self._on_probes(result)  # type: ignore[arg-type]
@@ -221,7 +222,10 @@ class _Pipeline:
 
     def _submit(self) -> None:
         while self.units and self.diffs_in_flight < 2 * self.workers and len(self.queued) < _QUEUED_PROBES:
-            self.pool.submit("diff", worker.diff_task, (self.root_id, self.units.popleft(), self.diff_options))
+            # Many small units (a folder per class) go several to a task: less overhead per task.
+            group = max(1, min(8, len(self.units) // (16 * self.workers)))
+            units = [self.units.popleft() for _ in range(min(group, len(self.units)))]
+            self.pool.submit("diff", worker.diff_task, (self.root_id, units, self.diff_options))
             self.diffs_in_flight += 1
         walking = bool(self.units) or self.diffs_in_flight > 0
         while self.queued and self.probes_in_flight < 3 * self.workers:
@@ -364,8 +368,8 @@ class _Pool:
             if kind == "diff":
                 # Walk again without probing in the walker, so that probing goes through
                 # batches below and a crashing file is isolated like any other.
-                root_id, unit, options = args
-                args = (root_id, unit, dataclasses.replace(options, probe_inline=0))
+                root_id, units, options = args
+                args = (root_id, units, dataclasses.replace(options, probe_inline=0))
                 self.executor = self._new_executor()
                 try:
                     results.append((kind, self.executor.submit(fn, *args).result()))

@@ -41,8 +41,9 @@ def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None
     _state["reader"] = None
 
 
-def diff_task(root_id: int, unit: Unit, options: DiffOptions) -> UnitDiff:
-    """Walk one unit and diff it against the catalog through this process's read-only connection."""
+def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[UnitDiff]:
+    """Walk units and diff them against the catalog through this process's read-only connection;
+    probe a unit's new and changed files right here when there are few enough."""
     reader = _state.get("reader")
     if reader is None:
         path = str(_state["catalog_path"])
@@ -53,12 +54,15 @@ def diff_task(root_id: int, unit: Unit, options: DiffOptions) -> UnitDiff:
     assert isinstance(reader, sqlite3.Connection)
     labels = _state["labels"]
     assert isinstance(labels, LabelIds)
-    diff = diff_unit(reader, root_id, unit, options, labels)
-    if 0 < len(diff.to_probe) <= options.probe_inline:
-        probes = probe_batch([(item.path, item.key) for item in diff.to_probe])
-        diff.probed = list(zip(probes, diff.to_probe))
-        diff.to_probe = []
-    return diff
+    diffs = []
+    for unit in units:
+        diff = diff_unit(reader, root_id, unit, options, labels)
+        if 0 < len(diff.to_probe) <= options.probe_inline:
+            probes = probe_batch([(item.path, item.key) for item in diff.to_probe])
+            diff.probed = list(zip(probes, diff.to_probe))
+            diff.to_probe = []
+        diffs.append(diff)
+    return diffs
 
 
 def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:
