@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from ..catalog import open_catalog
 from ..stats import CatalogStats, catalog_stats
@@ -43,11 +42,18 @@ def _print(s: CatalogStats) -> None:
         out.print("  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False)
     out.print(f"[bold]image bytes[/] {human_bytes(s.total_bytes)}; catalog file {human_bytes(s.catalog_bytes)}")
     out.print(f"[bold]indexes[/] {', '.join(i['name'] for i in s.indexes) or 'none (see dlindex index --suggest)'}")
+    if s.roots:
+        out.print("[bold]roots[/] " + ", ".join(str(r["path"]) for r in s.roots), markup=True, highlight=False)
     if s.last_scans:
-        table = Table("scan", "root", "state", "started", "seen", "new", "changed", "missing", "corrupt", "errors", "s")
+        out.print("[bold]last scans[/]")
         for scan in s.last_scans:
-            table.add_row(*(str(scan[k]) for k in ("id", "root", "state", "started_at", "seen", "new", "changed", "missing", "corrupt", "errors", "seconds")))
-        out.print(table)
+            out.print(
+                f"  #{scan['id']} {scan['started_at']} {scan['state']} in {scan['seconds'] or 0:.2f} s: "
+                f"seen {scan['seen']:,} new {scan['new']:,} changed {scan['changed']:,} "
+                f"missing {scan['missing']:,} corrupt {scan['corrupt']:,} errors {scan['errors']:,}",
+                markup=False,
+                soft_wrap=True,
+            )
 
 
 def _label(name: str) -> str:
