@@ -3,40 +3,66 @@
     from dlindex import Catalog, scan_tree
     with Catalog("train.db", create=True) as catalog:
         summary = scan_tree(catalog, "data/train")
+
+Names are imported from their modules on first use, so `import dlindex` (and every CLI
+command's start-up) pays only for what it touches.
 """
 
-from .catalog import Catalog, open_catalog
-from .errors import CatalogError, DlindexError, ExitCode, InputError, Interrupted
-from .mark import MarkResult, mark_samples
-from .probe import Probe, ProbeOptions, probe_file, sniff_header
-from .query import QuerySpec
-from .querylog import clear_log, import_log, log_summary
-from .scan import ScanOptions, ScanSummary, scan_tree
-from .stats import CatalogStats, catalog_stats
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Catalog",
-    "CatalogError",
-    "CatalogStats",
-    "DlindexError",
-    "ExitCode",
-    "InputError",
-    "Interrupted",
-    "MarkResult",
-    "Probe",
-    "ProbeOptions",
-    "QuerySpec",
-    "ScanOptions",
-    "ScanSummary",
-    "catalog_stats",
-    "clear_log",
-    "import_log",
-    "log_summary",
-    "mark_samples",
-    "open_catalog",
-    "probe_file",
-    "scan_tree",
-    "sniff_header",
-]
+# public name -> module that defines it
+_EXPORTS = {
+    "Catalog": "catalog",
+    "open_catalog": "catalog",
+    "CatalogError": "errors",
+    "DlindexError": "errors",
+    "ExitCode": "errors",
+    "InputError": "errors",
+    "Interrupted": "errors",
+    "MarkResult": "mark",
+    "mark_samples": "mark",
+    "Probe": "probe",
+    "ProbeOptions": "probe",
+    "probe_file": "probe",
+    "sniff_header": "probe",
+    "QuerySpec": "query",
+    "clear_log": "querylog",
+    "import_log": "querylog",
+    "log_summary": "querylog",
+    "ScanOptions": "scan",
+    "ScanSummary": "scan",
+    "scan_tree": "scan",
+    "CatalogStats": "stats",
+    "catalog_stats": "stats",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dlindex' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from .catalog import Catalog, open_catalog
+    from .errors import CatalogError, DlindexError, ExitCode, InputError, Interrupted
+    from .mark import MarkResult, mark_samples
+    from .probe import Probe, ProbeOptions, probe_file, sniff_header
+    from .query import QuerySpec
+    from .querylog import clear_log, import_log, log_summary
+    from .scan import ScanOptions, ScanSummary, scan_tree
+    from .stats import CatalogStats, catalog_stats
