@@ -17,6 +17,8 @@ from typing import NamedTuple
 import xxhash
 from PIL import Image, UnidentifiedImageError
 
+from .cstderr import CStderrCapture
+
 # Files above this are hashed in chunks and checked from their head and tail only.
 WHOLE_READ_LIMIT = 16 * 1024 * 1024
 _EDGE = 64 * 1024
@@ -395,35 +397,3 @@ def _join(a: str | None, b: str | None) -> str | None:
 
 def _take(capture: CStderrCapture | None) -> str | None:
     return capture.take() if capture is not None else None
-
-
-class CStderrCapture:
-    """Redirect file descriptor 2 into a private temp file, so C libraries (libtiff) that
-    print warnings straight to stderr end up in the file's record, not on the user's screen."""
-
-    def __init__(self) -> None:
-        import tempfile
-
-        self._file = tempfile.TemporaryFile()
-        self._saved_fd: int | None = None
-
-    def start(self) -> None:
-        self._saved_fd = os.dup(2)
-        os.dup2(self._file.fileno(), 2)
-
-    def stop(self) -> None:
-        if self._saved_fd is not None:
-            os.dup2(self._saved_fd, 2)
-            os.close(self._saved_fd)
-            self._saved_fd = None
-
-    def take(self) -> str | None:
-        fd = self._file.fileno()
-        written = os.lseek(fd, 0, os.SEEK_CUR)
-        if written == 0:
-            return None
-        text = os.pread(fd, min(written, 4 * _ERROR_CHARS), 0).decode("utf-8", "replace")
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        lines = dict.fromkeys(line.strip() for line in text.splitlines() if line.strip())
-        return "; ".join(lines)[:_ERROR_CHARS] or None

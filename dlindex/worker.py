@@ -19,7 +19,8 @@ from PIL import Image
 
 from .treediff import DiffOptions, LabelIds, UnitDiff, diff_unit
 from .walk import Unit
-from .probe import NOT_CACHED, CStderrCapture, Probe, ProbeOptions, inspect_content, read_content
+from .cstderr import CStderrCapture
+from .probe import NOT_CACHED, Probe, ProbeOptions, inspect_content, read_content
 
 _state: dict[str, object] = {}
 
