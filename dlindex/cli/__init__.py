@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "mark": ("mark", "mark", False),
     "export": ("export", "export", False),
     "log": ("log", "app", True),
+    "features": ("features", "app", True),
+    "similar": ("similar", "similar", False),
 }
 
 
@@ -70,6 +72,9 @@ def main() -> None:
     app = build_app(invoked if invoked in COMMANDS else None)
     try:
         app()
+    except KeyboardInterrupt:  # outside a command's own handling (start-up, a prompt)
+        print("Error: interrupted", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:
         # `dlindex query | head`: the reader left; exit quietly like other Unix tools.
         devnull = os.open(os.devnull, os.O_WRONLY)
