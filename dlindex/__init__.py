@@ -31,9 +31,9 @@ _EXPORTS = {
     "probe_file": "probe",
     "sniff_header": "probe",
     "QuerySpec": "query",
-    "clear_log": "querylog",
-    "import_log": "querylog",
-    "log_summary": "querylog",
+    "clear_log": "logview",
+    "import_log": "logview",
+    "log_summary": "logview",
     "ScanOptions": "scan",
     "ScanSummary": "scan",
     "scan_tree": "scan",
@@ -63,6 +63,6 @@ if TYPE_CHECKING:
     from .mark import MarkResult, mark_samples
     from .probe import Probe, ProbeOptions, probe_file, sniff_header
     from .query import QuerySpec
-    from .querylog import clear_log, import_log, log_summary
+    from .logview import clear_log, import_log, log_summary
     from .scan import ScanOptions, ScanSummary, scan_tree
     from .stats import CatalogStats, catalog_stats

@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
@@ -31,7 +32,7 @@ _CREATE_PATHS = (
 )
 _DROP_IDS = "DROP TABLE IF EXISTS temp.mark_ids"
 _DROP_PATHS = "DROP TABLE IF EXISTS temp.mark_paths"
-_STAGE_ID = "INSERT OR IGNORE INTO temp.mark_ids (id) VALUES (?)"
+_STAGE_IDS = "INSERT OR IGNORE INTO temp.mark_ids (id) SELECT value FROM json_each(:ids)"
 _STAGE_PATH = "INSERT OR IGNORE INTO temp.mark_paths (root_id, file_path) VALUES (?, ?)"
 _COUNT_IDS = "SELECT count(*) FROM temp.mark_ids"
 _COUNT_PATHS = "SELECT count(*) FROM temp.mark_paths"
@@ -71,7 +72,8 @@ _CHANGED = {
     "error": "error IS NOT :error",
 }
 
-_STAGE_BATCH = 50_000
+_STAGE_BATCH = 100_000
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EXAMPLES = 10
 BY = ("id", "path")
 
@@ -175,39 +177,42 @@ def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
     """Parse every record into the temporary tables; return how many were not blank."""
     conn = catalog.conn
     roots = _root_prefixes(catalog)
-    ids: list[int] = []
-    paths: list[tuple[int, str]] = []
     inputs = 0
+    done = 0  # records read before this chunk: line numbers in messages count from here
+    stream = iter(records)
     conn.execute("BEGIN")  # temporary tables only: no lock on the catalog is taken
     try:
-        for number, record in enumerate(records, start=1):
+        while chunk := list(islice(stream, _STAGE_BATCH)):
+            ids: list[int] | None = None
             if by == "id":
                 try:
-                    ids.append(int(record))  # the fast path: int() ignores spaces and the newline
-                    inputs += 1
-                    if len(ids) >= _STAGE_BATCH:
-                        conn.executemany(_STAGE_ID, zip(ids))
-                        ids.clear()
-                    continue
+                    ids = list(map(int, chunk))  # the fast path: int() ignores spaces and the newline
                 except ValueError:
                     pass
-            raw = record.encode("utf-8", "surrogateescape") if isinstance(record, str) else record
-            raw = raw.rstrip(b"\r\n")
-            if not raw.strip():
-                continue
-            inputs += 1
-            target = _parse(raw, number, by, roots)
-            if isinstance(target, int):
-                ids.append(target)
+                if ids and not _INT64_MIN <= min(ids) <= max(ids) <= _INT64_MAX:
+                    ids = None
+            if ids is not None:
+                inputs += len(ids)
+                paths: list[tuple[int, str]] = []
             else:
-                paths.append(target)
-            if len(ids) >= _STAGE_BATCH or len(paths) >= _STAGE_BATCH:
-                conn.executemany(_STAGE_ID, zip(ids))
+                ids, paths = [], []
+                for number, record in enumerate(chunk, start=done + 1):
+                    raw = record.encode("utf-8", "surrogateescape") if isinstance(record, str) else record
+                    raw = raw.rstrip(b"\r\n")
+                    if not raw.strip():
+                        continue
+                    inputs += 1
+                    target = _parse(raw, number, by, roots)
+                    if isinstance(target, int):
+                        ids.append(target)
+                    else:
+                        paths.append(target)
+            done += len(chunk)
+            if ids:
+                # One statement per chunk: SQLite parses the JSON array, no Python loop per id.
+                conn.execute(_STAGE_IDS, (json.dumps(ids),))
+            if paths:
                 conn.executemany(_STAGE_PATH, paths)
-                ids.clear()
-                paths.clear()
-        conn.executemany(_STAGE_ID, zip(ids))
-        conn.executemany(_STAGE_PATH, paths)
     except BaseException:
         conn.execute("ROLLBACK")
         raise
@@ -220,23 +225,31 @@ def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> 
     if text.startswith(b"{"):
         try:
             obj = json.loads(text)
-        except ValueError as e:
+        except json.JSONDecodeError as e:
             raise InputError(f"line {number}: not valid JSON ({e.msg}); nothing was changed") from None
+        except UnicodeDecodeError:
+            raise InputError(f"line {number}: a JSON line must be UTF-8; nothing was changed") from None
         if not isinstance(obj, dict):
             raise InputError(f"line {number}: expected a JSON object; nothing was changed")
         if "id" in obj:
-            value = obj["id"]
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise InputError(f"line {number}: \"id\" must be an integer, not {value!r}; nothing was changed")
-            return value
+            id_ = obj["id"]
+            if not isinstance(id_, int) or isinstance(id_, bool) or not _INT64_MIN <= id_ <= _INT64_MAX:
+                raise InputError(f"line {number}: \"id\" must be a 64-bit integer, not {id_!r}; nothing was changed")
+            return id_
         for key in ("path", "file_path"):
-            value = obj.get(key)
-            if value is not None:
-                if not isinstance(value, str) or not value:
+            path = obj.get(key)
+            if path is not None:
+                if not isinstance(path, str) or not path:
                     raise InputError(f"line {number}: \"{key}\" must be a non-empty string; nothing was changed")
-                return _resolve(os.fsencode(value), roots)
+                return _resolve(os.fsencode(path), roots)
         raise InputError(f"line {number}: a JSON object needs \"id\", \"path\" or \"file_path\"; nothing was changed")
     if by == "id":
+        try:
+            number_value: int | None = int(text)
+        except ValueError:
+            number_value = None
+        if number_value is not None and _INT64_MIN <= number_value <= _INT64_MAX:
+            return number_value
         shown = text[:40].decode("utf-8", "backslashreplace")
         raise InputError(f"line {number}: {shown!r} is not a sample id (for paths use --by path); nothing was changed")
     return _resolve(raw, roots)

@@ -118,7 +118,81 @@ _M002 = (
     )""",
 )
 
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (m001_initial, m002_query_log)
+def m003_features(conn: sqlite3.Connection) -> None:
+    # The feature cache (docs/concepts.md, "Feature cache"). Vectors go with their image:
+    # `scan --prune` deletes image rows and ON DELETE CASCADE takes their vectors along,
+    # and new content (a new xxh3_128) deletes the vectors computed from the old one.
+    for statement in _M003:
+        conn.execute(statement)
+
+
+_VECTOR_BYTES = "(SELECT dim * CASE dtype WHEN 'float16' THEN 2 ELSE 4 END FROM feature_types WHERE name = NEW.feature_type)"
+_M003 = (
+    """CREATE TABLE feature_types (
+        name TEXT PRIMARY KEY,
+        dim INTEGER CHECK (dim IS NULL OR dim > 0),
+        dtype TEXT NOT NULL DEFAULT 'float32' CHECK (dtype IN ('float32', 'float16')),
+        extractor TEXT NOT NULL,
+        version INTEGER NOT NULL DEFAULT 0,
+        created_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
+    )""",
+    """CREATE TABLE image_features (
+        image_id INTEGER NOT NULL REFERENCES image_metadata(id) ON DELETE CASCADE,
+        feature_type TEXT NOT NULL REFERENCES feature_types(name) ON DELETE CASCADE,
+        vector BLOB NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        updated_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        PRIMARY KEY (image_id, feature_type)
+    )""",
+    """CREATE TABLE feature_failures (
+        image_id INTEGER NOT NULL REFERENCES image_metadata(id) ON DELETE CASCADE,
+        feature_type TEXT NOT NULL REFERENCES feature_types(name) ON DELETE CASCADE,
+        error TEXT NOT NULL,
+        failed_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        PRIMARY KEY (image_id, feature_type)
+    )""",
+    # Every write is checked against its type, whoever writes: little-endian dim x dtype bytes.
+    f"""CREATE TRIGGER image_features_check_insert BEFORE INSERT ON image_features
+        WHEN typeof(NEW.vector) != 'blob' OR length(NEW.vector) IS NOT {_VECTOR_BYTES}
+        BEGIN SELECT RAISE(ABORT, 'vector size does not match the dim and dtype of its feature type'); END""",
+    f"""CREATE TRIGGER image_features_check_update BEFORE UPDATE OF vector, feature_type ON image_features
+        WHEN typeof(NEW.vector) != 'blob' OR length(NEW.vector) IS NOT {_VECTOR_BYTES}
+        BEGIN SELECT RAISE(ABORT, 'vector size does not match the dim and dtype of its feature type'); END""",
+    """CREATE TRIGGER image_features_stale AFTER UPDATE OF xxh3_128 ON image_metadata
+        WHEN OLD.xxh3_128 IS NOT NEW.xxh3_128
+        BEGIN
+            DELETE FROM image_features WHERE image_id = NEW.id;
+            DELETE FROM feature_failures WHERE image_id = NEW.id;
+        END""",
+    # dlindex bumps `version` once per transaction that writes vectors; deletions made by
+    # SQLite itself (cascades, the trigger above) bump it here, so cached matrices expire.
+    """CREATE TRIGGER image_features_deleted AFTER DELETE ON image_features
+        BEGIN UPDATE feature_types SET version = version + 1 WHERE name = OLD.feature_type; END""",
+)
+
+def m004_index_changes(conn: sqlite3.Connection) -> None:
+    # `dlindex index --apply` records what it created or dropped, so `--revert` undoes exactly
+    # that; the query log gains the time spent waiting for the write lock (docs/concepts.md).
+    for statement in _M004:
+        conn.execute(statement)
+
+
+_M004 = (
+    """CREATE TABLE index_changes (
+        id INTEGER PRIMARY KEY,
+        run INTEGER NOT NULL,
+        action TEXT NOT NULL CHECK (action IN ('create', 'drop')),
+        name TEXT NOT NULL,
+        table_name TEXT NOT NULL,
+        sql TEXT NOT NULL,
+        fingerprints TEXT NOT NULL DEFAULT '[]',
+        changed_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        reverted_at TIMESTAMP
+    )""",
+    "ALTER TABLE query_log ADD COLUMN lock_wait_ms REAL",
+)
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (m001_initial, m002_query_log, m003_features, m004_index_changes)
 LATEST_VERSION = len(MIGRATIONS)
 
 

@@ -10,19 +10,18 @@ that carries the same literal; nothing the user types reaches the SQL text.
 from __future__ import annotations
 
 import array
-import difflib
 import hashlib
 import json
 import os
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from operator import itemgetter
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from . import cache
 from .errors import InputError
 
 if TYPE_CHECKING:
@@ -62,11 +61,10 @@ _SELECT = "SELECT {columns} FROM image_metadata{where}{order}{limit}"
 # Class balance without any index: number the rows of each label in a seeded pseudo-random
 # order and keep the first N. One pass and one sort; measured in bench/bench_query.py.
 _SAMPLE = (
-    "SELECT {columns} FROM (SELECT sample_id, sample_rank, ROW_NUMBER() OVER ("
-    "PARTITION BY sample_label ORDER BY sample_rank, sample_id) AS label_rank FROM ("
-    "SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, {rank} AS sample_rank "
-    "FROM image_metadata{where})) AS sample JOIN image_metadata ON image_metadata.id = sample.sample_id "
-    "WHERE sample.label_rank <= :per_label{order}{limit}"
+    "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN (SELECT sample_id FROM ("
+    "SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY sample_rank, sample_id) AS label_rank "
+    "FROM (SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, {rank} AS sample_rank "
+    "FROM image_metadata{where})) WHERE label_rank <= :per_label){order}{limit}"
 )
 # A seeded hash of the id in plain SQL (any SQLite client can rerun the logged statement):
 # an affine map mod a prime, squared (the non-linear step that breaks the lattice pattern
@@ -75,7 +73,6 @@ _MIX = "(((image_metadata.id % 2147483647) * :seed_a + :seed_b) % 2147483647)"
 _RANK = f"((({_MIX} * {_MIX}) % 2147483629) * :seed_c + :seed_d) % 2147483587"
 _ORDER_ID = " ORDER BY image_metadata.id"
 _ORDER_RANDOM = " ORDER BY " + _RANK + ", image_metadata.id"
-_ORDER_SAMPLE_RANDOM = " ORDER BY sample.sample_rank, image_metadata.id"
 _LIMIT = " LIMIT :limit"
 _WHERE_LABEL = "image_metadata.label_id = :label_id"
 _WHERE_LABELS = "image_metadata.label_id IN (SELECT value FROM json_each(:label_ids))"
@@ -84,26 +81,9 @@ _WHERE_UNTIL = "image_metadata.created_at < :until"
 _WHERE_MIN_WIDTH = "image_metadata.width >= :min_width"
 _WHERE_MIN_HEIGHT = "image_metadata.height >= :min_height"
 _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
-_FROM_CACHE = (
-    "SELECT {columns} FROM json_each(:ids) AS cached JOIN image_metadata "
-    "ON image_metadata.id = cached.value ORDER BY cached.key"
-)
 _LABEL_IDS = "SELECT id, name FROM labels WHERE name IN (SELECT value FROM json_each(:names))"
 _LABEL_NAMES = "SELECT id, name FROM labels"
 _ROOTS = "SELECT id, path, path_bytes FROM roots"
-_CACHED = "SELECT ids FROM query_cache WHERE key = :key AND changes = :changes"
-_EXPIRE = (
-    "DELETE FROM query_cache WHERE changes != :changes "
-    "OR key NOT IN (SELECT key FROM query_cache ORDER BY created_at DESC, rowid DESC LIMIT :keep)"
-)
-_STORE = "INSERT OR REPLACE INTO query_cache (key, changes, ids, rows) VALUES (:key, :changes, :ids, :rows)"
-
-# Served from the cache by primary-key lookups (~1.4 us a row), a result pays off only
-# when it is small next to the rows its query must read; larger ones are not stored.
-CACHE_MAX_ROWS = 100_000
-_CACHE_KEEP = 64
-_CACHE_CHUNK = 10_000
-_CACHE_STORE_TIMEOUT_MS = 100
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|day|days|w|wk|wks)\s*$", re.I)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -118,10 +98,10 @@ class QuerySpec:
     back from now (``30m``, ``24h``, ``7d``) or a ``datetime``.
     """
 
-    labels: Sequence[str] = ()
-    status: Sequence[str] = ("ok",)
+    labels: Sequence[str] | str = ()
+    status: Sequence[str] | str = ("ok",)
     processed: bool | None = None
-    processing_status: Sequence[str] = ()
+    processing_status: Sequence[str] | str = ()
     since: str | datetime | None = None
     until: str | datetime | None = None
     min_width: int | None = None
@@ -130,7 +110,7 @@ class QuerySpec:
     limit: int | None = None
     order: str = "id"
     seed: int = 0
-    columns: Sequence[str] = DEFAULT_COLUMNS
+    columns: Sequence[str] | str | None = DEFAULT_COLUMNS
     cache: bool = True
 
     def __post_init__(self) -> None:
@@ -185,7 +165,7 @@ def explain(catalog: Catalog, spec: QuerySpec) -> Explained:
 
 def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     """Check every option and build the statement; all errors are InputError, raised here."""
-    columns = _check_columns(spec.columns)
+    columns = _check_columns(tuple(spec.columns or ()))
     where, params = _filters(catalog, spec)
     if spec.order not in ORDERS:
         raise InputError(f"unknown order {spec.order!r}; choose id or random")
@@ -207,11 +187,10 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         if spec.per_label < 1:
             raise InputError(f"--per-label must be at least 1, not {spec.per_label}")
         params["per_label"] = spec.per_label
-        order = _ORDER_SAMPLE_RANDOM if random_order else _ORDER_ID
         template = _SAMPLE.replace("{rank}", _RANK).replace("{where}", where_sql)
     else:
-        order = _ORDER_RANDOM if random_order else _ORDER_ID
         template = _SELECT.replace("{where}", where_sql)
+    order = _ORDER_RANDOM if random_order else _ORDER_ID
     template = template.replace("{order}", order).replace("{limit}", limit)
     return PreparedQuery(
         sql=template.replace("{columns}", ", ".join(_STORED[c] for c in base)),
@@ -287,6 +266,8 @@ def _label_ids(catalog: Catalog, names: Sequence[str]) -> list[int]:
     found = {name: id_ for id_, name in catalog.read(_LABEL_IDS, {"names": json.dumps(list(names))})}
     for name in names:
         if name not in found:
+            import difflib  # only for this message
+
             known = [n for _, n in catalog.conn.execute(_LABEL_NAMES)]
             close = difflib.get_close_matches(name, known, n=3)
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else f" ({len(known)} labels known)"
@@ -348,30 +329,28 @@ def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]
         for row in catalog.read(prepared.sql, prepared.params):
             yield make(row)
         return
-    key = _cache_key(prepared)
-    changes = catalog.changes()
-    cached = catalog.conn.execute(_CACHED, {"key": key, "changes": changes}).fetchone()
-    if cached is not None:
-        yield from _cached_rows(catalog, prepared, cached[0], make)
-        return
-    ids: list[int] | None = []
-    for row in catalog.read(prepared.sql, prepared.params):
-        if ids is not None:
-            ids.append(row[0])
-            if len(ids) > CACHE_MAX_ROWS:
-                ids = None
-        yield make(row)
+    key = cache.cache_key(prepared.selection_sql, prepared.params)
+    changes = catalog.changes()  # read first: a write after it can only make the entry unusable
+    ids = cache.lookup(catalog, key, changes)
     if ids is not None:
-        _store(catalog, key, changes, ids)
+        yield from _cached_rows(catalog, prepared, ids, make)
+        return
+    found: list[int] | None = []
+    spent: list[float] = []
+    for row in catalog.read(prepared.sql, prepared.params, on_done=lambda seconds, _: spent.append(seconds)):
+        if found is not None:
+            found.append(row[0])
+            if len(found) > cache.MAX_ROWS:
+                found = None
+        yield make(row)
+    if found is not None and spent and cache.worth_storing(spent[0], len(found)):
+        cache.store(catalog, key, changes, found)
 
 
 def _cached_rows(
-    catalog: Catalog, prepared: PreparedQuery, blob: bytes, make: Callable[[tuple[Any, ...]], dict[str, Any]]
+    catalog: Catalog, prepared: PreparedQuery, ids: array.array[int], make: Callable[[tuple[Any, ...]], dict[str, Any]]
 ) -> Iterator[dict[str, Any]]:
-    started = time.perf_counter()
-    ids = array.array("q")
-    ids.frombytes(blob)
-    seconds = time.perf_counter() - started
+    seconds = 0.0
     rows = 0
     try:
         if prepared.base == ("id",):
@@ -379,11 +358,13 @@ def _cached_rows(
                 rows += 1
                 yield {"id": id_}
             return
-        sql = _FROM_CACHE.replace("{columns}", ", ".join(_STORED[c] for c in prepared.base))
-        for start in range(0, len(ids), _CACHE_CHUNK):
+        batches = cache.fetch(catalog, ids, ", ".join(_STORED[c] for c in prepared.base))
+        while True:
             began = time.perf_counter()
-            batch = catalog.conn.execute(sql, {"ids": json.dumps(ids[start : start + _CACHE_CHUNK].tolist())}).fetchall()
+            batch = next(batches, None)
             seconds += time.perf_counter() - began
+            if batch is None:
+                break
             for row in batch:
                 rows += 1
                 yield make(row)
@@ -400,10 +381,10 @@ def _row_maker(prepared: PreparedQuery) -> Callable[[tuple[Any, ...]], dict[str,
     derived = [c for c in columns if c not in position]
     # Derived values are appended to the row, then one C-level pick puts all in order.
     extra = {c: len(prepared.base) + k for k, c in enumerate(derived)}
-    pick = itemgetter(*[position[c] if c in position else extra[c] for c in columns])
-    if len(columns) == 1:
-        single = pick
-        pick = lambda row: (single(row),)  # noqa: E731
+    indexes = [position[c] if c in position else extra[c] for c in columns]
+    pick: Callable[[tuple[Any, ...]], tuple[Any, ...]] = (
+        itemgetter(*indexes) if len(indexes) > 1 else lambda row: (row[indexes[0]],)
+    )
     if not derived:
         return lambda row: dict(zip(columns, pick(row)))
     getters = tuple(_getter(c, position, prepared) for c in derived)
@@ -431,27 +412,10 @@ def _getter(column: str, position: dict[str, int], prepared: PreparedQuery) -> C
         if row[b] is None:
             text = texts.get(row[r])
             if text is not None:
-                return text + row[f]
+                return text + str(row[f])
         root = roots.get(row[r])
         if root is None:
             return None
-        return os.fsdecode(root[1] + (bytes(row[b]) if row[b] is not None else os.fsencode(row[f])))
+        return os.fsdecode(root[1] + (bytes(row[b]) if row[b] is not None else os.fsencode(str(row[f]))))
 
     return path
-
-
-def _cache_key(prepared: PreparedQuery) -> str:
-    # The exact template, not the fingerprint: `processed = 1` and `processed = 0` share a
-    # fingerprint but not a result.
-    text = json.dumps([prepared.selection_sql, sorted(prepared.params.items())], separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _store(catalog: Catalog, key: str, changes: int, ids: list[int]) -> None:
-    blob = array.array("q", ids).tobytes()
-    try:
-        with catalog.busy_timeout(_CACHE_STORE_TIMEOUT_MS), catalog.write_transaction(bookkeeping=True) as tx:
-            tx.execute(_EXPIRE, {"changes": changes, "keep": _CACHE_KEEP})
-            tx.execute(_STORE, {"key": key, "changes": changes, "ids": blob, "rows": len(ids)})
-    except sqlite3.OperationalError:
-        pass  # busy or read-only: a cache is an optimisation, never a reason to fail

@@ -5,24 +5,21 @@ shape (scan upserts, mark updates) is recorded in ``query_log``; ``dlindex index
 reads it as evidence. Recording is cheap: an entry is a tuple appended to a buffer, the
 plan is explained once per template per process, and the buffer is written in one
 statement per flush (with the next write transaction, after 1,000 entries or 5 s, and when
-the catalog is closed). Imported statements are stored as text and never executed.
+the catalog is closed). Reading, importing and clearing the log is ``logview``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import random
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    import random
+
 
 _INSERT_ENTRY = """INSERT INTO query_log (kind, source, sql, fingerprint, table_name, calls, rows,
         duration_ms, plan, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
@@ -31,60 +28,10 @@ _UPSERT_TEMPLATE = """INSERT INTO query_log_templates (sql, fingerprint, plan_de
     VALUES (:sql, :fingerprint, :plan_detail, :offered, :sample_params)
     ON CONFLICT (sql) DO UPDATE SET plan_detail = coalesce(excluded.plan_detail, plan_detail),
         offered = excluded.offered, sample_params = excluded.sample_params"""
-_LOG_ROWS = """SELECT query_log.fingerprint, kind, source, query_log.sql, calls, rows, duration_ms, plan,
-        cached, logged_at
-    FROM query_log ORDER BY query_log.fingerprint, query_log.id"""
-_TEMPLATE_PARAMS = "SELECT fingerprint, sample_params FROM query_log_templates"
-_COUNT_ENTRIES = "SELECT count(*) FROM query_log"
-_CLEAR_LOG = "DELETE FROM query_log"
-_CLEAR_TEMPLATES = "DELETE FROM query_log_templates"
-
 FLUSH_ENTRIES = 1000
 FLUSH_SECONDS = 5.0
 RESERVOIR_SIZE = 8  # sample parameter sets kept per template
 _MAX_PARAMS_CHARS = 4096  # a parameter set larger than this is not worth keeping as a sample
-
-_WRITE_VERBS = ("insert", "update", "delete", "replace")
-_READ_VERBS = ("select", "with", "values")
-_SKIP_VERBS = ("begin", "commit", "end", "rollback", "savepoint", "release")
-
-
-@dataclass(frozen=True)
-class FingerprintStats:
-    """One line of ``dlindex log show``: a fingerprint and what its statements cost."""
-
-    fingerprint: str
-    kind: str
-    sql: str  # the most recent template with this fingerprint
-    calls: int
-    cached: int
-    total_ms: float
-    mean_ms: float | None
-    p95_ms: float | None
-    rows: int
-    plan: str  # "scan", "index", "none", "unknown" or a mix such as "scan 3, index 1"
-    sources: tuple[str, ...]
-    sample_params: tuple[Any, ...] = ()
-
-
-@dataclass(frozen=True)
-class ImportSummary:
-    imported: int
-    skipped: int
-    skipped_lines: tuple[tuple[int, str], ...] = field(default=())  # (line, reason), first 20
-
-    def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["skipped_lines"] = [{"line": n, "reason": r} for n, r in self.skipped_lines]
-        return data
-
-
-@dataclass(frozen=True)
-class ParsedStatement:
-    sql: str
-    line: int  # where the statement starts in the input, 1-based
-    duration_ms: float | None
-
 
 class QueryLog:
     """An in-memory buffer of log entries for one catalog connection."""
@@ -97,7 +44,7 @@ class QueryLog:
         self.writes: dict[str, list[float]] = {}  # sql -> [calls, rows, seconds] in this transaction
         self.pending_writes: dict[str, list[float]] = {}  # committed, not yet flushed
         self.plans: dict[str, tuple[str, str]] = {}  # sql -> (plan, plan_detail), once per process
-        self.rng = random.Random(0)  # deterministic: tests and reruns agree
+        self._rng: random.Random | None = None
         self.last_flush = time.monotonic()
 
     def record_read(
@@ -120,15 +67,25 @@ class QueryLog:
         # Reservoir sampling (Algorithm R) as parameters arrive; merged with the stored one on flush.
         sample = self.samples.get(sql)
         if sample is None:
-            self.samples[sql] = [1, params]
+            self.samples[sql] = [1, params] if params else [1]
         else:
             sample[0] += 1
+            if not params:
+                return  # a statement without parameters: nothing to sample
             if len(sample) <= RESERVOIR_SIZE:
                 sample.append(params)
             else:
                 slot = self.rng.randrange(sample[0])
                 if slot < RESERVOIR_SIZE:
                     sample[1 + slot] = params
+
+    @property
+    def rng(self) -> random.Random:
+        if self._rng is None:
+            import random
+
+            self._rng = random.Random(0)  # deterministic: tests and reruns agree
+        return self._rng
 
     def _names(self, sql: str) -> tuple[str, str | None]:
         names = self.names.get(sql)
@@ -241,208 +198,43 @@ def classify_plan(lines: Iterable[str]) -> str:
     return "scan" if scanned else "index" if searched else "none"
 
 
-_COMMENT = re.compile(r"--[^\n]*|/\*.*?\*/", re.S)
-_STRING = re.compile(r"'(?:[^']|'')*'")
-_NUMBER = re.compile(r"(?<![\w.])(?:0x[0-9a-f]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?)(?![\w])", re.I)
-_PARAM = re.compile(r"(?:\?\d*|[:@$][A-Za-z_]\w*)")
-_IN_LIST = re.compile(r"\(\s*\?(?:\s*,\s*\?)+\s*\)")
-_VALUES_LIST = re.compile(r"(values\s*\(\?\))(?:\s*,\s*\(\?\))+")
-_SPACE = re.compile(r"\s+")
+_COMMENT = r"(?s)--[^\n]*|/\*.*?\*/"
+_STRING = r"'(?:[^']|'')*'"
+_NUMBER = r"(?i)(?<![\w.])(?:0x[0-9a-f]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?)(?![\w])"
+_PARAM = r"(?:\?\d*|[:@$][A-Za-z_]\w*)"
+_IN_LIST = r"\(\s*\?(?:\s*,\s*\?)+\s*\)"
+_VALUES_LIST = r"(values\s*\(\?\))(?:\s*,\s*\(\?\))+"
+_SPACE = r"\s+"
 
 
 def normalize(sql: str) -> str:
     """The statement with literals and placeholders as ``?``, lists folded, case and space unified."""
-    text = _COMMENT.sub(" ", sql)
-    text = _STRING.sub("?", text)
-    text = _PARAM.sub("?", text)
-    text = _NUMBER.sub("?", text)
-    text = _SPACE.sub(" ", text).strip().rstrip(";").strip().lower()
-    text = _IN_LIST.sub("(?)", text)
-    return _VALUES_LIST.sub(r"\1", text)
+    text = re.sub(_COMMENT, " ", sql)
+    text = re.sub(_STRING, "?", text)
+    text = re.sub(_PARAM, "?", text)
+    text = re.sub(_NUMBER, "?", text)
+    text = re.sub(_SPACE, " ", text).strip().rstrip(";").strip().lower()
+    text = re.sub(_IN_LIST, "(?)", text)
+    return re.sub(_VALUES_LIST, r"\1", text)
 
 
 def fingerprint(sql: str) -> str:
     """16 hex digits grouping statements that differ only in literals, placeholders or spacing."""
+    import hashlib  # on first use: opening a catalog stays cheap
+
     return hashlib.sha1(normalize(sql).encode()).hexdigest()[:16]
 
 
-_TABLE_OF = re.compile(
-    r"^\s*(?:with\b.*?\)\s*)?(?:insert(?:\s+or\s+\w+)?\s+into|replace\s+into|update(?:\s+or\s+\w+)?|delete\s+from)"
-    r"\s+([\w.\"`\[\]]+)|\bfrom\s+([\w.\"`\[\]]+)",
-    re.I | re.S,
+_TABLE_OF = (
+    r"(?is)^\s*(?:with\b.*?\)\s*)?(?:insert(?:\s+or\s+\w+)?\s+into|replace\s+into|update(?:\s+or\s+\w+)?|delete\s+from)"
+    r"\s+([\w.\"`\[\]]+)|\bfrom\s+([\w.\"`\[\]]+)"
 )
 
 
 def table_of(sql: str) -> str | None:
     """The table a write changes, or the first table a read names after FROM."""
-    for match in _TABLE_OF.finditer(sql):
+    for match in re.finditer(_TABLE_OF, sql):
         name = match.group(1) or match.group(2)
         if name and name.lower() not in ("select", "json_each"):
             return name.split(".")[-1].strip('"`[]')
     return None
-
-
-def statement_kind(sql: str) -> str | None:
-    """'read', 'write', 'skip' (transaction control) or None (not a statement dlindex stores)."""
-    words = _COMMENT.sub(" ", sql).split(None, 1)
-    verb = words[0].lower() if words else ""
-    if verb == "with" and _WRITE_IN_WITH.search(sql):
-        return "write"
-    if verb in _READ_VERBS:
-        return "read"
-    if verb in _WRITE_VERBS:
-        return "write"
-    if verb in _SKIP_VERBS:
-        return "skip"
-    return None
-
-
-_WRITE_IN_WITH = re.compile(r"\b(?:insert\s+(?:or\s+\w+\s+)?into|replace\s+into|update\s+\S+\s+set|delete\s+from)\b", re.I)
-_DURATION = re.compile(r"--\s*duration_ms\s*=\s*([0-9.]+(?:e[+-]?\d+)?)", re.I)
-
-
-def parse_statements(text: str) -> Iterator[ParsedStatement]:
-    """Split captured SQL into statements: ``;``-separated, or one per line when no ``;`` ends any.
-
-    A ``-- duration_ms=N`` comment after a statement on its last line, or on its own line
-    just before it, gives that statement's duration.
-    """
-    has_semicolons = any(_ends_statement(line) for line in text.splitlines())
-    current: list[str] = []
-    start = 0
-    duration: float | None = None
-    pending: float | None = None  # from a comment line before the next statement
-    for number, line in enumerate(text.splitlines(), start=1):
-        code, comment = _split_comment(line)
-        found = _DURATION.search(comment) if comment else None
-        if not code.strip():
-            if found:
-                pending = float(found.group(1))
-            continue
-        if not current:
-            start, duration, pending = number, pending, None
-        current.append(code)
-        if found:
-            duration = float(found.group(1))
-        if not has_semicolons or code.rstrip().endswith(";"):
-            sql = " ".join(part.strip() for part in current).strip().rstrip(";").strip()
-            if sql:
-                yield ParsedStatement(sql, start, duration)
-            current = []
-    if current:
-        yield ParsedStatement(" ".join(part.strip() for part in current).rstrip(";").strip(), start, duration)
-
-
-def _split_comment(line: str) -> tuple[str, str]:
-    """(code, trailing -- comment) of one line, with quotes respected."""
-    quote = None
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = None
-        elif ch in ("'", '"'):
-            quote = ch
-        elif ch == "-" and line.startswith("--", i):
-            return line[:i], line[i:]
-    return line, ""
-
-
-def _ends_statement(line: str) -> bool:
-    return _split_comment(line)[0].rstrip().endswith(";")
-
-
-def import_statements(conn: sqlite3.Connection, statements: Iterable[ParsedStatement]) -> ImportSummary:
-    """Store captured statements as ``source = 'import'`` log entries; nothing is executed.
-
-    ``conn`` must be inside a write transaction.
-    """
-    rows: list[tuple[Any, ...]] = []
-    skipped: list[tuple[int, str]] = []
-    skip_count = 0
-    for statement in statements:
-        kind = statement_kind(statement.sql)
-        if kind is None or kind == "skip" or ";" in _STRING.sub("", statement.sql):
-            skip_count += 1
-            if kind != "skip" and len(skipped) < 20:
-                skipped.append((statement.line, "not a single SELECT, INSERT, UPDATE or DELETE statement"))
-            continue
-        rows.append(
-            (kind, "import", statement.sql, fingerprint(statement.sql), table_of(statement.sql), 1, None,
-             statement.duration_ms, None, 0)
-        )  # fmt: skip
-    conn.executemany(_INSERT_ENTRY, rows)
-    return ImportSummary(imported=len(rows), skipped=skip_count, skipped_lines=tuple(skipped))
-
-
-def summarize(conn: sqlite3.Connection, top: int | None = 10) -> list[FingerprintStats]:
-    """Fingerprints ranked by total time (then calls): the input of ``dlindex log show``."""
-    samples: dict[str, list[Any]] = {}
-    for fp, params in conn.execute(_TEMPLATE_PARAMS):
-        samples.setdefault(fp, []).extend(json.loads(params))
-    stats: list[FingerprintStats] = []
-    group: list[tuple[Any, ...]] = []
-    for row in conn.execute(_LOG_ROWS):
-        if group and row[0] != group[0][0]:
-            stats.append(_summarize_group(group, samples))
-            group = []
-        group.append(row)
-    if group:
-        stats.append(_summarize_group(group, samples))
-    stats.sort(key=lambda s: (-s.total_ms, -s.calls, s.fingerprint))
-    return stats if top is None else stats[:top]
-
-
-def _summarize_group(group: list[tuple[Any, ...]], samples: dict[str, Any]) -> FingerprintStats:
-    durations = sorted(float(r[6]) / max(int(r[4]), 1) for r in group if r[6] is not None)
-    calls = sum(int(r[4]) for r in group)
-    timed_calls = sum(int(r[4]) for r in group if r[6] is not None)
-    total = sum(float(r[6]) for r in group if r[6] is not None)
-    plans: dict[str, int] = {}
-    for r in group:
-        name = r[7] or ("unknown" if r[1] == "read" else "none")
-        plans[name] = plans.get(name, 0) + 1
-    plan = next(iter(plans)) if len(plans) == 1 else ", ".join(f"{k} {v}" for k, v in sorted(plans.items()))
-    p95 = durations[min(len(durations) - 1, math.ceil(0.95 * len(durations)) - 1)] if durations else None
-    return FingerprintStats(
-        fingerprint=group[0][0], kind=group[-1][1], sql=group[-1][3], calls=calls,
-        cached=sum(int(r[4]) for r in group if r[8]), total_ms=round(total, 3),
-        mean_ms=round(total / timed_calls, 3) if timed_calls else None,
-        p95_ms=round(p95, 3) if p95 is not None else None, rows=sum(int(r[5] or 0) for r in group),
-        plan=plan, sources=tuple(sorted({r[2] for r in group})),
-        sample_params=tuple(samples.get(group[0][0], ())),
-    )  # fmt: skip
-
-
-def clear(conn: sqlite3.Connection) -> int:
-    """Delete every log entry and template sample; ``conn`` must be in a write transaction."""
-    removed = int(conn.execute(_CLEAR_LOG).rowcount)
-    conn.execute(_CLEAR_TEMPLATES)
-    return removed
-
-
-@dataclass(frozen=True)
-class LogSummary:
-    entries: int  # rows in query_log
-    fingerprints: tuple[FingerprintStats, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"entries": self.entries, "fingerprints": [asdict(f) for f in self.fingerprints]}
-
-
-def log_summary(catalog: Catalog, top: int | None = 10) -> LogSummary:
-    """The ``top`` fingerprints by total time, with calls, mean and p95 duration and plans."""
-    entries = int(catalog.conn.execute(_COUNT_ENTRIES).fetchone()[0])
-    return LogSummary(entries=entries, fingerprints=tuple(summarize(catalog.conn, top)))
-
-
-def import_log(catalog: Catalog, text: str) -> ImportSummary:
-    """Store the statements in captured SQL text (see ``parse_statements``); never run them."""
-    with catalog.write_transaction(bookkeeping=True) as conn:
-        return import_statements(conn, parse_statements(text))
-
-
-def clear_log(catalog: Catalog) -> int:
-    """Delete the whole query log; return how many entries there were."""
-    catalog.querylog.flushed()  # what is buffered belongs to the log being cleared
-    with catalog.write_transaction(bookkeeping=True) as conn:
-        return clear(conn)

@@ -250,10 +250,17 @@ def test_explain_shows_the_plan(mixed: Path) -> None:
     assert explained.params["per_label"] == 2
 
 
+@pytest.fixture
+def always_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Store every result: tiny test catalogs answer faster than the cache's break-even."""
+    monkeypatch.setattr("dlindex.cache.FETCH_S", 0.0)
+
+
 def _cached_calls(db: Path) -> int:
     return int(rows(db, "SELECT count(*) FROM query_log WHERE cached = 1")[0][0])
 
 
+@pytest.mark.usefixtures("always_cache")
 def test_repeated_query_is_served_from_the_cache_until_a_write(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 30, "b": 30})
     first = ids(db, per_label=4, seed=3)
@@ -271,6 +278,7 @@ def test_repeated_query_is_served_from_the_cache_until_a_write(tmp_path: Path) -
     assert _cached_calls(db) == 2
 
 
+@pytest.mark.usefixtures("always_cache")
 def test_cache_sees_changes_to_what_it_selected(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 10})
     assert ids(db, processed=False) == list(range(1, 11))
@@ -279,6 +287,17 @@ def test_cache_sees_changes_to_what_it_selected(tmp_path: Path) -> None:
     assert ids(db, processed=False) == [1, 2, 5, 6, 7, 8, 9, 10]
 
 
+def test_a_result_cheaper_to_recompute_than_to_fetch_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = balanced(tmp_path / "b.db", {"a": 50})
+    monkeypatch.setattr("dlindex.cache.FETCH_S", 1.0)
+    assert len(ids(db, per_label=5)) == 5
+    assert rows(db, "SELECT count(*) FROM query_cache") == [(0,)]
+    monkeypatch.setattr("dlindex.cache.FETCH_S", 0.0)
+    assert len(ids(db, per_label=5)) == 5
+    assert rows(db, "SELECT count(*), max(rows) FROM query_cache") == [(1, 5)]
+
+
+@pytest.mark.usefixtures("always_cache")
 def test_a_half_read_result_is_not_cached(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 1000})
     with Catalog(db) as catalog:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, ScanOptions, catalog_stats, clear_log, import_log, log_summary, mark_samples, scan_tree
+from dlindex.logview import parse_statements, statement_kind
 from dlindex.migrations import APPLICATION_ID, LATEST_VERSION, m001_initial
-from dlindex.querylog import RESERVOIR_SIZE, classify_plan, fingerprint, normalize, parse_statements, statement_kind, table_of
+from dlindex.querylog import RESERVOIR_SIZE, classify_plan, fingerprint, normalize, table_of
 
 from .conftest import rows
 from .synthetic import balanced
@@ -75,7 +76,8 @@ def test_a_query_records_its_template_duration_rows_and_plan(tmp_path: Path) -> 
     assert template[2] == 1 and json.loads(str(template[3])) == [{"label_id": 1}]
 
 
-def test_cached_answers_are_logged_as_cached(tmp_path: Path) -> None:
+def test_cached_answers_are_logged_as_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dlindex.cache.FETCH_S", 0.0)  # cache even a tiny result
     db = balanced(tmp_path / "b.db", {"a": 5})
     for _ in range(3):
         with Catalog(db) as catalog:
@@ -153,6 +155,22 @@ SELECT ';' FROM t; SELECT 2;
     ]
     lines = list(parse_statements("SELECT 1\nselect a from t where x = 'y'  -- duration_ms=0.25\n\n"))
     assert [(p.sql, p.duration_ms) for p in lines] == [("SELECT 1", None), ("select a from t where x = 'y'", 0.25)]
+
+
+def test_parse_a_set_trace_callback_dump(tmp_path: Path) -> None:
+    db = balanced(tmp_path / "b.db", {"a": 3})
+    captured: list[str] = []
+    conn = sqlite3.connect(db)
+    conn.set_trace_callback(captured.append)
+    conn.execute("SELECT id FROM image_metadata WHERE label_id = ? AND processed = 1", (1,)).fetchall()
+    conn.execute("SELECT id,\n  (SELECT name FROM labels\nWHERE labels.id = label_id)\n  FROM image_metadata").fetchall()
+    conn.close()
+    parsed = list(parse_statements("\n".join(captured) + "\n"))
+    assert [p.sql for p in parsed] == [
+        "SELECT id FROM image_metadata WHERE label_id = 1 AND processed = 1",
+        "SELECT id, (SELECT name FROM labels WHERE labels.id = label_id) FROM image_metadata",
+    ]
+    assert [p.line for p in parsed] == [1, 2]
 
 
 def test_import_stores_statements_and_never_runs_them(tmp_path: Path) -> None:

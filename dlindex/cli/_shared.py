@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from enum import Enum
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
@@ -63,3 +64,27 @@ NoLogFlag = Annotated[
     bool,
     typer.Option("--no-log", envvar="DLINDEX_NO_LOG", help="Do not record this command's reads and writes in the query log."),
 ]
+
+
+# The selection options of `dlindex query`, shared with `dlindex export` (same names, same meaning).
+class Status(str, Enum):
+    ok = "ok"
+    corrupt = "corrupt"
+    missing = "missing"
+
+
+class ProcessingStatus(str, Enum):
+    queued = "queued"
+    completed = "completed"
+    failed = "failed"
+
+
+LabelOption = Annotated[list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)]
+StatusOption = Annotated[list[Status] | None, typer.Option("--status", help="Only this status (repeatable). [default: ok]", show_default=False)]
+ProcessedOption = Annotated[bool | None, typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False)]
+ProcessingStatusOption = Annotated[list[ProcessingStatus] | None, typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False)]
+SinceOption = Annotated[str | None, typer.Option("--since", help="Created at or after WHEN: ISO date-time (UTC unless given) or a duration back from now: 30m, 24h, 7d.", metavar="WHEN", show_default=False)]
+UntilOption = Annotated[str | None, typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False)]
+MinWidthOption = Annotated[int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)]
+MinHeightOption = Annotated[int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)]
+PerLabelOption = Annotated[int | None, typer.Option("--per-label", min=1, help="Class balance: at most N random samples per label (deterministic for a --seed).", show_default=False)]

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ..catalog import Catalog
 from ..errors import InputError
-from ..querylog import LogSummary, clear_log, import_log, log_summary
+from ..logview import LogSummary, clear_log, import_log, log_summary
 from ._shared import DbOption, JsonFlag, handle_errors, print_json, stderr_console, stdout_console
 
 app = typer.Typer(

@@ -11,8 +11,16 @@ import typer
 from ..catalog import Catalog
 from ..errors import ExitCode, InputError
 from ..mark import MarkResult, mark_samples, read_records
-from ._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, print_json, stderr_console, stdout_console
-from .query import ProcessingStatus
+from ._shared import (
+    DbOption,
+    JsonFlag,
+    NoLogFlag,
+    ProcessingStatus,
+    handle_errors,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
 
 
 class By(str, Enum):

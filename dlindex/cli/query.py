@@ -11,19 +11,20 @@ import typer
 from ..catalog import Catalog
 from ..query import QuerySpec, explain
 from ._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
-from ._shared import DbOption, NoLogFlag, handle_errors
-
-
-class Status(str, Enum):
-    ok = "ok"
-    corrupt = "corrupt"
-    missing = "missing"
-
-
-class ProcessingStatus(str, Enum):
-    queued = "queued"
-    completed = "completed"
-    failed = "failed"
+from ._shared import (
+    DbOption,
+    LabelOption,
+    MinHeightOption,
+    MinWidthOption,
+    NoLogFlag,
+    PerLabelOption,
+    ProcessedOption,
+    ProcessingStatusOption,
+    SinceOption,
+    StatusOption,
+    UntilOption,
+    handle_errors,
+)
 
 
 class Order(str, Enum):
@@ -33,15 +34,15 @@ class Order(str, Enum):
 
 @handle_errors
 def query(
-    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)] = None,
-    status: Annotated[list[Status] | None, typer.Option("--status", help="Only this status (repeatable). [default: ok]", show_default=False)] = None,
-    processed: Annotated[bool | None, typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False)] = None,
-    processing_status: Annotated[list[ProcessingStatus] | None, typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False)] = None,
-    since: Annotated[str | None, typer.Option("--since", help="Created at or after WHEN: ISO date-time (UTC unless given) or a duration back from now: 30m, 24h, 7d.", metavar="WHEN", show_default=False)] = None,
-    until: Annotated[str | None, typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False)] = None,
-    min_width: Annotated[int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)] = None,
-    min_height: Annotated[int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)] = None,
-    per_label: Annotated[int | None, typer.Option("--per-label", min=1, help="Class balance: at most N random samples per label (deterministic for a --seed).", show_default=False)] = None,
+    label: LabelOption = None,
+    status: StatusOption = None,
+    processed: ProcessedOption = None,
+    processing_status: ProcessingStatusOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    min_width: MinWidthOption = None,
+    min_height: MinHeightOption = None,
+    per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N rows.", show_default=False)] = None,
     order: Annotated[Order, typer.Option("--order", help="Row order: id, or random (deterministic for a --seed).")] = Order.id,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label and --order random.")] = 0,
@@ -78,4 +79,4 @@ def query(
             for line in explained.plan:
                 typer.echo("-- " + line)
             return
-        emit_rows(catalog.query(spec), out, spec.columns, null=null)
+        emit_rows(catalog.query(spec), out, tuple(spec.columns or ()), null=null)
