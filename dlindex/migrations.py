@@ -202,6 +202,9 @@ def schema_version(conn: sqlite3.Connection) -> int:
 
 def apply_migrations(conn: sqlite3.Connection) -> int:
     """Bring the catalog to LATEST_VERSION; each step commits together with its version bump."""
+    version = schema_version(conn)
+    if version >= LATEST_VERSION:
+        return version  # the common case takes no lock: readers never wait for a writer here
     while True:
         conn.execute("BEGIN IMMEDIATE")
         try:

@@ -43,7 +43,20 @@ def resolve_format(fmt: OutputFormat | None) -> OutputFormat:
 
 
 def emit_rows(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool = False) -> int:
-    """Write rows to stdout in ``fmt``; return how many were written."""
+    """Write rows to stdout in ``fmt``; return how many were written.
+
+    A reader that goes away (`| head`) ends the command quietly with 141, like other Unix
+    tools under `set -o pipefail` (click's own handling would say 1).
+    """
+    try:
+        return _emit(rows, fmt, columns, null)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail too
+        raise SystemExit(141) from None
+
+
+def _emit(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool) -> int:
     if fmt is OutputFormat.table:
         return _table(rows, columns)
     if fmt is OutputFormat.paths:
