@@ -6,9 +6,9 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import open_catalog
+from ..catalog import Catalog
 from ..stats import CatalogStats, catalog_stats
-from ._shared import DbOption, JsonFlag, handle_errors, human_bytes, print_json, stdout_console
+from ._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, human_bytes, print_json, stdout_console
 
 
 @handle_errors
@@ -16,12 +16,13 @@ def stats(
     db: DbOption = None,
     top: Annotated[int, typer.Option("--top", min=1, help="How many largest and smallest labels to list.")] = 5,
     as_json: JsonFlag = False,
+    no_log: NoLogFlag = False,
 ) -> None:
     """Show totals by status, label balance, sizes, indexes and recent scans.
 
         dlindex stats --json | jq .by_status
     """
-    with open_catalog(db) as catalog:
+    with Catalog(db, log=not no_log) as catalog:
         result = catalog_stats(catalog, top=top)
     if as_json:
         print_json(result.as_dict())
