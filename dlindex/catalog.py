@@ -84,8 +84,11 @@ class Catalog:
             bookkeeping: dlindex's own log and cache writes: no counter bump, not logged.
         """
         conn = self.conn
+        started = time.perf_counter()
         conn.execute("BEGIN IMMEDIATE")
         log = self.querylog
+        if log.enabled and not bookkeeping:
+            log.record_lock_wait(time.perf_counter() - started)  # busy retries happen inside BEGIN
         if log.enabled and not bookkeeping and isinstance(conn, _Connection):
             conn.on_write = log.count_write
         flushed = False

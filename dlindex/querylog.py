@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 _INSERT_ENTRY = """INSERT INTO query_log (kind, source, sql, fingerprint, table_name, calls, rows,
         duration_ms, plan, cached) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _TEMPLATE = "SELECT offered, sample_params FROM query_log_templates WHERE sql = ?"
+# Time spent waiting for the write lock (BEGIN IMMEDIATE), one row per flush: `dlindex stats --slow`.
+LOCK_WAIT_SQL = "BEGIN IMMEDIATE"
+LOCK_WAIT_MIN_S = 0.001
+_INSERT_LOCK_WAIT = """INSERT INTO query_log (kind, source, sql, fingerprint, calls, rows, duration_ms, lock_wait_ms)
+    VALUES ('write', 'dlindex', :sql, :fingerprint, :calls, 0, :ms, :ms)"""
 _UPSERT_TEMPLATE = """INSERT INTO query_log_templates (sql, fingerprint, plan_detail, offered, sample_params)
     VALUES (:sql, :fingerprint, :plan_detail, :offered, :sample_params)
     ON CONFLICT (sql) DO UPDATE SET plan_detail = coalesce(excluded.plan_detail, plan_detail),
@@ -43,6 +48,7 @@ class QueryLog:
         self.names: dict[str, tuple[str, str | None]] = {}  # sql -> (fingerprint, table), memoised
         self.writes: dict[str, list[float]] = {}  # sql -> [calls, rows, seconds] in this transaction
         self.pending_writes: dict[str, list[float]] = {}  # committed, not yet flushed
+        self.lock_waits = [0, 0.0]  # write transactions, seconds spent in BEGIN IMMEDIATE
         self.plans: dict[str, tuple[str, str]] = {}  # sql -> (plan, plan_detail), once per process
         self._rng: random.Random | None = None
         self.last_flush = time.monotonic()
@@ -111,6 +117,12 @@ class QueryLog:
             totals[2] += seconds
         self.writes.clear()
 
+    def record_lock_wait(self, seconds: float) -> None:
+        """Count a write transaction that waited for the write lock (over 1 ms: an uncontended BEGIN takes µs)."""
+        if seconds >= LOCK_WAIT_MIN_S:
+            self.lock_waits[0] += 1
+            self.lock_waits[1] += seconds
+
     def discard_writes(self) -> None:
         self.writes.clear()
 
@@ -119,7 +131,7 @@ class QueryLog:
         return size >= FLUSH_ENTRIES or bool(size and time.monotonic() - self.last_flush > FLUSH_SECONDS)
 
     def has_entries(self) -> bool:
-        return bool(self.entries or self.pending_writes)
+        return bool(self.entries or self.pending_writes or self.lock_waits[0])
 
     def flush_into(self, conn: sqlite3.Connection) -> None:
         """Write the buffer with ``conn``, which must be inside a write transaction."""
@@ -129,6 +141,9 @@ class QueryLog:
             entries.append(("write", "dlindex", sql, fp, table, int(calls), int(rows), seconds * 1000.0, None, 0))
         if entries:
             conn.executemany(_INSERT_ENTRY, entries)
+        if self.lock_waits[0]:
+            conn.execute(_INSERT_LOCK_WAIT, {"sql": LOCK_WAIT_SQL, "fingerprint": fingerprint(LOCK_WAIT_SQL),
+                                             "calls": self.lock_waits[0], "ms": self.lock_waits[1] * 1000.0})  # fmt: skip
         for sql, (offered, *sample) in self.samples.items():
             _merge_samples(conn, sql, self._names(sql)[0], self.plans.get(sql, ("", None))[1], offered, sample, self.rng)
 
@@ -136,6 +151,7 @@ class QueryLog:
         self.entries = []
         self.samples = {}
         self.pending_writes = {}
+        self.lock_waits = [0, 0.0]
         self.last_flush = time.monotonic()
 
 

@@ -95,3 +95,71 @@ def _file_size(catalog: Catalog) -> int:
         except OSError:
             pass
     return total
+
+
+_SLOW = """SELECT fingerprint, sql, sum(calls), sum(duration_ms), max(logged_at) FROM query_log
+    WHERE kind = 'read' AND duration_ms IS NOT NULL AND calls > 0 GROUP BY fingerprint, sql"""
+_SAMPLE_PARAMS = "SELECT sample_params FROM query_log_templates WHERE sql = ?"
+_LOCK_WAITS = """SELECT coalesce(sum(calls), 0), coalesce(sum(lock_wait_ms), 0.0) FROM query_log
+    WHERE lock_wait_ms IS NOT NULL"""
+
+
+@dataclass(frozen=True)
+class SlowQuery:
+    fingerprint: str
+    sql: str  # its most called statement
+    calls: int
+    mean_ms: float
+    total_ms: float
+    last_logged: str | None
+    plan: tuple[str, ...]  # EXPLAIN QUERY PLAN now; empty if it is not a read-only SELECT
+
+
+@dataclass(frozen=True)
+class SlowReport:
+    queries: list[SlowQuery]
+    lock_wait_transactions: int  # write transactions that waited for the write lock
+    lock_wait_ms: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def slow_queries(catalog: Catalog, top: int = 5) -> SlowReport:
+    """The read fingerprints with the highest mean duration, each with its current plan, and lock waits.
+
+    Plans come from ``EXPLAIN QUERY PLAN`` on a read-only connection, for read-only SELECTs
+    only (with a logged parameter sample); nothing from the log is executed.
+    """
+    import json
+
+    from .advisor.scratch import explain, guarded
+    from .advisor.shapes import check_select
+
+    conn = guarded(catalog.path)
+    plain = guarded(catalog.path)
+    plain.set_authorizer(None)  # reading the log tables is our own query
+    try:
+        groups: dict[str, list[Any]] = {}
+        for fp, sql, calls, total, last in plain.execute(_SLOW):
+            group = groups.setdefault(fp, [sql, 0, 0, 0.0, None])
+            if calls > group[2]:
+                group[0], group[2] = sql, calls
+            group[1] += calls
+            group[3] += total
+            group[4] = max(filter(None, (group[4], last)), default=None)
+        ranked = sorted(groups.items(), key=lambda item: (-item[1][3] / item[1][1], item[0]))[:top]
+        queries = []
+        for fp, (sql, calls, _most, total, last) in ranked:
+            plan: tuple[str, ...] = ()
+            if check_select(sql) is None:
+                row = plain.execute(_SAMPLE_PARAMS, (sql,)).fetchone()
+                samples = json.loads(row[0]) if row and row[0] else []
+                params = sorted(samples, key=lambda v: json.dumps(v, sort_keys=True))[0] if samples else ()
+                plan = explain(conn, sql, params) or ()
+            queries.append(SlowQuery(fp, sql, int(calls), round(total / calls, 3), round(total, 3), last, plan))
+        waited, wait_ms = plain.execute(_LOCK_WAITS).fetchone()
+        return SlowReport(queries, int(waited), round(float(wait_ms), 3))
+    finally:
+        conn.close()
+        plain.close()

@@ -7,14 +7,15 @@ from typing import Annotated
 import typer
 
 from ..catalog import Catalog
-from ..stats import CatalogStats, catalog_stats
+from ..stats import CatalogStats, SlowReport, catalog_stats, slow_queries
 from ._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, human_bytes, print_json, stdout_console
 
 
 @handle_errors
 def stats(
     db: DbOption = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="How many largest and smallest labels to list.")] = 5,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many largest and smallest labels (with --slow: statements) to list.")] = 5,
+    slow: Annotated[bool, typer.Option("--slow", help="Show the slowest logged statements with their current plans, and lock waits.")] = False,
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
 ) -> None:
@@ -22,6 +23,14 @@ def stats(
 
         dlindex stats --json | jq .by_status
     """
+    if slow:
+        with Catalog(db, log=False) as catalog:
+            report = slow_queries(catalog, top=top)
+        if as_json:
+            print_json(report.as_dict())
+        else:
+            _print_slow(report)
+        return
     with Catalog(db, log=not no_log) as catalog:
         result = catalog_stats(catalog, top=top)
     if as_json:
@@ -59,3 +68,18 @@ def _print(s: CatalogStats) -> None:
 
 def _label(name: str) -> str:
     return name if name else "(root)"
+
+
+def _print_slow(r: SlowReport) -> None:
+    out = stdout_console
+    if not r.queries:
+        out.print("no timed reads in the query log", markup=False)
+    for i, q in enumerate(r.queries, 1):
+        out.print(f"{i}. {q.fingerprint}  {q.mean_ms:,.2f} ms x {q.calls:,} calls = {q.total_ms:,.1f} ms  "
+                  f"(last {q.last_logged})", markup=False, highlight=False)  # fmt: skip
+        out.print("   " + " ".join(q.sql.split()), markup=False, highlight=False, soft_wrap=True)
+        for line in q.plan or ("(no plan: not a read-only SELECT)",):
+            out.print("     " + line, markup=False, highlight=False)
+    out.print(f"lock waits: {r.lock_wait_transactions:,} write transaction(s) waited {r.lock_wait_ms:,.1f} ms "
+              "for the write lock", markup=False)  # fmt: skip
+

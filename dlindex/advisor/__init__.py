@@ -1,0 +1,38 @@
+"""Index advice from the query log: ``dlindex index``.
+
+    from dlindex import Catalog
+    from dlindex.advisor import apply_advice, suggest_indexes
+
+    with Catalog("train.db") as catalog:
+        advice = suggest_indexes(catalog)            # measured on a scratch copy
+        for s in advice.suggestions:
+            print(s.sql, s.speedup, s.size_bytes)
+        apply_advice(catalog, advice)                # CREATE INDEX ... + ANALYZE, recorded
+
+Modules: ``shapes`` (what a statement asks of each table, via sqlglot), ``workload`` (the
+log and captured files), ``candidates`` (derivation and merging), ``scratch`` (the copy and
+the guarded connections), ``suggest`` (verification), ``hints``, ``manage`` (apply, revert,
+list), ``model`` (the results).
+"""
+
+from .manage import apply_advice, list_indexes, revert_indexes
+from .model import Advice, Changes, Finding, Hint, IndexChange, IndexUsage, Rejected, Served, Suggestion
+from .suggest import suggest_indexes
+from .workload import Skipped
+
+__all__ = [
+    "Advice",
+    "Changes",
+    "Finding",
+    "Hint",
+    "IndexChange",
+    "IndexUsage",
+    "Rejected",
+    "Served",
+    "Skipped",
+    "Suggestion",
+    "apply_advice",
+    "list_indexes",
+    "revert_indexes",
+    "suggest_indexes",
+]

@@ -1,0 +1,114 @@
+"""How `dlindex index` shows advice, index lists and changes (stdout), and what it asks (stderr)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import typer
+from ..advisor import Advice, Changes, Finding, apply_advice, list_indexes, revert_indexes, suggest_indexes
+from ..catalog import Catalog
+from ._shared import human_bytes, print_json, stderr_console, stdout_console
+
+
+def suggest(catalog: Catalog, logs: list[tuple[str, str]], top: int, status: Any) -> Advice:
+    progress = (lambda line: status.update(line[:100])) if status is not None else None
+    return suggest_indexes(catalog, logs, top=top, progress=progress)
+
+
+def report_skipped(advice: Advice) -> None:
+    for s in advice.skipped:
+        where = f"{s.source} line {s.line}" if s.line is not None else s.source
+        stderr_console.print(f"{where}: skipped: {s.reason}: {s.text}", markup=False, highlight=False, soft_wrap=True)
+
+
+def print_advice(a: Advice) -> None:
+    out = stdout_console
+    if not a.reads:
+        out.print("the query log holds no reads yet: run the workload (dlindex query, Catalog.read) or pass --log FILE",
+                  markup=False)  # fmt: skip
+        return
+    sample = f" (every {a.sample}th row of large tables)" if a.sample > 1 else ""
+    out.print(f"{len(a.suggestions)} suggestion(s) for {len(a.hot)} hot of {a.reads} logged read statements "
+              f"({a.read_ms:,.1f} ms logged), verified on a scratch copy{sample} in {a.seconds:.1f} s", markup=False)  # fmt: skip
+    for i, s in enumerate(a.suggestions, 1):
+        out.print(f"\n{i}. {s.sql};", markup=False, highlight=False, soft_wrap=True)
+        out.print(f"   {s.before_ms:,.3f} -> {s.after_ms:,.3f} ms per call ({s.speedup or '-'}x), {s.saved_ms:,.1f} ms saved "
+                  f"over the log; size {human_bytes(s.size_bytes)}; 10,000 rows: insert +{_ms(s.insert_10k_ms)}, "
+                  f"update of {', '.join(s.update_columns) or '-'} +{_ms(s.update_10k_ms)}", markup=False, soft_wrap=True)  # fmt: skip
+        for fp in s.served:
+            line = f"     {fp.fingerprint}  {fp.calls:,} calls  {fp.before_ms:,.3f} -> {fp.after_ms:,.3f} ms  "
+            out.print(line + _short(fp.sql, max(30, out.width - len(line))), markup=False, highlight=False, soft_wrap=True)
+    _findings("unused indexes", a.unused)
+    _findings("redundant indexes", a.redundant)
+    if a.hints:
+        out.print("\nhints:", markup=False)
+        for h in a.hints:
+            out.print(f"  {h.fingerprint} ({h.calls:,} calls, {_ms(h.mean_ms)}): {_short(h.sql, 80)}\n    {h.hint}",
+                      markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    if a.rejected:
+        out.print("\nnot worth it:", markup=False)
+        for r in a.rejected:
+            out.print(f"  {r.sql}\n    {r.reason}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _findings(title: str, findings: Sequence[Finding]) -> None:
+    if not findings:
+        return
+    stdout_console.print(f"\n{title}:", markup=False)
+    for f in findings:
+        owner = "" if f.dlindex else "  (not created by dlindex: --drop-unused leaves it; " + f.drop_sql + ")"
+        stdout_console.print(f"  {f.name} on {f.table}: {f.reason}{owner}", markup=False, highlight=False, soft_wrap=True)
+
+
+def confirm_drops(drops: Sequence[Finding]) -> bool:
+    names = ", ".join(f.name for f in drops)
+    return bool(typer.confirm(f"Drop {len(drops)} unused index(es): {names}?", default=False, err=True))
+
+
+def apply(catalog: Catalog, advice: Advice, *, create: bool, drops: Sequence[Finding]) -> Changes:
+    return apply_advice(catalog, advice, create=create, drop=drops)
+
+
+def print_changes(c: Changes) -> None:
+    if not c.changes:
+        stdout_console.print("nothing to change: no new index to create, none to drop", markup=False)
+        return
+    for change in c.changes:
+        stdout_console.print(f"{'created' if change.action == 'create' else 'dropped'} {change.name}", markup=False)
+    tail = "; ran ANALYZE" if c.analyzed else ""
+    stdout_console.print(f"run {c.run}{tail}; undo with: dlindex index --revert", markup=False)
+
+
+def revert(catalog: Catalog, as_json: bool) -> None:
+    changes = revert_indexes(catalog)
+    if as_json:
+        print_json(changes.as_dict())
+    elif changes.run is None:
+        stdout_console.print("nothing to revert", markup=False)
+    else:
+        for change in changes.changes:
+            stdout_console.print(f"{'recreated' if change.action == 'create' else 'dropped'} {change.name}", markup=False)
+        stdout_console.print(f"reverted run {changes.run}", markup=False)
+
+
+def listing(catalog: Catalog, as_json: bool) -> None:
+    usages = list_indexes(catalog)
+    if as_json:
+        print_json({"indexes": [u.as_dict() for u in usages]})
+        return
+    for u in usages:
+        size = human_bytes(u.size_bytes) if u.size_bytes is not None else "size unknown"
+        stdout_console.print(
+            f"{u.name} on {u.table} ({u.origin}): {u.fingerprints:,} logged statement(s), {u.calls:,} call(s), "
+            f"last used {u.last_used or 'never'}, {size}", markup=False, highlight=False, soft_wrap=True,
+        )  # fmt: skip
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f} ms"
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"

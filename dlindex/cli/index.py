@@ -1,0 +1,69 @@
+"""`dlindex index`: indexes the query log proves worth it, applied, listed or undone."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import nullcontext
+from typing import Annotated
+
+import typer
+
+from ..catalog import Catalog
+from ..errors import InputError
+from ._shared import DbOption, JsonFlag, handle_errors, print_json, stderr_console
+
+
+@handle_errors
+def index(
+    suggest: Annotated[bool, typer.Option("--suggest", help="Propose indexes, verified on a scratch copy (the default).")] = False,
+    apply: Annotated[bool, typer.Option("--apply", help="Create the suggested indexes and run ANALYZE, in one transaction.")] = False,
+    drop_unused: Annotated[bool, typer.Option("--drop-unused", help="Drop indexes dlindex created that no logged statement uses.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before --drop-unused drops (required when stdin is not a terminal).")] = False,
+    revert: Annotated[bool, typer.Option("--revert", help="Undo the latest --apply / --drop-unused run.")] = False,
+    list_: Annotated[bool, typer.Option("--list", help="List every index with how often logged statements used it.")] = False,
+    log: Annotated[list[str] | None, typer.Option("--log", metavar="FILE", help="Also read SQL captured elsewhere (as `dlindex log import` reads it; never run); - is stdin. Repeatable.", show_default=False)] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many of the heaviest read statements may earn an index.")] = 10,
+    as_json: JsonFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Suggest, verify and apply indexes from the query log; list, drop unused, revert.
+
+        dlindex index --suggest --log trace.sql && dlindex index --apply --drop-unused --yes
+    """
+    from . import _advice  # the advisor pulls in sqlglot: only this command pays for it
+
+    if (revert or list_) and (suggest or apply or drop_unused or log):
+        raise typer.BadParameter("--revert and --list take no other action", param_hint="'--revert' / '--list'")
+    if revert and list_:
+        raise typer.BadParameter("choose --revert or --list", param_hint="'--revert'")
+    if drop_unused and not yes and not sys.stdin.isatty():
+        raise typer.BadParameter("it asks before dropping and stdin is not a terminal; add --yes", param_hint="'--drop-unused'")
+    logs = [(name, _read(name)) for name in log or ()]
+    with Catalog(db, log=False) as catalog:
+        if revert or list_:
+            (_advice.revert if revert else _advice.listing)(catalog, as_json)
+            return
+        status = stderr_console.status("analysing the query log") if stderr_console.is_terminal else nullcontext()
+        with status as shown:
+            advice = _advice.suggest(catalog, logs, top, shown)
+        _advice.report_skipped(advice)
+        if not as_json:
+            _advice.print_advice(advice)
+        drops = advice.droppable() if drop_unused else ()
+        if drops and not yes and not _advice.confirm_drops(drops):
+            drops = ()
+        changes = _advice.apply(catalog, advice, create=apply, drops=drops) if apply or drops else None
+    if as_json:
+        print_json({**advice.as_dict(), **({"applied": changes.as_dict()} if changes else {})})
+    elif changes is not None:
+        _advice.print_changes(changes)
+
+
+def _read(name: str) -> str:
+    try:
+        if name == "-":
+            return sys.stdin.buffer.read().decode("utf-8", "replace")
+        with open(name, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError as e:
+        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
