@@ -110,7 +110,14 @@ def parse_statements(text: str) -> Iterator[ParsedStatement]:
             if found:
                 pending = float(found.group(1))
             continue
-        if current and not has_semicolons and re.match(_STATEMENT_START, code) and _depth(current) == 0:
+        # Open parentheses continue a statement only into a subquery right after "(": a
+        # garbage line with an unclosed "(" must not swallow the rest of the file.
+        if (
+            current
+            and not has_semicolons
+            and re.match(_STATEMENT_START, code)
+            and (_depth(current) == 0 or not current[-1].rstrip().endswith("("))
+        ):
             yield _statement(current, start, duration)
             current = []
         if not current:

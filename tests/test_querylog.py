@@ -255,3 +255,19 @@ def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
         assert catalog.sample_ids() == [1]
         assert catalog.changes() == 0
     assert rows(db, "PRAGMA user_version") == [(LATEST_VERSION,)]
+
+
+def test_garbage_with_an_unclosed_parenthesis_does_not_swallow_the_rest() -> None:
+    from dlindex.logview import parse_statements
+
+    text = (
+        "SELECT broken FROM image_metadata WHERE (\n"
+        "SELECT id FROM image_metadata WHERE id IN (SELECT id FROM labels)\n"
+        "SELECT id FROM image_metadata WHERE processed = 1\n"
+        "SELECT id FROM image_metadata WHERE processed = 0\n"
+    )
+    sqls = [s.sql for s in parse_statements(text)]
+    assert sqls[-2:] == [
+        "SELECT id FROM image_metadata WHERE processed = 1",
+        "SELECT id FROM image_metadata WHERE processed = 0",
+    ]
