@@ -50,6 +50,8 @@ class Catalog:
         if log is None:
             log = os.environ.get("DLINDEX_NO_LOG", "").strip().lower() in ("", "0", "false", "no")
         self.querylog = QueryLog(log)
+        # Small lookup tables (labels, roots) with the change counter they were read at.
+        self.lookup_cache: dict[str, tuple[int, Any]] = {}
 
     @property
     def db(self) -> Any:

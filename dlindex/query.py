@@ -276,15 +276,29 @@ def _label_ids(catalog: Catalog, names: Sequence[str]) -> list[int]:
 
 
 def _label_names(catalog: Catalog) -> dict[int, str]:
-    return dict(catalog.read(_LABEL_NAMES))
+    return _per_change(catalog, "labels", lambda: dict(catalog.read(_LABEL_NAMES)))
 
 
 def _roots(catalog: Catalog) -> dict[int, tuple[str, bytes]]:
-    roots = {}
-    for id_, text, raw in catalog.read(_ROOTS):
-        prefix = bytes(raw) if raw is not None else os.fsencode(text)
-        roots[id_] = (text, prefix.rstrip(b"/") + b"/")
-    return roots
+    def load() -> dict[int, tuple[str, bytes]]:
+        roots = {}
+        for id_, text, raw in catalog.read(_ROOTS):
+            prefix = bytes(raw) if raw is not None else os.fsencode(text)
+            roots[id_] = (text, prefix.rstrip(b"/") + b"/")
+        return roots
+
+    return _per_change(catalog, "roots", load)
+
+
+def _per_change(catalog: Catalog, name: str, load: Callable[[], Any]) -> Any:
+    """Small lookup tables, reloaded only when the catalog's change counter moved: a training
+    loop asking for a few rows at a time should not re-read 1,000 label names per call."""
+    cache = catalog.lookup_cache
+    changes = catalog.changes()
+    found = cache.get(name)
+    if found is None or found[0] != changes:
+        found = cache[name] = (changes, load())
+    return found[1]
 
 
 def parse_when(value: str | datetime, option: str = "time") -> str:
