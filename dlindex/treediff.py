@@ -97,7 +97,12 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
         label = overrides.get(key, item.label) if overrides else item.label
         if match is not None and not force and match[4] != "missing":
             try:
-                st = os.stat(item.path) if follow else os.lstat(item.path)
+                if follow:
+                    st = os.stat(item.path)
+                elif item.dir_fd >= 0:
+                    st = os.lstat(item.name, dir_fd=item.dir_fd)  # no walk of the full path
+                else:
+                    st = os.lstat(item.path)
             except OSError:
                 st = None  # let the probe report what is wrong with it
             if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:

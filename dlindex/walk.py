@@ -27,6 +27,8 @@ class WalkedFile(NamedTuple):
     raw: bytes | None  # the relative path's bytes when the name is not valid UTF-8
     path: bytes  # absolute path to open
     label: str
+    name: bytes  # the file's name in its folder ...
+    dir_fd: int  # ... and that folder, open while the walk is at this file (-1: not open)
 
 
 class Child(NamedTuple):
@@ -196,88 +198,112 @@ def _slices(
 
 class _Frame(NamedTuple):
     children: Iterator[Child]
-    folder: bytes
+    folder: bytes  # with a trailing slash
+    fd: int  # the folder, open for stat calls relative to it (-1 if it could not be opened)
     prefix: str
     raw_prefix: bytes
     lossless: bool
     label: str | None
 
 
+def _open_dir(path: bytes) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return -1
+
+
 def walk_unit(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[WalkedFile]:
     """Yield every selected regular file of a unit, in catalog order.
 
     Folders and (with --follow-symlinks) files are entered once by (device, inode), so
-    symlink loops end and no file is yielded twice.
+    symlink loops end and no file is yielded twice. Each folder is held open while its
+    files are yielded, so that callers can stat them relative to it: two processes
+    resolving full paths through the same parent folders contend in the kernel, and a
+    rescan is mostly stat calls.
     """
     exts = {b"." + e.lower().lstrip(".").encode() for e in options.extensions}
+    follow = options.follow_symlinks
     visited_dirs: set[tuple[int, int]] = set()
     seen_files: set[tuple[int, int]] = set()
-    if options.follow_symlinks:
+    if follow:
         st = os.stat(unit.folder)
         visited_dirs.add((st.st_dev, st.st_ino))
-    # An explicit stack of listings: no recursion limit on deep trees.
     folder = unit.folder if unit.folder.endswith(b"/") else unit.folder + b"/"
-    stack = [_Frame(iter(unit.children), folder, unit.prefix, unit.raw_prefix, unit.lossless, unit.label)]
-    while stack:
-        top = stack[-1]
-        child = next(top.children, None)
-        if child is None:
-            stack.pop()
-            continue
-        key = top.prefix + child.text
-        path = top.folder + child.name  # frames hold folders with a trailing slash
-        kind = child.kind
-        if kind == "dir" or kind == "link_dir":
-            if options.follow_symlinks:
+    # An explicit stack of listings: no recursion limit on deep trees.
+    stack = [
+        _Frame(iter(unit.children), folder, _open_dir(folder), unit.prefix, unit.raw_prefix, unit.lossless, unit.label)
+    ]
+    try:
+        while stack:
+            top = stack[-1]
+            child = next(top.children, None)
+            if child is None:
+                if top.fd >= 0:
+                    os.close(top.fd)
+                stack.pop()
+                continue
+            key = top.prefix + child.text
+            path = top.folder + child.name
+            kind = child.kind
+            if kind == "dir" or kind == "link_dir":
+                if follow:
+                    try:
+                        st = os.stat(path)
+                    except OSError as e:
+                        report.error(key, f"cannot stat folder: {e.strerror or e}")
+                        continue
+                    if (st.st_dev, st.st_ino) in visited_dirs:
+                        report.skipped += 1  # a symlink loop, or a second link to a folder we index
+                        continue
+                    visited_dirs.add((st.st_dev, st.st_ino))
+                listing = list_children(path, key + "/", options, report)
+                label = top.label if top.label is not None else child.text
+                raw = top.raw_prefix + child.name + b"/"
+                lossless = top.lossless and child.lossless
+                stack.append(_Frame(iter(listing), path + b"/", _open_dir(path), key + "/", raw, lossless, label))
+                continue
+            name = child.name
+            dot = name.rfind(b".")
+            if dot < 0 or name[dot:].lower() not in exts:
+                continue
+            if kind == "link_file":
                 try:
                     st = os.stat(path)
                 except OSError as e:
-                    report.error(key, f"cannot stat folder: {e.strerror or e}")
+                    report.error(key, f"broken symlink: {e.strerror or e}")
                     continue
-                if (st.st_dev, st.st_ino) in visited_dirs:
-                    report.skipped += 1  # a symlink loop, or a second link to a folder we index
+                if not stat.S_ISREG(st.st_mode):
+                    report.skipped += 1
                     continue
-                visited_dirs.add((st.st_dev, st.st_ino))
-            listing = list_children(path, key + "/", options, report)
-            label = top.label if top.label is not None else child.text
-            raw = top.raw_prefix + child.name + b"/"
-            stack.append(_Frame(iter(listing), path + b"/", key + "/", raw, top.lossless and child.lossless, label))
-            continue
-        name = child.name
-        dot = name.rfind(b".")
-        if dot < 0 or name[dot:].lower() not in exts:
-            continue
-        if kind == "link_file":
-            try:
-                st = os.stat(path)
-            except OSError as e:
-                report.error(key, f"broken symlink: {e.strerror or e}")
+            elif kind != "file":
+                report.skipped += 1  # a link we do not follow, a FIFO, socket or device: never opened
                 continue
-            if not stat.S_ISREG(st.st_mode):
-                report.skipped += 1
-                continue
-        elif kind != "file":
-            report.skipped += 1  # a link we do not follow, a FIFO, socket or device: never opened
-            continue
-        elif options.follow_symlinks:
-            try:
-                st = os.lstat(path)
-            except OSError as e:
-                report.error(key, f"cannot stat: {e.strerror or e}")
-                continue
-        if options.follow_symlinks:
-            ident = (st.st_dev, st.st_ino)
-            if ident in seen_files:
-                report.skipped += 1  # the same file reached through a second link
-                continue
-            seen_files.add(ident)
-        lossless = top.lossless and child.lossless
-        yield WalkedFile(
-            key,
-            None if lossless else top.raw_prefix + name,
-            path,
-            top.label if top.label is not None else "",
-        )
+            elif follow:
+                try:
+                    st = os.lstat(path)
+                except OSError as e:
+                    report.error(key, f"cannot stat: {e.strerror or e}")
+                    continue
+            if follow:
+                ident = (st.st_dev, st.st_ino)
+                if ident in seen_files:
+                    report.skipped += 1  # the same file reached through a second link
+                    continue
+                seen_files.add(ident)
+            lossless = top.lossless and child.lossless
+            yield WalkedFile(
+                key,
+                None if lossless else top.raw_prefix + name,
+                path,
+                top.label if top.label is not None else "",
+                name,
+                top.fd,
+            )
+    finally:
+        for frame in stack:  # the consumer stopped early: close the folders still open
+            if frame.fd >= 0:
+                os.close(frame.fd)
 
 
 def _excluded(key: str, name: str, patterns: tuple[str, ...]) -> bool:
