@@ -19,7 +19,7 @@ interpreter start-up is included for dlindex and for the Python baselines alike.
 Trees are generated (once, reused) by bench/make_trees.py under $DLINDEX_BENCH_DIR
 (default /tmp/dlindex-bench).  Needs root for drop_caches (cold case).
 
-  python bench/bench_scan.py                      # full run, ~15-20 min, writes docs
+  python bench/bench_scan.py                      # full run, ~8 min on a quiet machine, writes docs
   python bench/bench_scan.py --quick              # smoke test: small trees, 1 rep, no docs
   python bench/bench_scan.py --cases warm,cold --reps 5 --dlindex "python -m dlindex"
 """
@@ -68,6 +68,7 @@ class Run:
     maxrss_kb: int = 0  # ru_maxrss of the child and its reaped descendants (wait4)
     tree_peak_kb: int = 0  # sampled peak of the summed PSS of the whole process tree
     timed_out: bool = False
+    bg_cpus: float = 0.0  # CPUs' worth used by other processes during the run
 
     @property
     def json(self) -> dict:
@@ -125,11 +126,30 @@ def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | Non
     """Run one command in a fresh process; time it from the outside.
 
     measured: first wait for a quiet machine (QUIET); prep: then set the stage (caches), untimed.
+    A measured run during which other processes used more than QUIET.limit CPUs on average is
+    repeated (prep included), up to QUIET.retries times; the last attempt counts regardless.
     """
-    if measured:
-        QUIET.wait()
-    if prep is not None:
-        prep()
+    attempt = 0
+    while True:
+        quiet = QUIET.wait() if measured else True
+        if prep is not None:
+            prep()
+        r = _run_once(argv, env=env, cwd=cwd, timeout=timeout, sample_tree=sample_tree)
+        if not measured:
+            return r
+        # repeat only after a burst of load (the machine was quiet just before), not a steady one
+        disturbed = quiet and r.bg_cpus > QUIET.limit and r.wall < QUIET.retry_below_s
+        if not disturbed or attempt >= QUIET.retries or r.rc != 0:
+            QUIET.during.append(r.bg_cpus)
+            return r
+        attempt += 1
+        QUIET.repeated += 1
+        print(f"  (other processes used {r.bg_cpus:.2f} CPUs during a {r.wall:.2f}s run; repeating it)",
+              file=sys.stderr, flush=True)
+
+
+def _run_once(argv: list[str] | str, *, env: dict | None, cwd: str | Path | None, timeout: float,
+              sample_tree: bool) -> Run:
     r = Run(argv)
     # ru_maxrss from our own wait4() would be polluted: a child that this (big) process forks
     # inherits our RSS high-water mark until it execs.  /usr/bin/time forks from a tiny process.
@@ -139,6 +159,7 @@ def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | Non
         argv = ["/usr/bin/time", "-f", "%M", "-o", _tmpfile("rss"), *argv]
     out_f, err_f = (open(_tmpfile(n), "w+") for n in ("out", "err"))
     with out_f, err_f:
+        busy0, _ = _cpu_busy()
         t0 = time.perf_counter()
         p = subprocess.Popen(argv, shell=isinstance(argv, str), stdin=subprocess.DEVNULL, stdout=out_f,
                              stderr=err_f, env=env, cwd=cwd, start_new_session=True,
@@ -167,6 +188,10 @@ def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | Non
         stop.set()
         p.returncode = os.waitstatus_to_exitcode(status)
         r.rc, r.maxrss_kb = p.returncode, ru.ru_maxrss
+        # CPU used by everything else meanwhile: all CPU time on the machine minus the child's
+        busy1, _ = _cpu_busy()
+        others = (busy1 - busy0) / CLK_TCK - (ru.ru_utime + ru.ru_stime)
+        r.bg_cpus = max(0.0, others / r.wall) if r.wall > 0 else 0.0
         if gnu_time:
             try:
                 r.maxrss_kb = int(Path(_tmpfile("rss")).read_text().split()[-1])
@@ -213,32 +238,44 @@ def background_load(window: float = 0.5) -> float:
 class Quiet:
     """Before each measured run wait (up to max_wait s) until other processes use < limit CPUs."""
 
-    def __init__(self, max_wait: float, limit: float = 0.15):
-        self.max_wait, self.limit = max_wait, limit
+    def __init__(self, max_wait: float, limit: float = 0.15, retries: int = 2, retry_below_s: float = 20):
+        self.max_wait, self.limit, self.retries, self.retry_below_s = max_wait, limit, retries, retry_below_s
         self.loads: list[float] = []  # load seen right before each measured run
+        self.during: list[float] = []  # load by other processes during each measured run (kept ones)
+        self.repeated = 0
+        self.timeouts = 0  # waits in a row that ran out
         self.waited = 0.0
 
-    def wait(self) -> None:
+    def wait(self) -> bool:
+        """True when the machine went quiet.  After two waits in a row ran out (a steady load,
+        not a burst) only wait 5 s, until a wait succeeds again."""
         if self.max_wait <= 0:
-            return
+            return True
+        limit_s = self.max_wait if self.timeouts < 2 else min(5.0, self.max_wait)
         t0 = time.perf_counter()
         load = background_load()
-        while load > self.limit and time.perf_counter() - t0 < self.max_wait:
+        while load > self.limit and time.perf_counter() - t0 < limit_s:
             load = background_load()
         self.waited += time.perf_counter() - t0
         self.loads.append(load)
+        quiet = load <= self.limit
+        self.timeouts = 0 if quiet else self.timeouts + 1
+        return quiet
 
     def summary(self) -> str:
-        if not self.loads:
-            return "not checked (--max-wait-idle 0)"
-        busy = [x for x in self.loads if x > self.limit]
-        return (f"before each of the {len(self.loads)} measured runs, other processes used a median "
-                f"{statistics.median(self.loads):.2f} and at most {max(self.loads):.2f} CPUs; "
-                f"{len(busy)} run(s) started above {self.limit} CPUs after waiting "
-                f"(total wait {self.waited:.0f} s)")
+        if not self.during:
+            return "no measured runs"
+        busy = [x for x in self.during if x > self.limit]
+        before = (f"before each run waited up to {self.max_wait:.0f} s for them to go below {self.limit} CPUs "
+                  f"(total wait {self.waited:.0f} s); " if self.max_wait > 0 else "")
+        return (f"{before}during the {len(self.during)} measured runs other processes used a median "
+                f"{statistics.median(self.during):.2f} and at most {max(self.during):.2f} CPUs; "
+                f"{self.repeated} disturbed run(s) were repeated, {len(busy)} kept run(s) still saw "
+                f"> {self.limit} CPUs of other load")
 
 
 QUIET = Quiet(0)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- cache control
@@ -347,6 +384,12 @@ class Bench:
                 expect: dict | None = None, measured: bool = True, prep: Callable[[], None] | None = None) -> Run:
         if fresh:
             rm_db(db)
+            outer = prep
+
+            def prep() -> None:  # a repeated attempt must start from no catalog again
+                rm_db(db)
+                if outer is not None:
+                    outer()
         argv = self.scan_argv(root, db)
         self.note_cmd(case, shlex.join(argv))
         r = run(argv, env=self.dl_env, cwd=REPO, sample_tree=sample_tree, timeout=self.a.timeout,
@@ -413,7 +456,7 @@ class Bench:
     def case_warm(self) -> None:
         root, n = self.tree("big"), self.spec.big
         db = self.dbdir / "warm.db"
-        ts: dict[str, list[float]] = {"dlindex": [], "a": [], "b": []}
+        ts: dict[str, list[float]] = {"dlindex": [], "read_all": [], "xargs_cat": []}
         cat = f"find {q(root)} -type f -print0 | xargs -0 cat > /dev/null"
         prep = lambda: warm_data(root)  # noqa: E731
 
@@ -427,17 +470,17 @@ class Bench:
         def a() -> None:
             r = self.py("warm", "read_all.py", root, prep=prep)
             assert r.json["files"] == n, r.json
-            ts["a"].append(r.wall)
+            ts["read_all"].append(r.wall)
 
         def b() -> None:
-            ts["b"].append(self.shell("warm", cat, prep=prep).wall)
+            ts["xargs_cat"].append(self.shell("warm", cat, prep=prep).wall)
 
         for i in range(self.reps):
             for f in self.rotated(i, [dl, a, b]):
                 f()
-            self.say(f"warm rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  read_all {ts['a'][-1]:.2f}s  "
-                     f"find|xargs cat {ts['b'][-1]:.2f}s")
-        d, a_, b_ = med(ts["dlindex"]), med(ts["a"]), med(ts["b"])
+            self.say(f"warm rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  read_all {ts['read_all'][-1]:.2f}s  "
+                     f"find|xargs cat {ts['xargs_cat'][-1]:.2f}s")
+        d, a_, b_ = med(ts["dlindex"]), med(ts["read_all"]), med(ts["xargs_cat"])
         self.warm_scan_med = (d, n)
         lab = f"warm first scan, {n:,} files"
         self.rows.append(Row("warm", lab, d, n, "(a) os.open/read/close loop, 1 process", a_, a_ / d,
@@ -574,7 +617,7 @@ class Bench:
         for _ in range(self.a.slow_reps):
             rm_db(db)
             args = [root, db] + (["--max-seconds", str(self.a.naive_max_s)] if self.a.naive_max_s else [])
-            r = self.py("naive", "naive_index.py", *args, prep=lambda: warm_data(root))
+            r = self.py("naive", "naive_index.py", *args, prep=lambda: (rm_db(db), warm_data(root)))
             rm_db(db)
             out = r.json
             complete &= out["complete"]
@@ -667,17 +710,26 @@ class Bench:
         self.total = time.perf_counter() - self.t0
         self.fp_end = source_fingerprint()
         if self.fp_end != self.fp_start:
-            self.say("WARNING: dlindex/ sources changed during the run; the figures mix versions")
+            self.say("WARNING: dlindex/ sources changed during the run; the figures mix versions: "
+                     + ", ".join(changed_files(self.fp_start, self.fp_end)))
 
 
-def source_fingerprint() -> str:
-    """A hash of dlindex's sources, to notice when they change during a run."""
+def source_fingerprint() -> dict[str, str]:
+    """sha256 (12 hex) of each of dlindex's sources, to notice when they change during a run."""
     import hashlib
 
-    h = hashlib.sha256()
-    for f in sorted((REPO / "dlindex").rglob("*.py")):
-        h.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()[:12]
+    return {str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest()[:12]
+            for f in sorted((REPO / "dlindex").rglob("*.py"))}
+
+
+def fingerprint_text(fp: dict[str, str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def changed_files(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    return sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
 
 
 def default_dlindex() -> list[str]:
@@ -763,16 +815,25 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
     lines.append(f"- Machine load: {QUIET.summary()}.")
     lines += [f"- Check: {c}." for c in b.checks]
     if b.fp_end != b.fp_start:
-        lines.append(f"- **WARNING: the dlindex sources changed during this run** (fingerprint {b.fp_start} -> "
-                     f"{b.fp_end}); the figures mix versions, rerun on a quiet tree.")
+        ch = changed_files(b.fp_start, b.fp_end)
+        lines.append(f"- **WARNING: {len(ch)} dlindex source file(s) changed during this run** ("
+                     + ", ".join(ch[:6]) + (f" and {len(ch) - 6} more" if len(ch) > 6 else "")
+                     + "); the figures may mix versions.")
     else:
-        lines.append(f"- dlindex sources fingerprint (sha256 of dlindex/**/*.py): {b.fp_start}.")
+        lines.append(f"- dlindex sources fingerprint (sha256 over dlindex/**/*.py): {fingerprint_text(b.fp_start)}.")
     notes = [f"- {r.label}: {r.note}" for r in b.rows if r.note]
     lines += notes
+    shown = set()
+    for r in b.rows:  # every sample, so the spread behind each median is visible
+        if r.unit == "s" and r.samples and id(r.samples) not in shown:
+            shown.add(id(r.samples))
+            parts = [f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in r.samples.items()
+                     if isinstance(v, list) and v]
+            lines.append(f"- Samples (s), {r.case}: " + "; ".join(parts) + ".")
     lines += ["", "Reproduce (as root, from the repository root, in the venv):", "", "```sh",
               ". .venv/bin/activate && pip install -e . datasets   # datasets: benchmark-only",
               "python bench/make_trees.py" + (" --quick" if b.a.quick else "") + "   # once; reused while complete",
-              "python bench/bench_scan.py " + shlex.join(argv), "```", "",
+              ("python bench/bench_scan.py " + shlex.join(argv)).rstrip(), "```", "",
               "Exact commands of each case (`$W` = " + str(b.work) + "):", ""]
     for c, cmds in b.commands.items():
         lines.append(f"- {c}: " + "; ".join(f"`{x}`" for x in cmds))
@@ -807,8 +868,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, help="pass --workers N to dlindex scan (default: dlindex's own)")
     ap.add_argument("--cold-threads", default="8,32,64", help="thread counts for the cold raw-read baseline")
     ap.add_argument("--naive-max-s", type=float, default=600, help="cap the naive run, extrapolate (0: no cap)")
-    ap.add_argument("--max-wait-idle", type=float, default=60,
+    ap.add_argument("--max-wait-idle", type=float, default=30,
                     help="before each measured run wait up to this many s for other processes to go quiet (0: don't)")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="repeat a run (< 20 s) during which other processes used > 0.15 CPUs, up to N times")
     ap.add_argument("--timeout", type=float, default=1800, help="per-command timeout, s")
     ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--docs", help="markdown file to update (default docs/benchmarks.md; --quick: none)")
@@ -817,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     a.reps = a.reps or (1 if a.quick else 5)
     a.slow_reps = a.slow_reps or (1 if a.quick else 2)
     global QUIET
-    QUIET = Quiet(a.max_wait_idle)
+    QUIET = Quiet(a.max_wait_idle, retries=a.retries)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
     bad = [c for c in cases if c not in ALL_CASES]
     if bad:
@@ -831,7 +894,8 @@ def main(argv: list[str] | None = None) -> int:
     stamp = b.started.strftime("%Y%m%d-%H%M%S")
     raw = b.work / f"bench_scan-{stamp}.json"
     raw.write_text(json.dumps({"info": info, "argv": argv, "rows": [r.__dict__ for r in b.rows],
-                               "commands": b.commands}, indent=1, default=str))
+                               "commands": b.commands, "dlindex_sources": {"start": b.fp_start, "end": b.fp_end},
+                               "load_before": QUIET.loads, "load_during": QUIET.during}, indent=1, default=str))
     b.say(f"raw results: {raw}")
     docs = None if a.no_docs else (Path(a.docs) if a.docs else (None if a.quick else REPO / "docs" / "benchmarks.md"))
     if docs:

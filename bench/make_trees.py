@@ -89,7 +89,7 @@ def _pool_params(kind: str, n: int, seed: int) -> list[tuple]:
     """Deterministic (entry_seed, fmt, w, h, detail, nshapes, quality) for each pool entry."""
     rng = np.random.default_rng([seed, {"big": 1, "small": 2}[kind]])
     out = []
-    for i in range(n):
+    for _ in range(n):
         u = rng.random()
         if kind == "big":
             fmt = "JPEG" if u < 0.85 else ("PNG" if u < 0.95 else "WEBP")
