@@ -122,11 +122,12 @@ def m003_features(conn: sqlite3.Connection) -> None:
     # The feature cache (docs/concepts.md, "Feature cache"). Vectors go with their image:
     # `scan --prune` deletes image rows and ON DELETE CASCADE takes their vectors along,
     # and new content (a new xxh3_128) deletes the vectors computed from the old one.
+    # Vector sizes are checked by dlindex's one write path, not by a trigger: a trigger
+    # copies each 2 KiB row and made million-vector imports 25% slower (docs/design.md).
     for statement in _M003:
         conn.execute(statement)
 
 
-_VECTOR_BYTES = "(SELECT dim * CASE dtype WHEN 'float16' THEN 2 ELSE 4 END FROM feature_types WHERE name = NEW.feature_type)"
 _M003 = (
     """CREATE TABLE feature_types (
         name TEXT PRIMARY KEY,
@@ -151,13 +152,6 @@ _M003 = (
         failed_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
         PRIMARY KEY (image_id, feature_type)
     )""",
-    # Every write is checked against its type, whoever writes: little-endian dim x dtype bytes.
-    f"""CREATE TRIGGER image_features_check_insert BEFORE INSERT ON image_features
-        WHEN typeof(NEW.vector) != 'blob' OR length(NEW.vector) IS NOT {_VECTOR_BYTES}
-        BEGIN SELECT RAISE(ABORT, 'vector size does not match the dim and dtype of its feature type'); END""",
-    f"""CREATE TRIGGER image_features_check_update BEFORE UPDATE OF vector, feature_type ON image_features
-        WHEN typeof(NEW.vector) != 'blob' OR length(NEW.vector) IS NOT {_VECTOR_BYTES}
-        BEGIN SELECT RAISE(ABORT, 'vector size does not match the dim and dtype of its feature type'); END""",
     """CREATE TRIGGER image_features_stale AFTER UPDATE OF xxh3_128 ON image_metadata
         WHEN OLD.xxh3_128 IS NOT NEW.xxh3_128
         BEGIN

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "log": ("log", "app", True),
     "features": ("features", "app", True),
     "similar": ("similar", "similar", False),
+    "index": ("index", "index", False),
 }
 
 

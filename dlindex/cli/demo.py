@@ -13,7 +13,7 @@ from ..scan import ScanOptions, scan_tree
 from ..stats import catalog_stats
 from . import scan as scan_command
 from . import stats as stats_command
-from ._shared import handle_errors, stderr_console
+from ._shared import handle_errors, stderr_console, stdout_console
 
 
 @handle_errors
@@ -44,4 +44,18 @@ def demo(
     say(f"[bold]4. $ dlindex stats --db {shlex.quote(str(db))}[/]")
     with open_catalog(db) as catalog:
         stats_command._print(catalog_stats(catalog))
+    shards = folder / "shards"
+    say(f"[bold]5. $ dlindex export {shlex.quote(str(shards))} --format wds --split train=0.9,val=0.1 --shuffle --db {shlex.quote(str(db))}[/]")
+    from ..export import ExportOptions, export_catalog
+    from ..loader import WdsDataset
+
+    with open_catalog(db) as catalog:
+        exported = export_catalog(
+            catalog, shards, ExportOptions(format="wds", split="train=0.9,val=0.1", shuffle=True, overwrite=True)
+        )
+    stdout_console.print(f"exported {exported.samples} samples to {exported.shards} shards: {exported.splits}")
+    say("[bold]6. one batch back through dlindex.loader.WdsDataset[/] (what a DataLoader would get)")
+    dataset = WdsDataset(shards, split="train", decode=True)
+    batch = [item for _, item in zip(range(8), dataset)]
+    stdout_console.print("  " + ", ".join(f"{dataset.classes[label]} {image.size[0]}x{image.size[1]}" for image, label in batch))
     say(f"done. Try: dlindex stats --db {shlex.quote(str(db))} --json")

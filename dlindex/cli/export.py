@@ -1,0 +1,105 @@
+"""`dlindex export`: manifests or packed shards of the selected samples, plus index.json."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..catalog import Catalog
+from ..query import QuerySpec
+from ._shared import (
+    DbOption, JsonFlag, LabelOption, MinHeightOption, MinWidthOption, NoLogFlag, PerLabelOption, ProcessedOption,
+    ProcessingStatusOption, QuietFlag, SinceOption, StatusOption, UntilOption, handle_errors, human_bytes,
+    print_json, stdout_console,
+)  # fmt: skip
+
+
+class ExportFormat(str, Enum):
+    jsonl = "jsonl"
+    csv = "csv"
+    parquet = "parquet"
+    dali = "dali"
+    wds = "wds"
+    mds = "mds"
+
+
+@handle_errors
+def export(
+    out_dir: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Folder to write (made atomically), or to check with --verify.")],
+    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="jsonl, csv, parquet (manifests); dali (file lists); wds (WebDataset tars); mds (MosaicML Streaming).")] = ExportFormat.jsonl,
+    label: LabelOption = None,
+    status: StatusOption = None,
+    processed: ProcessedOption = None,
+    processing_status: ProcessingStatusOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    min_width: MinWidthOption = None,
+    min_height: MinHeightOption = None,
+    per_label: PerLabelOption = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N samples.", show_default=False)] = None,
+    shard_size: Annotated[int | None, typer.Option("--shard-size", min=1, help="At most N samples per shard.", show_default=False)] = None,
+    shard_bytes: Annotated[str | None, typer.Option("--shard-bytes", metavar="SIZE", help="Shards of at most SIZE (256MiB, 1GB). [default: 256MiB for wds, 64MiB for mds, one shard otherwise]", show_default=False)] = None,
+    shuffle: Annotated[bool, typer.Option("--shuffle", help="Seeded random sample order (else by id).")] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --shuffle and --per-label.")] = 0,
+    split: Annotated[str | None, typer.Option("--split", metavar="NAME=FRACTION,...", help="Stable splits by content hash, e.g. train=0.9,val=0.1.", show_default=False)] = None,
+    world_size: Annotated[int, typer.Option("--world-size", min=1, help="Split each split into W equal rank shares.")] = 1,
+    drop_last: Annotated[bool, typer.Option("--drop-last/--pad", help="Equal rank shares by dropping the remainder, or by repeating samples.")] = False,
+    features: Annotated[str | None, typer.Option("--features", metavar="TYPE", help="Add this type's vectors from the feature cache.", show_default=False)] = None,
+    absolute_paths: Annotated[bool, typer.Option("--absolute-paths", help="Absolute paths in manifests and metadata (else relative to file_root).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT_DIR (atomically).")] = False,
+    read_threads: Annotated[int, typer.Option("--read-threads", min=0, help="Read source images ahead with N threads (cold page cache; wds, mds).")] = 0,
+    verify: Annotated[bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")] = False,
+    as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Write manifests or packed shards (WebDataset, MDS, DALI lists) for training, with index.json.
+
+        dlindex export shards/ --format wds --split train=0.9,val=0.1 --shuffle --seed 1 --world-size 8
+    """
+    from tqdm import tqdm
+
+    from ..export import ExportOptions, export_catalog, verify_export
+
+    if verify:
+        with tqdm(unit="img", disable=True if quiet else None, desc="verify") as bar:
+            result = verify_export(out_dir, progress=bar.update)
+        if as_json:
+            print_json(result.as_dict())
+        elif not quiet:
+            stdout_console.print(f"[bold]checked[/] {out_dir}: {result.files} files, {result.samples} source images")
+        for line in result.problems:
+            typer.echo(line, err=True)
+        if not result.ok:
+            typer.echo(f"Error: {result.problem_count} problem(s) in {out_dir}", err=True)
+            raise typer.Exit(1)
+        return
+    if shard_size is not None and shard_bytes is not None:
+        raise typer.BadParameter("give --shard-size or --shard-bytes, not both", param_hint="'--shard-bytes'")
+    spec = QuerySpec(
+        labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),
+        processed=processed, processing_status=tuple(s.value for s in processing_status or ()),
+        since=since, until=until, min_width=min_width, min_height=min_height, per_label=per_label,
+        limit=limit, seed=seed, cache=False,
+    )  # fmt: skip
+    options = ExportOptions(
+        format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
+        split=split, world_size=world_size, drop_last=drop_last, features=features,
+        absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads,
+    )  # fmt: skip
+    with Catalog(db, log=not no_log) as catalog, tqdm(unit="img", disable=True if quiet else None) as bar:
+        summary = export_catalog(catalog, out_dir, options, progress=bar.update)
+    if as_json:
+        print_json(summary.as_dict())
+    elif not quiet:
+        splits = "  ".join(f"{k} {v}" for k, v in summary.splits.items())
+        stdout_console.print(
+            f"[bold]exported[/] {summary.samples} samples ({summary.format}) to {summary.out_dir}\n"
+            f"  {splits}  shards {summary.shards}  {human_bytes(summary.bytes)}  "
+            f"padded {summary.padded}  dropped {summary.dropped}\n  {summary.seconds:.2f} s",
+            highlight=False, markup=True,
+        )

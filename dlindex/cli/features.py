@@ -1,0 +1,231 @@
+"""`dlindex features compute|import|export|list|show|drop`: the feature cache."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..catalog import Catalog
+from ..errors import ExitCode
+from ..query import QuerySpec
+from ._output import FormatOption, emit_rows, resolve_format
+from ._shared import (
+    DbOption,
+    JsonFlag,
+    LabelOption,
+    MinHeightOption,
+    MinWidthOption,
+    NoLogFlag,
+    PerLabelOption,
+    ProcessedOption,
+    ProcessingStatusOption,
+    QuietFlag,
+    SinceOption,
+    StatusOption,
+    UntilOption,
+    handle_errors,
+    human_bytes,
+    print_json,
+    stderr_console,
+    stdout_console,
+)  # fmt: skip
+
+app = typer.Typer(
+    name="features",
+    help="Compute, import, export, list, show and drop per-image feature vectors.",
+    no_args_is_help=True,
+)
+
+
+class Dtype(str, Enum):
+    float32 = "float32"
+    float16 = "float16"
+
+
+TypeOption = Annotated[str, typer.Option("--type", "-t", metavar="NAME", help="Feature type name (letters, digits, _).", show_default=False)]
+DtypeOption = Annotated[Dtype | None, typer.Option("--dtype", help="Storage of a new type: float32, or float16 (half the size). [default: float32]", show_default=False)]
+
+
+def selection(
+    label: list[str] | None, status: list[Any] | None, processed: bool | None, processing_status: list[Any] | None,
+    since: str | None, until: str | None, min_width: int | None, min_height: int | None, **more: Any,
+) -> QuerySpec:
+    """The QuerySpec of the shared selection options (as `dlindex query` builds it)."""
+    return QuerySpec(
+        labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),
+        processed=processed, processing_status=tuple(s.value for s in processing_status or ()),
+        since=since, until=until, min_width=min_width, min_height=min_height, **more,
+    )  # fmt: skip
+
+
+@app.command("compute")
+@handle_errors
+def compute(
+    feature_type: TypeOption,
+    extractor: Annotated[str | None, typer.Option("--extractor", "-e", metavar="SPEC", help="colorhist, thumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).", show_default=False)] = None,
+    dtype: DtypeOption = None,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Extractor processes; 0 means one per CPU.")] = 0,
+    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")] = False,
+    label: LabelOption = None,
+    status: StatusOption = None,
+    processed: ProcessedOption = None,
+    processing_status: ProcessingStatusOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    min_width: MinWidthOption = None,
+    min_height: MinHeightOption = None,
+    per_label: PerLabelOption = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N samples selected.", show_default=False)] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label.")] = 0,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any sample failed.")] = False,
+    as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Compute vectors for the selected samples that have none yet (resumable, parallel).
+
+        dlindex features compute --type colorhist --label cat --workers 4
+    """
+    from tqdm import tqdm
+
+    from ..features import ComputeOptions, compute_features
+
+    spec = selection(label, status, processed, processing_status, since, until, min_width, min_height,
+                     per_label=per_label, limit=limit, seed=seed)  # fmt: skip
+    options = ComputeOptions(extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed)
+    with Catalog(db, log=not no_log) as catalog:
+        with tqdm(unit="img", disable=True if quiet else None, desc=feature_type, smoothing=0.1) as bar:
+            s = compute_features(catalog, feature_type, spec, options, progress=bar.update)
+    if as_json:
+        print_json(s.as_dict())
+    else:
+        stdout_console.print(
+            f"[bold]{s.feature_type}[/] ({s.extractor}, dim {s.dim or '-'}, {s.dtype})\n"
+            f"  selected {s.selected:,}  computed {s.computed:,}  failed {s.failed:,}\n"
+            f"  already done {s.already_done:,}  failed before {s.skipped_failed:,}\n"
+            f"  {s.seconds:.2f} s, {s.images_per_s:,.0f} images/s", highlight=False,
+        )  # fmt: skip
+    if not quiet:
+        for image_id, error in s.error_samples[:10]:
+            stderr_console.print(f"failed: id {image_id}: {error}", markup=False, highlight=False)
+        if s.failed > 10:
+            stderr_console.print(f"... and {s.failed - 10} more (dlindex query --processing-status failed -c id,path,error)", markup=False)
+    if strict and s.failed:
+        raise typer.Exit(ExitCode.PARTIAL)
+
+
+@app.command("import")
+@handle_errors
+def import_(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help=".npy (with --ids), .npz (ids, vectors), .parquet or .jsonl (id or file_path, vector).", show_default=False)],
+    feature_type: TypeOption,
+    ids: Annotated[Path | None, typer.Option("--ids", metavar="FILE", help="For .npy: sample ids, one per line, or an integer .npy.", show_default=False)] = None,
+    column: Annotated[str, typer.Option("--column", help="Vector column of Parquet and JSONL files.")] = "vector",
+    dtype: DtypeOption = None,
+    as_json: JsonFlag = False,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Store vectors computed elsewhere; all of them, or none if any is bad.
+
+        dlindex features import --type clip_b32 embeddings.npz
+    """
+    from ..features import import_features
+
+    with Catalog(db, log=not no_log) as catalog:
+        s = import_features(catalog, feature_type, file, ids_file=ids, column=column, dtype=dtype.value if dtype else None)
+    if as_json:
+        print_json(s.as_dict())
+    else:
+        stdout_console.print(
+            f"imported {s.imported:,} {s.feature_type} vectors (dim {s.dim}, {s.dtype}, {human_bytes(s.bytes)}) "
+            f"in {s.seconds:.2f} s, {s.mb_per_s:,.0f} MB/s", markup=False, highlight=False,
+        )  # fmt: skip
+
+
+@app.command("export")
+@handle_errors
+def export(
+    out: Annotated[Path, typer.Argument(metavar="OUT.npz", help="File to write (replaced atomically).", show_default=False)],
+    feature_type: TypeOption,
+    as_json: JsonFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Write a type's vectors to an .npz file with arrays ids and vectors.
+
+        dlindex features export --type colorhist colorhist.npz && python -c "import numpy; print(numpy.load('colorhist.npz')['vectors'].shape)"
+    """
+    from ..features import export_features
+
+    with Catalog(db) as catalog:
+        s = export_features(catalog, feature_type, out)
+    if as_json:
+        print_json(s.as_dict())
+    else:
+        stdout_console.print(f"wrote {s.vectors:,} vectors (dim {s.dim}, {s.dtype}) to {s.path}, {human_bytes(s.bytes)}", markup=False, highlight=False)
+
+
+@app.command("list")
+@handle_errors
+def list_(fmt: FormatOption = None, db: DbOption = None) -> None:
+    """Feature types with their dim, dtype, extractor and counts of vectors and failures.
+
+        dlindex features list --format jsonl | jq -r .name
+    """
+    from ..features import list_feature_types
+
+    with Catalog(db) as catalog:
+        infos = [info.as_dict() for info in list_feature_types(catalog)]
+    columns = ("name", "dim", "dtype", "extractor", "vectors", "failed", "version", "created_at")
+    emit_rows(infos, resolve_format(fmt), columns)
+
+
+@app.command("show")
+@handle_errors
+def show(
+    sample: Annotated[str, typer.Argument(metavar="ID|PATH", help="A sample id, or its path.", show_default=False)],
+    feature_type: Annotated[str | None, typer.Option("--type", "-t", metavar="NAME", help="Only this feature type.", show_default=False)] = None,
+    as_json: JsonFlag = False,
+    db: DbOption = None,
+) -> None:
+    """The vectors (and failures) of one sample.
+
+        dlindex features show 42 --type colorhist --json | jq '.vectors.colorhist.vector[:8]'
+    """
+    from ..features import show_features
+    from ..features.samples import resolve_sample
+
+    with Catalog(db) as catalog:
+        s = show_features(catalog, resolve_sample(catalog, sample), feature_type)
+    if as_json:
+        print_json(s.as_dict())
+        return
+    stdout_console.print(f"sample {s.id} ({s.label}, {s.status}, processing {s.processing_status or '-'})", markup=False, highlight=False)
+    for name, v in s.vectors.items():
+        head = ", ".join(f"{x:.4g}" for x in v["vector"][:8]) + (", ..." if len(v["vector"]) > 8 else "")
+        stdout_console.print(f"  {name}: dim {v['dim']} {v['dtype']} [{head}]", markup=False, highlight=False)
+    for name, f in s.failures.items():
+        stdout_console.print(f"  {name}: failed: {f['error']}", markup=False, highlight=False)
+    if not s.vectors and not s.failures:
+        stdout_console.print("  no vectors", markup=False)
+
+
+@app.command("drop")
+@handle_errors
+def drop(feature_type: TypeOption, as_json: JsonFlag = False, db: DbOption = None) -> None:
+    """Delete a feature type with all its vectors.
+
+        dlindex features drop --type colorhist && dlindex features compute --type colorhist
+    """
+    from ..features import drop_feature_type
+
+    with Catalog(db) as catalog:
+        s = drop_feature_type(catalog, feature_type)
+    if as_json:
+        print_json(s.as_dict())
+    else:
+        stdout_console.print(f"dropped {s.feature_type}: {s.vectors:,} vectors, {s.failed:,} failure records", markup=False)

@@ -1,0 +1,98 @@
+"""`dlindex similar`: exact nearest neighbours of samples by a feature type; rows on stdout."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, BinaryIO
+
+import typer
+
+from ..catalog import Catalog
+from ..errors import InputError
+from ._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
+from ._shared import (
+    DbOption,
+    LabelOption,
+    MinHeightOption,
+    MinWidthOption,
+    NoLogFlag,
+    ProcessedOption,
+    ProcessingStatusOption,
+    SinceOption,
+    StatusOption,
+    UntilOption,
+    handle_errors,
+)  # fmt: skip
+from .features import TypeOption, selection
+
+COLUMNS = ("query", "rank", "id", "distance", "label", "path")
+
+
+class Metric(str, Enum):
+    cosine = "cosine"
+    l2 = "l2"
+
+
+@handle_errors
+def similar(
+    feature_type: TypeOption,
+    target: Annotated[str | None, typer.Argument(metavar="[ID|PATH]", help="The sample to find neighbours of (or give --ids).", show_default=False)] = None,
+    k: Annotated[int, typer.Option("-k", "--top", min=1, help="Neighbours per query.")] = 10,
+    metric: Annotated[Metric, typer.Option("--metric", help="cosine (1 - cosine similarity) or l2 (Euclidean).")] = Metric.cosine,
+    other_labels: Annotated[bool, typer.Option("--other-labels", help="Only neighbours with a different label (hard negatives).")] = False,
+    ids: Annotated[Path | None, typer.Option("--ids", metavar="FILE", help="Batch mode: query ids, one per line; - reads stdin.", show_default=False)] = None,
+    label: LabelOption = None,
+    status: StatusOption = None,
+    processed: ProcessedOption = None,
+    processing_status: ProcessingStatusOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
+    min_width: MinWidthOption = None,
+    min_height: MinHeightOption = None,
+    fmt: FormatOption = None,
+    null: NullFlag = False,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Exact k nearest neighbours of a sample (or of many, with --ids) by a feature type.
+
+        dlindex similar cat/001.jpg --type colorhist -k 5 --other-labels --format paths
+    """
+    if (target is None) == (ids is None):
+        raise typer.BadParameter("give one sample (ID or PATH) or --ids FILE", param_hint="'ID|PATH'")
+    if null and fmt not in (None, OutputFormat.paths):
+        raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
+    from ..features import nearest
+    from ..features.samples import neighbour_rows, resolve_sample
+
+    spec = selection(label, status, processed, processing_status, since, until, min_width, min_height)
+    with Catalog(db, log=not no_log) as catalog:
+        queries = _read_ids(ids) if ids is not None else [resolve_sample(catalog, target or "")]
+        found = nearest(catalog, queries, feature_type, k=k, metric=metric.value, other_labels=other_labels, spec=spec)
+        out = OutputFormat.paths if null else resolve_format(fmt)
+        emit_rows(neighbour_rows(catalog, found), out, COLUMNS, null=null)
+
+
+def _read_ids(path: Path) -> list[int]:
+    if str(path) == "-":
+        return _parse_ids(sys.stdin.buffer, "stdin")
+    try:
+        with open(path, "rb") as stream:
+            return _parse_ids(stream, str(path))
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _parse_ids(stream: BinaryIO, path: str) -> list[int]:
+    ids = []
+    for number, line in enumerate(stream, start=1):
+        if line.strip():
+            try:
+                ids.append(int(line))
+            except ValueError:
+                raise InputError(f"{path}, line {number}: {line.strip()[:40]!r} is not a sample id") from None
+    if not ids:
+        raise InputError(f"{path} holds no ids")
+    return ids

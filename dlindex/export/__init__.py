@@ -1,0 +1,249 @@
+"""``dlindex export``: manifests and packed shards for GPU data loaders, and their index.json.
+
+    from dlindex import Catalog
+    from dlindex.export import ExportOptions, export_catalog, verify_export
+    with Catalog("train.db") as catalog:
+        summary = export_catalog(catalog, "out/", ExportOptions(format="wds", shuffle=True, seed=1))
+    assert verify_export("out/").ok
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..query import QuerySpec
+from .dali import write_dali
+from .files import OutputDir, hash_file
+from .manifest import _pyarrow, write_csv, write_jsonl, write_parquet
+from .mds import split_index, write_mds
+from .plan import ExportError, Plan, make_plan, parse_split, select_halves
+from .reader import INDEX, INDEX_VERSION, load_index, manifest_files, manifest_rows, source_path
+from .shards import Context, ShardInfo
+from .vectors import feature_source
+from .verify import VerifyResult, verify_export
+from .wds import write_wds
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+
+WRITERS: dict[str, Callable[[Context, Any, int], list[ShardInfo]]] = {
+    "jsonl": write_jsonl, "csv": write_csv, "parquet": write_parquet, "dali": write_dali,
+    "wds": write_wds, "mds": write_mds,
+}  # fmt: skip
+FORMATS = tuple(WRITERS)
+# Packed formats cut shards by size unless told otherwise (mds: streaming's own default).
+DEFAULT_SHARD_BYTES = {"wds": 256 << 20, "mds": 64 << 20}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.I)
+
+__all__ = [
+    "FORMATS", "ExportError", "ExportOptions", "ExportSummary", "VerifyResult", "export_catalog",
+    "load_index", "manifest_files", "manifest_rows", "parse_size", "parse_split", "source_path", "verify_export",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``dlindex export`` takes besides OUT_DIR; ``query`` holds the filters of ``dlindex query``.
+
+    Args:
+        shard_bytes: an int or text such as ``"256MiB"``, ``"1GB"``.
+        split: ``"train=0.9,val=0.1"`` or a mapping; assigned by content hash.
+        drop_last: with ``world_size`` > 1, drop the remainder instead of padding with repeats.
+        read_threads: read source files ahead with this many threads (cold caches, packed formats).
+    """
+
+    format: str = "jsonl"
+    query: QuerySpec = field(default_factory=QuerySpec)
+    shard_size: int | None = None
+    shard_bytes: int | str | None = None
+    shuffle: bool = False
+    seed: int = 0
+    split: Mapping[str, float] | str | None = None
+    world_size: int = 1
+    drop_last: bool = False
+    features: str | None = None
+    absolute_paths: bool = False
+    overwrite: bool = False
+    read_threads: int = 0
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    out_dir: str
+    format: str
+    samples: int  # written, repeats included
+    selected: int
+    dropped: int
+    padded: int
+    splits: dict[str, int]
+    shards: int
+    bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """Bytes from ``123``, ``"64MiB"``, ``"1.5GB"``, ``"500k"`` (K/M/G alone and KiB.. are powers of 1024)."""
+    if value is None or isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    if not match:
+        raise ExportError(f"size {value!r}: write a number of bytes with an optional unit, e.g. 256MiB or 1GB")
+    number, unit, binary, b = match.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    base = 1000 if (unit and b and not binary) else 1024
+    return int(float(number) * base**power)
+
+
+def export_catalog(
+    catalog: Catalog,
+    out_dir: str | os.PathLike[str],
+    options: ExportOptions | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> ExportSummary:
+    """Write an export of the selected samples to ``out_dir``, atomically; raise ExportError
+    (an InputError) before writing anything when an option or the selection is unusable.
+
+    Args:
+        progress: called with the number of samples written since the last call.
+    """
+    options = options or ExportOptions()
+    started = time.perf_counter()
+    fmt = options.format
+    if fmt not in WRITERS:
+        raise ExportError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
+    if fmt == "parquet":
+        _pyarrow()
+    split = parse_split(options.split)
+    shard_bytes = parse_size(options.shard_bytes)
+    if options.shard_size is not None and options.shard_size < 1:
+        raise ExportError(f"--shard-size must be at least 1, not {options.shard_size}")
+    if shard_bytes is not None and shard_bytes < 1:
+        raise ExportError(f"--shard-bytes must be at least 1 byte, not {options.shard_bytes}")
+    if options.shard_size is None and shard_bytes is None:
+        shard_bytes = DEFAULT_SHARD_BYTES.get(fmt)
+    if options.world_size < 1:
+        raise ExportError(f"--world-size must be at least 1, not {options.world_size}")
+    features = feature_source(catalog, options.features) if options.features else None
+    changes = catalog.changes()
+    rows, prepared, upper = select_halves(catalog, options.query, options.shuffle, options.seed)
+    plan = make_plan(
+        rows, prepared.labels or {}, prepared.roots or {}, only_labels=options.query.labels, split=split,
+        world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
+        stream=fmt != "dali",
+    )  # fmt: skip
+    del rows
+    target = Path(out_dir)
+    output = OutputDir(target, options.overwrite)
+    try:
+        ctx = Context.make(
+            plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
+            progress=progress, read_threads=options.read_threads, upper=upper if fmt == "jsonl" else None,
+        )  # fmt: skip
+        shards: list[ShardInfo] = []
+        numbers: Counter[str] = Counter()
+        for group in plan.groups:
+            written = WRITERS[fmt](ctx, group, numbers[group.split])
+            numbers[group.split] += len(written) // (2 if fmt == "dali" else 1)
+            shards.extend(written)
+        selected = plan.selected if plan.selected is not None else plan.samples
+        if not selected:
+            raise ExportError("no samples match the filters; nothing exported")
+        extra: list[dict[str, Any]] = []
+        if fmt == "mds":
+            for name, data in split_index(ctx, shards).items():
+                (output.tmp / name).write_bytes(data)
+                size, digest = hash_file(output.tmp / name)
+                extra.append({"file": name, "bytes": size, "xxh3_128": digest})
+        index = build_index(catalog, options, fmt, shard_bytes, changes, plan, selected, shards, extra, features)
+        (output.tmp / INDEX).write_bytes(index)
+        output.commit()
+    except BaseException:
+        output.abort()  # never leave a half export that looks whole
+        raise
+    total = sum(s.bytes for s in shards) + sum(f["bytes"] for f in extra) + len(index)
+    return ExportSummary(
+        out_dir=str(target), format=fmt, samples=plan.samples, selected=selected, dropped=plan.dropped,
+        padded=plan.padded, splits=_split_counts(plan), shards=len(shards), bytes=total,
+        seconds=round(time.perf_counter() - started, 3),
+    )  # fmt: skip
+
+
+def build_index(
+    catalog: Catalog, options: ExportOptions, fmt: str, shard_bytes: int | None, changes: int, plan: Plan,
+    selected: int, shards: list[ShardInfo], extra: list[dict[str, Any]], features: Any,
+) -> bytes:  # fmt: skip
+    """index.json: the only file with a wall-clock time in it ($SOURCE_DATE_EPOCH fixes it)."""
+    from .. import __version__
+
+    spec = options.query
+    counts: dict[str, Any] = {}
+    for group in plan.groups:
+        entry = counts.setdefault(group.split, {"samples": 0, "ranks": [], "labels": {}})
+        n = plan.tally.samples[(group.split, group.rank)]
+        entry["samples"] += n
+        entry["ranks"].append(n)
+    for (split, label), n in plan.tally.labels.items():
+        name = plan.labels[plan.label_index[label]]
+        counts[split]["labels"][name] = counts[split]["labels"].get(name, 0) + n
+    for entry in counts.values():
+        entry["labels"] = dict(sorted(entry["labels"].items()))
+    index = {
+        "dlindex_export": INDEX_VERSION,
+        "format": fmt,
+        "created_at": _created_at(),
+        "dlindex_version": __version__,
+        "catalog": {"path": os.fsdecode(os.path.abspath(catalog.path)), "changes": changes},
+        "filters": {
+            "labels": list(spec.labels), "status": list(spec.status), "processed": spec.processed,
+            "processing_status": list(spec.processing_status),
+            "since": None if spec.since is None else str(spec.since),
+            "until": None if spec.until is None else str(spec.until),
+            "min_width": spec.min_width, "min_height": spec.min_height, "per_label": spec.per_label,
+            "limit": spec.limit,
+        },
+        "options": {
+            "shuffle": options.shuffle, "seed": options.seed, "split": parse_split(options.split),
+            "world_size": options.world_size, "drop_last": options.drop_last and options.world_size > 1,
+            "shard_size": options.shard_size, "shard_bytes": shard_bytes, "features": options.features,
+            "absolute_paths": options.absolute_paths,
+        },
+        "file_root": os.fsdecode(plan.file_root.rstrip(b"/") or b"/"),
+        "labels": {str(k): name for k, name in enumerate(plan.labels)},
+        "features": None if features is None else {"name": features.name, "dtype": features.dtype, "dim": features.dim},
+        "counts": {
+            "samples": plan.samples, "selected": selected,
+            "dropped": plan.dropped, "padded": plan.padded, "splits": counts,
+        },
+        "shards": [s.as_dict() for s in shards],
+        "files": extra,
+    }  # fmt: skip
+    try:
+        text = json.dumps(index, indent=1, ensure_ascii=False)
+        return (text + "\n").encode()
+    except UnicodeEncodeError:
+        return (json.dumps(index, indent=1, ensure_ascii=True) + "\n").encode()
+
+
+def _created_at() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "").strip()
+    moment = datetime.fromtimestamp(int(epoch), timezone.utc) if epoch.isdigit() else datetime.now(timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _split_counts(plan: Plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for (split, _), n in plan.tally.samples.items():
+        out[split] = out.get(split, 0) + n
+    return out

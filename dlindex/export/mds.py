@@ -1,0 +1,128 @@
+"""MosaicML Streaming (MDS) shards, written without the library.
+
+Layout, as ``streaming.base.format.mds`` (version 2) reads it: each split is a folder
+``{split}/`` with ``shard.{n:05d}.mds`` files and streaming's own ``index.json``, so
+``StreamingDataset(local=OUT_DIR, split="train")`` reads it. A shard is: the sample count
+(uint32), n+1 sample offsets (uint32), the shard's config as JSON, then the samples; a sample
+is the sizes (uint32) of its variable-size columns followed by every column's bytes, columns
+in name order. Columns: ``id`` (int64), ``image`` (the original file bytes), ``ext``,
+``key``, ``label`` (int64 class index), ``json`` (metadata), and ``feature``
+(``ndarray:<dtype>:<dim>``) with ``--features``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+from .files import read_sources
+from .manifest import batches
+from .plan import ID, LABEL, Group, absolute_path
+from .shards import Context, Cutter, ShardInfo, json_maker, sample_key
+from .wds import extension
+
+VERSION = 2
+_NUMPY_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
+
+
+def columns(ctx: Context) -> dict[str, tuple[str, int | None]]:
+    """Column name -> (MDS encoding, fixed size or None), in name order."""
+    cols: dict[str, tuple[str, int | None]] = {
+        "ext": ("str", None), "id": ("int", 8), "image": ("bytes", None), "json": ("json", None),
+        "key": ("str", None), "label": ("int", 8),
+    }  # fmt: skip
+    if ctx.features is not None:
+        f = ctx.features
+        size = f.dim * int(f.dtype[-1])
+        cols["feature"] = (f"ndarray:{_NUMPY_DTYPES[f.dtype]}:{f.dim}", size)
+    return dict(sorted(cols.items()))
+
+
+def shard_config(cols: dict[str, tuple[str, int | None]], size_limit: int | None) -> dict[str, Any]:
+    return {
+        "column_encodings": [e for e, _ in cols.values()], "column_names": list(cols),
+        "column_sizes": [s for _, s in cols.values()], "compression": None, "format": "mds",
+        "hashes": [], "size_limit": size_limit, "version": VERSION,
+    }  # fmt: skip
+
+
+def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
+    make = json_maker(ctx)
+    index = ctx.plan.label_index
+    cols = columns(ctx)
+    config = shard_config(cols, ctx.shard_bytes)
+    config_bytes = json.dumps(config, sort_keys=True).encode()
+    cut = Cutter(ctx.shard_size, ctx.shard_bytes)
+    (ctx.out / group.split).mkdir(exist_ok=True)
+    shards: list[ShardInfo] = []
+    samples: list[bytes] = []
+    size = first = 0
+    j = 0
+
+    def flush() -> None:
+        nonlocal samples, size, first
+        name = f"{group.split}/shard.{number + len(shards):05d}.mds"
+        data = encode_shard(samples, config_bytes)
+        (ctx.out / name).write_bytes(data)
+        shards.append(ShardInfo(name, group.split, group.rank, len(samples), len(data), xxhash.xxh3_128_hexdigest(data), first))
+        first += len(samples)
+        samples, size = [], 0
+
+    overhead = 8 + len(config_bytes)
+    for batch, vectors in batches(group, ctx):
+        items = ((row, absolute_path(row, ctx.plan.roots)) for row in batch)
+        for row, path, data in read_sources(items, ctx.read_threads):
+            values = {
+                "ext": extension(row, path).encode(), "id": struct.pack("<q", row[ID]), "image": data,
+                "json": make(row).encode(), "key": sample_key(row, group, j).encode(),
+                "label": struct.pack("<q", index[row[LABEL]]),
+            }  # fmt: skip
+            if ctx.features is not None:
+                values["feature"] = vectors[row[ID]]
+            sample = encode_sample(cols, values)
+            if cut.full(len(samples), size + overhead, len(sample) + 4):
+                flush()
+            samples.append(sample)
+            size += len(sample) + 4
+            j += 1
+        ctx.tick(len(batch))
+    if samples:
+        flush()
+    return shards
+
+
+def encode_sample(cols: dict[str, tuple[str, int | None]], values: dict[str, bytes]) -> bytes:
+    sizes = [len(values[name]) for name, (_, fixed) in cols.items() if fixed is None]
+    return struct.pack(f"<{len(sizes)}I", *sizes) + b"".join(values[name] for name in cols)
+
+
+def encode_shard(samples: Sequence[bytes], config_bytes: bytes) -> bytes:
+    n = len(samples)
+    start = 4 + 4 * (n + 1) + len(config_bytes)
+    offsets = [start]
+    for sample in samples:
+        offsets.append(offsets[-1] + len(sample))
+    return struct.pack(f"<I{n + 1}I", n, *offsets) + config_bytes + b"".join(samples)
+
+
+def split_index(ctx: Context, shards: Sequence[ShardInfo]) -> dict[str, bytes]:
+    """streaming's index.json for each split folder, as bytes by file name."""
+    cols = columns(ctx)
+    out: dict[str, bytes] = {}
+    for split in ctx.plan.splits:
+        entries = []
+        for shard in shards:
+            if shard.split != split:
+                continue
+            entry = shard_config(cols, ctx.shard_bytes)
+            entry.update(
+                raw_data={"basename": shard.file.split("/", 1)[1], "bytes": shard.bytes, "hashes": {}},
+                samples=shard.samples, zip_data=None,
+            )
+            entries.append(entry)
+        out[f"{split}/index.json"] = json.dumps({"shards": entries, "version": VERSION}, sort_keys=True).encode()
+    return out

@@ -1,0 +1,282 @@
+"""Which samples an export holds and where each goes: selection, stable splits, order, ranks.
+
+The selection is ``dlindex query``'s (the same ``QuerySpec`` and SQL, run through
+``dlindex.query.prepare``); rows stay plain tuples (``ROW`` order below) because an export
+handles millions of them and a dict per row would cost more than the rest of the work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+from ..query import QuerySpec, prepare
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+
+# Positions in a row tuple; the query's own column names.
+ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "bytes", "xxh3_128")
+ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
+# Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
+# root and label maps; the rows themselves are read raw.
+_COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
+
+DEFAULT_SPLIT = "all"
+# A plain selection in id order can be read in two halves by two processes: the query's own
+# statement, cut at an id. SQLite flattens the subquery into a rowid range search.
+_LOWER = "SELECT * FROM ({query}) WHERE id <= :split_id"
+_UPPER = "SELECT * FROM ({query}) WHERE id > :split_id"
+_ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
+HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
+_SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+_UNIT = 2.0**64
+
+
+class ExportError(InputError):
+    """The export cannot be written as asked; nothing was left in OUT_DIR."""
+
+
+class Tally:
+    """Samples written per (split, rank) and per (split, catalog label id), counted as written."""
+
+    def __init__(self) -> None:
+        self.samples: Counter[tuple[str, int]] = Counter()
+        self.labels: Counter[tuple[str, int]] = Counter()
+
+    def add(self, split: str, rank: int, batch: Sequence[tuple[Any, ...]]) -> None:
+        self.samples[(split, rank)] += len(batch)
+        for label, n in Counter(map(itemgetter(LABEL), batch)).items():
+            self.labels[(split, label)] += n
+
+
+@dataclass(frozen=True)
+class Group:
+    """The samples of one split for one rank, in output order; the last ``padded`` repeat earlier ones.
+
+    ``rows`` is a list, or (a single group without splits or ranks) the query's rows as they
+    stream from SQLite, so a plain manifest of millions of rows is never held in memory.
+    """
+
+    split: str
+    rank: int
+    rows: Iterable[tuple[Any, ...]]
+    padded: int = 0
+    positions: Sequence[int] = ()  # each row's place in its split's padded list (unique keys for repeats)
+    tally: Tally | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    groups: tuple[Group, ...]
+    labels: tuple[str, ...]  # class index -> label name (sorted)
+    label_index: Mapping[int, int]  # catalog label id -> class index
+    roots: Mapping[int, bytes]  # root id -> absolute root path as bytes, ending with b"/"
+    file_root: bytes  # what relative paths are relative to (b"/" with absolute paths)
+    tally: Tally
+    selected: int | None  # rows the query returned (None while streaming: see tally)
+    dropped: int  # rows left out by --drop-last
+    padded: int  # repeats added by --pad
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(g.split for g in self.groups))
+
+    @property
+    def samples(self) -> int:
+        return sum(self.tally.samples.values())
+
+
+def parse_split(text: str | Mapping[str, float] | None) -> dict[str, float] | None:
+    """``"train=0.9,val=0.1"`` -> ``{"train": 0.9, "val": 0.1}``; fractions must add up to 1."""
+    if text is None:
+        return None
+    if isinstance(text, Mapping):
+        fractions = {str(k): float(v) for k, v in text.items()}
+    else:
+        fractions = {}
+        for part in (p.strip() for p in text.split(",")):
+            name, sep, value = part.partition("=")
+            try:
+                fraction = float(value)
+            except ValueError:
+                fraction = math.nan
+            if not sep or not name.strip() or math.isnan(fraction):
+                raise ExportError(f"--split {text!r}: write NAME=FRACTION pairs, e.g. train=0.9,val=0.1")
+            if name.strip() in fractions:
+                raise ExportError(f"--split {text!r}: {name.strip()!r} is named twice")
+            fractions[name.strip()] = fraction
+    for name, fraction in fractions.items():
+        if not _SPLIT_NAME.match(name):
+            raise ExportError(f"split name {name!r} must be letters, digits or _ (it becomes part of file names)")
+        if not 0 < fraction <= 1:
+            raise ExportError(f"split {name!r}: the fraction must be more than 0 and at most 1, not {fraction}")
+    if not fractions or abs(sum(fractions.values()) - 1) > 1e-6:
+        raise ExportError(f"split fractions must add up to 1, not {sum(fractions.values()):g}")
+    return fractions
+
+
+def select_rows(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> tuple[Iterator[tuple[Any, ...]], Any]:
+    """The rows of ``spec`` as ROW tuples, lazily: by id, or in the query's seeded random order."""
+    spec = replace(spec, columns=_COLUMNS, order="random" if shuffle else "id", cache=False)
+    if shuffle:
+        spec = replace(spec, seed=seed)
+    prepared = prepare(catalog, spec)
+    base = prepared.base
+    rows = catalog.read(prepared.sql, prepared.params)
+    if tuple(base) == ROW:
+        return rows, prepared
+    return map(itemgetter(*(base.index(c) for c in ROW)), rows), prepared
+
+
+@dataclass(frozen=True)
+class UpperHalf:
+    """The rows after ``split_id`` of a selection, for a second process to read and write."""
+
+    db: str
+    sql: str
+    params: Mapping[str, Any]
+
+
+def select_halves(
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int
+) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None]:
+    """Like select_rows, but a large plain selection in id order comes back as its lower half
+    plus the upper half's statement (None when the selection cannot be cut)."""
+    rows, prepared = select_rows(catalog, spec, shuffle, seed)
+    if shuffle or spec.per_label is not None or spec.limit is not None or tuple(prepared.base) != ROW:
+        return rows, prepared, None
+    low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+    if low is None or high - low < HALVES_MIN_IDS:
+        return rows, prepared, None
+    rows.close()  # type: ignore[attr-defined]  # never started: nothing was read
+    params = {**prepared.params, "split_id": (low + high) // 2}
+    lower = catalog.read(_LOWER.replace("{query}", prepared.sql), params)
+    upper = UpperHalf(os.fspath(os.path.abspath(catalog.path)), _UPPER.replace("{query}", prepared.sql), params)
+    return lower, prepared, upper
+
+
+def split_of(fractions: Mapping[str, float]) -> Any:
+    """A function from a row to its split name, by content hash: stable as the catalog grows."""
+    names = list(fractions)
+    bounds: list[float] = []
+    total = 0.0
+    for name in names:
+        total += fractions[name]
+        bounds.append(total * _UNIT)
+    bounds[-1] = _UNIT  # rounding never leaves a sample without a split
+    if len(names) == 2:
+        first, second = names
+        cut = bounds[0]
+        return lambda row: first if _point(row) < cut else second
+
+    def assign(row: tuple[Any, ...]) -> str:
+        point = _point(row)
+        for name, bound in zip(names, bounds):
+            if point < bound:
+                return name
+        return names[-1]
+
+    return assign
+
+
+def _point(row: tuple[Any, ...]) -> int:
+    # The top 64 bits of the XXH3-128 of the content: identical files always share a split,
+    # so a duplicate can never leak from train into val.
+    digest = row[HASH]
+    if digest:
+        try:
+            return int(digest[:16], 16)
+        except ValueError:
+            pass
+    return int(row[ID] * 0x9E3779B97F4A7C15) % (1 << 64)  # no hash (never for status ok): by id
+
+
+def make_plan(
+    rows: Iterable[tuple[Any, ...]],
+    labels: Mapping[int, str],
+    roots: Mapping[int, tuple[str, bytes]],
+    *,
+    only_labels: Sequence[str] = (),
+    split: Mapping[str, float] | None,
+    world_size: int,
+    drop_last: bool,
+    absolute_paths: bool,
+    stream: bool = True,
+) -> Plan:
+    """Arrange rows into groups. Without splits and ranks (and with ``stream``), the rows are
+    not read here: the one group streams them to the writer."""
+    if world_size < 1:
+        raise ExportError(f"--world-size must be at least 1, not {world_size}")
+    # Class indices: the labels the filter allows, sorted by name, whether or not a sample of
+    # each survives the other filters, so indices do not shift with --min-width or --limit.
+    wanted = set(only_labels)
+    names = sorted({name for name in labels.values() if not wanted or name in wanted})
+    index_of = {name: k for k, name in enumerate(names)}
+    label_index = {i: index_of[name] for i, name in labels.items() if name in index_of}
+    prefixes = {k: v[1] for k, v in roots.items()}
+    file_root = b"/" if absolute_paths else _common_root(list(prefixes.values()))
+    tally = Tally()
+    if not split and world_size == 1 and stream:
+        group = Group(DEFAULT_SPLIT, 0, rows, tally=tally)
+        return Plan((group,), tuple(names), label_index, prefixes, file_root, tally, None, 0, 0)
+    rows = list(rows)
+    if split:
+        assign = split_of(split)
+        by_split: dict[str, list[tuple[Any, ...]]] = {name: [] for name in split}
+        for row in rows:
+            by_split[assign(row)].append(row)
+    else:
+        by_split = {DEFAULT_SPLIT: rows}
+    groups: list[Group] = []
+    dropped = padded = 0
+    for name, members in by_split.items():
+        n = len(members)
+        if world_size > 1:
+            if drop_last:
+                keep = n // world_size * world_size
+                dropped += n - keep
+                members = members[:keep]
+            elif n % world_size:
+                extra = world_size - n % world_size
+                padded += extra
+                members = members + [members[i % n] for i in range(extra)]
+        total = len(members)
+        for rank in range(world_size):
+            # Strided like torch's DistributedSampler: every rank sees the whole order's spread.
+            positions = range(rank, total, world_size)
+            chunk = members[rank::world_size]
+            groups.append(Group(name, rank, chunk, sum(1 for p in positions if p >= n), positions, tally))
+    return Plan(tuple(groups), tuple(names), label_index, prefixes, file_root, tally, len(rows), dropped, padded)
+
+
+def _common_root(prefixes: Sequence[bytes]) -> bytes:
+    if not prefixes:
+        return b"/"
+    if len(prefixes) == 1:
+        return prefixes[0]
+    common = os.path.commonpath([p.rstrip(b"/") or b"/" for p in prefixes])
+    return common.rstrip(b"/") + b"/"
+
+
+def relative_prefixes(plan: Plan) -> dict[int, bytes]:
+    """Per root: what goes before a file_path to make the path an export writes."""
+    cut = 0 if plan.file_root == b"/" else len(plan.file_root)
+    return {k: prefix[cut:] for k, prefix in plan.roots.items()}
+
+
+def sample_path(row: tuple[Any, ...], prefixes: Mapping[int, bytes]) -> bytes:
+    raw = row[FILE_BYTES]
+    return prefixes[row[ROOT]] + (bytes(raw) if raw is not None else row[FILE].encode())
+
+
+def absolute_path(row: tuple[Any, ...], roots: Mapping[int, bytes]) -> bytes:
+    raw = row[FILE_BYTES]
+    return roots[row[ROOT]] + (bytes(raw) if raw is not None else row[FILE].encode())

@@ -1,0 +1,103 @@
+"""``dlindex export --verify``: an export is still what its index.json says it is.
+
+Every file index.json lists must exist with its size and XXH3-128; every source file a
+manifest (jsonl, csv, parquet, dali) refers to must exist with the hash the catalog had
+when the export was written. Packed formats (wds, mds) carry the image bytes themselves,
+so their shard checksums cover them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from .files import hash_file
+from .reader import load_index, manifest_files, manifest_rows, source_path
+
+MAX_PROBLEMS = 1000  # listed; all are counted
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    out_dir: str
+    format: str
+    files: int  # shard and index files checked
+    samples: int  # source files checked (manifest formats)
+    problems: tuple[str, ...]
+    problem_count: int
+
+    @property
+    def ok(self) -> bool:
+        return self.problem_count == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": self.out_dir, "format": self.format, "ok": self.ok, "files": self.files,
+            "samples": self.samples, "problems": self.problem_count, "first_problems": list(self.problems[:20]),
+        }  # fmt: skip
+
+
+def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], None] | None = None) -> VerifyResult:
+    """Check an export; raise ExportError only if OUT_DIR is not an export at all."""
+    index = load_index(out_dir)
+    root = Path(out_dir)
+    problems: list[str] = []
+    count = 0
+
+    def problem(text: str) -> None:
+        nonlocal count
+        count += 1
+        if len(problems) < MAX_PROBLEMS:
+            problems.append(text)
+
+    listed = [*index.get("shards", []), *index.get("files", [])]
+    for entry in listed:
+        path = root / entry["file"]
+        try:
+            size, digest = hash_file(path)
+        except FileNotFoundError:
+            problem(f"{entry['file']}: missing")
+            continue
+        except OSError as e:
+            problem(f"{entry['file']}: cannot read: {e.strerror}")
+            continue
+        if size != entry["bytes"]:
+            problem(f"{entry['file']}: {size} bytes, index.json says {entry['bytes']}")
+        elif digest != entry["xxh3_128"]:
+            problem(f"{entry['file']}: checksum differs from index.json")
+    samples = 0
+    for name in manifest_files(index):
+        if not (root / name).is_file():
+            continue  # already reported
+        seen: set[bytes] = set()
+        for row in manifest_rows(root, name):
+            path = source_path(index, row["path"])
+            if path in seen:
+                continue  # a --pad repeat
+            seen.add(path)
+            samples += 1
+            _check_source(path, row, problem)
+            if progress is not None:
+                progress(1)
+    return VerifyResult(str(out_dir), index.get("format", "?"), len(listed), samples, tuple(problems), count)
+
+
+def _check_source(path: bytes, row: dict[str, Any], problem: Callable[[str], None]) -> None:
+    shown = os.fsdecode(path)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            data = f.read()
+    except FileNotFoundError:
+        problem(f"{shown}: missing (id {row.get('id')})")
+        return
+    except OSError as e:
+        problem(f"{shown}: cannot read: {e.strerror}")
+        return
+    expected = row.get("xxh3_128")
+    if expected and xxhash.xxh3_128_hexdigest(data) != expected:
+        problem(f"{shown}: content changed since the export (id {row.get('id')}; hash differs from the catalog's)")

@@ -1,0 +1,81 @@
+"""The feature cache: per-image vectors by feature type, computed, imported and searched.
+
+    from dlindex import Catalog
+    from dlindex.features import compute_features, nearest
+    with Catalog("train.db") as catalog:
+        compute_features(catalog, "colorhist")
+        x = catalog.features([1, 2, 3], "colorhist")      # (3, 96) float32
+        neighbours = nearest(catalog, [1], "colorhist", k=10, other_labels=True)
+
+This package imports numpy (``import dlindex`` does not); names are imported from their
+modules on first use, so `dlindex similar` does not load the extraction pipeline.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> module that defines it
+_EXPORTS = {
+    "BUILTINS": "extractors",
+    "Extractor": "extractors",
+    "load_extractor": "extractors",
+    "ImportSummary": "importer",
+    "import_features": "importer",
+    "METRICS": "neighbours",
+    "Neighbour": "neighbours",
+    "load_matrix": "neighbours",
+    "nearest": "neighbours",
+    "ComputeOptions": "pipeline",
+    "ComputeSummary": "pipeline",
+    "compute_features": "pipeline",
+    "DropResult": "storage",
+    "ExportResult": "storage",
+    "FeatureType": "storage",
+    "FeatureTypeInfo": "storage",
+    "ImageFeatures": "storage",
+    "check_name": "storage",
+    "drop_feature_type": "storage",
+    "export_features": "storage",
+    "feature_vectors": "storage",
+    "get_type": "storage",
+    "list_feature_types": "storage",
+    "show_features": "storage",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'dlindex.features' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:
+    from .extractors import BUILTINS, Extractor, load_extractor
+    from .importer import ImportSummary, import_features
+    from .neighbours import METRICS, Neighbour, load_matrix, nearest
+    from .pipeline import ComputeOptions, ComputeSummary, compute_features
+    from .storage import (
+        DropResult,
+        ExportResult,
+        FeatureType,
+        FeatureTypeInfo,
+        ImageFeatures,
+        check_name,
+        drop_feature_type,
+        export_features,
+        feature_vectors,
+        get_type,
+        list_feature_types,
+        show_features,
+    )

@@ -1,0 +1,211 @@
+"""Extractors: a function from a PIL image to a 1-D vector, named by a spec string.
+
+Specs: a built-in name (``colorhist``, ``thumb``, ``dhash``); ``module:function`` or
+``path/to/file.py:function`` for your own; ``torch:MODEL_FILE`` (a model saved with
+``torch.export`` or TorchScript) or ``torchvision:MODEL:WEIGHTS_FILE`` for a torch model
+from local files (torch is optional and nothing is ever downloaded).
+The function receives the image as ``PIL.Image.open`` returns it (not yet decoded, so it
+may call ``draft()``), and returns anything ``numpy.asarray`` makes a 1-D real vector of.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from ..errors import InputError
+
+ExtractFn = Callable[[Image.Image], Any]
+
+
+@dataclass(frozen=True)
+class Extractor:
+    spec: str
+    fn: ExtractFn
+    dim: int | None = None  # known in advance for built-ins
+
+
+def colorhist(image: Image.Image) -> np.ndarray:
+    """96 values: a 32-bin histogram of each of R, G and B, each summing to 1."""
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    counts = np.array(image.histogram(), dtype=np.int64).reshape(3, 32, 8).sum(axis=2)
+    return (counts * (1.0 / max(1, image.width * image.height))).astype(np.float32).reshape(-1)
+
+
+def thumb(image: Image.Image) -> np.ndarray:
+    """256 values in [0, 1]: the image as a 16 x 16 grayscale thumbnail, row by row."""
+    image.draft("L", (64, 64))  # JPEG: decode at reduced scale, as Image.thumbnail does
+    small = image.convert("L").resize((16, 16), Image.Resampling.BOX)
+    return np.asarray(small, dtype=np.float32).reshape(-1) / 255.0
+
+
+def dhash(image: Image.Image) -> np.ndarray:
+    """64 values of 0 or 1: the difference hash (each pixel brighter than its right neighbour,
+    on a 9 x 8 grayscale thumbnail). L2 distance squared is the Hamming distance."""
+    image.draft("L", (64, 64))
+    small = np.asarray(image.convert("L").resize((9, 8), Image.Resampling.BOX), dtype=np.int16)
+    return (small[:, 1:] > small[:, :-1]).astype(np.float32).reshape(-1)
+
+
+BUILTINS: dict[str, Extractor] = {
+    "colorhist": Extractor("colorhist", colorhist, 96),
+    "thumb": Extractor("thumb", thumb, 256),
+    "dhash": Extractor("dhash", dhash, 64),
+}
+_SPEC_HELP = (
+    "expected a built-in (colorhist, thumb, dhash), module:function, path/to/file.py:function, "
+    "torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE"
+)
+
+
+def canonical_spec(spec: str) -> str:
+    """The spec as stored: file paths made absolute, so a rerun from elsewhere finds them."""
+    spec = spec.strip()
+    if spec.startswith("torch:"):
+        return "torch:" + _absolute(spec[len("torch:") :])
+    if spec.startswith("torchvision:"):
+        parts = spec.split(":", 2)
+        return ":".join(parts[:2] + [_absolute(parts[2])]) if len(parts) == 3 else spec
+    module_name, sep, attr = spec.rpartition(":")
+    if sep and module_name.endswith(".py"):
+        return f"{_absolute(module_name)}:{attr}"
+    return spec
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path) if path else path
+
+
+def load_extractor(spec: str) -> Extractor:
+    """Resolve a spec to its function now, in this process; InputError if it cannot be."""
+    spec = canonical_spec(spec)
+    if spec in BUILTINS:
+        return BUILTINS[spec]
+    if spec.startswith("torchvision:"):
+        return _torchvision(spec)
+    if spec.startswith("torch:"):
+        return _torch_file(spec)
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr.isidentifier():
+        raise InputError(f"bad extractor spec {spec!r}: {_SPEC_HELP}")
+    try:
+        module = _import(module_name)
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the user's module may raise anything on import
+        raise InputError(f"cannot import extractor {spec!r}: {type(e).__name__}: {e}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise InputError(f"cannot import extractor {spec!r}: {module_name} has no attribute {attr!r}")
+    if not callable(fn):
+        raise InputError(f"extractor {spec!r} is not callable")
+    return Extractor(spec, fn)
+
+
+def _import(module_name: str) -> Any:
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise InputError(f"cannot import extractor: no file {module_name}")
+        name = "dlindex_extractor_" + path.stem
+        loader = importlib.util.spec_from_file_location(name, path)
+        assert loader is not None and loader.loader is not None
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        loader.loader.exec_module(module)
+        return module
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the working folder import
+    return importlib.import_module(module_name)
+
+
+def _torchvision(spec: str) -> Extractor:
+    """``torchvision:resnet50:/models/resnet50.pth``: the model's penultimate layer (the
+    classifier replaced by identity), ImageNet preprocessing, weights from a local file."""
+    parts = spec.split(":", 2)
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise InputError(f"bad extractor spec {spec!r}: torchvision needs torchvision:MODEL:WEIGHTS_FILE")
+    model_name, weights = parts[1], parts[2]
+    torchvision = _import_optional("torchvision", spec)
+    if model_name not in torchvision.models.list_models():
+        raise InputError(f"torchvision has no model {model_name!r}")
+    _check_weights(weights)
+    return Extractor(spec, _TorchModel(lambda: _torchvision_model(model_name, weights)))
+
+
+def _torch_file(spec: str) -> Extractor:
+    """``torch:/models/encoder.pt2``: a model saved with ``torch.export.save`` (.pt2) or
+    ``torch.jit.save`` (TorchScript), taking a (1, 3, 224, 224) ImageNet-normalised batch;
+    its output, flattened, is the vector."""
+    path = spec.split(":", 1)[1]
+    if not path:
+        raise InputError(f"bad extractor spec {spec!r}: torch needs torch:MODEL_FILE")
+    _import_optional("torch", spec)
+    _check_weights(path)
+
+    def build() -> Any:
+        import torch
+
+        if path.endswith(".pt2"):
+            return torch.export.load(path).module()
+        return torch.jit.load(path, map_location="cpu").eval()
+
+    return Extractor(spec, _TorchModel(build))
+
+
+def _import_optional(name: str, spec: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except (ImportError, RuntimeError, OSError) as e:  # a torchvision built for another torch raises RuntimeError
+        raise InputError(f"extractor {spec!r} needs {name}, which cannot be imported ({e}); pip install 'dlindex[torch]'") from None
+
+
+def _check_weights(path: str) -> None:
+    if not os.path.isfile(path):
+        raise InputError(f"no model file {path}; dlindex never downloads weights, give a local file")
+
+
+class _TorchModel:
+    """A torch model applied to one image; built on first use, in the worker process."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build
+        self.net: Any = None
+
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        import torch
+
+        if self.net is None:
+            torch.set_num_threads(1)  # one worker process per core already
+            self.net = self.build()
+        rgb = np.asarray(image.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR), dtype=np.float32)
+        x = torch.from_numpy(np.ascontiguousarray(((rgb / 255.0 - _MEAN) / _STD).transpose(2, 0, 1)))
+        with torch.inference_mode():
+            return np.asarray(self.net(x.unsqueeze(0)).reshape(-1).numpy(), dtype=np.float32)
+
+
+_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # ImageNet statistics, per RGB channel
+_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+
+def _torchvision_model(model_name: str, weights: str) -> Any:
+    import torch
+    import torchvision
+
+    net = torchvision.models.get_model(model_name, weights=None)
+    net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    for head in ("fc", "classifier", "heads", "head"):
+        if hasattr(net, head):
+            setattr(net, head, torch.nn.Identity())  # the embedding, not the class scores
+            break
+    return net.eval()

@@ -1,0 +1,313 @@
+"""``features import``: vectors computed elsewhere, from .npy (+ ids file), .npz, Parquet or JSONL.
+
+Everything is read and checked first -- shape, dtype, finiteness, duplicate and unknown
+keys -- and only then written, in one transaction: an import stores all of its vectors or
+none of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..walk import display_name
+from .storage import DTYPES, check_name, create_type, find_type, set_dim, write_vectors
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+
+_ALL_IDS = "SELECT id FROM image_metadata ORDER BY id"
+_ROOTS = "SELECT id, path, path_bytes FROM roots"
+_BY_PATH = (
+    "SELECT image_metadata.id, image_metadata.root_id, staged.key FROM json_each(:paths) AS staged "
+    "JOIN roots JOIN image_metadata ON image_metadata.root_id = roots.id "
+    "AND image_metadata.file_path = json_extract(staged.value, '$[1]') "
+    "WHERE json_extract(staged.value, '$[0]') IS NULL OR json_extract(staged.value, '$[0]') = roots.id"
+)
+_CLEAR_FAILURE = "DELETE FROM feature_failures WHERE image_id = ? AND feature_type = ?"
+_ANY_FAILURE = "SELECT 1 FROM feature_failures WHERE feature_type = ? LIMIT 1"
+_CACHE_KIB = "SELECT * FROM pragma_cache_size"
+_MAX_CACHE_KIB = 256 * 1024
+_CHUNK = 65_536
+_PATH_CHUNK = 10_000
+FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
+
+
+@dataclass(frozen=True)
+class ImportSummary:
+    feature_type: str
+    file: str
+    created: bool
+    imported: int
+    dim: int
+    dtype: str
+    bytes: int
+    seconds: float
+    mb_per_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def import_features(
+    catalog: Catalog,
+    feature_type: str,
+    file: str | os.PathLike[str],
+    *,
+    ids_file: str | os.PathLike[str] | None = None,
+    column: str = "vector",
+    dtype: str | None = None,
+) -> ImportSummary:
+    """Store the vectors in ``file`` as ``feature_type``; all of them, or (InputError) none.
+
+    Args:
+        ids_file: for .npy only: the sample ids, one per line (text) or an integer .npy.
+        column: the vector column of Parquet and JSONL files.
+        dtype: float32 (default) or float16, for a new feature type.
+    """
+    started = time.perf_counter()
+    name = check_name(feature_type)
+    if dtype is not None and dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
+    existing = find_type(catalog, name)
+    if existing is not None and dtype is not None and dtype != existing.dtype:
+        raise InputError(f"feature type {name!r} stores {existing.dtype}, not {dtype}")
+    path = Path(file)
+    keys, vectors, by_path = _read(path, ids_file, column)
+    if vectors.ndim != 2:
+        raise InputError(f"{path}: vectors must be a 2-D array (n x dim), not shape {vectors.shape}")
+    if vectors.dtype.kind != "f":
+        raise InputError(f"{path}: vectors have dtype {vectors.dtype}; expected float16, float32 or float64")
+    n, dim = vectors.shape
+    if n == 0 or dim == 0:
+        raise InputError(f"{path} holds no vectors (shape {vectors.shape})")
+    if len(keys) != n:
+        raise InputError(f"{path}: {len(keys)} ids for {n} vectors")
+    if existing is not None and existing.dim is not None and existing.dim != dim:
+        raise InputError(f"{path}: vectors have dim {dim}; feature type {name!r} has dim {existing.dim}")
+    ids = _resolve_paths(catalog, keys, path) if by_path else np.asarray(keys, dtype=np.int64)
+    _check_ids(catalog, ids, path)
+    target = DTYPES[existing.dtype if existing else (dtype or "float32")]
+    _check_finite(vectors, ids, target, path)
+    size = n * dim * target.itemsize
+    with _page_cache(catalog, size), catalog.write_transaction() as conn:
+        if existing is None:
+            create_type(conn, name, target.name, "import", dim)
+        elif existing.dim is None:
+            set_dim(conn, name, dim)
+        ftype = find_type(catalog, name)
+        assert ftype is not None
+        write_vectors(conn, ftype, _rows(ids, vectors, target))
+        if conn.execute(_ANY_FAILURE, (name,)).fetchone():
+            conn.executemany(_CLEAR_FAILURE, ((int(i), name) for i in ids))
+    seconds = time.perf_counter() - started
+    return ImportSummary(
+        name, os.fspath(path), existing is None, n, dim, target.name, size, round(seconds, 3),
+        round(size / seconds / 1e6, 1) if seconds > 0 else 0.0,
+    )  # fmt: skip
+
+
+@contextmanager
+def _page_cache(catalog: Catalog, size: int) -> Iterator[None]:
+    """A page cache as large as the import (at most 256 MiB) while it runs: with SQLite's
+    default 2 MiB, index pages are spilled to the WAL and rewritten over and over (measured:
+    a 1,000,000-vector import 15-20% slower)."""
+    conn = catalog.conn
+    before = int(conn.execute(_CACHE_KIB).fetchone()[0])
+    kib = min(_MAX_CACHE_KIB, size // 1024 + 1024)
+    conn.execute(f"PRAGMA cache_size = {-int(kib)}")  # PRAGMA takes no parameters; an int
+    try:
+        yield
+    finally:
+        conn.execute(f"PRAGMA cache_size = {int(before)}")
+
+
+def _rows(ids: np.ndarray, vectors: np.ndarray, dtype: np.dtype[Any]) -> Iterator[tuple[int, memoryview]]:
+    width = vectors.shape[1] * dtype.itemsize
+    for start in range(0, len(ids), _CHUNK):
+        block = np.ascontiguousarray(vectors[start : start + _CHUNK], dtype=dtype)
+        raw = memoryview(block).cast("B")
+        for j, image_id in enumerate(ids[start : start + _CHUNK].tolist()):
+            yield image_id, raw[j * width : (j + 1) * width]
+
+
+def _read(path: Path, ids_file: str | os.PathLike[str] | None, column: str) -> tuple[Any, np.ndarray, bool]:
+    """(keys, vectors, keys are paths) from a file, by its suffix."""
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise InputError(f"cannot import {path}: expected one of {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise InputError(f"cannot read {path}: no such file")
+    if ids_file is not None and suffix != ".npy":
+        raise InputError("--ids is for .npy files; .npz, Parquet and JSONL files carry their own ids")
+    try:
+        if suffix == ".npy":
+            if ids_file is None:
+                raise InputError(f"{path} has no ids: give --ids FILE (one id per line, or an integer .npy)")
+            return _read_ids(Path(ids_file)), np.load(path, mmap_mode="r", allow_pickle=False), False
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as archive:
+                if "ids" not in archive or "vectors" not in archive:
+                    raise InputError(f"{path} must hold arrays named 'ids' and 'vectors', not {', '.join(archive.files)}")
+                ids = archive["ids"]
+                if ids.dtype.kind not in "iu" or ids.ndim != 1:
+                    raise InputError(f"{path}: 'ids' must be a 1-D integer array, not {ids.dtype} {ids.shape}")
+                return ids, archive["vectors"], False
+        if suffix == ".parquet":
+            return _read_parquet(path, column)
+        return _read_jsonl(path, column)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read {path}: {e}") from None
+
+
+def _read_ids(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise InputError(f"cannot read ids file {path}: no such file")
+    if path.suffix.lower() == ".npy":
+        ids = np.load(path, allow_pickle=False)
+        if ids.dtype.kind not in "iu" or ids.ndim != 1:
+            raise InputError(f"{path}: ids must be a 1-D integer array, not {ids.dtype} {ids.shape}")
+        return ids.astype(np.int64)
+    values = []
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    values.append(int(line))
+                except ValueError:
+                    raise InputError(f"{path}, line {number}: {line.strip()[:40]!r} is not a sample id") from None
+    return np.asarray(values, dtype=np.int64)
+
+
+def _read_parquet(path: Path, column: str) -> tuple[Any, np.ndarray, bool]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError("reading Parquet needs pyarrow: pip install 'dlindex[parquet]'") from None
+    names = pq.read_schema(path).names
+    key = "id" if "id" in names else "file_path" if "file_path" in names else None
+    if key is None or column not in names:
+        raise InputError(f"{path} needs an 'id' or 'file_path' column and a {column!r} column, has {', '.join(names)}")
+    table = pq.read_table(path, columns=[key, column])
+    vectors = table.column(column).combine_chunks()
+    if vectors.null_count:
+        raise InputError(f"{path}: {vectors.null_count} rows have no {column!r}")
+    import pyarrow as pa
+
+    if pa.types.is_fixed_size_list(vectors.type):
+        dim = vectors.type.list_size
+    elif pa.types.is_list(vectors.type) or pa.types.is_large_list(vectors.type):
+        lengths = np.diff(np.asarray(vectors.offsets))
+        if len(lengths) and (lengths != lengths[0]).any():
+            row = int(np.argmax(lengths != lengths[0]))
+            raise InputError(f"{path}: row {row + 1} has {lengths[row]} values, row 1 has {lengths[0]}")
+        dim = int(lengths[0]) if len(lengths) else 0
+    else:
+        raise InputError(f"{path}: column {column!r} is {vectors.type}, not a list of numbers")
+    values = vectors.flatten().to_numpy(zero_copy_only=False)
+    keys = table.column(key).to_pylist()
+    if any(k is None for k in keys):
+        raise InputError(f"{path}: some rows have no {key!r}")
+    return keys, values.reshape(len(keys), dim), key == "file_path"
+
+
+def _read_jsonl(path: Path, column: str) -> tuple[Any, np.ndarray, bool]:
+    keys: list[Any] = []
+    rows: list[Any] = []
+    by_path: bool | None = None
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise InputError(f"{path}, line {number}: not valid JSON ({e})") from None
+            if not isinstance(obj, dict) or column not in obj or ("id" not in obj and "file_path" not in obj):
+                raise InputError(f"{path}, line {number}: expected an object with \"id\" or \"file_path\" and {column!r}")
+            this_by_path = "id" not in obj
+            if by_path is not None and this_by_path != by_path:
+                raise InputError(f"{path}, line {number}: mixes \"id\" and \"file_path\" keys")
+            by_path = this_by_path
+            key = obj["file_path"] if by_path else obj["id"]
+            if by_path and (not isinstance(key, str) or not key):
+                raise InputError(f"{path}, line {number}: \"file_path\" must be a non-empty string")
+            if not by_path and (not isinstance(key, int) or isinstance(key, bool)):
+                raise InputError(f"{path}, line {number}: \"id\" must be an integer, not {key!r}")
+            vector = obj[column]
+            if not isinstance(vector, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vector):
+                raise InputError(f"{path}, line {number}: {column!r} must be a list of numbers")
+            if rows and len(vector) != len(rows[0]):
+                raise InputError(f"{path}, line {number}: {len(vector)} values, line 1 has {len(rows[0])}")
+            keys.append(key)
+            rows.append(vector)
+    return keys, np.asarray(rows, dtype=np.float64).reshape(len(rows), -1) if rows else np.zeros((0, 0)), bool(by_path)
+
+
+def _resolve_paths(catalog: Catalog, paths: list[str], source: Path) -> np.ndarray:
+    """Sample ids of paths: absolute, or relative to their root (unambiguous across roots)."""
+    roots = []
+    for known_root, text, raw in catalog.conn.execute(_ROOTS):
+        prefix = bytes(raw) if raw is not None else os.fsencode(text)
+        roots.append((prefix.rstrip(b"/") + b"/", int(known_root)))
+    roots.sort(key=lambda r: -len(r[0]))  # the deepest root wins
+    staged: list[tuple[int | None, str]] = []
+    for text in paths:
+        raw = os.fsencode(text)
+        root_id: int | None = None
+        if raw.startswith(b"/"):
+            match = next(((p, r) for p, r in roots if raw.startswith(p)), None)
+            if match is None:
+                raise InputError(f"{source}: {text!r} is under no scanned root")
+            raw, root_id = raw[len(match[0]) :], match[1]
+        staged.append((root_id, display_name(raw.removeprefix(b"./"))[0]))
+    ids = np.full(len(staged), -1, dtype=np.int64)
+    for start in range(0, len(staged), _PATH_CHUNK):
+        params = {"paths": json.dumps(staged[start : start + _PATH_CHUNK])}
+        for image_id, _, key in catalog.read(_BY_PATH, params):
+            at = start + int(key)
+            if ids[at] != -1:
+                raise InputError(f"{source}: {paths[at]!r} matches files under several roots; use the absolute path")
+            ids[at] = image_id
+    unknown = [p for p, i in zip(paths, ids.tolist()) if i == -1]
+    if unknown:
+        shown = ", ".join(repr(p) for p in unknown[:5])
+        raise InputError(f"{source}: {len(unknown)} path(s) not in the catalog: {shown}; nothing was imported")
+    return ids
+
+
+def _check_ids(catalog: Catalog, ids: np.ndarray, source: Path) -> None:
+    ordered = np.sort(ids)
+    dup = ordered[1:][ordered[1:] == ordered[:-1]]
+    if dup.size:
+        raise InputError(f"{source}: id {int(dup[0])} appears more than once; nothing was imported")
+    known = np.fromiter((row[0] for row in catalog.read(_ALL_IDS)), dtype=np.int64)
+    at = np.searchsorted(known, ordered)
+    at[at >= known.size] = 0
+    unknown = ordered[known[at] != ordered] if known.size else ordered
+    if unknown.size:
+        shown = ", ".join(str(i) for i in unknown[:10].tolist())
+        more = " ..." if unknown.size > 10 else ""
+        raise InputError(f"{source}: {unknown.size} unknown id(s): {shown}{more}; nothing was imported")
+
+
+def _check_finite(vectors: np.ndarray, ids: np.ndarray, dtype: np.dtype[Any], source: Path) -> None:
+    for start in range(0, len(vectors), _CHUNK):
+        with np.errstate(over="ignore", invalid="ignore"):
+            block = np.asarray(vectors[start : start + _CHUNK]).astype(dtype, copy=False)
+        finite = np.isfinite(block).all(axis=1)
+        if not finite.all():
+            row = start + int(np.argmin(finite))
+            raise InputError(
+                f"{source}: row {row + 1} (id {int(ids[row])}) has NaN or infinite values as {dtype.name}; "
+                "nothing was imported"
+            )

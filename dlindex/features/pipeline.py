@@ -1,0 +1,312 @@
+"""``features compute``: queue the selected samples, extract in worker processes, write in batches.
+
+The main process selects the samples that have no vector of the type yet (and no recorded
+failure, unless retried), marks them ``queued`` and is the single writer; forked workers
+decode images and run the extractor. Each batch of results is one transaction that stores
+the vectors and marks those samples ``completed`` (or ``failed``, with the error), so a
+kill at any moment leaves whole batches, and the next run computes exactly the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InputError, Interrupted
+from ..query import QuerySpec, query_rows
+from .extractors import Extractor, canonical_spec, load_extractor
+from .storage import (
+    DTYPES,
+    FeatureType,
+    check_name,
+    create_type,
+    find_type,
+    set_dim,
+    write_vectors,
+)
+from .workers import Pool, Results
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+
+_DONE = "SELECT image_id FROM image_features WHERE feature_type = ?"
+_FAILED = "SELECT image_id FROM feature_failures WHERE feature_type = ?"
+# Set-based: one statement per batch of ids (a JSON array), not one per sample.
+_QUEUE = (
+    "UPDATE image_metadata SET processing_status = 'queued', updated_at = CURRENT_TIMESTAMP "
+    "WHERE id IN (SELECT value FROM json_each(?))"
+)
+_COMPLETED = (
+    "UPDATE image_metadata SET processing_status = 'completed', "
+    "error = CASE WHEN status = 'ok' THEN NULL ELSE error END, updated_at = CURRENT_TIMESTAMP "
+    "WHERE id IN (SELECT value FROM json_each(?))"
+)
+_FAILED_STATUS = (
+    "UPDATE image_metadata SET processing_status = 'failed', error = ?, updated_at = CURRENT_TIMESTAMP WHERE id = ?"
+)
+_RECORD_FAILURE = """INSERT INTO feature_failures (image_id, feature_type, error) VALUES (?, ?, ?)
+    ON CONFLICT (image_id, feature_type) DO UPDATE SET error = excluded.error, failed_at = CURRENT_TIMESTAMP"""
+_CLEAR_FAILURES = (
+    "DELETE FROM feature_failures WHERE feature_type = ? AND image_id IN (SELECT value FROM json_each(?))"
+)
+_EXISTS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
+
+_FLUSH_ROWS = 1000
+_FLUSH_SECONDS = 0.5
+_QUEUE_CHUNK = 50_000
+
+
+@dataclass(frozen=True)
+class ComputeOptions:
+    """How to compute; ``extractor`` and ``dtype`` are needed only for a new feature type."""
+
+    extractor: str | None = None
+    dtype: str | None = None
+    workers: int = 0  # 0: one per CPU
+    batch_size: int = 64  # images per worker task: fewer wake-ups of the writer
+    retry_failed: bool = False
+
+
+@dataclass(frozen=True)
+class ComputeSummary:
+    feature_type: str
+    extractor: str
+    dim: int | None
+    dtype: str
+    selected: int
+    already_done: int
+    skipped_failed: int
+    computed: int
+    failed: int
+    seconds: float
+    images_per_s: float
+    interrupted: bool = False
+    error_samples: tuple[tuple[int, str], ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["error_samples"] = [{"id": i, "error": e} for i, e in self.error_samples]
+        return data
+
+
+def compute_features(
+    catalog: Catalog,
+    feature_type: str,
+    spec: QuerySpec | None = None,
+    options: ComputeOptions = ComputeOptions(),
+    progress: Callable[[int], None] | None = None,
+) -> ComputeSummary:
+    """Compute the vectors of ``feature_type`` for the samples ``spec`` selects (default: status
+    ok) that have none yet; see docs/commands/features.md.
+
+    Raises:
+        InputError: a bad name, spec or dtype, an unimportable extractor (nothing written).
+        Interrupted: Ctrl-C or SIGTERM, after committing what was finished.
+    """
+    started = time.perf_counter()
+    ftype, extractor = _prepare_type(catalog, check_name(feature_type), options)
+    rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
+    done = _ids(catalog, _DONE, ftype)
+    failed = _ids(catalog, _FAILED, ftype if not options.retry_failed else None)
+    todo: list[tuple[int, bytes]] = []
+    selected = already = 0
+    for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
+        ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
+        have, skip = _member(ids, done), _member(ids, failed)
+        selected += len(chunk)
+        already += int(have.sum())
+        todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip) if not leave)
+    if ftype is None or todo:
+        with catalog.write_transaction() as conn:
+            if ftype is None:
+                create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
+            for start in range(0, len(todo), _QUEUE_CHUNK):
+                conn.execute(_QUEUE, (json.dumps([i for i, _ in todo[start : start + _QUEUE_CHUNK]]),))
+    ftype = find_type(catalog, feature_type)
+    assert ftype is not None
+    writer = _Writer(catalog, ftype)
+    interrupted = False
+    restore = _raise_on_sigterm()
+    try:
+        if todo:
+            _run(todo, extractor, ftype, options, writer, progress or (lambda n: None))
+        writer.flush()
+    except KeyboardInterrupt:
+        interrupted = True
+        writer.flush()
+    finally:
+        restore()
+    seconds = time.perf_counter() - started
+    final = find_type(catalog, feature_type) or ftype
+    summary = ComputeSummary(
+        feature_type=ftype.name, extractor=ftype.extractor, dim=final.dim, dtype=ftype.dtype,
+        selected=selected, already_done=already, skipped_failed=selected - already - len(todo),
+        computed=writer.computed, failed=writer.failed, seconds=round(seconds, 3),
+        images_per_s=round((writer.computed + writer.failed) / seconds, 1) if seconds > 0 else 0.0,
+        interrupted=interrupted, error_samples=tuple(writer.errors),
+    )  # fmt: skip
+    if interrupted:
+        raise Interrupted(
+            f"features compute interrupted after {writer.computed} vectors were stored; "
+            "run the same command again to finish"
+        )
+    return summary
+
+
+def _ids(catalog: Catalog, sql: str, ftype: FeatureType | None) -> np.ndarray:
+    """Sorted ids from a per-type table (empty without a type)."""
+    if ftype is None:
+        return np.zeros(0, dtype=np.int64)
+    return np.sort(np.fromiter((r[0] for r in catalog.read(sql, (ftype.name,))), dtype=np.int64))
+
+
+def _member(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    if not sorted_ids.size:
+        return np.zeros(ids.size, dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
+    return sorted_ids[at] == ids
+
+
+def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
+    chunk: list[dict[str, Any]] = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _prepare_type(catalog: Catalog, name: str, options: ComputeOptions) -> tuple[FeatureType | None, Extractor]:
+    """The existing type (or None) and its extractor, resolved before anything is written."""
+    if options.dtype is not None and options.dtype not in DTYPES:
+        raise InputError(f"unknown dtype {options.dtype!r}; choose float32 or float16")
+    ftype = find_type(catalog, name)
+    if ftype is None:
+        spec = options.extractor or (name if name in ("colorhist", "thumb", "dhash") else None)
+        if spec is None:
+            raise InputError(
+                f"feature type {name!r} is new: give --extractor SPEC (colorhist, thumb, dhash, "
+                "module:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE)"
+            )
+        return None, load_extractor(spec)
+    if options.extractor is not None and canonical_spec(options.extractor) != ftype.extractor:
+        raise InputError(
+            f"feature type {name!r} was made with extractor {ftype.extractor!r}, not {options.extractor!r}; "
+            f"use another name, or dlindex features drop --type {name} first"
+        )
+    if options.dtype is not None and options.dtype != ftype.dtype:
+        raise InputError(f"feature type {name!r} stores {ftype.dtype}, not {options.dtype}")
+    if ftype.extractor == "import":
+        raise InputError(f"feature type {name!r} was imported; it has no extractor to compute with")
+    return ftype, load_extractor(ftype.extractor)
+
+
+def _run(
+    todo: list[tuple[int, bytes]],
+    extractor: Extractor,
+    ftype: FeatureType,
+    options: ComputeOptions,
+    writer: _Writer,
+    progress: Callable[[int], None],
+) -> None:
+    batches = deque(todo[i : i + options.batch_size] for i in range(0, len(todo), options.batch_size))
+    pool = Pool(max(1, options.workers or os.cpu_count() or 1), extractor, ftype.np_dtype)
+    try:
+        while batches or pool.inflight:
+            while batches and pool.inflight < 3 * len(pool.workers):
+                pool.submit(batches.popleft())
+            for results in pool.wait_any():
+                writer.add(results)
+                progress(len(results))
+            writer.maybe_flush()
+    except BaseException:
+        pool.close(abort=True)
+        raise
+    pool.close()
+
+
+class _Writer:
+    """The single writer: checks every vector against the type, commits batches of results."""
+
+    def __init__(self, catalog: Catalog, ftype: FeatureType) -> None:
+        self.catalog = catalog
+        self.ftype = ftype
+        self.pending: Results = []
+        self.computed = 0
+        self.failed = 0
+        self.errors: list[tuple[int, str]] = []
+        self._last_flush = time.monotonic()
+
+    def add(self, results: Results) -> None:
+        self.pending.extend(results)
+
+    def maybe_flush(self) -> None:
+        if len(self.pending) >= _FLUSH_ROWS or (self.pending and time.monotonic() - self._last_flush > _FLUSH_SECONDS):
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self.pending:
+            return
+        name = self.ftype.name
+        with self.catalog.write_transaction() as conn:
+            dim = self.ftype.dim
+            if dim is None:
+                first = next((blob for _, blob, _ in self.pending if blob is not None), None)
+                if first is not None:
+                    dim = len(first) // self.ftype.np_dtype.itemsize
+                    set_dim(conn, name, dim)
+            expected = None if dim is None else dim * self.ftype.np_dtype.itemsize
+            ids = [r[0] for r in self.pending]
+            alive = {r[0] for r in conn.execute(_EXISTS, (json.dumps(ids),))}  # pruned meanwhile?
+            ok: list[tuple[int, bytes]] = []
+            bad: list[tuple[int, str]] = []
+            for image_id, blob, error in self.pending:
+                if image_id not in alive:
+                    continue
+                if blob is not None and len(blob) != expected:
+                    got = len(blob) // self.ftype.np_dtype.itemsize
+                    error = f"extractor returned {got} values; feature type {name!r} has dim {dim}"
+                if error is None and blob is not None:
+                    ok.append((image_id, blob))
+                else:
+                    bad.append((image_id, error or "no vector"))
+            if ok:
+                write_vectors(conn, replace(self.ftype, dim=dim), ok)
+            done = json.dumps([i for i, _ in ok])
+            conn.execute(_CLEAR_FAILURES, (name, done))
+            conn.execute(_COMPLETED, (done,))
+            conn.executemany(_RECORD_FAILURE, ((i, name, e) for i, e in bad))
+            conn.executemany(_FAILED_STATUS, ((e, i) for i, e in bad))
+        self.ftype = replace(self.ftype, dim=dim)
+        self.pending.clear()
+        self.computed += len(ok)
+        self.failed += len(bad)
+        self.errors.extend(bad[: max(0, 20 - len(self.errors))])
+
+
+def _raise_on_sigterm() -> Callable[[], None]:
+    """SIGTERM behaves like Ctrl-C: stop, keep what is committed."""
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        return lambda: None
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore

@@ -1,0 +1,85 @@
+"""Naming samples on the command line (an id or a path) and describing them in output rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InputError
+from ..walk import display_name
+
+if TYPE_CHECKING:
+    from ..catalog import Catalog
+    from .neighbours import Neighbour
+
+_ROOTS = "SELECT id, path, path_bytes FROM roots"
+_BY_ID = "SELECT id FROM image_metadata WHERE id = ?"
+_BY_ROOT_PATH = "SELECT id FROM image_metadata WHERE root_id = ? AND file_path = ?"
+_BY_PATH = (
+    "SELECT image_metadata.id FROM roots JOIN image_metadata "
+    "ON image_metadata.root_id = roots.id AND image_metadata.file_path = ?"
+)
+_DESCRIBE = (
+    "SELECT image_metadata.id, labels.name, image_metadata.root_id, image_metadata.file_path, "
+    "image_metadata.file_path_bytes FROM image_metadata JOIN labels ON labels.id = image_metadata.label_id "
+    "WHERE image_metadata.id IN (SELECT value FROM json_each(?))"
+)
+_CHUNK = 10_000
+
+
+def _roots(catalog: Catalog) -> list[tuple[bytes, int]]:
+    prefixes = []
+    for root_id, text, raw in catalog.conn.execute(_ROOTS):
+        prefix = bytes(raw) if raw is not None else os.fsencode(text)
+        prefixes.append((prefix.rstrip(b"/") + b"/", int(root_id)))
+    return sorted(prefixes, key=lambda p: -len(p[0]))  # the deepest root wins
+
+
+def resolve_sample(catalog: Catalog, target: str) -> int:
+    """The id of a sample named by its id, its absolute path, or its path under its root."""
+    text = target.strip()
+    if text.isdigit():
+        if catalog.conn.execute(_BY_ID, (int(text),)).fetchone() is None:
+            raise InputError(f"no sample with id {text} in the catalog (a file named {text}? write ./{text})")
+        return int(text)
+    raw = os.fsencode(text)
+    if raw.startswith(b"/"):
+        raw = os.path.normpath(raw)
+        for prefix, root_id in _roots(catalog):
+            if raw.startswith(prefix):
+                row = catalog.conn.execute(_BY_ROOT_PATH, (root_id, display_name(raw[len(prefix) :])[0])).fetchone()
+                if row is not None:
+                    return int(row[0])
+        raise InputError(f"{text} is not in the catalog")
+    while raw.startswith(b"./"):
+        raw = raw[2:]
+    found = catalog.conn.execute(_BY_PATH, (display_name(raw)[0],)).fetchall()
+    if not found:
+        raise InputError(f"{text} is not in the catalog (give an id, or a path as dlindex query prints it)")
+    if len(found) > 1:
+        raise InputError(f"{text} is under several roots; give its absolute path or its id")
+    return int(found[0][0])
+
+
+def describe(catalog: Catalog, ids: Iterable[int]) -> dict[int, tuple[str, str]]:
+    """(label, absolute path) of each id."""
+    roots = {root_id: prefix for prefix, root_id in _roots(catalog)}
+    wanted = sorted(set(ids))
+    out: dict[int, tuple[str, str]] = {}
+    for start in range(0, len(wanted), _CHUNK):
+        chunk = json.dumps(wanted[start : start + _CHUNK])
+        for image_id, label, root_id, file_path, raw in catalog.read(_DESCRIBE, (chunk,)):
+            name = bytes(raw) if raw is not None else os.fsencode(file_path)
+            out[int(image_id)] = (label, os.fsdecode(roots.get(root_id, b"") + name))
+    return out
+
+
+def neighbour_rows(catalog: Catalog, results: Sequence[Sequence[Neighbour]]) -> Iterator[dict[str, Any]]:
+    """Output rows: query, rank, id, distance, label, path."""
+    info = describe(catalog, (n.id for answer in results for n in answer))
+    for answer in results:
+        for n in answer:
+            label, path = info.get(n.id, (None, None))
+            yield {"query": n.query, "rank": n.rank, "id": n.id, "distance": n.distance, "label": label, "path": path}
