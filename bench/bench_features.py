@@ -277,7 +277,7 @@ class Bench:
         n = len(paths)
         d, p, b = statistics.median(ours), statistics.median(plain), statistics.median(theirs)
         self.result(f"`features compute --extractor colorhist`, {n:,} images", f"{d:.1f} s ({n / d:,.0f} img/s)",
-                    f"Pillow decode, 2 processes: {b:.1f} s ({n / b:,.0f} img/s)", f"{b / d:.2f}x throughput",
+                    f"Pillow decode, 2 processes: {b:.1f} s ({n / b:,.0f} img/s)", f"{b / d:.3f}x throughput",
                     ">= 0.8x", b / d >= 0.8)  # fmt: skip
         self.result("the same with an extractor that only decodes (the pipeline's own overhead)",
                     f"{p:.1f} s ({n / p:,.0f} img/s)", f"the same: {b:.1f} s", f"{b / p:.2f}x throughput", "-", None)
@@ -417,6 +417,8 @@ class Bench:
             f"dlindex features import similar.npy --type emb --ids ids.npy --db similar.db   # {n:,} x {dim}, untimed",
             f"dlindex similar ID --type emb -k {k} --db similar.db --format jsonl",
             f"dlindex similar --ids queries.txt --type emb -k {k} --db similar.db --format jsonl   # {len(queries):,} ids",
+            f"python numpy_one.py similar.npy ids.npy ID; python numpy_batch.py similar.npy ids.npy queries.txt"
+            f"   # NUMPY_ONE, NUMPY_BATCH in {Path(__file__).name}",
         ]
 
     @staticmethod
