@@ -6,7 +6,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from ..advisor import Advice, Changes, Finding, apply_advice, list_indexes, revert_indexes, suggest_indexes
+
+from ..advisor import (
+    Advice,
+    Changes,
+    Finding,
+    apply_advice,
+    list_indexes,
+    revert_indexes,
+    suggest_indexes,
+)
 from ..catalog import Catalog
 from ._shared import human_bytes, print_json, stderr_console, stdout_console
 

@@ -6,8 +6,8 @@ import functools
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
@@ -88,3 +88,17 @@ UntilOption = Annotated[str | None, typer.Option("--until", help="Created before
 MinWidthOption = Annotated[int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)]
 MinHeightOption = Annotated[int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)]
 PerLabelOption = Annotated[int | None, typer.Option("--per-label", min=1, help="Class balance: at most N random samples per label (deterministic for a --seed).", show_default=False)]
+
+
+def selection(
+    label: list[str] | None, status: list[Any] | None, processed: bool | None, processing_status: list[Any] | None,
+    since: str | None, until: str | None, min_width: int | None, min_height: int | None, **more: Any,
+) -> Any:
+    """The QuerySpec of the shared selection options, as every selecting command builds it."""
+    from ..query import QuerySpec  # on use: scan and stats never select
+
+    return QuerySpec(
+        labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),
+        processed=processed, processing_status=tuple(s.value for s in processing_status or ()),
+        since=since, until=until, min_width=min_width, min_height=min_height, **more,
+    )  # fmt: skip

@@ -25,7 +25,9 @@ def demo(
 
         dlindex demo /tmp/demo --images 5000
     """
-    from ..demo import make_demo_tree  # Pillow's drawing code, needed by this command only
+    from ..demo import (
+        make_demo_tree,  # Pillow's drawing code, needed by this command only
+    )
 
     root = folder / "images"
     db = folder / "catalog.db"
@@ -37,7 +39,7 @@ def demo(
     with open_catalog(db, create=True) as catalog:
         summary = scan_tree(catalog, root, ScanOptions())
     scan_command._print_summary(summary)
-    say(f"[bold]3. $ dlindex scan ... again[/] (incremental: unchanged files cost one stat)")
+    say("[bold]3. $ dlindex scan ... again[/] (incremental: unchanged files cost one stat)")
     with open_catalog(db) as catalog:
         summary = scan_tree(catalog, root, ScanOptions())
     scan_command._print_summary(summary)

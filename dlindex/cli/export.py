@@ -9,11 +9,25 @@ from typing import Annotated
 import typer
 
 from ..catalog import Catalog
-from ..query import QuerySpec
 from ._shared import (
-    DbOption, JsonFlag, LabelOption, MinHeightOption, MinWidthOption, NoLogFlag, PerLabelOption, ProcessedOption,
-    ProcessingStatusOption, QuietFlag, SinceOption, StatusOption, UntilOption, handle_errors, human_bytes,
-    print_json, stdout_console,
+    DbOption,
+    JsonFlag,
+    LabelOption,
+    MinHeightOption,
+    MinWidthOption,
+    NoLogFlag,
+    PerLabelOption,
+    ProcessedOption,
+    ProcessingStatusOption,
+    QuietFlag,
+    SinceOption,
+    StatusOption,
+    UntilOption,
+    handle_errors,
+    human_bytes,
+    print_json,
+    selection,
+    stdout_console,
 )  # fmt: skip
 
 
@@ -80,12 +94,10 @@ def export(
         return
     if shard_size is not None and shard_bytes is not None:
         raise typer.BadParameter("give --shard-size or --shard-bytes, not both", param_hint="'--shard-bytes'")
-    spec = QuerySpec(
-        labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),
-        processed=processed, processing_status=tuple(s.value for s in processing_status or ()),
-        since=since, until=until, min_width=min_width, min_height=min_height, per_label=per_label,
-        limit=limit, seed=seed, cache=False,
-    )  # fmt: skip
+    spec = selection(
+        label, status, processed, processing_status, since, until, min_width, min_height,
+        per_label=per_label, limit=limit, seed=seed, cache=False,
+    )
     options = ExportOptions(
         format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
         split=split, world_size=world_size, drop_last=drop_last, features=features,

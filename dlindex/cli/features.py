@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
 from ..catalog import Catalog
 from ..errors import ExitCode
-from ..query import QuerySpec
 from ._output import FormatOption, emit_rows, resolve_format
 from ._shared import (
     DbOption,
@@ -29,6 +28,7 @@ from ._shared import (
     handle_errors,
     human_bytes,
     print_json,
+    selection,
     stderr_console,
     stdout_console,
 )  # fmt: skip
@@ -47,18 +47,6 @@ class Dtype(str, Enum):
 
 TypeOption = Annotated[str, typer.Option("--type", "-t", metavar="NAME", help="Feature type name (letters, digits, _).", show_default=False)]
 DtypeOption = Annotated[Dtype | None, typer.Option("--dtype", help="Storage of a new type: float32, or float16 (half the size). [default: float32]", show_default=False)]
-
-
-def selection(
-    label: list[str] | None, status: list[Any] | None, processed: bool | None, processing_status: list[Any] | None,
-    since: str | None, until: str | None, min_width: int | None, min_height: int | None, **more: Any,
-) -> QuerySpec:
-    """The QuerySpec of the shared selection options (as `dlindex query` builds it)."""
-    return QuerySpec(
-        labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),
-        processed=processed, processing_status=tuple(s.value for s in processing_status or ()),
-        since=since, until=until, min_width=min_width, min_height=min_height, **more,
-    )  # fmt: skip
 
 
 @app.command("compute")

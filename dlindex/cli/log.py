@@ -12,7 +12,14 @@ from rich.text import Text
 from ..catalog import Catalog
 from ..errors import InputError
 from ..logview import LogSummary, clear_log, import_log, log_summary
-from ._shared import DbOption, JsonFlag, handle_errors, print_json, stderr_console, stdout_console
+from ._shared import (
+    DbOption,
+    JsonFlag,
+    handle_errors,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
 
 app = typer.Typer(
     name="log",

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..catalog import Catalog
-from ..query import QuerySpec, explain
+from ..query import explain
 from ._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
 from ._shared import (
     DbOption,
@@ -24,6 +24,7 @@ from ._shared import (
     StatusOption,
     UntilOption,
     handle_errors,
+    selection,
 )
 
 
@@ -61,16 +62,11 @@ def query(
     if null and fmt not in (None, OutputFormat.paths):
         raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
     out = OutputFormat.paths if null else resolve_format(fmt)
-    spec = QuerySpec(
-        labels=tuple(label or ()),
-        status=tuple(s.value for s in status) if status else ("ok",),
-        processed=processed,
-        processing_status=tuple(s.value for s in processing_status or ()),
-        since=since, until=until, min_width=min_width, min_height=min_height,
+    spec = selection(
+        label, status, processed, processing_status, since, until, min_width, min_height,
         per_label=per_label, limit=limit, order=order.value, seed=seed,
-        columns=("path",) if out is OutputFormat.paths else columns,
-        cache=not no_cache,
-    )  # fmt: skip
+        columns=("path",) if out is OutputFormat.paths else columns, cache=not no_cache,
+    )
     with Catalog(db, log=not no_log) as catalog:
         if show_plan:
             explained = explain(catalog, spec)

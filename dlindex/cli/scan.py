@@ -11,7 +11,15 @@ from ..catalog import open_catalog
 from ..errors import ExitCode
 from ..scan import ScanOptions, ScanSummary, check_root, scan_tree
 from ..walk import DEFAULT_EXTENSIONS
-from ._shared import DbOption, JsonFlag, QuietFlag, handle_errors, print_json, stderr_console, stdout_console
+from ._shared import (
+    DbOption,
+    JsonFlag,
+    QuietFlag,
+    handle_errors,
+    print_json,
+    stderr_console,
+    stdout_console,
+)
 
 
 @handle_errors
@@ -51,7 +59,9 @@ def scan(
         force=force,
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
-    from tqdm import tqdm  # only scan shows a progress bar; keep other commands' start fast
+    from tqdm import (
+        tqdm,  # only scan shows a progress bar; keep other commands' start fast
+    )
 
     with open_catalog(db, create=True) as catalog:
         with tqdm(unit="img", disable=True if quiet else None, desc="scan", smoothing=0.1) as bar:

@@ -24,8 +24,9 @@ from ._shared import (
     StatusOption,
     UntilOption,
     handle_errors,
+    selection,
 )  # fmt: skip
-from .features import TypeOption, selection
+from .features import TypeOption
 
 COLUMNS = ("query", "rank", "id", "distance", "label", "path")
 

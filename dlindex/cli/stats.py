@@ -8,7 +8,15 @@ import typer
 
 from ..catalog import Catalog
 from ..stats import CatalogStats, SlowReport, catalog_stats, slow_queries
-from ._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, human_bytes, print_json, stdout_console
+from ._shared import (
+    DbOption,
+    JsonFlag,
+    NoLogFlag,
+    handle_errors,
+    human_bytes,
+    print_json,
+    stdout_console,
+)
 
 
 @handle_errors
