@@ -13,6 +13,7 @@ import csv
 import json
 import os
 import signal
+import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
@@ -28,9 +29,10 @@ from .probe import Probe, ProbeOptions
 from .treediff import DiffOptions, ToProbe, UnitDiff
 from .walk import DEFAULT_EXTENSIONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
-_UPSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
+_INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
         format, mode, bytes, mtime_ns, xxh3_128, status, error, warning)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+_UPSERT = _INSERT + """
     ON CONFLICT (root_id, file_path) DO UPDATE SET
         file_path_bytes = excluded.file_path_bytes, label_id = excluded.label_id,
         width = excluded.width, height = excluded.height, format = excluded.format,
@@ -306,16 +308,23 @@ class _Writer:
 
     def flush(self) -> None:
         if self.rows or self.missing or self.relabel:
-            upserts = [
-                (
+            new: list[tuple[object, ...]] = []
+            changed: list[tuple[object, ...]] = []
+            for p, item in self.rows:
+                row = (
                     self.root_id, p.key, item.raw, self.label_id(item.label), p.width, p.height,
                     p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning,
                 )  # fmt: skip
-                for p, item in self.rows
-            ]
+                (new if item.known_id is None else changed).append(row)
             relabels = [(self.label_id(name), row_id) for row_id, name in self.relabel]
             with self.catalog.write_transaction() as conn:
-                conn.executemany(_UPSERT, upserts)
+                try:
+                    # A plain INSERT costs two thirds of an upsert, and files the walk found
+                    # no row for are new unless another scan of this root raced us here.
+                    conn.executemany(_INSERT, new)
+                except sqlite3.IntegrityError:
+                    conn.executemany(_UPSERT, new)  # same transaction: rows inserted so far are updated
+                conn.executemany(_UPSERT, changed)
                 conn.executemany(_MARK_MISSING, ((i,) for i in self.missing))
                 conn.executemany(_RELABEL, relabels)
             self.rows.clear()

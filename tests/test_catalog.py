@@ -103,3 +103,37 @@ def test_reopening_does_not_migrate_again(db_path: Path) -> None:
     Catalog(db_path, create=True).close()
     with Catalog(db_path) as catalog:
         assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+
+
+def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(tmp_path: Path) -> None:
+    from dlindex.migrations import MIGRATIONS
+
+    db = tmp_path / "v4.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA foreign_keys = ON")
+    for migration in MIGRATIONS[:4]:
+        migration(conn)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 4")
+    conn.execute("INSERT INTO roots (path) VALUES ('/r')")
+    conn.execute("INSERT INTO labels (name) VALUES ('a')")
+    conn.execute("INSERT INTO image_metadata (root_id, file_path, label_id, processing_status) VALUES (1, 'a/1.png', 1, 'queued')")
+    conn.execute("INSERT INTO feature_types (name, dim, extractor) VALUES ('f', 1, 'x')")
+    conn.execute("INSERT INTO image_features (image_id, feature_type, vector) VALUES (1, 'f', x'0000803f')")
+    conn.execute("CREATE INDEX user_made ON image_metadata (status)")
+    reader = sqlite3.connect(db, isolation_level=None)  # open before the migration: must see the new schema
+    assert reader.execute("SELECT count(*) FROM image_metadata").fetchone() == (1,)
+
+    with Catalog(db) as catalog:
+        assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+        assert catalog.conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+        sql = catalog.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'image_metadata'").fetchone()[0]
+        assert " IN (" not in sql
+        assert catalog.conn.execute("SELECT count(*) FROM image_features").fetchone() == (1,)
+        assert catalog.conn.execute("SELECT name FROM sqlite_master WHERE name = 'user_made'").fetchone()
+
+    for bad in ("UPDATE image_metadata SET status = 'gone'", "UPDATE image_metadata SET processing_status = 'done'"):
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"):
+            reader.execute(bad)
+    reader.execute("UPDATE image_metadata SET status = 'missing', processing_status = NULL")
+    reader.close()

@@ -94,6 +94,30 @@ def test_touch_without_new_content_keeps_processed(image_tree: Path, db_path: Pa
     assert by_path(db_path)["cat/000.png"][6] == 1
 
 
+def test_rows_written_by_a_racing_scan_are_updated_not_duplicated(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """New files go in with a plain INSERT; if another scan inserted the same key after our walk,
+    the batch falls back to the upsert: ids and flags stay, nothing is duplicated or lost."""
+    from dlindex import treediff
+
+    scan(db_path, image_tree)
+    before = by_path(db_path)
+    conn = sqlite3.connect(db_path)
+    conn.execute("UPDATE image_metadata SET processed = 1")
+    conn.commit()
+    conn.close()
+    # Make the walk blind to the existing rows, as if they were written after it looked.
+    monkeypatch.setattr(treediff, "_ROWS_FROM", treediff._ROWS_FROM.replace("WHERE", "WHERE 0 AND"))
+    monkeypatch.setattr(treediff, "_ROWS_BETWEEN", treediff._ROWS_BETWEEN.replace("WHERE", "WHERE 0 AND"))
+    summary = scan(db_path, image_tree)
+    assert summary.new == len(before)
+    after = by_path(db_path)
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}  # same ids
+    assert {v[6] for v in after.values()} == {1}  # same content: processed kept
+    assert rows(db_path, "SELECT count(*) FROM image_metadata") == [(len(before),)]
+
+
 def test_missing_file_that_returns_is_ok_again_with_same_id(image_tree: Path, db_path: Path) -> None:
     scan(db_path, image_tree)
     target = image_tree / "cat" / "000.png"
