@@ -48,6 +48,8 @@ import make_trees as mt  # noqa: E402
 
 PY = sys.executable
 DLINDEX = [PY, "-m", "dlindex"]
+from common import compile_sources, write_section  # noqa: E402
+
 START, END = "<!-- bench_export:start -->", "<!-- bench_export:end -->"
 ALL_CASES = ["manifest", "pack", "read"]
 MANIFEST_ROWS = 1_000_000
@@ -401,20 +403,11 @@ def render(results: list[dict], meta: dict) -> str:
 
 
 def write_docs(path: Path, section: str) -> None:
-    if path.exists():
-        text = path.read_text()
-    else:
-        text = ("# Benchmarks\n\nFigures measured by the scripts in `bench/`. Each section is rewritten by the "
-                "script named in it; edit outside the marked sections only.\n")  # fmt: skip
-    if START in text and END in text:
-        pre, rest = text.split(START, 1)
-        text = pre + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(path, START, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:
+    compile_sources()  # time dlindex as pip installs it, with its bytecode
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small tree and catalog, 1 rep, no docs")
     ap.add_argument("--cases", default=",".join(ALL_CASES))

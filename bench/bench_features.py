@@ -57,6 +57,8 @@ from dlindex import Catalog, ScanOptions, scan_tree  # noqa: E402
 from dlindex.catalog import PAGE_SIZE  # noqa: E402
 from dlindex.features import nearest  # noqa: E402
 
+from common import compile_sources, write_section  # noqa: E402
+
 START, END = "<!-- bench_features:start -->", "<!-- bench_features:end -->"
 PY = sys.executable
 DL = [PY, "-m", "dlindex"]
@@ -465,21 +467,11 @@ def _blas() -> str:
 
 
 def write_docs(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else (
-        "# Benchmarks\n\nFigures measured by the scripts in `bench/`. Each section is rewritten by the "
-        "script named in it; edit outside the marked sections only.\n"
-    )  # fmt: skip
-    if START in text and END in text:
-        pre, rest = text.split(START, 1)
-        text = pre + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    tmp = path.with_name(path.name + ".tmp-bench-features")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # the other bench scripts may read it meanwhile
+    write_section(path, START, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:
+    compile_sources()  # time dlindex as pip installs it, with its bytecode
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="compute,import,similar")
     ap.add_argument("--reps", type=int, help="repetitions (default 3; --quick: 1)")

@@ -65,6 +65,8 @@ from dlindex import Catalog, QuerySpec  # noqa: E402
 from dlindex.query import prepare  # noqa: E402
 from dlindex.querylog import classify_plan, fingerprint  # noqa: E402
 
+from common import compile_sources, write_section  # noqa: E402
+
 START, END = "<!-- bench_index:start -->", "<!-- bench_index:end -->"
 PY = sys.executable
 SQLITE3 = shutil.which("sqlite3") or "/usr/bin/sqlite3"
@@ -350,6 +352,7 @@ def wait_idle(max_wait: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
+    compile_sources()  # time dlindex as pip installs it, with its bytecode
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, help="catalog rows (default 200,000; --quick: 60,000)")
     ap.add_argument("--labels", type=int, default=1_000)
@@ -544,17 +547,7 @@ def render(meta: dict[str, Any], ps: list[Pattern], timed: dict[str, Any], total
 
 
 def write_docs(path: Path, section: str) -> None:
-    """Replace our marked section (or append it), leaving every other section as it is."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if START in text and END in text:
-        pre, rest = text.split(START, 1)
-        post = rest.split(END, 1)[1]
-        text = pre + section + post
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_section(path, START, END, section)
 
 
 if __name__ == "__main__":

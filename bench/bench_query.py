@@ -52,6 +52,8 @@ sys.path.insert(0, str(REPO))
 
 from dlindex import Catalog  # noqa: E402
 
+from common import compile_sources, write_section  # noqa: E402
+
 START, END = "<!-- bench_query:start -->", "<!-- bench_query:end -->"
 PY = sys.executable
 # "24h" is resolved to a timestamp to the second when a query runs; a training script that
@@ -343,23 +345,11 @@ def render(meta: dict[str, Any], queries: list[dict[str, Any]], cli: dict[str, f
 
 
 def write_docs(path: Path, section: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        text = path.read_text()
-    else:
-        text = ("# Benchmarks\n\nFigures measured by the scripts in `bench/`. Each section is rewritten by the "
-                "script named in it; edit outside the marked sections only.\n")  # fmt: skip
-    if START in text and END in text:
-        pre, rest = text.split(START, 1)
-        text = pre + section + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    tmp = path.with_name(path.name + ".tmp-bench-query")
-    tmp.write_text(text)
-    os.replace(tmp, path)  # the other bench scripts may read it meanwhile
+    write_section(path, START, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:
+    compile_sources()  # time dlindex as pip installs it, with its bytecode
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, help="image rows (default 1,000,000; --quick: 100,000)")
     ap.add_argument("--labels", type=int, default=1000)

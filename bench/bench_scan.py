@@ -53,6 +53,8 @@ import make_trees as mt  # noqa: E402
 BASE = HERE / "baselines"
 PY = sys.executable
 ALL_CASES = ["warm", "cold", "rescan", "rss", "naive", "hf"]
+from common import compile_sources, write_section  # noqa: E402
+
 START, END = "<!-- bench_scan:start -->", "<!-- bench_scan:end -->"
 MB = 1e6
 
@@ -842,22 +844,11 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
 
 
 def write_docs(path: Path, section: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists():
-        text = path.read_text()
-    else:
-        text = ("# Benchmarks\n\nFigures measured by the scripts in `bench/`. Each section is rewritten by the "
-                "script named in it; edit outside the marked sections only.\n")
-    if START in text and END in text:
-        pre, rest = text.split(START, 1)
-        post = rest.split(END, 1)[1]
-        text = pre + section + post
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(path, START, END, section)
 
 
 def main(argv: list[str] | None = None) -> int:
+    compile_sources()  # time dlindex as pip installs it, with its bytecode
     argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small trees, 1 rep, no docs (smoke test)")

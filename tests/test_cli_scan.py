@@ -147,3 +147,36 @@ def test_subprocess_scan_has_no_progress_noise_off_a_terminal(image_tree: Path, 
     assert done.returncode == 0
     assert done.stderr == ""
     assert json.loads(done.stdout)["seen"] == 7
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from dlindex.cli._shared import progress_bar
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with progress_bar(False, desc="scan", unit="img", file=terminal) as update:
+        update(5)
+    assert "scan" in terminal.getvalue() and "5img" in terminal.getvalue()
+    with progress_bar(True, desc="quiet", file=terminal) as update:
+        update(5)
+    assert "quiet" not in terminal.getvalue()
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no bar, tqdm not needed
+    with progress_bar(False, desc="piped") as update:
+        update(5)
+
+
+def test_scan_json_start_up_imports_neither_rich_nor_tqdm(image_tree: Path, tmp_path: Path) -> None:
+    code = (
+        "import sys; from dlindex.cli import main; sys.argv = ['dlindex', 'scan', sys.argv[1], '--db', sys.argv[2], '--json']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print([m for m in ('rich.console', 'tqdm') if m in sys.modules], file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(image_tree), str(tmp_path / "c.db")], capture_output=True, text=True, timeout=120)
+    assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
+    assert json.loads(done.stdout)["seen"] == 7

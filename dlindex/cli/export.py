@@ -26,6 +26,7 @@ from ._shared import (
     handle_errors,
     human_bytes,
     print_json,
+    progress_bar,
     selection,
     stdout_console,
 )  # fmt: skip
@@ -75,13 +76,11 @@ def export(
 
         dlindex export shards/ --format wds --split train=0.9,val=0.1 --shuffle --seed 1 --world-size 8
     """
-    from tqdm import tqdm
-
     from ..export import ExportOptions, export_catalog, verify_export
 
     if verify:
-        with tqdm(unit="img", disable=True if quiet else None, desc="verify") as bar:
-            result = verify_export(out_dir, progress=bar.update)
+        with progress_bar(quiet, unit="img", desc="verify") as update:
+            result = verify_export(out_dir, progress=update)
         if as_json:
             print_json(result.as_dict())
         elif not quiet:
@@ -103,8 +102,8 @@ def export(
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads,
     )  # fmt: skip
-    with Catalog(db, log=not no_log) as catalog, tqdm(unit="img", disable=True if quiet else None) as bar:
-        summary = export_catalog(catalog, out_dir, options, progress=bar.update)
+    with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
+        summary = export_catalog(catalog, out_dir, options, progress=update)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:

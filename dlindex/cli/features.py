@@ -28,6 +28,7 @@ from ._shared import (
     handle_errors,
     human_bytes,
     print_json,
+    progress_bar,
     selection,
     stderr_console,
     stdout_console,
@@ -78,16 +79,14 @@ def compute(
 
         dlindex features compute --type colorhist --label cat --workers 4
     """
-    from tqdm import tqdm
-
     from ..features import ComputeOptions, compute_features
 
     spec = selection(label, status, processed, processing_status, since, until, min_width, min_height,
                      per_label=per_label, limit=limit, seed=seed)  # fmt: skip
     options = ComputeOptions(extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed)
     with Catalog(db, log=not no_log) as catalog:
-        with tqdm(unit="img", disable=True if quiet else None, desc=feature_type, smoothing=0.1) as bar:
-            s = compute_features(catalog, feature_type, spec, options, progress=bar.update)
+        with progress_bar(quiet, unit="img", desc=feature_type, smoothing=0.1) as update:
+            s = compute_features(catalog, feature_type, spec, options, progress=update)
     if as_json:
         print_json(s.as_dict())
     else:

@@ -17,6 +17,7 @@ from ._shared import (
     QuietFlag,
     handle_errors,
     print_json,
+    progress_bar,
     stderr_console,
     stdout_console,
 )
@@ -59,13 +60,9 @@ def scan(
         force=force,
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
-    from tqdm import (
-        tqdm,  # only scan shows a progress bar; keep other commands' start fast
-    )
-
     with open_catalog(db, create=True) as catalog:
-        with tqdm(unit="img", disable=True if quiet else None, desc="scan", smoothing=0.1) as bar:
-            summary = scan_tree(catalog, root, options, progress=bar.update)
+        with progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update:
+            summary = scan_tree(catalog, root, options, progress=update)
     if as_json:
         print_json(summary.as_dict())
     else:
