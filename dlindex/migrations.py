@@ -191,24 +191,28 @@ def m005_cheap_status_checks(conn: sqlite3.Connection) -> None:
 
     SQLite builds an ephemeral table for a constant IN list once per statement run, and
     ``executemany`` runs the INSERT once per row: those two CHECKs were half the cost of
-    every row a scan writes (measured in docs/benchmarks.md). The constraints accept exactly
-    the same values, so the stored rows stay valid and only the schema text changes: the
-    in-place edit SQLite's ALTER TABLE documentation describes for CHECK changes, in O(1)
-    instead of copying the table (which would also need foreign keys off to keep
-    image_features from cascading away).
+    every row a scan writes (docs/design.md). The constraints accept exactly the same
+    values, so the stored rows stay valid and only the schema text changes: the in-place
+    edit SQLite's ALTER TABLE documentation describes for CHECK changes, in O(1) instead of
+    copying the table (which would also need foreign keys off to keep image_features from
+    cascading away). The rewrite is only a speed-up: where the text is not what dlindex
+    wrote, or SQLite refuses schema edits (SQLITE_DBCONFIG_DEFENSIVE), it is skipped.
     """
     (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'image_metadata'").fetchone()
+    if not all(old in sql for old, _ in _M005_CHECKS):
+        return
     new_sql = sql
     for old, cheap in _M005_CHECKS:
-        if old not in new_sql:
-            raise sqlite3.DatabaseError(f"image_metadata does not have the expected constraint {old}")
         new_sql = new_sql.replace(old, cheap)
     (version,) = conn.execute("PRAGMA schema_version").fetchone()
     conn.execute("PRAGMA writable_schema = ON")
     try:
-        conn.execute(
-            "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'image_metadata'", (new_sql,)
-        )
+        try:
+            conn.execute(
+                "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'image_metadata'", (new_sql,)
+            )
+        except sqlite3.DatabaseError:
+            return  # schema edits refused: the slower constraints stay, and still hold
         # Other connections re-read the schema when they see the new version; PRAGMA takes
         # no parameters, and this is an integer read from SQLite itself.
         conn.execute(f"PRAGMA schema_version = {int(version) + 1}")

@@ -137,3 +137,28 @@ def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(t
             reader.execute(bad)
     reader.execute("UPDATE image_metadata SET status = 'missing', processing_status = NULL")
     reader.close()
+
+
+def test_version_4_catalog_with_edited_constraints_is_migrated_without_the_rewrite(tmp_path: Path) -> None:
+    from dlindex.migrations import MIGRATIONS
+
+    db = tmp_path / "v4-edited.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for migration in MIGRATIONS[:4]:
+        migration(conn)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 4")
+    (sql,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'image_metadata'").fetchone()
+    edited = sql.replace("'corrupt', 'missing'", "'corrupt','missing'")
+    (version,) = conn.execute("PRAGMA schema_version").fetchone()
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = 'image_metadata'", (edited,))
+    conn.execute(f"PRAGMA schema_version = {version + 1}")
+    conn.execute("PRAGMA writable_schema = OFF")
+    conn.close()
+
+    with Catalog(db) as catalog:  # opens: the rewrite is a speed-up, not a requirement
+        assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+        sql_after = catalog.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'image_metadata'").fetchone()[0]
+        assert sql_after == edited
+        assert catalog.conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
