@@ -84,8 +84,9 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     unchanged = seen = 0
     # known: (file_path, id, bytes, mtime_ns, status, label_id); the hot loop stays flat.
     known = next(cursor, None)
-    for item in walk_unit(unit, options.walk, diff.report):
-        key = item.key
+    lstat = os.lstat
+    label_name, label_id = None, None  # consecutive files share a label: look it up once
+    for key, raw, path, label, name, dir_fd in walk_unit(unit, options.walk, diff.report):
         while known is not None and known[0] < key:
             if known[4] != "missing":
                 missing.append((known[1], known[0]))
@@ -94,23 +95,26 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
         if known is not None and known[0] == key:
             match, known = known, next(cursor, None)
         seen += 1
-        label = overrides.get(key, item.label) if overrides else item.label
+        if overrides:
+            label = overrides.get(key, label)
         if match is not None and not force and match[4] != "missing":
             try:
                 if follow:
-                    st = os.stat(item.path)
-                elif item.dir_fd >= 0:
-                    st = os.lstat(item.name, dir_fd=item.dir_fd)  # no walk of the full path
+                    st = os.stat(path)
+                elif dir_fd >= 0:
+                    st = lstat(name, dir_fd=dir_fd)  # no walk of the full path
                 else:
-                    st = os.lstat(item.path)
+                    st = lstat(path)
             except OSError:
                 st = None  # let the probe report what is wrong with it
             if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:
                 unchanged += 1
-                if labels.get(label) != match[5]:
+                if label != label_name:
+                    label_name, label_id = label, labels.get(label)
+                if label_id != match[5]:
                     relabel.append((match[1], label))
                 continue
-        to_probe.append(ToProbe(item.path, key, label, item.raw, match[1] if match else None))
+        to_probe.append(ToProbe(path, key, label, raw, match[1] if match else None))
     while known is not None:
         if known[4] != "missing":
             missing.append((known[1], known[0]))
