@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import sqlite3
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from .catalog import Catalog
 from .errors import InputError, Interrupted
 from .pool import WorkerPool
 from .probe import Probe, ProbeOptions
+from .signals import sigterm_as_interrupt
 from .treediff import DiffOptions, ToProbe, UnitDiff
 from .walk import DEFAULT_EXTENSIONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
@@ -142,7 +142,7 @@ def scan_tree(
     counts = _Counts()
     writer = _Writer(catalog, root_id)
     interrupted = False
-    restore = _raise_on_sigterm()
+    restore = sigterm_as_interrupt()
     try:
         _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress).run()
         writer.flush()
@@ -400,16 +400,3 @@ def _alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _raise_on_sigterm() -> Callable[[], None]:
-    """SIGTERM behaves like Ctrl-C: stop, keep what is committed, record the interruption."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, previous)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..errors import InputError, Interrupted
 from ..query import QuerySpec, query_rows
+from ..signals import sigterm_as_interrupt
 from .extractors import Extractor, canonical_spec, load_extractor
 from .storage import (
     DTYPES,
@@ -134,7 +134,7 @@ def compute_features(
     assert ftype is not None
     writer = _Writer(catalog, ftype)
     interrupted = False
-    restore = _raise_on_sigterm()
+    restore = sigterm_as_interrupt()
     try:
         if todo:
             _run(todo, extractor, ftype, options, writer, progress or (lambda n: None))
@@ -293,20 +293,3 @@ class _Writer:
         self.computed += len(ok)
         self.failed += len(bad)
         self.errors.extend(bad[: max(0, 20 - len(self.errors))])
-
-
-def _raise_on_sigterm() -> Callable[[], None]:
-    """SIGTERM behaves like Ctrl-C: stop, keep what is committed."""
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread: leave signals alone
-        return lambda: None
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, previous)
-
-    return restore
