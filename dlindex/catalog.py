@@ -211,6 +211,35 @@ class Catalog:
             except sqlite3.ProgrammingError:
                 pass  # closed meanwhile
 
+    @contextmanager
+    def rollback_journal(self) -> Iterator[bool]:
+        """A rollback journal instead of WAL inside the block, if no other connection has the
+        catalog open; yields whether it switched.
+
+        For bulk appends: a rollback journal saves only pages that existed before the write
+        transaction (an append adds new ones), where WAL writes every page twice, to the log
+        and again at the checkpoint. A 2 GB feature import took 15.9 s instead of 41.6 s.
+        The price: a process that opens the catalog meanwhile waits (busy timeout) until the
+        block ends. ``synchronous = FULL`` keeps a rollback journal safe from power loss.
+        """
+        conn = self.conn
+        try:
+            with self.busy_timeout(0):  # someone else has it open: keep WAL, don't wait
+                switched = conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
+        except sqlite3.OperationalError:
+            switched = False
+        if switched:
+            conn.execute("PRAGMA synchronous = FULL")
+        try:
+            yield switched
+        finally:
+            if switched:
+                # Every open sets WAL again, so a failure here (a waiting opener won the
+                # lock) costs nothing lasting.
+                with suppress(sqlite3.Error):
+                    conn.execute("PRAGMA synchronous = NORMAL")
+                    conn.execute("PRAGMA journal_mode = WAL")
+
     def _maybe_flush_log(self) -> None:
         if self.querylog.due() and not self.conn.in_transaction:
             self.flush_log(timeout_ms=_LOG_FLUSH_TIMEOUT_MS)
@@ -289,6 +318,8 @@ def _connect(db_path: Path, *, create: bool) -> sqlite3.Connection:
     except sqlite3.Error as e:
         if not existed:
             _remove_new_file(db_path)
+        if getattr(e, "sqlite_errorname", "") == "SQLITE_BUSY":
+            raise CatalogError(_busy_message(db_path)) from None
         raise CatalogError(f"cannot open catalog {db_path}: {e}") from None
     return conn
 
@@ -334,20 +365,41 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
 
 
 def _read_header(db_path: Path) -> tuple[int, int, int]:
-    uri = "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=ro"
     try:
-        ro = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
         try:
-            app_id = ro.execute("PRAGMA application_id").fetchone()[0]
-            version = ro.execute("PRAGMA user_version").fetchone()[0]
-            tables = ro.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-        finally:
-            ro.close()
+            return _header(db_path, "ro")
+        except sqlite3.Error as e:
+            if getattr(e, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
+                raise
+            # A hot journal: a writer in rollback-journal mode (a large features import)
+            # was killed. Only a read-write open can roll it back, as any SQLite client
+            # does; that restores the last committed state, it changes nothing.
+            return _header(db_path, "rw")
     except sqlite3.Error as e:
         if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
             raise CatalogError(f"{db_path} is not a dlindex catalog (not an SQLite database)") from None
+        if getattr(e, "sqlite_errorname", "") == "SQLITE_BUSY":
+            raise CatalogError(_busy_message(db_path)) from None
         raise CatalogError(f"{db_path} is not a readable dlindex catalog: {e}") from None
+
+
+def _header(db_path: Path, mode: str) -> tuple[int, int, int]:
+    uri = "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + f"?mode={mode}"
+    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+    try:
+        app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+    finally:
+        conn.close()
     return int(app_id), int(version), int(tables)
+
+
+def _busy_message(db_path: Path) -> str:
+    return (
+        f"catalog {db_path} stayed locked for {BUSY_TIMEOUT_S:.0f} s by another process "
+        "(a large `features import` takes it for its whole run); try again when that finishes"
+    )
 
 
 def _remove_new_file(db_path: Path) -> None:

@@ -171,11 +171,11 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> Non
         update(5)
 
 
-def test_scan_json_start_up_imports_neither_rich_nor_tqdm(image_tree: Path, tmp_path: Path) -> None:
+def test_scan_json_start_up_imports_neither_rich_nor_tqdm_nor_pydantic(image_tree: Path, tmp_path: Path) -> None:
     code = (
         "import sys; from dlindex.cli import main; sys.argv = ['dlindex', 'scan', sys.argv[1], '--db', sys.argv[2], '--json']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print([m for m in ('rich.console', 'tqdm') if m in sys.modules], file=sys.stderr)"
+        "print([m for m in ('rich.console', 'tqdm', 'pydantic') if m in sys.modules], file=sys.stderr)"
     )
     done = subprocess.run([sys.executable, "-c", code, str(image_tree), str(tmp_path / "c.db")], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr

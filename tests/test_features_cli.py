@@ -54,6 +54,8 @@ def test_import_export_list_show_drop(runner: CliRunner, scanned_db: Path, tmp_p
     result = invoke(runner, scanned_db, "import", str(tmp_path / "v.npy"), "--type", "emb", "--ids", str(tmp_path / "ids.txt"), "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["imported"] == 6
+    again = invoke(runner, scanned_db, "import", str(tmp_path / "v.npy"), "--type", "emb", "--ids", str(tmp_path / "ids.txt"), "--concurrent", "--json")
+    assert (json.loads(again.stdout)["imported"], json.loads(again.stdout)["journal"]) == (6, "wal")
     listed = invoke(runner, scanned_db, "list", "--format", "jsonl")
     (entry,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert (entry["name"], entry["dim"], entry["vectors"], entry["extractor"]) == ("emb", 2, 6, "import")

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import signal
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from dlindex import Catalog, InputError
+from dlindex import Catalog, CatalogError, InputError
 from dlindex.features import import_features
 
 from .conftest import rows
@@ -133,3 +137,89 @@ def test_an_invalid_name_or_missing_file(cats: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "a.npz", ids=[1], vectors=np.ones((1, 2)))
     with pytest.raises(InputError, match="--ids is for .npy files"):
         run(cats, tmp_path / "a.npz", ids_file=tmp_path / "ids.txt")
+
+
+def journal_mode(db: Path) -> str:
+    return str(rows(db, "PRAGMA journal_mode")[0][0])
+
+
+@pytest.fixture
+def bulk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every import counts as large: the rollback-journal path runs on a small catalog."""
+    monkeypatch.setattr("dlindex.features.importer._ROLLBACK_MIN_BYTES", 0)
+
+
+def test_a_large_import_alone_uses_a_rollback_journal_then_wal_again(cats: Path, tmp_path: Path, bulk: None) -> None:
+    np.savez(tmp_path / "a.npz", ids=[1, 2, 3, 4], vectors=VECTORS)
+    summary = run(cats, tmp_path / "a.npz")
+    assert summary.journal == "rollback"
+    assert stored(cats)[3] == [6.0, 7.0, 8.0]
+    assert journal_mode(cats) == "wal"
+    assert not Path(f"{cats}-journal").exists()
+    assert rows(cats, "PRAGMA integrity_check") == [("ok",)]
+
+
+def test_a_large_import_keeps_wal_when_another_process_has_the_catalog_open(cats: Path, tmp_path: Path, bulk: None) -> None:
+    np.savez(tmp_path / "a.npz", ids=[1, 2, 3, 4], vectors=VECTORS)
+    reader = sqlite3.connect(cats)
+    try:
+        assert reader.execute("SELECT count(*) FROM image_metadata").fetchone() == (8,)
+        assert run(cats, tmp_path / "a.npz").journal == "wal"
+        # The reader was never locked out: it sees the new vectors at once.
+        assert reader.execute("SELECT count(*) FROM image_features").fetchone() == (4,)
+    finally:
+        reader.close()
+    assert run(cats, tmp_path / "a.npz", concurrent=True).journal == "wal"  # alone, but asked to share
+
+
+def test_a_small_import_stays_in_wal(cats: Path, tmp_path: Path) -> None:
+    np.savez(tmp_path / "a.npz", ids=[1, 2, 3, 4], vectors=VECTORS)
+    assert run(cats, tmp_path / "a.npz").journal == "wal"
+
+
+KILLED_IMPORT = """
+import os, signal, sys
+import dlindex.features.importer as importer
+from dlindex import Catalog
+importer._ROLLBACK_MIN_BYTES = 0
+rows = importer._rows
+def rows_then_die(*args):
+    for n, row in enumerate(rows(*args)):
+        if n == 600:  # mid-transaction, after SQLite spilled pages to the file
+            os.kill(os.getpid(), signal.SIGKILL)
+        yield row
+importer._rows = rows_then_die
+with Catalog(sys.argv[1]) as catalog:
+    catalog.conn.execute("PRAGMA cache_size = 2")  # force spills into the database file
+    importer._page_cache = lambda *a: __import__("contextlib").nullcontext()
+    importer.import_features(catalog, "emb", sys.argv[2])
+"""
+
+
+def test_kill_9_during_a_rollback_journal_import_loses_nothing(tmp_path: Path) -> None:
+    db = balanced(tmp_path / "big.db", {"cat": 500, "dog": 500})
+    np.savez(tmp_path / "old.npz", ids=[1, 2], vectors=np.ones((2, 256), np.float32))
+    run(db, tmp_path / "old.npz", name="old")
+    np.savez(tmp_path / "a.npz", ids=np.arange(1, 1001), vectors=np.ones((1000, 256), np.float32))
+    done = subprocess.run([sys.executable, "-c", KILLED_IMPORT, str(db), str(tmp_path / "a.npz")], timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert Path(f"{db}-journal").exists()  # a hot journal: the file holds half a transaction
+    with Catalog(db) as catalog:  # opening rolls the half-written transaction back
+        assert catalog.conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert rows(db, "PRAGMA integrity_check") == [("ok",)]
+    assert rows(db, "SELECT feature_type, count(*) FROM image_features GROUP BY 1") == [("old", 2)]
+    assert rows(db, "SELECT name FROM feature_types") == [("old",)]
+    assert rows(db, "SELECT count(*) FROM image_metadata") == [(1000,)]
+    assert run(db, tmp_path / "a.npz").imported == 1000  # and the next run completes the work
+
+
+def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    holder = sqlite3.connect(cats, isolation_level=None)
+    try:
+        holder.execute("PRAGMA journal_mode = DELETE")
+        holder.execute("BEGIN EXCLUSIVE")  # as a rollback-journal import does once it spills
+        monkeypatch.setattr("dlindex.catalog.BUSY_TIMEOUT_S", 0.2)
+        with pytest.raises(CatalogError, match="stayed locked .* by another process"):
+            Catalog(cats)
+    finally:
+        holder.close()

@@ -113,6 +113,7 @@ def import_(
     ids: Annotated[Path | None, typer.Option("--ids", metavar="FILE", help="For .npy: sample ids, one per line, or an integer .npy.", show_default=False)] = None,
     column: Annotated[str, typer.Option("--column", help="Vector column of Parquet and JSONL files.")] = "vector",
     dtype: DtypeOption = None,
+    concurrent: Annotated[bool, typer.Option("--concurrent", help="Let other processes open the catalog during a large import (WAL: every page is written twice).")] = False,
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
@@ -124,7 +125,9 @@ def import_(
     from ..features import import_features
 
     with Catalog(db, log=not no_log) as catalog:
-        s = import_features(catalog, feature_type, file, ids_file=ids, column=column, dtype=dtype.value if dtype else None)
+        s = import_features(
+            catalog, feature_type, file, ids_file=ids, column=column, dtype=dtype.value if dtype else None, concurrent=concurrent,
+        )
     if as_json:
         print_json(s.as_dict())
     else:

@@ -11,7 +11,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,9 @@ _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
 _CHUNK = 65_536
 _PATH_CHUNK = 10_000
+# Below this, WAL's second write of the pages costs well under a second: not worth taking
+# the catalog from other processes for.
+_ROLLBACK_MIN_BYTES = 64 << 20
 FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
 
 
@@ -53,6 +56,7 @@ class ImportSummary:
     bytes: int
     seconds: float
     mb_per_s: float
+    journal: str  # "rollback" when the import had the catalog to itself, else "wal"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,6 +70,7 @@ def import_features(
     ids_file: str | os.PathLike[str] | None = None,
     column: str = "vector",
     dtype: str | None = None,
+    concurrent: bool = False,
 ) -> ImportSummary:
     """Store the vectors in ``file`` as ``feature_type``; all of them, or (InputError) none.
 
@@ -73,6 +78,11 @@ def import_features(
         ids_file: for .npy only: the sample ids, one per line (text) or an integer .npy.
         column: the vector column of Parquet and JSONL files.
         dtype: float32 (default) or float16, for a new feature type.
+        concurrent: keep the catalog in WAL mode even for a large import, so that other
+            processes can open and read it meanwhile. Otherwise an import of 64 MiB or more
+            that finds no other connection switches to a rollback journal for its
+            transaction and writes its pages once instead of twice (2.6x faster for 2 GB);
+            a process that opens the catalog meanwhile waits for it.
     """
     started = time.perf_counter()
     name = check_name(feature_type)
@@ -99,7 +109,10 @@ def import_features(
     target = DTYPES[existing.dtype if existing else (dtype or "float32")]
     _check_finite(vectors, ids, target, path)
     size = n * dim * target.itemsize
-    with _page_cache(catalog, size), catalog.write_transaction() as conn:
+    with ExitStack() as stack:
+        stack.enter_context(_page_cache(catalog, size))
+        rollback = size >= _ROLLBACK_MIN_BYTES and not concurrent and stack.enter_context(catalog.rollback_journal())
+        conn = stack.enter_context(catalog.write_transaction())
         if existing is None:
             create_type(conn, name, target.name, "import", dim)
         elif existing.dim is None:
@@ -112,7 +125,7 @@ def import_features(
     seconds = time.perf_counter() - started
     return ImportSummary(
         name, os.fspath(path), existing is None, n, dim, target.name, size, round(seconds, 3),
-        round(size / seconds / 1e6, 1) if seconds > 0 else 0.0,
+        round(size / seconds / 1e6, 1) if seconds > 0 else 0.0, "rollback" if rollback else "wal",
     )  # fmt: skip
 
 
