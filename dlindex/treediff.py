@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .probe import Probe
-from .walk import Unit, WalkOptions, WalkReport, walk_unit
+from .walk import Unit, WalkOptions, WalkReport, walk_runs
 
 _ROWS_FROM = (
     "SELECT file_path, id, bytes, mtime_ns, status, label_id FROM image_metadata "
@@ -84,37 +84,43 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     unchanged = seen = 0
     # known: (file_path, id, bytes, mtime_ns, status, label_id); the hot loop stays flat.
     known = next(cursor, None)
-    lstat = os.lstat
-    label_name, label_id = None, None  # consecutive files share a label: look it up once
-    for key, raw, path, label, name, dir_fd in walk_unit(unit, options.walk, diff.report):
-        while known is not None and known[0] < key:
-            if known[4] != "missing":
-                missing.append((known[1], known[0]))
-            known = next(cursor, None)
-        match = None
-        if known is not None and known[0] == key:
-            match, known = known, next(cursor, None)
-        seen += 1
-        if overrides:
-            label = overrides.get(key, label)
-        if match is not None and not force and match[4] != "missing":
-            try:
-                if follow:
-                    st = os.stat(path)
-                elif dir_fd >= 0:
-                    st = lstat(name, dir_fd=dir_fd)  # no walk of the full path
-                else:
-                    st = lstat(path)
-            except OSError:
-                st = None  # let the probe report what is wrong with it
-            if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:
-                unchanged += 1
-                if label != label_name:
-                    label_name, label_id = label, labels.get(label)
-                if label_id != match[5]:
-                    relabel.append((match[1], label))
-                continue
-        to_probe.append(ToProbe(path, key, label, raw, match[1] if match else None))
+    lstat, stat_ = os.lstat, os.stat
+    for folder, run in walk_runs(unit, options.walk, diff.report):
+        prefix, fd = folder.prefix, folder.fd
+        label = folder.label
+        label_id = None if overrides else labels.get(label)  # one lookup per run, not per file
+        seen += len(run)
+        for name, text, lossless, _ in run:
+            key = prefix + text
+            while known is not None and known[0] < key:
+                if known[4] != "missing":
+                    missing.append((known[1], known[0]))
+                known = next(cursor, None)
+            match = None
+            if known is not None and known[0] == key:
+                match, known = known, next(cursor, None)
+                if not force and match[4] != "missing":
+                    try:
+                        if follow:
+                            st = stat_(folder.path + name)
+                        elif fd >= 0:
+                            st = lstat(name, dir_fd=fd)  # no walk of the full path
+                        else:
+                            st = lstat(folder.path + name)
+                    except OSError:
+                        st = None  # let the probe report what is wrong with it
+                    if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:
+                        unchanged += 1
+                        if overrides:
+                            wanted = overrides.get(key, label)
+                            if labels.get(wanted) != match[5]:
+                                relabel.append((match[1], wanted))
+                        elif label_id != match[5]:
+                            relabel.append((match[1], label))
+                        continue
+            raw = None if lossless and folder.lossless else folder.raw_prefix + name
+            file_label = overrides.get(key, label) if overrides else label
+            to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None))
     while known is not None:
         if known[4] != "missing":
             missing.append((known[1], known[0]))
