@@ -235,7 +235,7 @@ class _Pipeline:
             batch = [self.queued.popleft() for _ in range(min(size, len(self.queued)))]
             for item in batch:
                 self.pending[item.key] = item
-            self.pool.submit("probe", worker.probe_batch, ([(item.path, item.key) for item in batch],))
+            self.pool.submit("probe", worker.probe_task, ([(item.path, item.key) for item in batch],))
             self.probes_in_flight += 1
             self.batches += 1
 
@@ -254,8 +254,9 @@ class _Pipeline:
         if diff.probed:
             self._record(diff.probed)
 
-    def _on_probes(self, results: list[Probe]) -> None:
-        self._record([(probe, self.pending.pop(probe.key)) for probe in results])
+    def _on_probes(self, results: list[tuple[object, ...]]) -> None:
+        probes = [tuple.__new__(Probe, fields) for fields in results]  # see worker.probe_task
+        self._record([(probe, self.pending.pop(probe.key)) for probe in probes])
 
     def _record(self, results: list[tuple[Probe, ToProbe]]) -> None:
         counts, writer = self.counts, self.writer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .probe import Probe
 from .walk import Unit, WalkOptions, WalkReport, walk_runs
@@ -43,6 +43,21 @@ class UnitDiff:
     relabel: list[tuple[int, str]] = field(default_factory=list)  # (id, new label name)
     probed: list[tuple[Probe, ToProbe]] = field(default_factory=list)  # probed by the same worker
     report: WalkReport = field(default_factory=WalkReport)
+
+    # Diffs cross a process pipe. Pickle calls a Python method for every NamedTuple; plain
+    # tuples it writes in C: 1.2 instead of 7.7 µs per probed file to pickle, 1.6 instead of
+    # 4.0 µs to unpickle and rebuild (tuple.__new__ is C too): ~10% of a first scan's CPU.
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state["to_probe"] = [tuple(item) for item in self.to_probe]
+        state["probed"] = [(tuple(probe), tuple(item)) for probe, item in self.probed]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        new = tuple.__new__
+        state["to_probe"] = [new(ToProbe, item) for item in state["to_probe"]]
+        state["probed"] = [(new(Probe, probe), new(ToProbe, item)) for probe, item in state["probed"]]
+        self.__dict__.update(state)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,12 @@ def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[Uni
     return diffs
 
 
+def probe_task(batch: list[tuple[bytes, str]]) -> list[tuple[object, ...]]:
+    """probe_batch for the pool: Probes as plain tuples, which pickle in C (see UnitDiff);
+    the parent rebuilds them with ``tuple.__new__(Probe, ...)``."""
+    return [tuple(probe) for probe in probe_batch(batch)]
+
+
 def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:
     """Probe files in order; from the first file not in the page cache on, read in threads.
 

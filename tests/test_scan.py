@@ -345,3 +345,20 @@ def test_two_roots_in_one_catalog(image_tree: Path, db_path: Path, tmp_path: Pat
     assert rows(db_path, "SELECT count(*) FROM image_metadata") == [(8,)]
     summary = scan(db_path, image_tree)
     assert (summary.unchanged, summary.missing) == (7, 0), "another root's rows are not missing"
+
+
+def test_unit_diffs_cross_the_pipe_as_plain_tuples_and_come_back_typed() -> None:
+    import pickle
+
+    from dlindex.probe import Probe
+    from dlindex.treediff import ToProbe, UnitDiff
+
+    probe = Probe("cat/a.jpg", "ok", 10, 5, "ab" * 16, 2, 3, "JPEG", "RGB")
+    item = ToProbe(b"/r/cat/a.jpg", "cat/a.jpg", "cat", None, 7)
+    diff = UnitDiff(seen=2, to_probe=[item], probed=[(probe, item)], missing=[(3, "cat/b.jpg")])
+    data = pickle.dumps(diff, protocol=pickle.HIGHEST_PROTOCOL)
+    assert b"ToProbe" not in data and b"Probe" not in data  # no per-object class reference
+    back = pickle.loads(data)
+    assert back == diff
+    assert type(back.to_probe[0]) is ToProbe and type(back.probed[0][0]) is Probe
+    assert back.probed[0][0].kind == "ok" and back.to_probe[0].known_id == 7
