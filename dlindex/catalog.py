@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sqlite3
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -230,9 +231,12 @@ class Catalog:
             switched = False
         if switched:
             conn.execute("PRAGMA synchronous = FULL")
+        flusher = _Writeback(self.path) if switched else None
         try:
             yield switched
         finally:
+            if flusher is not None:
+                flusher.stop()
             if switched:
                 # Every open sets WAL again, so a failure here (a waiting opener won the
                 # lock) costs nothing lasting.
@@ -286,6 +290,45 @@ class _Counted:
         item = next(self.items)
         self.n += 1
         return item
+
+
+class _Writeback:
+    """Flush the catalog file to disk every half second while a bulk write runs (Linux).
+
+    The kernel keeps written pages in memory until gigabytes are dirty, so the commit's fsync
+    of a 2 GB import waited ~7 s for the disk while the CPU was idle; syncing as we go overlaps
+    the two (a 2 GB import took 13.7-13.8 s instead of 14.6-16.7 s). It syncs SQLite's own
+    descriptors of the file, found in /proc/self/fd: opening and closing one of ours would
+    drop SQLite's POSIX locks on it. An extra fdatasync never breaks SQLite's write ordering.
+    """
+
+    def __init__(self, db_path: Path, interval_s: float = 0.5) -> None:
+        self.target = os.path.realpath(db_path)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(interval_s,), name="dlindex-writeback", daemon=True)
+        self.thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        fds = None
+        while not self.done.wait(interval_s):
+            if fds is None:
+                fds = self._sqlite_fds()
+            for fd in fds:
+                with suppress(OSError):
+                    os.fdatasync(fd)
+
+    def _sqlite_fds(self) -> list[int]:
+        found = []
+        with suppress(OSError):  # no /proc: nothing to do
+            for name in os.listdir("/proc/self/fd"):
+                with suppress(OSError, ValueError):
+                    if os.readlink(f"/proc/self/fd/{name}") == self.target:
+                        found.append(int(name))
+        return found
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = False) -> Catalog:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -162,3 +163,22 @@ def test_version_4_catalog_with_edited_constraints_is_migrated_without_the_rewri
         sql_after = catalog.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'image_metadata'").fetchone()[0]
         assert sql_after == edited
         assert catalog.conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="Linux only")
+def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> None:
+    import threading
+
+    from dlindex.catalog import _Writeback
+
+    with Catalog(scanned_db) as catalog:
+        flusher = _Writeback(catalog.path, interval_s=0.01)
+        fds = flusher._sqlite_fds()
+        assert fds and all(os.path.samefile(f"/proc/self/fd/{fd}", scanned_db) for fd in fds)
+        flusher.stop()
+        assert not any(t.name == "dlindex-writeback" for t in threading.enumerate())
+        with catalog.rollback_journal() as switched:  # alone: it switches, flushes, switches back
+            assert switched
+            assert catalog.conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert catalog.conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    assert not any(t.name == "dlindex-writeback" for t in threading.enumerate())

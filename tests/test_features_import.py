@@ -223,3 +223,11 @@ def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monk
             Catalog(cats)
     finally:
         holder.close()
+
+
+def test_unknown_ids_in_a_large_import_roll_it_all_back(cats: Path, tmp_path: Path, bulk: None) -> None:
+    np.savez(tmp_path / "a.npz", ids=[1, 2, 99, 100], vectors=VECTORS)
+    with pytest.raises(InputError, match=r"2 unknown id\(s\): 99, 100; nothing was imported"):
+        run(cats, tmp_path / "a.npz")
+    assert nothing_written(cats)
+    assert journal_mode(cats) == "wal" and not Path(f"{cats}-journal").exists()
