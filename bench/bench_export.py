@@ -394,7 +394,7 @@ def render(results: list[dict], meta: dict) -> str:
         "read); decoded cases read a prefix with Pillow (`Image.open(...).load()` / `.convert(\"RGB\")`).",
         "*Emulated disk*: this VM's disk serves cold random reads at thousands of files/s (and 2 GB/s+",
         "sequentially), far beyond the ~300-500 small random reads/s and ~375 MB/s the 10x target assumes; the",
-        f"emulated rows run the reading process and its DataLoader workers in a cgroup-v1 blkio throttle of",
+        "emulated rows run the reading process and its DataLoader workers in a cgroup-v1 blkio throttle of",
         f"{SLOW_IOPS} read IOPS and {SLOW_BPS // 10**6} MB/s on that disk (metadata reads count too, as on a real",
         "disk after drop_caches). The target is judged there; the real-disk rows are reported alongside.",
         END,

@@ -10,7 +10,6 @@ reports its counts through a pipe; whatever goes wrong there fails the whole exp
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sqlite3
 import urllib.parse
 from dataclasses import dataclass, replace
