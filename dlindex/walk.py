@@ -29,7 +29,7 @@ _FILES_PER_UNIT = 2000
 #   lossless  text is name decoded as UTF-8
 #   kind      dir | file | link_dir | link_file | link | other
 Child = tuple[bytes, str, bool, str]
-NAME, TEXT, LOSSLESS, KIND = range(4)
+TEXT, KIND = 1, 3  # the fields read by position outside the hot loops
 
 
 class Unit(NamedTuple):
