@@ -6,6 +6,8 @@ Specs: a built-in name (``colorhist``, ``thumb``, ``dhash``); ``module:function`
 from local files (torch is optional and nothing is ever downloaded).
 The function receives the image as ``PIL.Image.open`` returns it (not yet decoded, so it
 may call ``draft()``), and returns anything ``numpy.asarray`` makes a 1-D real vector of.
+A built-in may also have ``from_file``: the same vector computed from the file's path by a
+faster route (``colorhist`` decodes plain JPEGs with :mod:`.jpeg`); workers prefer it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import InputError
+from . import jpeg
 
 ExtractFn = Callable[[Image.Image], Any]
 
@@ -32,14 +35,29 @@ class Extractor:
     spec: str
     fn: ExtractFn
     dim: int | None = None  # known in advance for built-ins
+    from_file: Callable[[bytes], Any] | None = None  # the same vector from a path, faster
 
 
 def colorhist(image: Image.Image) -> np.ndarray:
     """96 values: a 32-bin histogram of each of R, G and B, each summing to 1."""
-    if image.mode != "RGB":
+    if image.mode not in ("RGB", "RGBX"):
         image = image.convert("RGB")
-    counts = np.array(image.histogram(), dtype=np.int64).reshape(3, 32, 8).sum(axis=2)
-    return (counts * (1.0 / max(1, image.width * image.height))).astype(np.float32).reshape(-1)
+    counts = image.histogram()[:768]  # RGBX: drop the padding band
+    # Fold 8 bins into one in C-level iterators: ~2x faster than numpy on a 768-int list.
+    folded = np.fromiter(map(sum, zip(*[iter(counts)] * 8)), dtype=np.float64, count=96)
+    folded *= 1.0 / max(1, image.width * image.height)
+    return folded.astype(np.float32)
+
+
+def colorhist_file(path: bytes) -> np.ndarray:
+    """``colorhist`` of the file at ``path``: plain JPEGs decoded straight into one buffer
+    (same pixels, ~20% less CPU than Pillow's path), everything else through Pillow."""
+    with open(path, "rb", buffering=0) as f:  # unbuffered: one read, sized by fstat
+        image = jpeg.decode_rgbx(f.read())
+    if image is not None:
+        return colorhist(image)
+    with Image.open(path) as image:  # Pillow's own decode, errors and messages
+        return colorhist(image)
 
 
 def thumb(image: Image.Image) -> np.ndarray:
@@ -58,7 +76,7 @@ def dhash(image: Image.Image) -> np.ndarray:
 
 
 BUILTINS: dict[str, Extractor] = {
-    "colorhist": Extractor("colorhist", colorhist, 96),
+    "colorhist": Extractor("colorhist", colorhist, 96, colorhist_file),
     "thumb": Extractor("thumb", thumb, 256),
     "dhash": Extractor("dhash", dhash, 64),
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import stat
 import warnings
 from collections import deque
 from multiprocessing.connection import Connection, wait
@@ -156,8 +157,13 @@ def _extract_batch(batch: list[tuple[int, bytes]]) -> list[tuple[int, bytes | No
     results: list[tuple[int, bytes | None, str | None]] = []
     for image_id, path in batch:
         try:
-            with Image.open(path) as image:
-                value = extractor.fn(image)
+            if not stat.S_ISREG(os.stat(path).st_mode):  # opening a FIFO would hang the worker
+                raise OSError("not a regular file")
+            if extractor.from_file is not None:
+                value = extractor.from_file(path)
+            else:
+                with Image.open(path) as image:
+                    value = extractor.fn(image)
             vector = encode(value, dtype)
             results.append((image_id, vector.tobytes(), None))
         except Exception as e:  # noqa: BLE001 -- any failure of the image or the user's code fails this sample only
