@@ -42,6 +42,11 @@ def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None
     _state["reader"] = None
 
 
+def stderr_capture() -> CStderrCapture | None:
+    """This worker's capture of what C libraries print (set by ``init``)."""
+    return _state.get("capture")
+
+
 def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[UnitDiff]:
     """Walk units and diff them against the catalog through this process's read-only connection;
     probe a unit's new and changed files right here when there are few enough."""

@@ -220,10 +220,11 @@ def _run(
     progress: Callable[[int], None],
 ) -> None:
     batches = deque(todo[i : i + options.batch_size] for i in range(0, len(todo), options.batch_size))
-    pool = Pool(max(1, options.workers or os.cpu_count() or 1), extractor, ftype.np_dtype)
+    workers = max(1, options.workers or os.cpu_count() or 1)
+    pool = Pool(workers, extractor, ftype.np_dtype)
     try:
         while batches or pool.inflight:
-            while batches and pool.inflight < 3 * len(pool.workers):
+            while batches and pool.inflight < 3 * workers:
                 pool.submit(batches.popleft())
             for results in pool.wait_any():
                 writer.add(results)
