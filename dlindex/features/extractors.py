@@ -52,8 +52,11 @@ def colorhist(image: Image.Image) -> np.ndarray:
 def colorhist_file(path: bytes) -> np.ndarray:
     """``colorhist`` of the file at ``path``: plain JPEGs decoded straight into one buffer
     (same pixels, ~20% less CPU than Pillow's path), everything else through Pillow."""
-    with open(path, "rb", buffering=0) as f:  # unbuffered: one read, sized by fstat
-        image = jpeg.decode_rgbx(f.read())
+    image = None
+    with open(path, "rb", buffering=0) as f:  # unbuffered: the whole read is one, sized by fstat
+        if jpeg.may_decode(f.read(3)):  # other files go to Pillow unread here
+            f.seek(0)
+            image = jpeg.decode_rgbx(f.read())
     if image is not None:
         return colorhist(image)
     with Image.open(path) as image:  # Pillow's own decode, errors and messages

@@ -112,7 +112,9 @@ def import_features(
     size = n * dim * target.itemsize
     with ExitStack() as stack:
         stack.enter_context(_page_cache(catalog, size))
-        rollback = size >= _ROLLBACK_MIN_BYTES and not concurrent and stack.enter_context(catalog.rollback_journal())
+        rollback = False
+        if size >= _ROLLBACK_MIN_BYTES and not concurrent:
+            rollback = stack.enter_context(catalog.rollback_journal())
         conn = stack.enter_context(catalog.write_transaction())
         if existing is None:
             create_type(conn, name, target.name, "import", dim)

@@ -31,9 +31,14 @@ def available() -> bool:
     return simplejpeg is not None
 
 
+def may_decode(head: bytes) -> bool:
+    """Whether a file that starts with ``head`` (3 bytes are enough) may take this path."""
+    return simplejpeg is not None and head.startswith(_SOI)
+
+
 def decode_rgbx(data: bytes) -> Image.Image | None:
     """The image as an ``RGBX`` PIL image over the decoded buffer, or None: use Pillow."""
-    if simplejpeg is None or not data.startswith(_SOI):
+    if not may_decode(data):
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
