@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DlindexError
-from .export.reader import load_index, manifest_files, manifest_rows, source_path
+from .export.reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -222,7 +222,7 @@ class WdsDataset:
         if self.index.get("format") != "wds":
             raise DlindexError(f"{out_dir} is a {self.index.get('format')} export; WdsDataset reads wds exports")
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
-        self.shards = [s for s in self.index["shards"] if split is None or s["split"] == split]
+        self.shards = [s for s in listed_shards(self.index) if split is None or s["split"] == split]
         if not self.shards:
             raise DlindexError(f"{out_dir}: no shards for split {split!r}")
         self.rank, self.world_size = rank, world_size

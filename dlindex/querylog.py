@@ -203,7 +203,8 @@ def classify_plan(lines: Iterable[str]) -> str:
         if len(words) >= 2 and words[0] in ("MATERIALIZE", "CO-ROUTINE"):
             subqueries.add(words[1])
         elif len(words) >= 2 and words[0] == "SCAN":
-            if "VIRTUAL TABLE" in line or words[1] in subqueries or words[1].startswith("("):
+            # a constant row (SELECT without FROM, VALUES) reads no table
+            if "VIRTUAL TABLE" in line or words[1] in subqueries or words[1].startswith("(") or line.strip() == "SCAN CONSTANT ROW":
                 continue
             if "INDEX" in line:
                 searched = True  # a full pass over a (covering) index still uses one

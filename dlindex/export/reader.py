@@ -33,10 +33,15 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
+def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The shard files an export's index.json lists (the one place that knows the key)."""
+    return list(index["shards"])
+
+
 def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int | None = None) -> list[str]:
     """The manifest shards of an export (jsonl/csv/parquet, or dali's jsonl), in order."""
     return [
-        s["file"] for s in index["shards"]
+        s["file"] for s in listed_shards(index)
         if s["file"].endswith(MANIFEST_SUFFIXES) and (split is None or s["split"] == split)
         and (rank is None or s["rank"] == rank)
     ]  # fmt: skip

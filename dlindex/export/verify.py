@@ -17,7 +17,7 @@ from typing import Any
 import xxhash
 
 from .files import hash_file
-from .reader import load_index, manifest_files, manifest_rows, source_path
+from .reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
 
 MAX_PROBLEMS = 1000  # listed; all are counted
 
@@ -55,7 +55,7 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
         if len(problems) < MAX_PROBLEMS:
             problems.append(text)
 
-    listed = [*index.get("shards", []), *index.get("files", [])]
+    listed = [*listed_shards(index), *index.get("files", [])]
     for entry in listed:
         path = root / entry["file"]
         try:
