@@ -34,7 +34,7 @@ __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_a
 
 _METADATA = (
     "SELECT image_metadata.*, labels.name AS label FROM image_metadata "
-    "JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = :id"
+    "LEFT JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = :id"
 )
 _BLOCK = 512
 _EMPTY = bytes(_BLOCK)
@@ -129,6 +129,7 @@ class ManifestDataset:
         self.decode = decode
         self.mode = mode
         self.cache = MetadataCache(catalog or self.index["catalog"]["path"], cache_size)
+        self._class_of = {name: k for k, name in enumerate(self.classes)}
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -142,8 +143,18 @@ class ManifestDataset:
         return image, self.labels[i]
 
     def metadata(self, i: int) -> dict[str, Any] | None:
-        """The catalog's row for sample i (cached; None if the catalog no longer has it)."""
-        return self.cache.get(self.ids[i])
+        """The catalog's row for sample i (cached; None if the catalog no longer has it).
+
+        ``label_id`` is the index of the row's label in ``self.classes`` (None if the export
+        has no such class), as in the manifest and ``dlindex query``.
+        """
+        row = self.cache.get(self.ids[i])
+        if row is None:
+            return None
+        row = dict(row)  # the cached dict stays as the catalog gave it
+        del row["label_id"]  # the internal labels.id, never shown as label_id
+        row["label_id"] = self._class_of.get(row["label"])
+        return row
 
 
 def iter_tar(path: str | os.PathLike[str], keep: Callable[[int], bool] | None = None) -> Iterator[dict[str, Any]]:

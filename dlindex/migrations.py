@@ -232,8 +232,53 @@ _M005_CHECKS = (
     ),
 )
 
+def m006_classes(conn: sqlite3.Connection) -> None:
+    """Files without a class (directly under ROOT) get a NULL label_id; the tree's split gets a column.
+
+    Dropping a NOT NULL constraint is one of the schema changes SQLite's ALTER TABLE
+    documentation lists as safe to make by editing the schema text: stored rows stay valid
+    (all have a label) and nothing is copied. A table rebuild would copy every row and need
+    foreign keys off, which cannot be switched inside the migration's transaction; the
+    alternative, a reserved "no class" label row, would be one more name every reader of
+    ``labels`` has to leave out (docs/design.md). If SQLite refuses schema edits
+    (SQLITE_DBCONFIG_DEFENSIVE) on this connection, the migration fails and nothing changes.
+    """
+    columns = {row[1]: row for row in conn.execute("PRAGMA table_info(image_metadata)")}
+    if columns["label_id"][3]:  # notnull
+        (sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'image_metadata'"
+        ).fetchone()
+        if _M006_OLD not in sql:
+            raise sqlite3.DatabaseError("image_metadata.label_id is not as dlindex created it; cannot make it nullable")
+        (version,) = conn.execute("PRAGMA schema_version").fetchone()
+        conn.execute("PRAGMA writable_schema = ON")
+        try:
+            conn.execute(
+                "UPDATE sqlite_master SET sql = ? WHERE type = 'table' AND name = 'image_metadata'",
+                (sql.replace(_M006_OLD, _M006_NEW),),
+            )
+            # PRAGMA takes no parameters; this is an integer read from SQLite itself.
+            conn.execute(f"PRAGMA schema_version = {int(version) + 1}")
+        finally:
+            conn.execute("PRAGMA writable_schema = OFF")
+        conn.execute("SELECT * FROM image_metadata LIMIT 0")  # the new text parses, or we roll back
+    if "split" not in columns:
+        conn.execute("ALTER TABLE image_metadata ADD COLUMN split TEXT")
+    # Whether the root's last scan found split folders: `export` decides on it without a scan.
+    conn.execute("ALTER TABLE roots ADD COLUMN presplit BOOLEAN NOT NULL DEFAULT 0")
+    # From now on labels holds only labels some row has (scan drops the others), so that the
+    # catalog's class list is the labels table; older dlindex left relabelled-away names behind.
+    conn.execute(
+        "DELETE FROM labels WHERE id NOT IN (SELECT DISTINCT label_id FROM image_metadata WHERE label_id IS NOT NULL)"
+    )
+
+
+_M006_OLD = "label_id INTEGER NOT NULL REFERENCES labels(id)"
+_M006_NEW = "label_id INTEGER REFERENCES labels(id)"
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
+    m006_classes,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

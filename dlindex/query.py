@@ -22,6 +22,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from . import cache
+from .classes import CLASS_LISTS, canonical_splits, class_index, class_list
 from .errors import InputError
 
 if TYPE_CHECKING:
@@ -30,13 +31,15 @@ if TYPE_CHECKING:
 STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
 ORDERS = ("id", "random")
-# Stored columns, selected by name; path, root and label are derived from them in Python.
+# Stored columns, selected by name; path, root, label and label_id are derived from them in
+# Python. label_row is the internal labels.id: never a column users see (dlindex/classes.py).
 _STORED = {
     "id": "image_metadata.id",
     "root_id": "image_metadata.root_id",
     "file_path": "image_metadata.file_path",
     "file_path_bytes": "image_metadata.file_path_bytes",
-    "label_id": "image_metadata.label_id",
+    "label_row": "image_metadata.label_id",
+    "split": "image_metadata.split",
     "width": "image_metadata.width",
     "height": "image_metadata.height",
     "format": "image_metadata.format",
@@ -52,9 +55,12 @@ _STORED = {
     "created_at": "image_metadata.created_at",
     "updated_at": "image_metadata.updated_at",
 }
-_DERIVED = {"path": ("root_id", "file_path", "file_path_bytes"), "root": ("root_id",), "label": ("label_id",)}
-COLUMNS = ("id", "path", "root", "file_path", "label", "label_id", *[c for c in _STORED if c not in
-           ("id", "root_id", "file_path", "file_path_bytes", "label_id")])  # fmt: skip
+_DERIVED = {
+    "path": ("root_id", "file_path", "file_path_bytes"), "root": ("root_id",), "label": ("label_row",),
+    "label_id": ("label_row",),
+}  # fmt: skip
+COLUMNS = ("id", "path", "root", "file_path", "label", "label_id", "split", *[c for c in _STORED if c not in
+           ("id", "root_id", "file_path", "file_path_bytes", "label_row", "split")])  # fmt: skip
 DEFAULT_COLUMNS = ("id", "path", "label", "width", "height", "status", "processed", "processing_status", "created_at")
 
 _SELECT = "SELECT {columns} FROM image_metadata{where}{order}{limit}"
@@ -74,8 +80,12 @@ _RANK = f"((({_MIX} * {_MIX}) % 2147483629) * :seed_c + :seed_d) % 2147483587"
 _ORDER_ID = " ORDER BY image_metadata.id"
 _ORDER_RANDOM = " ORDER BY " + _RANK + ", image_metadata.id"
 _LIMIT = " LIMIT :limit"
+_SPLIT_COUNTS = "SELECT image_metadata.split, count(*) FROM image_metadata{where} GROUP BY image_metadata.split"
 _WHERE_LABEL = "image_metadata.label_id = :label_id"
 _WHERE_LABELS = "image_metadata.label_id IN (SELECT value FROM json_each(:label_ids))"
+_WHERE_SPLIT = "image_metadata.split = :split"
+_WHERE_SPLITS = "image_metadata.split IN (SELECT value FROM json_each(:splits))"
+_WHERE_HAS_CLASS = {True: "image_metadata.label_id IS NOT NULL", False: "image_metadata.label_id IS NULL"}
 _WHERE_SINCE = "image_metadata.created_at >= :since"
 _WHERE_UNTIL = "image_metadata.created_at < :until"
 _WHERE_MIN_WIDTH = "image_metadata.width >= :min_width"
@@ -93,12 +103,19 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 class QuerySpec:
     """What to select: the options of ``dlindex query``, with the same names and defaults.
 
+    ``split`` selects the tree's split folders (``"val"`` or ``"validation"``); ``classes``
+    says which class list ``label_id`` indexes: ``"selected"`` (the ``labels`` named, else
+    the catalog's) or ``"catalog"`` (always the catalog's); ``has_class`` keeps only files
+    with (True) or without (False) a class. See dlindex/classes.py.
     Sequences may also be given as one string (``columns="id,path"``, ``labels="cat"``);
     ``since``/``until`` take an ISO date-time (UTC unless it says otherwise), a duration
     back from now (``30m``, ``24h``, ``7d``) or a ``datetime``.
     """
 
     labels: Sequence[str] | str = ()
+    split: Sequence[str] | str = ()
+    classes: str = "selected"
+    has_class: bool | None = None
     status: Sequence[str] | str = ("ok",)
     processed: bool | None = None
     processing_status: Sequence[str] | str = ()
@@ -114,7 +131,7 @@ class QuerySpec:
     cache: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("labels", "status", "processing_status"):
+        for name in ("labels", "split", "status", "processing_status"):
             value = getattr(self, name)
             object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value or ()))
         columns = DEFAULT_COLUMNS if self.columns is None else self.columns
@@ -134,6 +151,9 @@ class PreparedQuery:
     base: tuple[str, ...]  # stored columns selected, id first
     cache: bool
     labels: dict[int, str] | None = None
+    classes: tuple[str, ...] | None = None  # the class list label_id indexes
+    class_list: str | None = None  # "labels" (the --label names) or "catalog"
+    class_index: dict[int, int] | None = None  # internal label row id -> label_id
     roots: dict[int, tuple[str, bytes]] | None = field(default=None, repr=False)
 
 
@@ -163,6 +183,14 @@ def explain(catalog: Catalog, spec: QuerySpec) -> Explained:
     return Explained(prepared.sql, prepared.params, plan)
 
 
+def split_counts(catalog: Catalog, spec: QuerySpec) -> dict[str | None, int]:
+    """Files per tree split (None: not in a split folder) among those ``spec``'s filters select
+    (before --per-label and --limit)."""
+    where, params = _filters(catalog, spec)
+    where_sql = " WHERE " + " AND ".join(where) if where else ""
+    return {split: int(n) for split, n in catalog.read(_SPLIT_COUNTS.replace("{where}", where_sql), params)}
+
+
 def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     """Check every option and build the statement; all errors are InputError, raised here."""
     columns = _check_columns(tuple(spec.columns or ()))
@@ -183,6 +211,10 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
             if stored not in base:
                 base.append(stored)
     where_sql = " WHERE " + " AND ".join(where) if where else ""
+    classes = class_list = index = None
+    if "label_id" in columns:
+        classes, class_list = _class_list(catalog, spec)
+        index = _class_index(catalog, classes)
     if spec.per_label is not None:
         if spec.per_label < 1:
             raise InputError(f"--per-label must be at least 1, not {spec.per_label}")
@@ -200,6 +232,9 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         base=tuple(base),
         cache=spec.cache,
         labels=_label_names(catalog) if "label" in columns else None,
+        classes=classes,
+        class_list=class_list,
+        class_index=index,
         roots=_roots(catalog) if "path" in columns or "root" in columns else None,
     )
 
@@ -216,6 +251,8 @@ def _check_columns(columns: Sequence[str]) -> tuple[str, ...]:
 def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, Any]]:
     where: list[str] = []
     params: dict[str, Any] = {}
+    if spec.classes not in CLASS_LISTS:
+        raise InputError(f"unknown class list {spec.classes!r}; choose from: {', '.join(CLASS_LISTS)}")
     if spec.labels:
         ids = _label_ids(catalog, spec.labels)
         if len(ids) == 1:
@@ -224,6 +261,16 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
         else:
             where.append(_WHERE_LABELS)
             params["label_ids"] = json.dumps(ids)
+    if spec.split:
+        splits = canonical_splits(spec.split)
+        if len(splits) == 1:
+            where.append(_WHERE_SPLIT)
+            params["split"] = splits[0]
+        else:
+            where.append(_WHERE_SPLITS)
+            params["splits"] = json.dumps(splits)
+    if spec.has_class is not None:
+        where.append(_WHERE_HAS_CLASS[bool(spec.has_class)])
     if spec.status:
         where.append(_in_literals("image_metadata.status", spec.status, STATUSES, "status"))
     if spec.processed is not None:
@@ -277,6 +324,20 @@ def _label_ids(catalog: Catalog, names: Sequence[str]) -> list[int]:
 
 def _label_names(catalog: Catalog) -> dict[int, str]:
     return _per_change(catalog, "labels", lambda: dict(catalog.read(_LABEL_NAMES)))
+
+
+def _class_list(catalog: Catalog, spec: QuerySpec) -> tuple[tuple[str, ...], str]:
+    if spec.labels and spec.classes == "selected":
+        return class_list(catalog, spec.labels, spec.classes)
+    return _per_change(catalog, "classes", lambda: class_list(catalog, (), "catalog"))  # type: ignore[no-any-return]
+
+
+def _class_index(catalog: Catalog, names: tuple[str, ...]) -> dict[int, int]:
+    held = _per_change(catalog, "class_index", lambda: (names, class_index(catalog, names)))
+    if held[0] != names:  # another class list: load it, and keep it for the next call
+        held = (names, class_index(catalog, names))
+        catalog.lookup_cache["class_index"] = (catalog.changes(), held)
+    return held[1]  # type: ignore[no-any-return]
 
 
 def _roots(catalog: Catalog) -> dict[int, tuple[str, bytes]]:
@@ -410,8 +471,11 @@ def _row_maker(prepared: PreparedQuery) -> Callable[[tuple[Any, ...]], dict[str,
 
 def _getter(column: str, position: dict[str, int], prepared: PreparedQuery) -> Callable[[tuple[Any, ...]], Any]:
     if column == "label":
-        labels, i = prepared.labels or {}, position["label_id"]
+        labels, i = prepared.labels or {}, position["label_row"]
         return lambda row: labels.get(row[i])
+    if column == "label_id":
+        index, i = prepared.class_index or {}, position["label_row"]
+        return lambda row: index.get(row[i])
     roots = prepared.roots or {}
     if column == "root":
         texts, i = {k: v[0] for k, v in roots.items()}, position["root_id"]

@@ -30,11 +30,11 @@ from .treediff import DiffOptions, ToProbe, UnitDiff
 from .walk import DEFAULT_EXTENSIONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
-        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = _INSERT + """
     ON CONFLICT (root_id, file_path) DO UPDATE SET
-        file_path_bytes = excluded.file_path_bytes, label_id = excluded.label_id,
+        file_path_bytes = excluded.file_path_bytes, label_id = excluded.label_id, split = excluded.split,
         width = excluded.width, height = excluded.height, format = excluded.format,
         mode = excluded.mode, bytes = excluded.bytes, mtime_ns = excluded.mtime_ns,
         status = excluded.status, error = excluded.error, warning = excluded.warning,
@@ -49,11 +49,16 @@ _MARK_MISSING = (
     "UPDATE image_metadata SET status = 'missing', updated_at = CURRENT_TIMESTAMP "
     "WHERE id = ? AND status != 'missing'"
 )
-_RELABEL = "UPDATE image_metadata SET label_id = ?, updated_at = CURRENT_TIMESTAMP WHERE id = ?"
+_RELABEL = "UPDATE image_metadata SET label_id = ?, split = ?, updated_at = CURRENT_TIMESTAMP WHERE id = ?"
 _PRUNE = "DELETE FROM image_metadata WHERE root_id = ? AND status = 'missing'"
 _INSERT_LABEL = "INSERT OR IGNORE INTO labels (name) VALUES (?)"
 _LABEL_ID = "SELECT id FROM labels WHERE name = ?"
-_ALL_LABELS = "SELECT id, name FROM labels"
+# The labels table holds only labels that some row has, so it *is* the catalog's class list
+# (dlindex/classes.py) and reading that list costs nothing; see docs/design.md.
+_DROP_UNUSED_LABELS = (
+    "DELETE FROM labels WHERE id NOT IN (SELECT DISTINCT label_id FROM image_metadata WHERE label_id IS NOT NULL)"
+)
+_SET_PRESPLIT = "UPDATE roots SET presplit = ? WHERE id = ? AND presplit IS NOT ?"
 _INSERT_ROOT = "INSERT OR IGNORE INTO roots (path, path_bytes) VALUES (?, ?)"
 _ROOT_ID = "SELECT id FROM roots WHERE path = ?"
 _START_SCAN = "INSERT INTO scans (root_id, options, pid) VALUES (?, ?, ?)"
@@ -74,6 +79,7 @@ class ScanOptions:
     hidden: bool = False
     exclude: tuple[str, ...] = ()
     follow_symlinks: bool = False
+    split_folders: bool = True  # ROOT/train/<class>/...: class under the split, split in its column
     labels_file: Path | None = None
     verify: bool = False
     max_pixels: int = ProbeOptions().max_pixels
@@ -144,10 +150,14 @@ def scan_tree(
     interrupted = False
     restore = sigterm_as_interrupt()
     try:
-        _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress).run()
+        pipeline = _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
+        _set_presplit(catalog, root_id, pipeline.presplit)
+        pipeline.run()
         writer.flush()
         if options.prune:
             writer.pruned = _prune(catalog, root_id)
+        if writer.pruned or counts.relabeled:
+            _drop_unused_labels(catalog)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -179,7 +189,7 @@ class _Pipeline:
         root: bytes,
         root_id: int,
         options: ScanOptions,
-        label_overrides: dict[str, str] | None,
+        label_overrides: dict[str, str | None] | None,
         report: WalkReport,
         counts: _Counts,
         writer: _Writer,
@@ -187,7 +197,9 @@ class _Pipeline:
     ) -> None:
         self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
         self.writer, self.progress = writer, progress or (lambda n: None)
-        walk_options = WalkOptions(options.extensions, options.hidden, options.exclude, options.follow_symlinks)
+        walk_options = WalkOptions(
+            options.extensions, options.hidden, options.exclude, options.follow_symlinks, options.split_folders
+        )
         self.diff_options = DiffOptions(walk_options, options.force, label_overrides)
         self.workers = max(1, options.workers or os.cpu_count() or 1)
         self.pool = WorkerPool(
@@ -195,6 +207,7 @@ class _Pipeline:
             options.io_threads, os.fspath(catalog.path),
         )  # fmt: skip
         self.units: deque[Unit] = deque(plan_units(root, walk_options, report, self.workers))
+        self.presplit = any(unit.presplit for unit in self.units)
         self.queued: deque[ToProbe] = deque()
         self.pending: dict[str, ToProbe] = {}
         self.diffs_in_flight = 0
@@ -288,19 +301,20 @@ class _Writer:
         self.root_id = root_id
         self.rows: list[tuple[Probe, ToProbe]] = []
         self.missing: list[int] = []
-        self.relabel: list[tuple[int, str]] = []  # (id, label name)
+        self.relabel: list[tuple[int, str | None, str | None]] = []  # (id, label name, split)
         self.pruned = 0
-        self._labels: dict[str, int] = {name: id_ for id_, name in catalog.conn.execute(_ALL_LABELS)}
         self._last_flush = time.monotonic()
 
-    def label_id(self, name: str) -> int:
-        label_id = self._labels.get(name)
-        if label_id is None:
-            with self.catalog.write_transaction() as conn:
+    @staticmethod
+    def _label_ids(conn: sqlite3.Connection, names: set[str | None]) -> dict[str | None, int | None]:
+        """Label ids, inserting new names, in the transaction that writes the rows using them:
+        another scan dropping unused labels can never remove one in between."""
+        ids: dict[str | None, int | None] = {None: None}  # no class: directly under ROOT (or a split folder)
+        for name in names:
+            if name is not None:
                 conn.execute(_INSERT_LABEL, (name,))
-                label_id = int(conn.execute(_LABEL_ID, (name,)).fetchone()[0])
-            self._labels[name] = label_id
-        return label_id
+                ids[name] = int(conn.execute(_LABEL_ID, (name,)).fetchone()[0])
+        return ids
 
     def maybe_flush(self) -> None:
         size = len(self.rows) + len(self.missing) + len(self.relabel)
@@ -311,14 +325,16 @@ class _Writer:
         if self.rows or self.missing or self.relabel:
             new: list[tuple[object, ...]] = []
             changed: list[tuple[object, ...]] = []
-            for p, item in self.rows:
-                row = (
-                    self.root_id, p.key, item.raw, self.label_id(item.label), p.width, p.height,
-                    p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning,
-                )  # fmt: skip
-                (new if item.known_id is None else changed).append(row)
-            relabels = [(self.label_id(name), row_id) for row_id, name in self.relabel]
             with self.catalog.write_transaction() as conn:
+                names = {item.label for _, item in self.rows} | {name for _, name, _ in self.relabel}
+                label_id = self._label_ids(conn, names)
+                for p, item in self.rows:
+                    row = (
+                        self.root_id, p.key, item.raw, label_id[item.label], p.width, p.height,
+                        p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning, item.split,
+                    )  # fmt: skip
+                    (new if item.known_id is None else changed).append(row)
+                relabels = [(label_id[name], split, row_id) for row_id, name, split in self.relabel]
                 try:
                     # A plain INSERT costs two thirds of an upsert, and files the walk found
                     # no row for are new unless another scan of this root raced us here.
@@ -345,17 +361,17 @@ def check_root(root: str | os.PathLike[str]) -> bytes:
     return os.path.realpath(path)
 
 
-def _read_labels_file(path: Path) -> dict[str, str]:
+def _read_labels_file(path: Path) -> dict[str, str | None]:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
             if reader.fieldnames is None or not {"path", "label"} <= set(reader.fieldnames):
                 raise InputError(f"labels file {path} needs a header row with columns path,label")
-            labels = {}
+            labels: dict[str, str | None] = {}
             for line, row in enumerate(reader, start=2):
                 if not row["path"] or row["label"] is None:
                     raise InputError(f"labels file {path}, line {line}: empty path or label")
-                labels[row["path"].lstrip("/")] = row["label"]
+                labels[row["path"].lstrip("/")] = row["label"] or None  # an empty label: no class
             return labels
     except OSError as e:
         raise InputError(f"cannot read labels file {path}: {e.strerror or e}") from None
@@ -384,6 +400,17 @@ def _finish_scan(catalog: Catalog, s: ScanSummary) -> None:
     values = (state, s.seen, s.new, s.changed, s.unchanged, s.missing, s.corrupt, s.skipped, s.errors, s.seconds)
     with catalog.write_transaction() as conn:
         conn.execute(_FINISH_SCAN, (*values, s.scan_id))
+
+
+def _set_presplit(catalog: Catalog, root_id: int, presplit: bool) -> None:
+    # `export` reads this to decide, without reading every row, whether to keep tree splits.
+    with catalog.write_transaction() as conn:
+        conn.execute(_SET_PRESPLIT, (int(presplit), root_id, int(presplit)))
+
+
+def _drop_unused_labels(catalog: Catalog) -> None:
+    with catalog.write_transaction() as conn:
+        conn.execute(_DROP_UNUSED_LABELS)
 
 
 def _prune(catalog: Catalog, root_id: int) -> int:

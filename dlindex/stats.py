@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .catalog import Catalog
+from .classes import SPLITS, catalog_classes
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
 _PROCESSED = "SELECT processed, count(*) FROM image_metadata WHERE status != 'missing' GROUP BY processed"
@@ -21,6 +22,8 @@ _LABEL_COUNTS = """SELECT labels.name, counts.n FROM (
 _LARGEST_LABELS = _LABEL_COUNTS.format(direction="DESC")
 _SMALLEST_LABELS = _LABEL_COUNTS.format(direction="ASC")
 _LABEL_TOTAL = "SELECT count(DISTINCT label_id) FROM image_metadata WHERE status = 'ok'"
+_WITHOUT_CLASS = "SELECT count(*) FROM image_metadata WHERE status = 'ok' AND label_id IS NULL"
+_SPLITS = "SELECT split, count(*) FROM image_metadata WHERE status = 'ok' AND split IS NOT NULL GROUP BY split"
 _INDEXES = (
     "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
     "AND name NOT LIKE 'sqlite_%' ORDER BY tbl_name, name"
@@ -47,7 +50,10 @@ class CatalogStats:
     processed: int
     unprocessed: int
     processing_status: dict[str, int]
-    labels: int
+    labels: int  # labels with an ok image
+    classes: int  # the catalog's class list: label_id runs from 0 to classes - 1 (dlindex.classes)
+    without_class: int  # ok images directly under ROOT (or a split folder): no label, no label_id
+    splits: dict[str, int]  # ok images per split folder of pre-split trees
     largest_labels: list[LabelCount]
     smallest_labels: list[LabelCount]
     total_bytes: int
@@ -77,6 +83,9 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         unprocessed=processed_counts.get(0, 0),
         processing_status=dict(read(_PROCESSING)),
         labels=int(list(read(_LABEL_TOTAL))[0][0]),
+        classes=len(catalog_classes(catalog)),
+        without_class=int(list(read(_WITHOUT_CLASS))[0][0]),
+        splits=dict(sorted(((str(s), int(n)) for s, n in read(_SPLITS)), key=lambda kv: _split_order(kv[0]))),
         largest_labels=[LabelCount(*row) for row in read(_LARGEST_LABELS, (top,))],
         smallest_labels=[LabelCount(*row) for row in read(_SMALLEST_LABELS, (top,))],
         total_bytes=bytes_by_status["ok"] + bytes_by_status["corrupt"],
@@ -85,6 +94,10 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         roots=[dict(zip(("id", "path", "added_at"), row)) for row in read(_ROOTS)],
         last_scans=[dict(zip(_LAST_SCANS_KEYS, row)) for row in read(_LAST_SCANS, (scans,))],
     )
+
+
+def _split_order(split: str) -> tuple[int, str]:
+    return (SPLITS.index(split) if split in SPLITS else len(SPLITS), split)
 
 
 def _file_size(catalog: Catalog) -> int:

@@ -16,11 +16,11 @@ from .probe import Probe
 from .walk import Unit, WalkOptions, WalkReport, walk_runs
 
 _ROWS_FROM = (
-    "SELECT file_path, id, bytes, mtime_ns, status, label_id FROM image_metadata "
+    "SELECT file_path, id, bytes, mtime_ns, status, label_id, split FROM image_metadata "
     "WHERE root_id = ? AND file_path >= ? ORDER BY file_path"
 )
 _ROWS_BETWEEN = (
-    "SELECT file_path, id, bytes, mtime_ns, status, label_id FROM image_metadata "
+    "SELECT file_path, id, bytes, mtime_ns, status, label_id, split FROM image_metadata "
     "WHERE root_id = ? AND file_path >= ? AND file_path < ? ORDER BY file_path"
 )
 _LABELS = "SELECT name, id FROM labels"
@@ -29,9 +29,10 @@ _LABELS = "SELECT name, id FROM labels"
 class ToProbe(NamedTuple):
     path: bytes
     key: str
-    label: str
+    label: str | None  # None: no class (a file directly under ROOT)
     raw: bytes | None
     known_id: int | None
+    split: str | None = None  # the tree's split folder, on pre-split trees
 
 
 @dataclass
@@ -40,7 +41,7 @@ class UnitDiff:
     unchanged: int = 0
     to_probe: list[ToProbe] = field(default_factory=list)
     missing: list[tuple[int, str]] = field(default_factory=list)  # (id, file_path)
-    relabel: list[tuple[int, str]] = field(default_factory=list)  # (id, new label name)
+    relabel: list[tuple[int, str | None, str | None]] = field(default_factory=list)  # (id, new label, new split)
     probed: list[tuple[Probe, ToProbe]] = field(default_factory=list)  # probed by the same worker
     report: WalkReport = field(default_factory=WalkReport)
 
@@ -64,7 +65,7 @@ class UnitDiff:
 class DiffOptions:
     walk: WalkOptions
     force: bool = False
-    label_overrides: dict[str, str] | None = None
+    label_overrides: dict[str, str | None] | None = None
     # A worker probes up to this many of a unit's new/changed files itself, saving a round
     # trip through the main process; larger units are spread over all workers in batches.
     probe_inline: int = 2048
@@ -77,7 +78,9 @@ class LabelIds:
         self.conn = conn
         self.ids: dict[str, int] = {}
 
-    def get(self, name: str) -> int | None:
+    def get(self, name: str | None) -> int | None:
+        if name is None:
+            return None  # no class
         found = self.ids.get(name)
         if found is None:
             self.ids = dict(self.conn.execute(_LABELS).fetchall())
@@ -97,12 +100,12 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     follow = options.walk.follow_symlinks
     missing, relabel, to_probe = diff.missing, diff.relabel, diff.to_probe
     unchanged = seen = 0
-    # known: (file_path, id, bytes, mtime_ns, status, label_id); the hot loop stays flat.
+    # known: (file_path, id, bytes, mtime_ns, status, label_id, split); the hot loop stays flat.
     known = next(cursor, None)
     lstat, stat_ = os.lstat, os.stat
     for folder, run in walk_runs(unit, options.walk, diff.report):
         prefix, fd = folder.prefix, folder.fd
-        label = folder.label
+        label, split = folder.label, folder.split
         label_id = None if overrides else labels.get(label)  # one lookup per run, not per file
         seen += len(run)
         for name, text, lossless, _ in run:
@@ -128,14 +131,14 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
                         unchanged += 1
                         if overrides:
                             wanted = overrides.get(key, label)
-                            if labels.get(wanted) != match[5]:
-                                relabel.append((match[1], wanted))
-                        elif label_id != match[5]:
-                            relabel.append((match[1], label))
+                            if labels.get(wanted) != match[5] or split != match[6]:
+                                relabel.append((match[1], wanted, split))
+                        elif label_id != match[5] or split != match[6]:
+                            relabel.append((match[1], label, split))
                         continue
             raw = None if lossless and folder.lossless else folder.raw_prefix + name
             file_label = overrides.get(key, label) if overrides else label
-            to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None))
+            to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split))
     while known is not None:
         if known[4] != "missing":
             missing.append((known[1], known[0]))

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .classes import enter_folder, is_presplit
+
 DEFAULT_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 _FILES_PER_UNIT = 2000
 
@@ -40,10 +42,12 @@ class Unit(NamedTuple):
     prefix: str  # '' at ROOT, else 'a/b/'
     raw_prefix: bytes
     lossless: bool
-    label: str | None  # None at ROOT: each first-level folder names its own label
+    label: str | None  # None at ROOT (and in split folders): each folder below names its own label
     children: tuple[Child, ...]
     start: str
     end: str | None
+    split: str | None = None  # the split folder this unit is in (pre-split trees)
+    presplit: bool = False  # ROOT's folders are split folders: see dlindex.classes
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class WalkOptions:
     hidden: bool = False
     exclude: tuple[str, ...] = ()
     follow_symlinks: bool = False
+    split_folders: bool = True  # detect pre-split trees (ROOT/train/<class>/...)
 
     @property
     def suffixes(self) -> frozenset[bytes]:
@@ -149,10 +154,11 @@ def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelis
     """Cut the tree into units for ``parallelism`` processes (one unit when following links,
     since a file reachable through two links must be recognised within one walk)."""
     children = list_children(root, "", options, report)
+    presplit = options.split_folders and is_presplit(c[TEXT] for c in children if _is_dir_kind(c[KIND]))
     if options.follow_symlinks:
-        units = [Unit(root, "", b"", True, None, tuple(children), "", None)]
+        units = [Unit(root, "", b"", True, None, tuple(children), "", None, None, presplit)]
         return units
-    units = _slices(root, "", b"", True, None, children)
+    units = _slices(root, "", b"", True, None, None, presplit, children)
     for _ in range(2):  # few large folders: cut one level deeper so every process has work
         if len(units) >= 4 * parallelism:
             break
@@ -162,11 +168,12 @@ def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelis
             if len(unit.children) == 1 and kind == "dir":
                 prefix = unit.prefix + text + "/"
                 folder = os.path.join(unit.folder, name)
-                label = unit.label if unit.label is not None else text
+                label, split = enter_folder(unit.label, unit.split, presplit, text)
                 grandchildren = list_children(folder, prefix, options, report)
-                deeper.extend(
-                    _slices(folder, prefix, unit.raw_prefix + name + b"/", unit.lossless and lossless, label, grandchildren)
-                )
+                deeper.extend(_slices(
+                    folder, prefix, unit.raw_prefix + name + b"/", unit.lossless and lossless, label, split, presplit,
+                    grandchildren,
+                ))  # fmt: skip
             else:
                 deeper.append(unit)
         units = deeper
@@ -177,21 +184,26 @@ def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelis
 
 
 def _slices(
-    folder: bytes, prefix: str, raw_prefix: bytes, lossless: bool, label: str | None, children: list[Child]
-) -> list[Unit]:
+    folder: bytes, prefix: str, raw_prefix: bytes, lossless: bool, label: str | None, split: str | None,
+    presplit: bool, children: list[Child],
+) -> list[Unit]:  # fmt: skip
     """Each folder its own unit; runs of files between folders grouped in bounded units."""
     units: list[Unit] = []
     run: list[Child] = []
 
     def close_run() -> None:
         if run:
-            units.append(Unit(folder, prefix, raw_prefix, lossless, label, tuple(run), prefix + sort_text(run[0]), None))
+            units.append(
+                Unit(folder, prefix, raw_prefix, lossless, label, tuple(run), prefix + sort_text(run[0]), None, split, presplit)
+            )
             run.clear()
 
     for child in children:
         if _is_dir_kind(child[KIND]):
             close_run()
-            units.append(Unit(folder, prefix, raw_prefix, lossless, label, (child,), prefix + sort_text(child), None))
+            units.append(
+                Unit(folder, prefix, raw_prefix, lossless, label, (child,), prefix + sort_text(child), None, split, presplit)
+            )
         else:
             run.append(child)
             if len(run) >= _FILES_PER_UNIT:
@@ -209,7 +221,8 @@ class Folder(NamedTuple):
     prefix: str  # the folder's catalog key prefix, 'a/b/' ('' at ROOT)
     raw_prefix: bytes
     lossless: bool  # prefix is raw_prefix decoded as UTF-8
-    label: str  # the label of files in it ('' directly under ROOT)
+    label: str | None  # the label of files in it (None: no class, as directly under ROOT)
+    split: str | None  # the split folder it is in (pre-split trees)
 
 
 def _open_dir(path: bytes) -> int:
@@ -240,9 +253,10 @@ def walk_runs(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[
     path = unit.folder if unit.folder.endswith(b"/") else unit.folder + b"/"
     # An explicit stack of listings: no recursion limit on deep trees.
     stack = [
-        Folder(iter(unit.children), path, _open_dir(path), unit.prefix, unit.raw_prefix, unit.lossless, unit.label or "")
-    ]
-    root_level = unit.label is None  # each first-level folder names its own label
+        Folder(iter(unit.children), path, _open_dir(path), unit.prefix, unit.raw_prefix, unit.lossless, unit.label,
+               unit.split)
+    ]  # fmt: skip
+    presplit = unit.presplit
     try:
         while stack:
             top = stack[-1]
@@ -281,10 +295,10 @@ def walk_runs(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[
                     continue
                 visited_dirs.add((st.st_dev, st.st_ino))
             listing = list_children(folder, key + "/", options, report)
-            label = text if root_level and len(stack) == 1 else top.label
+            label, split = enter_folder(top.label, top.split, presplit, text)
             stack.append(
                 Folder(iter(listing), folder + b"/", _open_dir(folder), key + "/", top.raw_prefix + name + b"/",
-                       top.lossless and lossless, label)
+                       top.lossless and lossless, label, split)
             )  # fmt: skip
     finally:
         for frame in stack:  # the consumer stopped early: close the folders still open

@@ -25,7 +25,7 @@ def by_path(db: Path) -> dict[str, tuple[object, ...]]:
     found = rows(
         db,
         "SELECT file_path, image_metadata.id, labels.name, status, width, height, format, processed, "
-        "xxh3_128, error FROM image_metadata JOIN labels ON labels.id = label_id",
+        "xxh3_128, error FROM image_metadata LEFT JOIN labels ON labels.id = label_id",
     )
     return {r[0]: r[1:] for r in found}  # type: ignore[misc]
 
@@ -40,10 +40,10 @@ def test_first_scan_records_every_file(image_tree: Path, db_path: Path) -> None:
     assert "cannot identify" in str(found["dog/broken.jpg"][8])
 
 
-def test_files_directly_under_root_get_the_empty_label(image_tree: Path, db_path: Path) -> None:
+def test_files_directly_under_root_have_no_class(image_tree: Path, db_path: Path) -> None:
     make_png(image_tree / "top.png")
     scan(db_path, image_tree)
-    assert by_path(db_path)["top.png"][1] == ""
+    assert by_path(db_path)["top.png"][1] is None  # never a class "" that shifts the others
 
 
 def test_nested_folders_take_the_first_level_label(image_tree: Path, db_path: Path) -> None:

@@ -118,6 +118,12 @@ SinceOption = Annotated[str | None, typer.Option("--since", help="Created at or 
 UntilOption = Annotated[str | None, typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False)]
 MinWidthOption = Annotated[int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)]
 MinHeightOption = Annotated[int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)]
+class ClassList(str, Enum):
+    selected = "selected"
+    catalog = "catalog"
+
+
+ClassesOption = Annotated[ClassList, typer.Option("--classes", help="Which class list label_id indexes: selected (the --label names, else all the catalog's classes) or catalog (always all).")]
 PerLabelOption = Annotated[int | None, typer.Option("--per-label", min=1, help="Class balance: at most N random samples per label (deterministic for a --seed).", show_default=False)]
 
 

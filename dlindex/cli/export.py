@@ -18,6 +18,8 @@ from ._shared import (
     NoLogFlag,
     PerLabelOption,
     ProcessedOption,
+    ClassesOption,
+    ClassList,
     ProcessingStatusOption,
     QuietFlag,
     SinceOption,
@@ -46,6 +48,7 @@ def export(
     out_dir: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Folder to write (made atomically), or to check with --verify.")],
     fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="jsonl, csv, parquet (manifests); dali (file lists); wds (WebDataset tars); mds (MosaicML Streaming).")] = ExportFormat.jsonl,
     label: LabelOption = None,
+    classes: ClassesOption = ClassList.selected,
     status: StatusOption = None,
     processed: ProcessedOption = None,
     processing_status: ProcessingStatusOption = None,
@@ -59,7 +62,7 @@ def export(
     shard_bytes: Annotated[str | None, typer.Option("--shard-bytes", metavar="SIZE", help="Shards of at most SIZE (256MiB, 1GB). [default: 256MiB for wds, 64MiB for mds, one shard otherwise]", show_default=False)] = None,
     shuffle: Annotated[bool, typer.Option("--shuffle", help="Seeded random sample order (else by id).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --shuffle and --per-label.")] = 0,
-    split: Annotated[str | None, typer.Option("--split", metavar="NAME=FRACTION,...", help="Stable splits by content hash, e.g. train=0.9,val=0.1.", show_default=False)] = None,
+    split: Annotated[str | None, typer.Option("--split", metavar="NAME=FRACTION,...|tree|NAME,...", help="Stable splits by content hash, e.g. train=0.9,val=0.1; tree: the tree's split folders; val or train,val: only these split folders. [default: the split folders of a pre-split tree, else one split]", show_default=False)] = None,
     world_size: Annotated[int, typer.Option("--world-size", min=1, help="Split each split into W equal rank shares.")] = 1,
     drop_last: Annotated[bool, typer.Option("--drop-last/--pad", help="Equal rank shares by dropping the remainder, or by repeating samples.")] = False,
     features: Annotated[str | None, typer.Option("--features", metavar="TYPE", help="Add this type's vectors from the feature cache.", show_default=False)] = None,
@@ -95,7 +98,7 @@ def export(
         raise typer.BadParameter("give --shard-size or --shard-bytes, not both", param_hint="'--shard-bytes'")
     spec = selection(
         label, status, processed, processing_status, since, until, min_width, min_height,
-        per_label=per_label, limit=limit, seed=seed, cache=False,
+        per_label=per_label, limit=limit, seed=seed, cache=False, classes=classes.value,
     )
     options = ExportOptions(
         format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,

@@ -19,6 +19,8 @@ from ._shared import (
     NoLogFlag,
     PerLabelOption,
     ProcessedOption,
+    ClassesOption,
+    ClassList,
     ProcessingStatusOption,
     SinceOption,
     StatusOption,
@@ -36,6 +38,8 @@ class Order(str, Enum):
 @handle_errors
 def query(
     label: LabelOption = None,
+    split: Annotated[list[str] | None, typer.Option("--split", help="Only this split folder of a pre-split tree: train, val (validation), test... (repeatable).", show_default=False)] = None,
+    classes: ClassesOption = ClassList.selected,
     status: StatusOption = None,
     processed: ProcessedOption = None,
     processing_status: ProcessingStatusOption = None,
@@ -64,7 +68,7 @@ def query(
     out = OutputFormat.paths if null else resolve_format(fmt)
     spec = selection(
         label, status, processed, processing_status, since, until, min_width, min_height,
-        per_label=per_label, limit=limit, order=order.value, seed=seed,
+        per_label=per_label, limit=limit, order=order.value, seed=seed, split=tuple(split or ()), classes=classes.value,
         columns=("path",) if out is OutputFormat.paths else columns, cache=not no_cache,
     )
     with Catalog(db, log=not no_log) as catalog:

@@ -25,12 +25,13 @@ from ._shared import (
 
 @handle_errors
 def scan(
-    root: Annotated[Path, typer.Argument(help="Folder to index (class-per-folder: ROOT/LABEL/...).", show_default=False)],
+    root: Annotated[Path, typer.Argument(help="Folder to index (class-per-folder: ROOT/LABEL/..., or pre-split: ROOT/SPLIT/LABEL/...).", show_default=False)],
     db: DbOption = None,
     ext: Annotated[list[str] | None, typer.Option("--ext", help="Image extension to index (repeatable; replaces the default list).", show_default=False)] = None,
     exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of paths or names to skip (repeatable).", show_default=False)] = None,
     hidden: Annotated[bool, typer.Option("--hidden", help="Include hidden files and folders.")] = False,
     follow_symlinks: Annotated[bool, typer.Option("--follow-symlinks", help="Follow symbolic links (loops are detected; no file is indexed twice).")] = False,
+    no_split_folders: Annotated[bool, typer.Option("--no-split-folders", help="ROOT/train, ROOT/val... are classes, not split folders (see docs/concepts.md).")] = False,
     labels: Annotated[Path | None, typer.Option("--labels", help="CSV file with columns path,label overriding folder labels.", show_default=False)] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Also fully decode every probed image with Pillow.")] = False,
     max_pixels: Annotated[int, typer.Option("--max-pixels", min=1, help="Decode limit; headers above twice this are recorded corrupt (decompression bombs).")] = ScanOptions().max_pixels,
@@ -51,6 +52,7 @@ def scan(
         hidden=hidden,
         exclude=tuple(exclude or ()),
         follow_symlinks=follow_symlinks,
+        split_folders=not no_split_folders,
         labels_file=labels,
         verify=verify,
         max_pixels=max_pixels,

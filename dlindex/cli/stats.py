@@ -54,7 +54,11 @@ def _print(s: CatalogStats) -> None:
     out.print(f"[bold]processed[/] {s.processed:,}, unprocessed {s.unprocessed:,}")
     if s.processing_status:
         out.print("[bold]processing status[/] " + ", ".join(f"{k} {v:,}" for k, v in s.processing_status.items()))
-    out.print(f"[bold]labels[/] {s.labels:,}")
+    out.print(f"[bold]labels[/] {s.labels:,}; classes {s.classes:,} (label_id 0..{max(s.classes - 1, 0):,})")
+    if s.without_class:
+        out.print(f"  without a class (directly under ROOT): {s.without_class:,}")
+    if s.splits:
+        out.print("[bold]splits[/] " + ", ".join(f"{k} {v:,}" for k, v in s.splits.items()))
     if s.largest_labels:
         out.print("  largest:  " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.largest_labels), markup=False)
         out.print("  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False)

@@ -15,17 +15,18 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..query import QuerySpec
+from ..classes import SPLITS, has_presplit_root
+from ..query import QuerySpec, split_counts
 from .dali import write_dali
 from .files import OutputDir, hash_file
 from .manifest import _pyarrow, write_csv, write_jsonl, write_parquet
 from .mds import split_index, write_mds
-from .plan import ExportError, Plan, make_plan, parse_split, select_halves
+from .plan import ExportError, Plan, make_plan, parse_split, select_halves, select_rows, tree_split_choice
 from .reader import INDEX, INDEX_VERSION, load_index, manifest_files, manifest_rows, source_path
 from .shards import Context, ShardInfo
 from .vectors import feature_source
@@ -56,7 +57,9 @@ class ExportOptions:
 
     Args:
         shard_bytes: an int or text such as ``"256MiB"``, ``"1GB"``.
-        split: ``"train=0.9,val=0.1"`` or a mapping; assigned by content hash.
+        split: ``"train=0.9,val=0.1"`` or a mapping: assigned by content hash; ``"tree"``: the
+            tree's split folders; ``"val"``, ``"train,val"``: only these split folders. None:
+            the tree's split folders when the selection is in split folders, else one split.
         drop_last: with ``world_size`` > 1, drop the remainder instead of padding with repeats.
         read_threads: read source files ahead with this many threads (cold caches, packed formats).
     """
@@ -125,7 +128,8 @@ def export_catalog(
         raise ExportError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
     if fmt == "parquet":
         _pyarrow()
-    split = parse_split(options.split)
+    tree = tree_split_choice(options.split)
+    split = None if tree is not None else parse_split(options.split)
     shard_bytes = parse_size(options.shard_bytes)
     if options.shard_size is not None and options.shard_size < 1:
         raise ExportError(f"--shard-size must be at least 1, not {options.shard_size}")
@@ -137,13 +141,28 @@ def export_catalog(
         raise ExportError(f"--world-size must be at least 1, not {options.world_size}")
     features = feature_source(catalog, options.features) if options.features else None
     changes = catalog.changes()
-    rows, prepared, upper = select_halves(catalog, options.query, options.shuffle, options.seed)
+    # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
+    # leaves such files out too.
+    query = replace(options.query, has_class=True, split=tree or options.query.split)
+    tree_names = _tree_splits(catalog, query, tree) if split is None else None
+    tree_rows = None
+    upper = None
+    if tree_names is not None:
+        tree_rows = {}
+        for name in tree_names:
+            part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
+            tree_rows[name] = list(part)
+        rows: Any = ()
+    else:
+        rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
     plan = make_plan(
-        rows, prepared.labels or {}, prepared.roots or {}, only_labels=options.query.labels, split=split,
+        rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
+        class_list=prepared.class_list or "catalog", split=split, tree_splits=tree_rows,
         world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
         stream=fmt != "dali",
     )  # fmt: skip
-    del rows
+    del rows, tree_rows
+    split_option: Any = "tree" if tree_names is not None else split
     target = Path(out_dir)
     output = OutputDir(target, options.overwrite)
     try:
@@ -166,7 +185,10 @@ def export_catalog(
                 (output.tmp / name).write_bytes(data)
                 size, digest = hash_file(output.tmp / name)
                 extra.append({"file": name, "bytes": size, "xxh3_128": digest})
-        index = build_index(catalog, options, fmt, shard_bytes, changes, plan, selected, shards, extra, features)
+        index = build_index(
+            catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
+            shards, extra, features,
+        )  # fmt: skip
         (output.tmp / INDEX).write_bytes(index)
         output.commit()
     except BaseException:
@@ -206,7 +228,7 @@ def build_index(
         "dlindex_version": __version__,
         "catalog": {"path": os.fsdecode(os.path.abspath(catalog.path)), "changes": changes},
         "filters": {
-            "labels": list(spec.labels), "status": list(spec.status), "processed": spec.processed,
+            "labels": list(spec.labels), "split": list(spec.split), "classes": spec.classes, "status": list(spec.status), "processed": spec.processed,
             "processing_status": list(spec.processing_status),
             "since": None if spec.since is None else str(spec.since),
             "until": None if spec.until is None else str(spec.until),
@@ -214,12 +236,18 @@ def build_index(
             "limit": spec.limit,
         },
         "options": {
-            "shuffle": options.shuffle, "seed": options.seed, "split": parse_split(options.split),
+            "shuffle": options.shuffle, "seed": options.seed,
+            "split": options.split if options.split == "tree" else parse_split(options.split),
             "world_size": options.world_size, "drop_last": options.drop_last and options.world_size > 1,
             "shard_size": options.shard_size, "shard_bytes": shard_bytes, "features": options.features,
             "absolute_paths": options.absolute_paths,
         },
         "file_root": os.fsdecode(plan.file_root.rstrip(b"/") or b"/"),
+        # label_id is the index in "classes"; "class_list" says which list that is ("labels":
+        # the --label names only, "catalog": all the catalog's classes). "labels" is the same
+        # list as an object, kept for readers of older exports.
+        "classes": list(plan.labels),
+        "class_list": plan.class_list,
         "labels": {str(k): name for k, name in enumerate(plan.labels)},
         "features": None if features is None else {"name": features.name, "dtype": features.dtype, "dim": features.dim},
         "counts": {
@@ -234,6 +262,24 @@ def build_index(
         return (text + "\n").encode()
     except UnicodeEncodeError:
         return (json.dumps(index, indent=1, ensure_ascii=True) + "\n").encode()
+
+
+def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None) -> list[str] | None:
+    """The tree's split folders to export as splits, or None for one split (no split folders)."""
+    if tree is None and not has_presplit_root(catalog):
+        return None  # no need to count the selection's splits: there are none
+    counts = split_counts(catalog, query)
+    named = [s for s in SPLITS if counts.get(s)]
+    outside = counts.get(None, 0)
+    if tree is None and not named:
+        return None  # a tree without split folders: one split, as ever
+    if outside:
+        hint = "select the split folders with --split NAME,... or" if tree is None else "use"
+        raise ExportError(
+            f"{outside} selected sample(s) are not in a split folder ({', '.join(named)}); "
+            f"{hint} --split NAME=FRACTION to split every sample by content hash"
+        )
+    return named
 
 
 def _created_at() -> str:

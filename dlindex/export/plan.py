@@ -16,14 +16,16 @@ from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from ..classes import canonical_splits
 from ..errors import InputError
 from ..query import QuerySpec, prepare
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
 
-# Positions in a row tuple; the query's own column names.
-ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "bytes", "xxh3_128")
+# Positions in a row tuple; the query's own column names (label_row: the internal labels.id,
+# which plan.label_index maps to the label_id an export writes).
+ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_row", "width", "height", "format", "bytes", "xxh3_128")
 ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
 # Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
 # root and label maps; the rows themselves are read raw.
@@ -76,14 +78,15 @@ class Group:
 @dataclass(frozen=True)
 class Plan:
     groups: tuple[Group, ...]
-    labels: tuple[str, ...]  # class index -> label name (sorted)
-    label_index: Mapping[int, int]  # catalog label id -> class index
+    labels: tuple[str, ...]  # the class list: label_id -> label name (sorted)
+    label_index: Mapping[int, int]  # internal labels.id -> label_id
     roots: Mapping[int, bytes]  # root id -> absolute root path as bytes, ending with b"/"
     file_root: bytes  # what relative paths are relative to (b"/" with absolute paths)
     tally: Tally
     selected: int | None  # rows the query returned (None while streaming: see tally)
     dropped: int  # rows left out by --drop-last
     padded: int  # repeats added by --pad
+    class_list: str = "catalog"  # which list `labels` is: "labels" (the --label names) or "catalog"
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -121,6 +124,25 @@ def parse_split(text: str | Mapping[str, float] | None) -> dict[str, float] | No
     if not fractions or abs(sum(fractions.values()) - 1) > 1e-6:
         raise ExportError(f"split fractions must add up to 1, not {sum(fractions.values()):g}")
     return fractions
+
+
+def tree_split_choice(text: str | Mapping[str, float] | None) -> tuple[str, ...] | None:
+    """``--split tree`` -> () (every split folder); ``--split train,val`` -> those tree splits,
+    canonical; None for fractions or no --split."""
+    if text is None or isinstance(text, Mapping) or "=" in text:
+        return None
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names:
+        return None  # parse_split says what is wrong
+    if names == ["tree"]:
+        return ()
+    try:
+        return canonical_splits(names)
+    except InputError:
+        raise ExportError(
+            f"--split {text!r}: write NAME=FRACTION pairs (train=0.9,val=0.1), tree (the tree's split folders) "
+            "or split folder names (train, val, test)"
+        ) from None
 
 
 def select_rows(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> tuple[Iterator[tuple[Any, ...]], Any]:
@@ -201,39 +223,50 @@ def _point(row: tuple[Any, ...]) -> int:
 
 def make_plan(
     rows: Iterable[tuple[Any, ...]],
-    labels: Mapping[int, str],
+    classes: Sequence[str],
+    class_index: Mapping[int, int],
     roots: Mapping[int, tuple[str, bytes]],
     *,
-    only_labels: Sequence[str] = (),
+    class_list: str = "catalog",
     split: Mapping[str, float] | None,
+    tree_splits: Mapping[str, Sequence[tuple[Any, ...]]] | None = None,
     world_size: int,
     drop_last: bool,
     absolute_paths: bool,
     stream: bool = True,
 ) -> Plan:
     """Arrange rows into groups. Without splits and ranks (and with ``stream``), the rows are
-    not read here: the one group streams them to the writer."""
+    not read here: the one group streams them to the writer.
+
+    Args:
+        classes, class_index: the selection's class list (dlindex.classes), whether or not a
+            sample of each survives the other filters, so label_id does not shift with
+            --min-width or --limit; and internal label row id -> label_id.
+        tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``
+            is then unused.
+    """
     if world_size < 1:
         raise ExportError(f"--world-size must be at least 1, not {world_size}")
-    # Class indices: the labels the filter allows, sorted by name, whether or not a sample of
-    # each survives the other filters, so indices do not shift with --min-width or --limit.
-    wanted = set(only_labels)
-    names = sorted({name for name in labels.values() if not wanted or name in wanted})
-    index_of = {name: k for k, name in enumerate(names)}
-    label_index = {i: index_of[name] for i, name in labels.items() if name in index_of}
+    names = list(classes)
+    label_index = dict(class_index)
     prefixes = {k: v[1] for k, v in roots.items()}
     file_root = b"/" if absolute_paths else _common_root(list(prefixes.values()))
     tally = Tally()
-    if not split and world_size == 1 and stream:
+    if not split and tree_splits is None and world_size == 1 and stream:
         group = Group(DEFAULT_SPLIT, 0, rows, tally=tally)
-        return Plan((group,), tuple(names), label_index, prefixes, file_root, tally, None, 0, 0)
-    rows = list(rows)
-    if split:
+        return Plan((group,), tuple(names), label_index, prefixes, file_root, tally, None, 0, 0, class_list)
+    by_split: dict[str, list[tuple[Any, ...]]]
+    if tree_splits is not None:
+        by_split = {name: list(members) for name, members in tree_splits.items()}
+        rows = [row for members in by_split.values() for row in members]
+    elif split:
+        rows = list(rows)
         assign = split_of(split)
-        by_split: dict[str, list[tuple[Any, ...]]] = {name: [] for name in split}
+        by_split = {name: [] for name in split}
         for row in rows:
             by_split[assign(row)].append(row)
     else:
+        rows = list(rows)
         by_split = {DEFAULT_SPLIT: rows}
     groups: list[Group] = []
     dropped = padded = 0
@@ -254,7 +287,9 @@ def make_plan(
             positions = range(rank, total, world_size)
             chunk = members[rank::world_size]
             groups.append(Group(name, rank, chunk, sum(1 for p in positions if p >= n), positions, tally))
-    return Plan(tuple(groups), tuple(names), label_index, prefixes, file_root, tally, len(rows), dropped, padded)
+    return Plan(
+        tuple(groups), tuple(names), label_index, prefixes, file_root, tally, len(rows), dropped, padded, class_list
+    )
 
 
 def _common_root(prefixes: Sequence[bytes]) -> bytes:

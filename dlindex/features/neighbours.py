@@ -39,7 +39,8 @@ _U = 2.0**-24  # float32 unit roundoff
 # below float32's normal range) in the fast path; such matrices are scored in float64.
 _LARGEST, _SMALLEST = 1e18, 1e-15
 _BLOCK_ELEMENTS = 1 << 23  # scores computed per block of queries: at most 32 MiB of float32
-_LABELS = "SELECT id, label_id FROM image_metadata ORDER BY id"
+# No class (NULL): a distinct negative stand-in per row, never equal to another label or to -1.
+_LABELS = "SELECT id, coalesce(label_id, -1 - id) FROM image_metadata ORDER BY id"
 _KNOWN_IDS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
 _memo: dict[str, Matrix] = {}
 

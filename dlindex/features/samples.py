@@ -23,7 +23,7 @@ _BY_PATH = (
 )
 _DESCRIBE = (
     "SELECT image_metadata.id, labels.name, image_metadata.root_id, image_metadata.file_path, "
-    "image_metadata.file_path_bytes FROM image_metadata JOIN labels ON labels.id = image_metadata.label_id "
+    "image_metadata.file_path_bytes FROM image_metadata LEFT JOIN labels ON labels.id = image_metadata.label_id "
     "WHERE image_metadata.id IN (SELECT value FROM json_each(?))"
 )
 _CHUNK = 10_000

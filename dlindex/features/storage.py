@@ -64,7 +64,7 @@ _IMAGE_FEATURES = (
 _IMAGE_FAILURES = "SELECT feature_type, error, failed_at FROM feature_failures WHERE image_id = ? ORDER BY feature_type"
 _IMAGE = (
     "SELECT image_metadata.id, labels.name, image_metadata.status, image_metadata.processing_status "
-    "FROM image_metadata JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = ?"
+    "FROM image_metadata LEFT JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = ?"
 )
 _CHUNK = 10_000
 
@@ -111,7 +111,7 @@ class ImageFeatures:
     """The vectors and failures of one image, as ``features show`` prints them."""
 
     id: int
-    label: str
+    label: str | None  # None: no class (a file directly under ROOT)
     status: str
     processing_status: str | None
     vectors: dict[str, dict[str, Any]]
