@@ -310,10 +310,9 @@ class _Writer:
         """Label ids, inserting new names, in the transaction that writes the rows using them:
         another scan dropping unused labels can never remove one in between."""
         ids: dict[str | None, int | None] = {None: None}  # no class: directly under ROOT (or a split folder)
-        for name in names:
-            if name is not None:
-                conn.execute(_INSERT_LABEL, (name,))
-                ids[name] = int(conn.execute(_LABEL_ID, (name,)).fetchone()[0])
+        for name in sorted(n for n in names if n is not None):  # sorted: the same ids for the same tree
+            conn.execute(_INSERT_LABEL, (name,))
+            ids[name] = int(conn.execute(_LABEL_ID, (name,)).fetchone()[0])
         return ids
 
     def maybe_flush(self) -> None:

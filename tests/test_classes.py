@@ -119,7 +119,8 @@ def test_query_label_id_is_the_index_in_index_json_classes_and_the_loader_label(
     scan(db, root)
     internal = dict(sqlite3.connect(db).execute("SELECT name, id FROM labels").fetchall())
     shown = {r["label"]: r["label_id"] for r in query(db) if r["label"]}
-    assert all(internal[name] != k for name, k in shown.items())  # the row id (from 1) is never shown
+    assert set(shown) == set(internal) and set(shown.values()) == set(range(len(shown)))
+    assert 0 not in internal.values()  # the row ids (from 1) are not what is shown
     for labels, classes in (((), "selected"), (("b", "apple", "日本"), "selected"), (("b", "apple"), "catalog")):
         out = tmp_path / f"out-{len(labels)}-{classes}"
         spec = QuerySpec(labels=labels, classes=classes, columns=("id", "label_id"))
@@ -405,3 +406,17 @@ def test_presplit_flag_follows_the_last_scan(tmp_path: Path) -> None:
     with Catalog(db) as catalog:
         assert not has_presplit_root(catalog)
         assert export_catalog(catalog, tmp_path / "one", ExportOptions()).splits == {"all": 11}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200) | st.text(max_size=120).map(lambda t: ("path,label\n" + t).encode("utf-8", "surrogatepass")))
+def test_labels_csv_is_read_or_refused(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    from dlindex.scan import _read_labels_file
+
+    path = tmp_path_factory.mktemp("csv") / "labels.csv"
+    path.write_bytes(data)
+    try:
+        labels = _read_labels_file(path)
+    except DlindexError:
+        return
+    assert all(isinstance(k, str) and (v is None or (isinstance(v, str) and v)) for k, v in labels.items())
