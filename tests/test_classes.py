@@ -173,10 +173,11 @@ def presplit_tree(root: Path) -> Path:
     return root
 
 
-def test_presplit_tree_class_is_the_folder_under_the_split(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [ONE, ScanOptions(workers=2)], ids=["one-unit", "units-cut-deeper"])
+def test_presplit_tree_class_is_the_folder_under_the_split(tmp_path: Path, options: ScanOptions) -> None:
     root = presplit_tree(tmp_path / "tree")
     db = tmp_path / "c.db"
-    scan(db, root)
+    scan(db, root, options)
     found = query(db)
     train = imagefolder(root / "train")
     assert {r["label"]: r["label_id"] for r in found if r["label"]} == train.class_to_idx
