@@ -123,8 +123,8 @@ def test_manifest_dataset_with_a_torch_dataloader(db: Path, tmp_path: Path) -> N
 
 
 def test_iter_tar_can_skip_samples(db: Path, tmp_path: Path) -> None:
-    out = export(db, tmp_path / "w", format="wds")
-    tar = out / "all-000000.tar"
+    out = export(db, tmp_path / "w", format="wds", workers=1)
+    tar = out / "train-000000.tar"
     every = list(iter_tar(tar))
     odd = list(iter_tar(tar, keep=lambda n: n % 2 == 1))
     assert len(every) == 24 and [s["__key__"] for s in odd] == [s["__key__"] for s in every[1::2]]

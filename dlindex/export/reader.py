@@ -10,16 +10,37 @@ from pathlib import Path
 from typing import Any
 
 from .plan import ExportError
+from .shards import PATH_B64, exact_path
 
 INDEX = "index.json"
-INDEX_VERSION = 1
+# pyarrow (and so pandas) read every file of a folder as parquet except names starting with
+# "_" or ".": a parquet export keeps its index under this name so `pd.read_parquet(DIR)` works.
+PARQUET_INDEX = "_index.json"
+# 2: the shard list moved from "shards" to SHARDS_KEY (an mds export's root index.json is
+# also streaming's, which reads "version" and "shards"); the default split is "train".
+INDEX_VERSION = 2
+SHARDS_KEY = "dlindex_shards"
 MANIFEST_SUFFIXES = (".jsonl", ".csv", ".parquet")
 _INTS = ("id", "label_id", "width", "height", "bytes")
 
 
+def index_name(fmt: str) -> str:
+    """The file name of an export's own index for a format."""
+    return PARQUET_INDEX if fmt == "parquet" else INDEX
+
+
+def index_path(out_dir: str | os.PathLike[str]) -> Path:
+    """OUT_DIR's dlindex index file (index.json, or _index.json in a parquet export)."""
+    folder = Path(out_dir)
+    for name in (INDEX, PARQUET_INDEX):
+        if (folder / name).is_file():
+            return folder / name
+    return folder / INDEX
+
+
 def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """OUT_DIR/index.json as a dict; ExportError if OUT_DIR is not a dlindex export."""
-    path = Path(out_dir) / INDEX
+    """OUT_DIR's index.json as a dict; ExportError if OUT_DIR is not a dlindex export."""
+    path = index_path(out_dir)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -28,14 +49,21 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise ExportError(f"cannot read {path}: {e}") from None
     if not isinstance(data, dict) or "dlindex_export" not in data:
         raise ExportError(f"{path} is not a dlindex export index")
-    if data["dlindex_export"] > INDEX_VERSION:
-        raise ExportError(f"{path} has export version {data['dlindex_export']}; upgrade dlindex to read it")
+    version = data["dlindex_export"]
+    if not isinstance(version, int) or version > INDEX_VERSION:
+        raise ExportError(f"{path} has export version {version!r}; upgrade dlindex to read it")
+    if version < INDEX_VERSION and "shards" not in data:
+        raise ExportError(f"{path} is an export of version {version} that lists no shards; re-run dlindex export")
     return data
 
 
 def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The shard files an export's index.json lists (the one place that knows the key)."""
-    return list(index["shards"])
+    """The shard files an export's index.json lists (the one place that knows the key).
+
+    Version 1 exports listed them under "shards"; they still read."""
+    if index.get("dlindex_export", INDEX_VERSION) < 2:
+        return list(index["shards"])
+    return list(index[SHARDS_KEY])
 
 
 def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int | None = None) -> list[str]:
@@ -48,13 +76,17 @@ def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int
 
 
 def manifest_rows(out_dir: str | os.PathLike[str], name: str) -> Iterator[dict[str, Any]]:
-    """The rows of one manifest shard as dicts; ``path`` is always ``str`` (surrogate escapes
-    for names that are not UTF-8: ``os.fsencode(row["path"])`` gives the exact bytes)."""
+    """The rows of one manifest shard as dicts; ``path`` is always the exact name as ``str``
+    (surrogate escapes for names that are not UTF-8: ``os.fsencode(row["path"])`` gives the
+    bytes), restored from ``path_b64`` / ``path_bytes`` where the file shows it escaped."""
     path = Path(out_dir) / name
     if name.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
-                yield json.loads(line)
+                row = json.loads(line)
+                if row.get(PATH_B64):
+                    row["path"] = exact_path(row["path"], row[PATH_B64])
+                yield row
     elif name.endswith(".csv"):
         with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
             for row in csv.DictReader(f):
@@ -63,6 +95,9 @@ def manifest_rows(out_dir: str | os.PathLike[str], name: str) -> Iterator[dict[s
                     out[key] = int(row[key]) if row.get(key) else None
                 if "feature" in out:
                     out["feature"] = json.loads(row["feature"])
+                if PATH_B64 in out:
+                    out[PATH_B64] = out[PATH_B64] or None
+                    out["path"] = exact_path(out["path"], out[PATH_B64])
                 yield out
     elif name.endswith(".parquet"):
         import pyarrow.parquet as pq
