@@ -78,7 +78,7 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
             else:
                 append(
                     f'{{"id":{ident},"path":{quote(prefix + name)},{parts[label]},"width":{width},'
-                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}","path_b64":null}}\n'
+                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}","path_b64":""}}\n'
                 )
         return out
 

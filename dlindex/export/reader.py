@@ -52,8 +52,10 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     version = data["dlindex_export"]
     if not isinstance(version, int) or version > INDEX_VERSION:
         raise ExportError(f"{path} has export version {version!r}; upgrade dlindex to read it")
-    if version < INDEX_VERSION and "shards" not in data:
-        raise ExportError(f"{path} is an export of version {version} that lists no shards; re-run dlindex export")
+    key = SHARDS_KEY if version >= 2 else "shards"
+    shards = data.get(key)
+    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards):
+        raise ExportError(f"{path} lists no shards under {key!r}; re-run dlindex export")
     return data
 
 
@@ -82,23 +84,24 @@ def manifest_rows(out_dir: str | os.PathLike[str], name: str) -> Iterator[dict[s
     path = Path(out_dir) / name
     if name.endswith(".jsonl"):
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                row = json.loads(line)
-                if row.get(PATH_B64):
-                    row["path"] = exact_path(row["path"], row[PATH_B64])
+            for n, line in enumerate(f, 1):
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise ExportError(f"{name}, line {n}: not a JSON object; the manifest is damaged") from None
+                if not isinstance(row, dict) or not isinstance(row.get("path"), str):
+                    raise ExportError(f"{name}, line {n}: no path; the manifest is damaged")
+                if PATH_B64 in row:
+                    row[PATH_B64] = row[PATH_B64] or None
+                    row["path"] = exact_path(row["path"], str(row[PATH_B64] or ""))
                 yield row
     elif name.endswith(".csv"):
         with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            for row in csv.DictReader(f):
-                out: dict[str, Any] = dict(row)
-                for key in _INTS:
-                    out[key] = int(row[key]) if row.get(key) else None
-                if "feature" in out:
-                    out["feature"] = json.loads(row["feature"])
-                if PATH_B64 in out:
-                    out[PATH_B64] = out[PATH_B64] or None
-                    out["path"] = exact_path(out["path"], out[PATH_B64])
-                yield out
+            try:
+                for n, row in enumerate(csv.DictReader(f), 2):
+                    yield _csv_row(name, n, row)
+            except csv.Error as e:
+                raise ExportError(f"{name}: not a CSV manifest ({e})") from None
     elif name.endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -111,10 +114,30 @@ def manifest_rows(out_dir: str | os.PathLike[str], name: str) -> Iterator[dict[s
         raise ExportError(f"{name} is not a manifest shard")
 
 
-def source_path(index: Mapping[str, Any], path: str) -> bytes:
-    """A manifest path as the absolute path of the source file, in bytes."""
+def _csv_row(name: str, n: int, row: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = dict(row)
+    if not isinstance(out.get("path"), str) or None in out:
+        raise ExportError(f"{name}, line {n}: not a row of the manifest's columns; the manifest is damaged")
+    try:
+        for key in _INTS:
+            out[key] = int(row[key]) if row.get(key) else None
+        if out.get("feature"):
+            out["feature"] = json.loads(row["feature"])
+    except ValueError:
+        raise ExportError(f"{name}, line {n}: a number or feature column does not parse; the manifest is damaged") from None
+    if PATH_B64 in out:
+        out[PATH_B64] = out[PATH_B64] or None
+        out["path"] = exact_path(out["path"], out[PATH_B64])
+    return out
+
+
+def source_path(index: Mapping[str, Any], path: str, root: str | os.PathLike[str] | None = None) -> bytes:
+    """A manifest path as the absolute path of the source file, in bytes: relative paths are
+    relative to ``root`` when given (the tree moved since the export), else to index.json's file_root."""
     raw = os.fsencode(path)
     if raw.startswith(b"/"):
+        if root is not None:
+            raise ExportError("this export holds absolute paths (--absolute-paths); root= cannot move them, re-run dlindex export")
         return raw
-    root = os.fsencode(index.get("file_root") or "/")
-    return root.rstrip(b"/") + b"/" + raw
+    base = os.fsencode(root) if root is not None else os.fsencode(index.get("file_root") or "/")
+    return base.rstrip(b"/") + b"/" + raw

@@ -16,7 +16,8 @@ from .plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Gr
 # The keys of a manifest row and of a packed sample's metadata, in this order, in every format.
 SAMPLE_KEYS = ("id", "path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
 # Text formats (jsonl, csv, the wds/mds json) add this key: the exact name in base64 where it is
-# not UTF-8 (then ``path`` shows it with \\xNN escapes, valid UTF-8 for pandas, polars, duckdb), else null.
+# not UTF-8 (then ``path`` shows it with \\xNN escapes, valid UTF-8 for pandas, polars, duckdb),
+# else "" (not null: polars types a column from its first rows, and null there would mean no type).
 PATH_B64 = "path_b64"
 TEXT_KEYS = (*SAMPLE_KEYS, PATH_B64)
 
@@ -131,14 +132,14 @@ def metadata_json(row: tuple[Any, ...], ctx: Context, label_json: list[str]) -> 
     return (
         f'{{"id":{row[ID]},"path":{_encode_text(path)},"label":{label_json[k]},"label_id":{k},'
         f'"width":{_num(row[WIDTH])},"height":{_num(row[HEIGHT])},"format":{_text(row[FORMAT])},'
-        f'"bytes":{_num(row[BYTES])},"xxh3_128":{_text(row[HASH])},"path_b64":{_text(b64)}}}'
+        f'"bytes":{_num(row[BYTES])},"xxh3_128":{_text(row[HASH])},"path_b64":{_encode_text(b64 or "")}}}'
     )
 
 
 # The fast path of metadata_json(): a UTF-8 name under a UTF-8 root, no NULLs.
 _TEMPLATE = (
     '{"id":%d,"path":%s,"label":%s,"label_id":%d,"width":%d,"height":%d,"format":"%s","bytes":%d,'
-    '"xxh3_128":"%s","path_b64":null}'
+    '"xxh3_128":"%s","path_b64":""}'
 )
 
 
