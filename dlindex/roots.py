@@ -100,8 +100,8 @@ def move_root(
             found = os.stat(path).st_size
         except OSError:
             raise InputError(
-                f"{os.fsdecode(path)!r} is not there: {os.fsdecode(new_raw)!r} does not hold root "
-                f"{display_name(old_raw)[0]!r}'s files (pass --check 0 to record the move anyway)"
+                f"{os.fsdecode(path)!r} is not there: {os.fsdecode(new_raw)!r} does not hold the files of root "
+                f"{display_name(old_raw)[0]!r} (pass --check 0 to record the move anyway)"
             ) from None
         if size is not None and found != size:
             raise InputError(f"{os.fsdecode(path)!r} has {found} bytes, the catalog says {size}: not the same tree")
