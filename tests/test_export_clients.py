@@ -294,3 +294,42 @@ def test_loaders_take_root_after_the_tree_moved(formats_db: Path, tmp_path: Path
 
     with pytest.raises(DlindexError, match="not a folder"):
         ManifestDataset(manifest, root=tmp_path / "nowhere")
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    version=st.sampled_from([1, 2, 3, "2", None, -1]),
+    key=st.sampled_from(["shards", "dlindex_shards", "x"]),
+    shards=_JSON | st.lists(st.fixed_dictionaries({"file": st.text(max_size=5)}), max_size=3),
+    raw=st.none() | st.binary(max_size=60),
+)
+def test_a_damaged_index_raises_export_error(tmp_path: Path, version: Any, key: str, shards: Any, raw: bytes | None) -> None:
+    (tmp_path / "index.json").write_bytes(raw if raw is not None else json.dumps({"dlindex_export": version, key: shards}).encode())
+    try:
+        index = load_index(tmp_path)
+    except ExportError:
+        return
+    assert all(isinstance(s["file"], str) for s in listed_shards(index))
+
+
+def test_cli_workers_option(formats_db: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dlindex.cli import app
+
+    runner = CliRunner()
+    args = ["export", str(tmp_path / "w"), "--format", "wds", "--workers", "3", "--json", "--db", str(formats_db)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["shards"] == 3 and load_index(tmp_path / "w")["options"]["workers"] == 3
+    bad = runner.invoke(app, ["export", str(tmp_path / "x"), "--format", "wds", "--workers", "0", "--db", str(formats_db)])
+    assert bad.exit_code == 2
+    reserved = runner.invoke(app, ["export", str(tmp_path / "y"), "--split", "all=1", "--db", str(formats_db)])
+    assert reserved.exit_code == 1 and reserved.stderr.startswith("Error: ") and "reserved" in reserved.stderr

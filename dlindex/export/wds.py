@@ -88,8 +88,8 @@ def hf_features(extensions: Iterable[str], features: Any = None) -> dict[str, An
     """HF ``datasets.Features.to_dict()`` of this export's samples, for
     ``load_dataset("webdataset", ..., features=Features.from_dict(...))``: with it HF does not
     guess the columns from the first samples (where an all-JPEG start would drop the png column)."""
-    image_keys = image_key_spec(extensions).split(";")
-    out: dict[str, Any] = {key: {"_type": "Image"} for key in image_keys if key in set(extensions)}
+    used = set(extensions)
+    out: dict[str, Any] = {key: {"_type": "Image"} for key in image_key_spec(used).split(";") if key in used}
     out["cls"] = {"dtype": "int64", "_type": "Value"}
     out["json"] = {k: {"dtype": t, "_type": "Value"} for k, t in _JSON_TYPES.items()}
     if features is not None:
