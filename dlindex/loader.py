@@ -22,13 +22,17 @@ import os
 import sqlite3
 import sys
 import urllib.parse
-from collections.abc import Callable, Iterator
+import warnings
+from bisect import bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from .errors import DlindexError
 from .export.reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .export.shards import exact_path
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -104,15 +108,19 @@ class ManifestDataset:
         split, rank: only these shards (default: all).
         decode: Pillow-decode (converted to ``mode``); False gives the file's bytes.
         catalog: for ``metadata(i)``; default the catalog named in index.json.
+        root: where the image tree is now, if it moved since the export (default: index.json's
+            ``file_root``); manifest paths are relative to it.
     """
 
     def __init__(
         self, out_dir: str | os.PathLike[str], split: str | None = None, rank: int | None = None, *,
         transform: Callable[[Any], Any] | None = None, decode: bool = True, mode: str | None = "RGB",
         catalog: str | os.PathLike[str] | None = None, cache_size: int = 65536,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:  # fmt: skip
         self.out_dir = Path(out_dir)
         self.index = load_index(out_dir)
+        self.root = _check_root(root)
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
         files = manifest_files(self.index, split, rank)
         if not files:
@@ -122,7 +130,7 @@ class ManifestDataset:
         self.ids = array.array("q")
         for name in files:
             for row in manifest_rows(self.out_dir, name):
-                self.paths.append(source_path(self.index, row["path"]))
+                self.paths.append(source_path(self.index, row["path"], self.root))
                 self.labels.append(row["label_id"])
                 self.ids.append(row["id"])
         self.transform = transform
@@ -157,10 +165,13 @@ class ManifestDataset:
         return row
 
 
-def iter_tar(path: str | os.PathLike[str], keep: Callable[[int], bool] | None = None) -> Iterator[dict[str, Any]]:
+def iter_tar(
+    path: str | os.PathLike[str], keep: Callable[[int], bool] | None = None, stop: int | None = None
+) -> Iterator[dict[str, Any]]:
     """Samples of a WebDataset tar: ``{"__key__": key, ext: bytes, ...}``, grouped by key.
 
     ``keep(n)`` decides whether the n-th sample of the file is read; others are seeked over.
+    Reading ends before sample ``stop``.
     """
     with open(path, "rb", buffering=1 << 20) as f:
         if hasattr(os, "posix_fadvise"):
@@ -187,6 +198,8 @@ def iter_tar(path: str | os.PathLike[str], keep: Callable[[int], bool] | None = 
                 if sample:
                     yield sample
                 key, sample, n = member_key, {}, n + 1
+                if stop is not None and n >= stop:
+                    return
                 wanted = keep is None or keep(n)
                 if wanted:
                     sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
@@ -203,10 +216,14 @@ def iter_tar(path: str | os.PathLike[str], keep: Callable[[int], bool] | None = 
 class WdsDataset:
     """Iterable dataset over a ``wds`` export's shards: ``(image, label)`` per sample.
 
-    Shards go to ranks (an export made with the same ``--world-size`` keeps its own rank
-    assignment; otherwise shard i goes to rank i mod W), then to DataLoader workers; when a
-    rank has fewer shards than workers, each worker reads every shard but only every K-th
-    sample. ``shuffle_shards`` reorders shards per epoch (``set_epoch``) with ``seed``.
+    Shards go to ranks, then to DataLoader workers. An export made with the same
+    ``--world-size`` keeps its own rank assignment; with another world size every rank reads
+    one contiguous block of the split's samples, all blocks the same size (the remainder
+    dropped or padded with repeats, as the export's ``--drop-last``/``--pad`` chose; padded when
+    dropping would leave a rank nothing), and a warning says so once. When a rank has fewer
+    shards than workers, each worker reads every shard but only every K-th sample.
+    ``shuffle_shards`` reorders shards per epoch (``set_epoch``) with ``seed``.
+    ``root`` (where the image tree is now) only changes ``with_metadata``'s ``file``.
     """
 
     _torch_class: type | None = None
@@ -223,10 +240,11 @@ class WdsDataset:
         self, out_dir: str | os.PathLike[str], split: str | None = None, *, rank: int | None = None,
         world_size: int | None = None, transform: Callable[[Any], Any] | None = None, decode: bool = True,
         mode: str | None = "RGB", with_metadata: bool = False, shuffle_shards: bool = False, seed: int = 0,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:  # fmt: skip
         self._args = dict(
             out_dir=out_dir, split=split, rank=rank, world_size=world_size, transform=transform, decode=decode,
-            mode=mode, with_metadata=with_metadata, shuffle_shards=shuffle_shards, seed=seed,
+            mode=mode, with_metadata=with_metadata, shuffle_shards=shuffle_shards, seed=seed, root=root,
         )  # fmt: skip
         self.out_dir = Path(out_dir)
         self.index = load_index(out_dir)
@@ -239,7 +257,19 @@ class WdsDataset:
         self.rank, self.world_size = rank, world_size
         self.transform, self.decode, self.mode = transform, decode, mode
         self.with_metadata, self.shuffle_shards, self.seed = with_metadata, shuffle_shards, seed
+        self.root = _check_root(root)
         self.epoch = 0
+        self.export_world = int(self.index["options"].get("world_size", 1))
+        self.drop_last = bool(self.index["options"].get("drop_last", False))
+        _, world = rank_and_world(rank, world_size)
+        if world != self.export_world:
+            total = sum(s["samples"] for s in self.shards)
+            per, how = _share(total, world, self.drop_last)
+            warnings.warn(
+                f"{out_dir} was exported for world size {self.export_world}, read with {world}: each rank "
+                f"reads a block of {per} of the {total} samples ({how})",
+                stacklevel=2,
+            )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self._args, self.epoch))
@@ -248,12 +278,21 @@ class WdsDataset:
         self.epoch = epoch
 
     def rank_shards(self) -> list[dict[str, Any]]:
-        """The shards this process's rank reads."""
+        """The shards this process's rank reads (in part, when the world size is not the export's)."""
+        seen: dict[str, dict[str, Any]] = {}
+        for shard, _, _ in self.rank_segments():
+            seen.setdefault(shard["file"], shard)
+        return list(seen.values())
+
+    def rank_segments(self) -> list[tuple[dict[str, Any], int, int]]:
+        """(shard, first, end) sample ranges this rank reads, in order."""
         rank, world = rank_and_world(self.rank, self.world_size)
-        if self.index["options"].get("world_size", 1) == world:
-            mine = [s for s in self.shards if s["rank"] == rank]
+        if not 0 <= rank < world:
+            raise DlindexError(f"rank {rank} is not in a world of size {world}")
+        if world == self.export_world:
+            mine = [(s, 0, s["samples"]) for s in self.shards if s["rank"] == rank]
         else:
-            mine = [s for i, s in enumerate(self.shards) if i % world == rank]
+            mine = _block(self.shards, world, rank, self.drop_last)
         if self.shuffle_shards:
             import random
 
@@ -262,19 +301,21 @@ class WdsDataset:
 
     def __len__(self) -> int:
         """Samples this rank reads per epoch (all workers together)."""
-        return sum(s["samples"] for s in self.rank_shards())
+        return sum(end - first for _, first, end in self.rank_segments())
 
     def __iter__(self) -> Iterator[Any]:
         worker, workers = _worker()
-        shards = self.rank_shards()
-        plan: list[tuple[dict[str, Any], int | None]]
-        if len(shards) >= workers:
-            plan = [(s, None) for i, s in enumerate(shards) if i % workers == worker]
+        segments = self.rank_segments()
+        plan: list[tuple[tuple[dict[str, Any], int, int], int | None]]
+        if len(segments) >= workers:
+            plan = [(seg, None) for i, seg in enumerate(segments) if i % workers == worker]
         else:
-            plan = [(s, workers) for s in shards]
-        for shard, stride in plan:
-            keep = None if stride is None else (lambda n, k=stride: n % k == worker)
-            for sample in iter_tar(self.out_dir / shard["file"], keep):
+            plan = [(seg, workers) for seg in segments]
+        for (shard, first, end), stride in plan:
+            def keep(n: int, first: int = first, end: int = end, stride: int | None = stride) -> bool:
+                return first <= n < end and (stride is None or (n - first) % stride == worker)
+
+            for sample in iter_tar(self.out_dir / shard["file"], keep, stop=end):
                 yield self._item(sample)
 
     def _item(self, sample: dict[str, Any]) -> Any:
@@ -288,12 +329,54 @@ class WdsDataset:
         if self.with_metadata:
             info = json.loads(meta) if meta else {}
             info["__key__"] = key
+            if "path" in info:
+                exact = exact_path(info["path"], info.get("path_b64"))
+                info["file"] = os.fsdecode(source_path(self.index, exact, self.root))
             return image, label, info
         return image, label
 
 
+def _share(total: int, world: int, drop_last: bool) -> tuple[int, str]:
+    """Samples per rank for ``total`` over ``world`` ranks, and what happened to the remainder."""
+    if total % world == 0:
+        return total // world, "an even split"
+    if drop_last and total >= world:
+        return total // world, f"{total % world} dropped, as the export's --drop-last did"
+    per = -(-total // world)
+    why = "dropping would leave a rank nothing" if drop_last else "as the export's --pad did"
+    return per, f"{per * world - total} repeated to pad, {why}"
+
+
+def _block(shards: Sequence[dict[str, Any]], world: int, rank: int, drop_last: bool) -> list[tuple[dict[str, Any], int, int]]:
+    """Rank ``rank``'s contiguous block of the shards' samples, as (shard, first, end) ranges;
+    positions past the end wrap around to the first samples (padding)."""
+    total = sum(s["samples"] for s in shards)
+    if not total:
+        return []
+    per, _ = _share(total, world, drop_last)
+    starts = [0, *accumulate(s["samples"] for s in shards)]
+    out: list[tuple[dict[str, Any], int, int]] = []
+    pos, end = rank * per, (rank + 1) * per
+    while pos < end:
+        p = pos % total
+        i = bisect_right(starts, p) - 1
+        first = p - starts[i]
+        take = min(shards[i]["samples"] - first, end - pos)
+        out.append((shards[i], first, first + take))
+        pos += take
+    return out
+
+
+def _check_root(root: str | os.PathLike[str] | None) -> str | os.PathLike[str] | None:
+    if root is not None and not os.path.isdir(root):
+        raise DlindexError(f"root {os.fsdecode(root)!r} is not a folder")
+    return root
+
+
 def _rebuild(args: dict[str, Any], epoch: int) -> WdsDataset:
-    dataset = WdsDataset(**args)
+    with warnings.catch_warnings():  # said once, where the dataset was made, not in every worker
+        warnings.simplefilter("ignore")
+        dataset = WdsDataset(**args)
     dataset.epoch = epoch
     return dataset
 

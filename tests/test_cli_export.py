@@ -8,6 +8,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dlindex.cli import app
+from dlindex.export.reader import listed_shards
 from dlindex.export import load_index
 
 from .conftest import make_png
@@ -20,7 +21,7 @@ def run(runner: CliRunner, *args: str) -> object:
 def test_default_is_one_jsonl_manifest(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "--quiet"])
     assert (result.exit_code, result.stdout, result.stderr) == (0, "", ""), result.output
-    assert [s["file"] for s in load_index(tmp_path / "o")["shards"]] == ["all-000000.jsonl"]
+    assert [s["file"] for s in listed_shards(load_index(tmp_path / "o"))] == ["train-000000.jsonl"]
 
 
 def test_json_summary(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:

@@ -6,9 +6,7 @@ import glob
 import json
 import os
 import sqlite3
-import sys
 import tarfile
-import types
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +15,7 @@ from PIL import Image
 
 from dlindex import Catalog, InputError, QuerySpec, ScanOptions, scan_tree
 from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, manifest_rows, verify_export
+from dlindex.export.reader import INDEX_VERSION, listed_shards
 
 from .conftest import make_jpeg, make_png, rows
 
@@ -26,6 +25,13 @@ FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
 def export(db: Path, out: Path, **options: Any) -> Any:
     with Catalog(db) as catalog:
         return export_catalog(catalog, out, ExportOptions(**options))
+
+
+def manifest_path(meta: dict[str, Any]) -> str:
+    """A metadata object's exact path (``str`` with surrogate escapes), as dlindex's readers give it."""
+    from dlindex.export.shards import exact_path
+
+    return exact_path(meta["path"], meta.get("path_b64"))
 
 
 def catalogued(db: Path) -> dict[str, tuple[int, str, int, str]]:
@@ -39,21 +45,9 @@ def catalogued(db: Path) -> dict[str, tuple[int, str, int, str]]:
 
 
 def import_streaming() -> Any:
-    """`streaming`, even where its vision/text modules cannot import: the CPU torch wheel here
-    pairs with a CUDA torchvision wheel whose operators do not load. StreamingDataset needs neither."""
+    """mosaicml-streaming as users import it (`from streaming import StreamingDataset`)."""
     pytest.importorskip("torch")
-    try:
-        import streaming
-    except (ImportError, RuntimeError):
-        for name in [n for n in sys.modules if n == "streaming" or n.startswith(("streaming.", "torchvision"))]:
-            del sys.modules[name]
-        for name in ("streaming.vision", "streaming.text", "streaming.multimodal"):
-            sys.modules[name] = types.ModuleType(name)
-        try:
-            import streaming
-        except ImportError:
-            pytest.skip("mosaicml-streaming is not installed")
-    return streaming
+    return pytest.importorskip("streaming")
 
 
 @pytest.fixture
@@ -86,11 +80,11 @@ def test_manifests_hold_every_ok_sample(mixed_db: Path, tmp_path: Path, fmt: str
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(out / index["shards"][0]["file"])
+        table = pq.read_table(out / listed_shards(index)[0]["file"])
         got = table.to_pylist()
         assert table.column_names[:9] == ["id", "path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128"]
     else:
-        got = list(manifest_rows(out, index["shards"][0]["file"]))
+        got = list(manifest_rows(out, listed_shards(index)[0]["file"]))
     assert {r["path"]: (r["id"], r["label"], r["bytes"], r["xxh3_128"]) for r in got} == expected
     assert index["labels"] == {"0": "cat", "1": "dog", "2": "eel"}
     assert all(index["labels"][str(r["label_id"])] == r["label"] for r in got)
@@ -100,13 +94,13 @@ def test_manifests_hold_every_ok_sample(mixed_db: Path, tmp_path: Path, fmt: str
 
 def test_jsonl_lines_parse_with_plain_json(mixed_db: Path, tmp_path: Path) -> None:
     export(mixed_db, tmp_path / "o", format="jsonl")
-    lines = (tmp_path / "o" / "all-000000.jsonl").read_text().splitlines()
+    lines = (tmp_path / "o" / "train-000000.jsonl").read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == sorted(r[0] for r in catalogued(mixed_db).values())
 
 
 def test_wds_reads_back_with_webdataset(mixed_db: Path, tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset")
-    export(mixed_db, tmp_path / "w", format="wds", shard_size=7)
+    export(mixed_db, tmp_path / "w", format="wds", shard_size=7, workers=1)
     urls = sorted(glob.glob(str(tmp_path / "w" / "*.tar")))
     assert len(urls) == 3
     samples = list(wds.WebDataset(urls, shardshuffle=False, empty_check=False))
@@ -149,7 +143,7 @@ def test_wds_reads_back_with_hf_datasets(mixed_db: Path, tmp_path: Path) -> None
 def test_wds_single_format_loads_in_hf_without_features(scanned_db: Path, tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     export(scanned_db, tmp_path / "w", format="wds")
-    loaded = datasets.load_dataset("webdataset", data_files=str(tmp_path / "w" / "all-*.tar"), cache_dir=str(tmp_path / "hf"))
+    loaded = datasets.load_dataset("webdataset", data_files=str(tmp_path / "w" / "train-*.tar"), cache_dir=str(tmp_path / "hf"))
     assert sorted(loaded["train"]["cls"]) == [0, 0, 0, 1, 1, 1]
 
 
@@ -173,7 +167,7 @@ def test_mds_reads_back_with_streaming(mixed_db: Path, tmp_path: Path) -> None:
 def test_dali_file_lists(mixed_db: Path, tmp_path: Path) -> None:
     export(mixed_db, tmp_path / "d", format="dali")
     index = load_index(tmp_path / "d")
-    lines = (tmp_path / "d" / "all-000000.txt").read_bytes().splitlines()
+    lines = (tmp_path / "d" / "train-000000.txt").read_bytes().splitlines()
     root = index["file_root"]
     expected = catalogued(mixed_db)
     assert len(lines) == len(expected)
@@ -197,7 +191,7 @@ def test_filters_and_per_label_come_from_query(mixed_db: Path, tmp_path: Path) -
     summary = export(mixed_db, tmp_path / "o", query=QuerySpec(labels=("cat", "dog"), per_label=2, seed=3))
     assert summary.samples == 4
     index = load_index(tmp_path / "o")
-    assert index["counts"]["splits"]["all"]["labels"] == {"cat": 2, "dog": 2}
+    assert index["counts"]["splits"]["train"]["labels"] == {"cat": 2, "dog": 2}
     assert index["filters"]["labels"] == ["cat", "dog"] and index["filters"]["per_label"] == 2
 
 
@@ -220,7 +214,7 @@ def test_same_catalog_and_options_give_identical_bytes(
 def test_shuffle_depends_on_the_seed_only(mixed_db: Path, tmp_path: Path) -> None:
     def order(name: str, **kw: Any) -> list[int]:
         export(mixed_db, tmp_path / name, **kw)
-        return [r["id"] for r in manifest_rows(tmp_path / name, "all-000000.jsonl")]
+        return [r["id"] for r in manifest_rows(tmp_path / name, "train-000000.jsonl")]
 
     plain = order("plain")
     assert plain == sorted(plain)
@@ -244,7 +238,7 @@ def test_splits_are_stable_as_the_catalog_grows(tmp_path: Path) -> None:
 
     def split_of(out: str) -> dict[int, str]:
         index = load_index(tmp_path / out)
-        return {r["id"]: s["split"] for s in index["shards"] for r in manifest_rows(tmp_path / out, s["file"])}
+        return {r["id"]: s["split"] for s in listed_shards(index) for r in manifest_rows(tmp_path / out, s["file"])}
 
     before, after = split_of("e1"), split_of("e2")
     assert len(after) == 60 and all(after[i] == s for i, s in before.items())
@@ -259,13 +253,13 @@ def test_every_rank_gets_the_same_number_of_samples(mixed_db: Path, tmp_path: Pa
     for split, counts in index["counts"]["splits"].items():
         ranks = counts["ranks"]
         assert len(ranks) == 3 and len(set(ranks)) == 1, (split, ranks)
-        per_rank = {r: sum(s["samples"] for s in index["shards"] if s["split"] == split and s["rank"] == r) for r in range(3)}
+        per_rank = {r: sum(s["samples"] for s in listed_shards(index) if s["split"] == split and s["rank"] == r) for r in range(3)}
         assert list(per_rank.values()) == ranks
         total += sum(ranks)
     assert total == summary.samples == 20 + summary.padded - summary.dropped
     assert (summary.dropped > 0) == drop_last and (summary.padded > 0) != drop_last
     keys = []
-    for shard in index["shards"]:
+    for shard in listed_shards(index):
         with tarfile.open(tmp_path / "r" / shard["file"]) as tar:
             keys += [m.name.split(".")[0] for m in tar.getmembers() if m.name.endswith(".cls")]
     assert len(keys) == len(set(keys)) == summary.samples  # repeats get keys of their own
@@ -273,7 +267,7 @@ def test_every_rank_gets_the_same_number_of_samples(mixed_db: Path, tmp_path: Pa
 
 def test_shard_bytes_bounds_shard_sizes(mixed_db: Path, tmp_path: Path) -> None:
     export(mixed_db, tmp_path / "w", format="wds", shard_bytes="8KiB")
-    shards = load_index(tmp_path / "w")["shards"]
+    shards = listed_shards(load_index(tmp_path / "w"))
     assert len(shards) > 2 and all(s["bytes"] <= 8192 + 1024 for s in shards)
     assert sum(s["samples"] for s in shards) == 20
 
@@ -283,10 +277,10 @@ def test_index_json_describes_the_export(mixed_db: Path, tmp_path: Path) -> None
     index = load_index(tmp_path / "w")
     with Catalog(mixed_db) as catalog:
         changes = catalog.changes()
-    assert index["format"] == "wds" and index["dlindex_export"] == 1
+    assert index["format"] == "wds" and index["dlindex_export"] == INDEX_VERSION
     assert index["catalog"] == {"path": str(mixed_db), "changes": changes}
     assert index["options"]["seed"] == 9 and index["options"]["split"] == {"train": 0.5, "val": 0.5}
-    for shard in index["shards"]:
+    for shard in listed_shards(index):
         path = tmp_path / "w" / shard["file"]
         assert path.stat().st_size == shard["bytes"]
         import xxhash
@@ -296,7 +290,7 @@ def test_index_json_describes_the_export(mixed_db: Path, tmp_path: Path) -> None
 
 def test_tar_members_are_safe_and_fixed(mixed_db: Path, tmp_path: Path) -> None:
     export(mixed_db, tmp_path / "w", format="wds")
-    with tarfile.open(tmp_path / "w" / "all-000000.tar") as tar:
+    with tarfile.open(tmp_path / "w" / "train-000000.tar") as tar:
         members = tar.getmembers()
     assert members and all(m.isfile() for m in members)
     for m in members:
@@ -318,11 +312,11 @@ def test_verify_detects_a_modified_image(mixed_db: Path, tmp_path: Path) -> None
 
 def test_verify_detects_a_damaged_shard_and_a_missing_file(mixed_db: Path, tmp_path: Path) -> None:
     export(mixed_db, tmp_path / "w", format="wds", shard_size=10)
-    shard = tmp_path / "w" / "all-000000.tar"
+    shard = tmp_path / "w" / "train-000000.tar"
     data = bytearray(shard.read_bytes())
     data[1000] ^= 0xFF
     shard.write_bytes(bytes(data))
-    (tmp_path / "w" / "all-000001.tar").unlink()
+    (tmp_path / "w" / "train-000001.tar").unlink()
     result = verify_export(tmp_path / "w")
     assert result.problem_count == 2
     assert any("checksum" in p for p in result.problems) and any("missing" in p for p in result.problems)
@@ -419,28 +413,28 @@ def test_hostile_names_survive_every_format(hostile_db: Path, tmp_path: Path, fm
     else:
         assert result.samples == 9  # every manifest path led back to the exact file
     if fmt == "wds":
-        with tarfile.open(out / "all-000000.tar") as tar:
-            names = tar.getnames()
+        names, metas = [], []
+        for shard in listed_shards(index):
+            with tarfile.open(out / shard["file"]) as tar:
+                names += tar.getnames()
+                for m in tar.getmembers():
+                    if m.name.endswith(".json"):
+                        metas.append(json.loads(tar.extractfile(m).read()))  # type: ignore[union-attr]
         assert len(names) == 27 and all(n.split(".")[0].isdigit() for n in names)
-        metas = []
-        with tarfile.open(out / "all-000000.tar") as tar:
-            for m in tar.getmembers():
-                if m.name.endswith(".json"):
-                    metas.append(json.loads(tar.extractfile(m).read()))  # type: ignore[union-attr]
-        paths = {os.fsencode(m["path"]) for m in metas}
+        paths = {os.fsencode(manifest_path(m)) for m in metas}
         assert b"we ird/bad-\xff\xfe.png" in paths
         assert os.fsencode(index["file_root"]) + b"/we ird/bad-\xff\xfe.png" in {
             os.fsencode(index["file_root"]) + b"/" + p for p in paths
         }
     if fmt == "dali":
-        lines = (out / "all-000000.txt").read_bytes().splitlines()
+        lines = (out / "train-000000.txt").read_bytes().splitlines()
         assert b"we ird/bad-\xff\xfe.png 1" in lines
 
 
 def test_absolute_paths(hostile_db: Path, tmp_path: Path) -> None:
     export(hostile_db, tmp_path / "o", absolute_paths=True)
     index = load_index(tmp_path / "o")
-    paths = [r["path"] for r in manifest_rows(tmp_path / "o", "all-000000.jsonl")]
+    paths = [r["path"] for r in manifest_rows(tmp_path / "o", "train-000000.jsonl")]
     assert index["file_root"] == "/" and all(os.path.isabs(p) and os.path.isfile(p) for p in paths)
 
 
@@ -453,7 +447,7 @@ def test_several_roots_share_a_common_file_root(tmp_path: Path) -> None:
     export(db, tmp_path / "o")
     index = load_index(tmp_path / "o")
     assert index["file_root"] == str(tmp_path / "data")
-    assert sorted(r["path"] for r in manifest_rows(tmp_path / "o", "all-000000.jsonl")) == ["one/x/a.png", "two/x/a.png"]
+    assert sorted(r["path"] for r in manifest_rows(tmp_path / "o", "train-000000.jsonl")) == ["one/x/a.png", "two/x/a.png"]
     assert verify_export(tmp_path / "o").ok
 
 
@@ -495,7 +489,7 @@ def test_features_go_with_their_samples(mixed_db: Path, tmp_path: Path, fmt: str
     index = load_index(tmp_path / "f")
     assert index["features"] == {"name": "tiny", "dtype": "<f4", "dim": 4}
     if fmt in ("jsonl", "csv", "parquet", "dali"):  # dali: in its jsonl companion
-        name = next(s["file"] for s in index["shards"] if s["file"].endswith((".jsonl", ".csv", ".parquet")))
+        name = next(s["file"] for s in listed_shards(index) if s["file"].endswith((".jsonl", ".csv", ".parquet")))
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
@@ -507,13 +501,14 @@ def test_features_go_with_their_samples(mixed_db: Path, tmp_path: Path, fmt: str
         np = pytest.importorskip("numpy")
         wds = pytest.importorskip("webdataset")
         seen = 0
-        for s in wds.WebDataset(str(tmp_path / "f" / "all-000000.tar"), shardshuffle=False, empty_check=False).decode():
+        urls = [str(tmp_path / "f" / s["file"]) for s in listed_shards(index)]
+        for s in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode():
             assert s["npy"].dtype == np.float32 and s["npy"].tolist() == vectors[s["json"]["id"]]
             seen += 1
         assert seen == len(vectors)
     else:
         streaming = import_streaming()
-        dataset = streaming.StreamingDataset(local=str(tmp_path / "f"), split="all", shuffle=False, batch_size=1)
+        dataset = streaming.StreamingDataset(local=str(tmp_path / "f"), split="train", shuffle=False, batch_size=1)
         assert {dataset[i]["id"]: dataset[i]["feature"].tolist() for i in range(len(dataset))} == vectors
 
 
@@ -559,6 +554,6 @@ def test_a_big_jsonl_manifest_written_by_two_processes_is_the_same(tmp_path: Pat
         list(rows)
     summary = export(db, tmp_path / "two")
     assert summary.samples == summary.selected == 301
-    for name in ("all-000000.jsonl", "index.json"):
+    for name in ("train-000000.jsonl", "index.json"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     assert not [p for p in (tmp_path / "two").iterdir() if p.name.startswith(".")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -89,9 +90,11 @@ def test_wds_ranks_split_the_shards(db: Path, tmp_path: Path) -> None:
     pinned = export(db, tmp_path / "pinned", format="wds", world_size=2, shard_size=4)
     free = export(db, tmp_path / "free", format="wds", shard_size=4)
     for out in (pinned, free):
-        seen = [sorted(b for b, _ in WdsDataset(out, rank=r, world_size=2, decode=False)) for r in (0, 1)]
-        assert len(seen[0]) + len(seen[1]) == 24 and not set(seen[0]) & set(seen[1])
-        assert len(WdsDataset(out, rank=0, world_size=2)) == len(seen[0])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error" if out is pinned else "ignore")  # only `free` is read with another world size
+            seen = [sorted(b for b, _ in WdsDataset(out, rank=r, world_size=2, decode=False)) for r in (0, 1)]
+            assert len(seen[0]) + len(seen[1]) == 24 and not set(seen[0]) & set(seen[1])
+            assert len(WdsDataset(out, rank=0, world_size=2)) == len(seen[0])
 
 
 @pytest.mark.parametrize("shard_size", (3, 100))  # many shards per worker; fewer shards than workers
@@ -123,8 +126,8 @@ def test_manifest_dataset_with_a_torch_dataloader(db: Path, tmp_path: Path) -> N
 
 
 def test_iter_tar_can_skip_samples(db: Path, tmp_path: Path) -> None:
-    out = export(db, tmp_path / "w", format="wds")
-    tar = out / "all-000000.tar"
+    out = export(db, tmp_path / "w", format="wds", workers=1)
+    tar = out / "train-000000.tar"
     every = list(iter_tar(tar))
     odd = list(iter_tar(tar, keep=lambda n: n % 2 == 1))
     assert len(every) == 24 and [s["__key__"] for s in odd] == [s["__key__"] for s in every[1::2]]

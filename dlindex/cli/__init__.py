@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "features": ("features", "app", True),
     "similar": ("similar", "similar", False),
     "index": ("index", "index", False),
+    "roots": ("roots", "app", True),
 }
 
 

@@ -69,6 +69,7 @@ def export(
     absolute_paths: Annotated[bool, typer.Option("--absolute-paths", help="Absolute paths in manifests and metadata (else relative to file_root).")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT_DIR (atomically).")] = False,
     read_threads: Annotated[int, typer.Option("--read-threads", min=0, help="Read source images ahead with N threads (cold page cache; wds, mds).")] = 0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="wds: at least N shards per rank (a multiple of N), so DataLoader(num_workers<=N) never starves a worker.")] = 8,
     verify: Annotated[bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")] = False,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
@@ -103,7 +104,7 @@ def export(
     options = ExportOptions(
         format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
         split=split, world_size=world_size, drop_last=drop_last, features=features,
-        absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads,
+        absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
     )  # fmt: skip
     with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
         summary = export_catalog(catalog, out_dir, options, progress=update)

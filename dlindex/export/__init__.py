@@ -25,13 +25,14 @@ from ..query import QuerySpec, split_counts
 from .dali import write_dali
 from .files import OutputDir, hash_file
 from .manifest import _pyarrow, write_csv, write_jsonl, write_parquet
-from .mds import split_index, write_mds
+from .mds import VERSION as MDS_VERSION
+from .mds import split_index, streaming_shards, write_mds
 from .plan import ExportError, Plan, make_plan, parse_split, select_halves, select_rows, tree_split_choice
-from .reader import INDEX, INDEX_VERSION, load_index, manifest_files, manifest_rows, source_path
+from .reader import INDEX_VERSION, SHARDS_KEY, index_name, load_index, manifest_files, manifest_rows, source_path
 from .shards import Context, ShardInfo
 from .vectors import feature_source
 from .verify import VerifyResult, verify_export
-from .wds import write_wds
+from .wds import DEFAULT_WORKERS, arrange, hf_features, image_key_spec, write_wds
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -62,6 +63,8 @@ class ExportOptions:
             the tree's split folders when the selection is in split folders, else one split.
         drop_last: with ``world_size`` > 1, drop the remainder instead of padding with repeats.
         read_threads: read source files ahead with this many threads (cold caches, packed formats).
+        workers: wds: every rank gets at least this many shards (a multiple of it), so a
+            ``DataLoader(num_workers=N)`` with N up to this never has a worker without a shard.
     """
 
     format: str = "jsonl"
@@ -77,6 +80,7 @@ class ExportOptions:
     absolute_paths: bool = False
     overwrite: bool = False
     read_threads: int = 0
+    workers: int = DEFAULT_WORKERS
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,8 @@ def export_catalog(
         shard_bytes = DEFAULT_SHARD_BYTES.get(fmt)
     if options.world_size < 1:
         raise ExportError(f"--world-size must be at least 1, not {options.world_size}")
+    if options.workers < 1:
+        raise ExportError(f"--workers must be at least 1, not {options.workers}")
     features = feature_source(catalog, options.features) if options.features else None
     changes = catalog.changes()
     # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
@@ -176,6 +182,8 @@ def export_catalog(
             written = WRITERS[fmt](ctx, group, numbers[group.split])
             numbers[group.split] += len(written) // (2 if fmt == "dali" else 1)
             shards.extend(written)
+        if fmt == "wds":
+            shards = arrange(ctx.out, shards, plan.splits, options.world_size, options.workers)
         selected = plan.selected if plan.selected is not None else plan.samples
         if not selected:
             raise ExportError("no samples match the filters; nothing exported")
@@ -185,11 +193,12 @@ def export_catalog(
                 (output.tmp / name).write_bytes(data)
                 size, digest = hash_file(output.tmp / name)
                 extra.append({"file": name, "bytes": size, "xxh3_128": digest})
+        clients = _client_keys(ctx, fmt, shards)
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
-            shards, extra, features,
+            shards, extra, features, clients,
         )  # fmt: skip
-        (output.tmp / INDEX).write_bytes(index)
+        (output.tmp / index_name(fmt)).write_bytes(index)
         output.commit()
     except BaseException:
         output.abort()  # never leave a half export that looks whole
@@ -205,6 +214,7 @@ def export_catalog(
 def build_index(
     catalog: Catalog, options: ExportOptions, fmt: str, shard_bytes: int | None, changes: int, plan: Plan,
     selected: int, shards: list[ShardInfo], extra: list[dict[str, Any]], features: Any,
+    clients: Mapping[str, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """index.json: the only file with a wall-clock time in it ($SOURCE_DATE_EPOCH fixes it)."""
     from .. import __version__
@@ -240,7 +250,7 @@ def build_index(
             "split": options.split if options.split == "tree" else parse_split(options.split),
             "world_size": options.world_size, "drop_last": options.drop_last and options.world_size > 1,
             "shard_size": options.shard_size, "shard_bytes": shard_bytes, "features": options.features,
-            "absolute_paths": options.absolute_paths,
+            "absolute_paths": options.absolute_paths, "workers": options.workers if fmt == "wds" else None,
         },
         "file_root": os.fsdecode(plan.file_root.rstrip(b"/") or b"/"),
         # label_id is the index in "classes"; "class_list" says which list that is ("labels":
@@ -254,8 +264,9 @@ def build_index(
             "samples": plan.samples, "selected": selected,
             "dropped": plan.dropped, "padded": plan.padded, "splits": counts,
         },
-        "shards": [s.as_dict() for s in shards],
+        SHARDS_KEY: [s.as_dict() for s in shards],
         "files": extra,
+        **(clients or {}),
     }  # fmt: skip
     try:
         text = json.dumps(index, indent=1, ensure_ascii=False)
@@ -280,6 +291,25 @@ def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | Non
             f"{hint} --split NAME=FRACTION to split every sample by content hash"
         )
     return named
+
+
+def _client_keys(ctx: Context, fmt: str, shards: list[ShardInfo]) -> dict[str, Any]:
+    """What a format's own client reads from index.json: streaming's keys (mds), the
+    webdataset recipe's keys (wds)."""
+    if fmt == "mds":
+        # streaming reads only "version" and "shards" of an index.json: StreamingDataset(local=OUT_DIR)
+        return {"version": MDS_VERSION, "shards": streaming_shards(ctx, shards)}
+    if fmt == "wds":
+        per_rank: dict[str, int] = {}
+        for shard in shards:
+            if shard.rank == 0:
+                per_rank[shard.split] = per_rank.get(shard.split, 0) + 1
+        return {"wds": {
+            "image_key": image_key_spec(ctx.seen), "shards_per_rank": per_rank,
+            "urls": {split: [s.file for s in shards if s.split == split] for split in ctx.plan.splits},
+            "hf_features": hf_features(ctx.seen, ctx.features),
+        }}  # fmt: skip
+    return {}
 
 
 def _created_at() -> str:

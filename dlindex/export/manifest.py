@@ -13,15 +13,16 @@ from typing import Any
 
 from . import halves
 from .files import HashingFile, hash_file
-from .plan import BYTES, FILE, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group
+from .plan import BYTES, FILE, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group, sample_path
 from .shards import (
-    SAMPLE_KEYS,
+    TEXT_KEYS,
     Context,
     Cutter,
     ShardInfo,
     json_maker,
     path_text,
     shard_name,
+    shown_path,
     vector_list,
 )
 
@@ -77,7 +78,7 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
             else:
                 append(
                     f'{{"id":{ident},"path":{quote(prefix + name)},{parts[label]},"width":{width},'
-                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}"}}\n'
+                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}","path_b64":""}}\n'
                 )
         return out
 
@@ -85,7 +86,7 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
 
 
 def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
-    """One JSON object per line; paths that are not UTF-8 use \\udcXX escapes."""
+    """One JSON object per line, valid UTF-8; a path that is not UTF-8 keeps its bytes in path_b64."""
     lines = jsonl_lines(ctx)
     sink = _TextShards(ctx, group, number, ".jsonl")
     upper = None
@@ -183,9 +184,10 @@ class _TextShards:
 
 
 def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
-    """A header line (SAMPLE_KEYS), then one row per sample; names that are not UTF-8 keep their bytes."""
+    """A header line (TEXT_KEYS), then one row per sample, valid UTF-8; a path that is not
+    UTF-8 keeps its bytes in path_b64."""
     index, names = ctx.plan.label_index, ctx.plan.labels
-    header = list(SAMPLE_KEYS) + (["feature"] if ctx.features is not None else [])
+    header = list(TEXT_KEYS) + (["feature"] if ctx.features is not None else [])
     cut = Cutter(ctx.shard_size, ctx.shard_bytes)
     shards: list[ShardInfo] = []
     out: HashingFile | None = None
@@ -202,7 +204,8 @@ def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     for batch, vectors in batches(group, ctx):
         for row in batch:
             k = index[row[LABEL]]
-            values = [row[ID], path_text(row, ctx), names[k], k, row[WIDTH], row[HEIGHT], row[FORMAT], row[BYTES], row[HASH]]
+            path, b64 = shown_path(sample_path(row, ctx.prefixes))
+            values = [row[ID], path, names[k], k, row[WIDTH], row[HEIGHT], row[FORMAT], row[BYTES], row[HASH], b64]
             if ctx.features is not None:
                 values.append(json.dumps(vector_list(vectors[row[ID]], ctx.features.dtype)))
             row_bytes = sum(len(str(v)) for v in values) + len(values)

@@ -2,7 +2,9 @@
 
 Layout, as ``streaming.base.format.mds`` (version 2) reads it: each split is a folder
 ``{split}/`` with ``shard.{n:05d}.mds`` files and streaming's own ``index.json``, so
-``StreamingDataset(local=OUT_DIR, split="train")`` reads it. A shard is: the sample count
+``StreamingDataset(local=OUT_DIR, split="train")`` reads it; the export's own index.json at
+the root also carries streaming's ``version`` and ``shards`` keys (every split's shards, named
+``train/shard.00000.mds``), so ``StreamingDataset(local=OUT_DIR)`` reads all splits. A shard is: the sample count
 (uint32), n+1 sample offsets (uint32), the shard's config as JSON, then the samples; a sample
 is the sizes (uint32) of its variable-size columns followed by every column's bytes, columns
 in name order. Columns: ``id`` (int64), ``image`` (the original file bytes), ``ext``,
@@ -111,18 +113,21 @@ def encode_shard(samples: Sequence[bytes], config_bytes: bytes) -> bytes:
 
 def split_index(ctx: Context, shards: Sequence[ShardInfo]) -> dict[str, bytes]:
     """streaming's index.json for each split folder, as bytes by file name."""
-    cols = columns(ctx)
     out: dict[str, bytes] = {}
     for split in ctx.plan.splits:
-        entries = []
-        for shard in shards:
-            if shard.split != split:
-                continue
-            entry = shard_config(cols, ctx.shard_bytes)
-            entry.update(
-                raw_data={"basename": shard.file.split("/", 1)[1], "bytes": shard.bytes, "hashes": {}},
-                samples=shard.samples, zip_data=None,
-            )
-            entries.append(entry)
+        entries = streaming_shards(ctx, [s for s in shards if s.split == split], in_split=True)
         out[f"{split}/index.json"] = json.dumps({"shards": entries, "version": VERSION}, sort_keys=True).encode()
     return out
+
+
+def streaming_shards(ctx: Context, shards: Sequence[ShardInfo], in_split: bool = False) -> list[dict[str, Any]]:
+    """streaming's shard entries: basenames relative to the split folder (``in_split``), else
+    to the export root (``train/shard.00000.mds``, as streaming's ``merge_index`` writes them)."""
+    cols = columns(ctx)
+    entries = []
+    for shard in shards:
+        entry = shard_config(cols, ctx.shard_bytes)
+        basename = shard.file.split("/", 1)[1] if in_split else shard.file
+        entry.update(raw_data={"basename": basename, "bytes": shard.bytes, "hashes": {}}, samples=shard.samples, zip_data=None)
+        entries.append(entry)
+    return entries

@@ -31,7 +31,8 @@ ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(le
 # root and label maps; the rows themselves are read raw.
 _COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
 
-DEFAULT_SPLIT = "all"
+DEFAULT_SPLIT = "train"  # not "all": HF datasets reserves it for the union of all splits
+_RESERVED_SPLITS = {"all"}
 # A plain selection in id order can be read in two halves by two processes: the query's own
 # statement, cut at an id. SQLite flattens the subquery into a rowid range search.
 _LOWER = "SELECT * FROM ({query}) WHERE id <= :split_id"
@@ -119,6 +120,8 @@ def parse_split(text: str | Mapping[str, float] | None) -> dict[str, float] | No
     for name, fraction in fractions.items():
         if not _SPLIT_NAME.match(name):
             raise ExportError(f"split name {name!r} must be letters, digits or _ (it becomes part of file names)")
+        if name.lower() in _RESERVED_SPLITS:
+            raise ExportError(f"split name {name!r} is reserved (HF datasets reads it as every split); choose another")
         if not 0 < fraction <= 1:
             raise ExportError(f"split {name!r}: the fraction must be more than 0 and at most 1, not {fraction}")
     if not fractions or abs(sum(fractions.values()) - 1) > 1e-6:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import struct
@@ -10,13 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, Plan, relative_prefixes, sample_path
+from .plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group, Plan, relative_prefixes, sample_path
 
 # The keys of a manifest row and of a packed sample's metadata, in this order, in every format.
 SAMPLE_KEYS = ("id", "path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
+# Text formats (jsonl, csv, the wds/mds json) add this key: the exact name in base64 where it is
+# not UTF-8 (then ``path`` shows it with \\xNN escapes, valid UTF-8 for pandas, polars, duckdb),
+# else "" (not null: polars types a column from its first rows, and null there would mean no type).
+PATH_B64 = "path_b64"
+TEXT_KEYS = (*SAMPLE_KEYS, PATH_B64)
 
 _encode_text = json.encoder.encode_basestring
-_encode_ascii = json.encoder.encode_basestring_ascii
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,7 @@ class Context:
     read_threads: int = 0
     prefixes: Mapping[int, bytes] = field(default_factory=dict)
     upper: Any = None  # plan.UpperHalf: the rows a second process writes (jsonl, one streamed group)
+    seen: set[str] = field(default_factory=set)  # wds: the image member suffixes written
 
     @staticmethod
     def make(plan: Plan, out: Path, **kwargs: Any) -> Context:
@@ -100,24 +106,41 @@ def path_text(row: tuple[Any, ...], ctx: Context) -> str:
     return os.fsdecode(sample_path(row, ctx.prefixes))
 
 
-def metadata_json(row: tuple[Any, ...], ctx: Context, label_json: list[str]) -> str:
-    """The sample's metadata as one JSON object (SAMPLE_KEYS), built without json.dumps per row."""
-    path = path_text(row, ctx)
+def shown_path(raw: bytes) -> tuple[str, str | None]:
+    """(valid UTF-8 text, base64 of the exact bytes or None) for a path as bytes: the text
+    shows a byte that is not UTF-8 as ``\\xNN``, so only the base64 is lossless."""
     try:
-        path.encode()
-        quoted = _encode_text(path)
-    except UnicodeEncodeError:
-        quoted = _encode_ascii(path)  # \udcXX escapes: os.fsencode(json.loads(...)) gives the bytes back
+        return raw.decode(), None
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", "backslashreplace"), base64.b64encode(raw).decode("ascii")
+
+
+def exact_path(text: str, b64: str | None) -> str:
+    """The inverse of shown_path, as ``str`` with surrogate escapes (``os.fsencode`` gives the bytes)."""
+    if not b64:
+        return text
+    try:
+        return os.fsdecode(base64.b64decode(b64, validate=True))
+    except ValueError:
+        raise ExportError(f"path_b64 {b64[:40]!r} is not base64; the manifest is damaged") from None
+
+
+def metadata_json(row: tuple[Any, ...], ctx: Context, label_json: list[str]) -> str:
+    """The sample's metadata as one JSON object (TEXT_KEYS), built without json.dumps per row."""
+    path, b64 = shown_path(sample_path(row, ctx.prefixes))
     k = ctx.plan.label_index[row[LABEL]]
     return (
-        f'{{"id":{row[ID]},"path":{quoted},"label":{label_json[k]},"label_id":{k},'
+        f'{{"id":{row[ID]},"path":{_encode_text(path)},"label":{label_json[k]},"label_id":{k},'
         f'"width":{_num(row[WIDTH])},"height":{_num(row[HEIGHT])},"format":{_text(row[FORMAT])},'
-        f'"bytes":{_num(row[BYTES])},"xxh3_128":{_text(row[HASH])}}}'
+        f'"bytes":{_num(row[BYTES])},"xxh3_128":{_text(row[HASH])},"path_b64":{_encode_text(b64 or "")}}}'
     )
 
 
 # The fast path of metadata_json(): a UTF-8 name under a UTF-8 root, no NULLs.
-_TEMPLATE = '{"id":%d,"path":%s,"label":%s,"label_id":%d,"width":%d,"height":%d,"format":"%s","bytes":%d,"xxh3_128":"%s"}'
+_TEMPLATE = (
+    '{"id":%d,"path":%s,"label":%s,"label_id":%d,"width":%d,"height":%d,"format":"%s","bytes":%d,'
+    '"xxh3_128":"%s","path_b64":""}'
+)
 
 
 def json_maker(ctx: Context) -> Callable[[tuple[Any, ...]], str]:

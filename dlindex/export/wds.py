@@ -1,5 +1,10 @@
 """WebDataset shards: ``{split}-{shard:06d}.tar`` with ``{key}.{ext}``, ``{key}.cls``, ``{key}.json``.
 
+Shard k of a split belongs to rank ``k % world_size`` and every rank has the same number of
+shards, at least ``workers`` (when it has that many samples), so webdataset's own
+``split_by_node`` (``urls[rank::world_size]``) over the sorted shard list gives each rank
+exactly its share, and ``split_by_worker`` never leaves a DataLoader worker without a shard.
+
 Headers are built here rather than with ``tarfile`` (about 10x cheaper per member, which
 matters at millions of members) and are fully fixed: ustar, mode 0644, uid/gid 0, empty
 owner names, mtime 0, members in sample order, so the same export is the same bytes. Member
@@ -9,8 +14,11 @@ names are ``{key}.{ext}`` with a key made of digits from the sample id: never ab
 
 from __future__ import annotations
 
+import math
 import os
 import struct
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .files import RawShard, read_sources
@@ -21,7 +29,15 @@ from .shards import Context, Cutter, ShardInfo, json_maker, sample_key, shard_na
 BLOCK = 512
 _ZEROS = bytes(BLOCK * 2)
 # Pillow format -> the extension webdataset and HF datasets decode as an image.
-EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff", "MPO": "jpg"}
+EXTENSIONS = {
+    "JPEG": "jpg", "PNG": "png", "WEBP": "webp", "GIF": "gif", "BMP": "bmp", "TIFF": "tiff", "MPO": "jpg",
+    "JPEG2000": "jp2", "DIB": "bmp",
+}  # fmt: skip
+# The image member suffixes, in the order of the ``to_tuple`` spec index.json prints.
+IMAGE_KEYS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
+# Member suffixes a sample's other members use: an image never takes one of these.
+_RESERVED = {"cls", "json", "npy", "txt", "bin"}
+DEFAULT_WORKERS = 8  # DataLoader(num_workers=N) up to this many never finds a worker without a shard
 
 
 def _template() -> tuple[bytes, bytes, int]:
@@ -53,11 +69,40 @@ def header(name: bytes, size: int) -> bytes:
 
 
 def extension(row: tuple[Any, ...], path: bytes) -> str:
-    ext = EXTENSIONS.get(row[FORMAT] or "")
+    """The image member's suffix: from its Pillow format (what decoders go by), never from a name
+    that could say ``cls`` or ``json``; ``bin`` when the format is unknown."""
+    fmt = row[FORMAT] or ""
+    ext = EXTENSIONS.get(fmt)
     if ext is None:
-        suffix = os.path.splitext(path)[1][1:].lower()
-        ext = suffix.decode() if suffix.isalnum() and suffix.isascii() and len(suffix) <= 8 else "bin"
+        low = fmt.lower()
+        ext = low if low.isascii() and low.isalnum() and len(low) <= 8 and low not in _RESERVED else "bin"
     return ext
+
+
+_JSON_TYPES = {"id": "int64", "path": "string", "label": "string", "label_id": "int64", "width": "int64",
+               "height": "int64", "format": "string", "bytes": "int64", "xxh3_128": "string", "path_b64": "string"}  # fmt: skip
+_NUMPY = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
+
+
+def hf_features(extensions: Iterable[str], features: Any = None) -> dict[str, Any]:
+    """HF ``datasets.Features.to_dict()`` of this export's samples, for
+    ``load_dataset("webdataset", ..., features=Features.from_dict(...))``: with it HF does not
+    guess the columns from the first samples (where an all-JPEG start would drop the png column)."""
+    used = set(extensions)
+    out: dict[str, Any] = {key: {"_type": "Image"} for key in image_key_spec(used).split(";") if key in used}
+    out["cls"] = {"dtype": "int64", "_type": "Value"}
+    out["json"] = {k: {"dtype": t, "_type": "Value"} for k, t in _JSON_TYPES.items()}
+    if features is not None:
+        out["npy"] = {"feature": {"dtype": _NUMPY[features.dtype], "_type": "Value"}, "_type": "List"}
+    out["__key__"] = {"dtype": "string", "_type": "Value"}
+    out["__url__"] = {"dtype": "string", "_type": "Value"}
+    return out
+
+
+def image_key_spec(extensions: Iterable[str]) -> str:
+    """The ``to_tuple`` key that reads every image member: the common suffixes, then any others used."""
+    extra = sorted(set(extensions) - set(IMAGE_KEYS))
+    return ";".join((*IMAGE_KEYS, *extra))
 
 
 def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
@@ -81,13 +126,15 @@ def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             if feature is not None:
                 vector = npy(vectors[row[ID]], feature.dtype, feature.dim)
                 tail += [header(key + b".npy", len(vector)), vector, _pad(len(vector))]
-            parts = [header(key + b"." + extension(row, path).encode(), len(data)), data, b"".join(tail)]
+            ext = extension(row, path)
+            ctx.seen.add(ext)
+            parts = [header(key + b"." + ext.encode(), len(data)), data, b"".join(tail)]
             nbytes = BLOCK + len(data) + len(parts[2])
             if out is not None and cut.full(count, size, nbytes):
                 shards.append(_close(out, group, count, first))
                 out = None
             if out is None:
-                out = RawShard(ctx.out / shard_name(group.split, number + len(shards), ".tar"))
+                out = RawShard(ctx.out / _part_name(group, len(shards)))
                 first += count
                 count = size = 0
             out.write(parts)
@@ -101,6 +148,88 @@ def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
 
 
 _PADS = [bytes(n) for n in range(BLOCK)]
+
+
+def _part_name(group: Group, k: int) -> str:
+    return f".{group.split}.{group.rank}.{k:06d}.part"  # renamed by arrange() once all ranks are written
+
+
+def shards_per_rank(per_rank: Sequence[int], samples: int, workers: int) -> int:
+    """Shards each rank of a split gets: at least as many as any rank's size cut made, a
+    multiple of ``workers`` (even work per DataLoader worker), never more than its samples."""
+    most = max(per_rank, default=0)
+    return min(samples, max(workers, math.ceil(most / workers) * workers)) if samples else 0
+
+
+def arrange(out: Path, shards: Sequence[ShardInfo], splits: Sequence[str], world_size: int, workers: int) -> list[ShardInfo]:
+    """Give every rank of a split the same number of shards and name shard k of a split for
+    rank ``k % world_size``: the order webdataset's ``split_by_node`` deals them out in."""
+    arranged: list[ShardInfo] = []
+    for split in splits:
+        ranks: dict[int, list[ShardInfo]] = {r: [] for r in range(world_size)}
+        for shard in shards:
+            if shard.split == split:
+                ranks[shard.rank].append(shard)
+        samples = min(sum(s.samples for s in mine) for mine in ranks.values())
+        target = shards_per_rank([len(mine) for mine in ranks.values()], samples, workers)
+        for mine in ranks.values():
+            while len(mine) < target:
+                k = max(range(len(mine)), key=lambda i: mine[i].samples)
+                mine[k : k + 1] = _halve(out, mine[k])
+        for j in range(target):
+            for rank in range(world_size):
+                part = ranks[rank][j]
+                name = shard_name(split, j * world_size + rank, ".tar")
+                os.rename(out / part.file, out / name)
+                arranged.append(ShardInfo(name, split, rank, part.samples, part.bytes, part.xxh3_128, part.first))
+    return arranged
+
+
+def _sample_starts(path: Path) -> list[int]:
+    """Byte offsets where each sample of a shard this module wrote begins, from its headers."""
+    starts: list[int] = []
+    key = None
+    with open(path, "rb") as f:
+        offset = 0
+        while True:
+            head = f.read(BLOCK)
+            if len(head) < BLOCK or head == _ZEROS[:BLOCK]:
+                return starts
+            name = head[:100].split(b"\0", 1)[0]
+            size = int(head[124:135], 8)
+            member_key = name.split(b".", 1)[0]
+            if member_key != key:
+                starts.append(offset)
+                key = member_key
+            offset += BLOCK + size + (-size % BLOCK)
+            f.seek(offset)
+
+
+def _halve(out: Path, shard: ShardInfo) -> list[ShardInfo]:
+    """Two shards from one, cut at the sample boundary nearest half its bytes."""
+    path = out / shard.file
+    starts = _sample_starts(path)
+    end = path.stat().st_size - len(_ZEROS)
+    middle = min(starts[1:], key=lambda s: abs(2 * s - end))
+    k = starts.index(middle)
+    names = (shard.file[: -len(".part")] + "a.part", shard.file[: -len(".part")] + "b.part")
+    pieces = []
+    with open(path, "rb") as f:
+        for name, (lo, hi), first, count in zip(
+            names, ((0, middle), (middle, end)), (shard.first, shard.first + k), (k, shard.samples - k)
+        ):
+            f.seek(lo)
+            piece = RawShard(out / name)
+            left = hi - lo
+            while left:
+                chunk = f.read(min(left, 1 << 22))
+                piece.write([chunk])
+                left -= len(chunk)
+            piece.write([_ZEROS])
+            digest = piece.close()
+            pieces.append(ShardInfo(name, shard.split, shard.rank, count, piece.bytes, digest, first))
+    path.unlink()
+    return pieces
 
 
 def _pad(size: int) -> bytes:

@@ -1,0 +1,85 @@
+"""`dlindex roots`: list roots; record that a root's tree moved, without a rescan."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlindex import Catalog, InputError, ScanOptions, scan_tree
+from dlindex.cli import app
+from dlindex.export import ExportOptions, export_catalog, verify_export
+from dlindex.roots import list_roots, move_root
+
+from .conftest import rows
+
+
+def test_move_a_root_then_scan_and_export_from_the_new_place(scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
+    ids_before = rows(scanned_db, "SELECT id, file_path FROM image_metadata ORDER BY id")
+    new = tmp_path / "moved"
+    shutil.copytree(image_tree, new, copy_function=shutil.copy2)  # like rsync -a: sizes and mtimes kept
+    shutil.rmtree(image_tree)
+    with Catalog(scanned_db) as catalog:
+        assert [r.exists for r in list_roots(catalog)] == [False]
+        changes = catalog.changes()
+        moved = move_root(catalog, image_tree, new)
+        assert moved.checked == 6 and moved.new == str(new)
+        assert catalog.changes() > changes
+        assert [(r.path, r.exists, r.ok) for r in list_roots(catalog)] == [(str(new), True, 6)]
+        summary = scan_tree(catalog, new, ScanOptions(workers=1))
+        assert (summary.new, summary.changed, summary.missing) == (0, 0, 0)
+        export_catalog(catalog, tmp_path / "w", ExportOptions(format="wds"))  # reads every source
+        export_catalog(catalog, tmp_path / "j", ExportOptions(format="jsonl"))
+    assert rows(scanned_db, "SELECT id, file_path FROM image_metadata ORDER BY id") == ids_before
+    assert verify_export(tmp_path / "j").ok
+
+
+def test_a_folder_without_the_files_is_refused(scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    other = tmp_path / "other"
+    shutil.copytree(image_tree, other)
+    (other / "cat" / "000.png").write_bytes(b"x")
+    with Catalog(scanned_db) as catalog:
+        with pytest.raises(InputError, match="is not there"):
+            move_root(catalog, image_tree, empty)
+        with pytest.raises(InputError, match="not the same tree"):
+            move_root(catalog, image_tree, other)
+        with pytest.raises(InputError, match="not a folder"):
+            move_root(catalog, image_tree, tmp_path / "nowhere")
+        with pytest.raises(InputError, match="not a root"):
+            move_root(catalog, tmp_path / "elsewhere", other)
+        assert [r.path for r in list_roots(catalog)] == [str(image_tree)]
+        assert move_root(catalog, "1", empty, check=0).checked == 0  # by id, not checked
+
+
+def test_another_roots_path_is_refused(tmp_path: Path) -> None:
+    from .conftest import make_png
+
+    db = tmp_path / "two.db"
+    for name in ("one", "two"):
+        make_png(tmp_path / name / "x" / "a.png")
+        with Catalog(db, create=True) as catalog:
+            scan_tree(catalog, tmp_path / name, ScanOptions(workers=1))
+    with Catalog(db) as catalog, pytest.raises(InputError, match="already root"):
+        move_root(catalog, tmp_path / "one", tmp_path / "two")
+
+
+def test_cli(runner: CliRunner, scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
+    listed = runner.invoke(app, ["roots", "list", "--format", "jsonl", "--db", str(scanned_db)])
+    assert listed.exit_code == 0, listed.output
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == [
+        {"id": 1, "path": str(image_tree), "images": 7, "ok": 6, "exists": True}
+    ]
+    new = tmp_path / "new"
+    os.rename(image_tree, new)
+    moved = runner.invoke(app, ["roots", "move", str(image_tree), str(new), "--json", "--db", str(scanned_db)])
+    assert moved.exit_code == 0, moved.output
+    assert json.loads(moved.stdout) == {"id": 1, "old": str(image_tree), "new": str(new), "checked": 6}
+    bad = runner.invoke(app, ["roots", "move", str(new), str(tmp_path / "gone"), "--db", str(scanned_db)])
+    assert bad.exit_code == 1 and bad.stderr.startswith("Error: ") and len(bad.stderr.splitlines()) == 1
+    assert runner.invoke(app, ["roots", "move", "1", str(new), "--check", "-1", "--db", str(scanned_db)]).exit_code == 2
