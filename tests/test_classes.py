@@ -248,7 +248,7 @@ def test_export_refuses_to_mix_split_and_unsplit_trees(tmp_path: Path) -> None:
         with pytest.raises(DlindexError, match="not in a split folder"):
             export_catalog(catalog, tmp_path / "mixed", ExportOptions(split="tree"))
         assert export_catalog(catalog, tmp_path / "train", ExportOptions(split="train")).splits == {"train": 6}
-        assert export_catalog(catalog, tmp_path / "all", ExportOptions(split="all=1")).splits == {"all": 11}
+        assert export_catalog(catalog, tmp_path / "all", ExportOptions(split="everything=1")).splits == {"everything": 11}
     assert not (tmp_path / "mixed").exists()
 
 
@@ -406,7 +406,7 @@ def test_presplit_flag_follows_the_last_scan(tmp_path: Path) -> None:
     scan(db, root, ScanOptions(workers=1, split_folders=False))
     with Catalog(db) as catalog:
         assert not has_presplit_root(catalog)
-        assert export_catalog(catalog, tmp_path / "one", ExportOptions()).splits == {"all": 11}
+        assert export_catalog(catalog, tmp_path / "one", ExportOptions()).splits == {"train": 11}
 
 
 @settings(max_examples=200, deadline=None)
