@@ -173,3 +173,20 @@ def test_pipeline_neighbours_on_a_transparent_tree(tmp_path: Path) -> None:
         for name in ("colorhist", "thumb"):
             for answer in nearest(catalog, ids, name, k=3):
                 assert {labels[n.id] for n in answer} == {labels[answer[0].query]}, name
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_weighted_histogram_matches_its_definition(monkeypatch: pytest.MonkeyPatch, soft: bool) -> None:
+    from dlindex.features import visible
+
+    monkeypatch.setattr(visible, "_STRIP_PIXELS", 1000)  # several strips
+    rng = np.random.default_rng(7)
+    pixels = rng.integers(0, 256, (90, 70, 4), dtype=np.uint8)
+    if not soft:
+        pixels[..., 3] = np.where(pixels[..., 3] > 100, 255, 0)
+    w = pixels[..., 3].reshape(-1).astype(np.float64)
+    expected = np.concatenate(
+        [np.bincount(pixels[..., c].reshape(-1) >> 3, weights=w, minlength=32) for c in range(3)]
+    ) / w.sum()
+    got = visible.weighted_histogram(Image.fromarray(pixels, "RGBA"))
+    assert np.allclose(got, expected, atol=1e-6)

@@ -61,12 +61,28 @@ def on_background(image: Image.Image) -> Image.Image:
 
 def weighted_histogram(over: Image.Image, bins: int = 32) -> np.ndarray:
     """Per-channel R, G, B histograms of an RGBA image, each pixel weighed by its alpha; each sums to 1."""
-    pixels = np.asarray(over).reshape(-1, 4)
-    weights = pixels[:, 3].astype(np.float64)
-    total = weights.sum()
-    shift = 8 - int(np.log2(bins))
+    alpha = over.getchannel("A")
+    levels = np.asarray(alpha.histogram(), dtype=np.int64)
+    total = int(levels @ np.arange(256))
+    fold = 256 // bins
     if total == 0:  # nothing visible: what is seen is the background
-        pixels = np.array([[*BACKGROUND, 255]], dtype=np.uint8)
-        weights, total = np.ones(1), 1.0
-    hist = [np.bincount(pixels[:, c] >> shift, weights=weights, minlength=bins) for c in range(3)]
-    return (np.concatenate(hist) / total).astype(np.float32)
+        hist = np.zeros((3, bins), dtype=np.float64)
+        hist[range(3), [value // fold for value in BACKGROUND]] = 1.0
+        return hist.reshape(-1).astype(np.float32)
+    if not levels[1:255].any():  # only fully opaque or fully clear pixels (most clip-art): Pillow, in C
+        counts = np.asarray(over.convert("RGB").histogram(mask=alpha), dtype=np.float64)
+        hist = counts.reshape(3, bins, fold).sum(axis=2).reshape(-1) * 255.0
+    else:
+        hist = np.zeros(3 * bins, dtype=np.float64)
+        weights = np.arange(256, dtype=np.float64)
+        rows = max(1, _STRIP_PIXELS // max(1, over.width))
+        for top in range(0, over.height, rows):  # strips: no full-size temporary arrays
+            strip = np.asarray(over.crop((0, top, over.width, min(over.height, top + rows)))).reshape(-1, 4)
+            for c in range(3):
+                # An integer count per (bin, alpha) pair, then the weights on those few counts.
+                joint = (strip[:, c] // fold).astype(np.uint16) * 256 + strip[:, 3]
+                hist[c * bins : (c + 1) * bins] += np.bincount(joint, minlength=bins * 256).reshape(bins, 256) @ weights
+    return (hist / total).astype(np.float32)
+
+
+_STRIP_PIXELS = 1 << 20
