@@ -243,31 +243,35 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
     if not pa.types.is_floating(vector_type.value_type):
         raise InputError(f"{path}: column {column!r} holds {vector_type.value_type}; expected float16, float32 or float64")
     meta = parquet.metadata
-    wanted = {key, column}
-    claimed = 0
+    # Decoded sizes from the metadata (the byte sizes there are of encoded pages, which
+    # run-length encoding makes tiny): leaf values of the vector column, 8 bytes a row of keys.
+    itemsize = vector_type.value_type.bit_width // 8
+    claimed = meta.num_rows * 16
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         for c in range(group.num_columns):
             chunk = group.column(c)
-            if chunk.path_in_schema.split(".")[0] in wanted:
-                claimed += max(0, chunk.total_uncompressed_size)
+            if chunk.path_in_schema.split(".")[0] == column:
+                claimed += max(0, chunk.num_values) * itemsize
     if claimed > max_bytes:
         raise InputError(
-            f"{path}: its columns {key!r} and {column!r} decode to {claimed:,} bytes, over the import limit of "
-            f"{max_bytes:,} bytes; raise it with --max-bytes if the file is really meant to be this large"
+            f"{path}: decodes to {claimed:,} bytes or more, over the import limit of {max_bytes:,} bytes; "
+            "raise it with --max-bytes if the file is really meant to be this large"
         )
     keys: list[Any] = []
     blocks: list[np.ndarray] = []
     dim: int | None = None
-    held = 0
-    for g in range(meta.num_row_groups):
-        if meta.row_group(g).num_rows == 0:
-            continue
-        table = parquet.read_row_group(g, columns=[key, column])
-        held += table.nbytes
+    held = seen = 0
+    for batch in parquet.iter_batches(batch_size=4096, columns=[key, column]):  # decoded a batch at a time
+        held += batch.nbytes
         if held > max_bytes:
-            raise InputError(f"{path}: decodes to more than the import limit of {max_bytes:,} bytes")
-        vectors = table.column(column).combine_chunks()
+            raise InputError(
+                f"{path}: decodes to more than the import limit of {max_bytes:,} bytes; "
+                "raise it with --max-bytes if the file is really meant to be this large"
+            )
+        if not batch.num_rows:
+            continue
+        vectors = batch.column(column)
         if vectors.null_count:
             raise InputError(f"{path}: some rows have no {column!r}")
         if pa.types.is_fixed_size_list(vectors.type):
@@ -278,18 +282,18 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
             if dim is None:
                 dim = int(length)
             elif length != dim:
-                row = len(keys) + int(np.argmax(lengths != dim))
-                raise InputError(f"{path}: row {row + 1} has {lengths[row - len(keys)]} values, row 1 has {dim}")
+                at = int(np.argmax(lengths != dim))
+                raise InputError(f"{path}: row {seen + at + 1} has {lengths[at]} values, row 1 has {dim}")
         values = vectors.flatten().to_numpy(zero_copy_only=False)
-        key_column = table.column(key)
+        key_column = batch.column(key)
         if key_column.null_count:
             raise InputError(f"{path}: some rows have no {key!r}")
         if key == "id":
-            ids = key_column.combine_chunks().to_numpy(zero_copy_only=False)
-            keys.append(_as_int64(ids, f"{path}: column 'id'"))
+            keys.append(_as_int64(key_column.to_numpy(zero_copy_only=False), f"{path}: column 'id'"))
         else:
             keys.extend(key_column.to_pylist())
         blocks.append(values.reshape(len(key_column), dim or 0))
+        seen += len(key_column)
     if not blocks or dim in (None, 0):
         raise InputError(f"{path} holds no vectors")
     all_keys: Any = np.concatenate(keys) if key == "id" else keys
