@@ -16,6 +16,7 @@ import json
 import lzma
 import math
 import os
+import tokenize
 import zipfile
 import zlib
 from array import array
@@ -87,7 +88,8 @@ def _header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np.dtype[A
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=_MAX_HEADER)
         else:
             raise InputError(f"{where}: .npy format version {version} is not supported")
-    except (ValueError, SyntaxError, TypeError, EOFError) as e:  # numpy's complaints about the header
+    except (ValueError, SyntaxError, TypeError, EOFError, KeyError, RecursionError, tokenize.TokenError) as e:
+        # numpy's complaints about a header it cannot parse
         raise InputError(f"{where}: not a valid .npy header ({_one_line(e)})") from None
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise InputError(f"{where}: arrays of {dtype} cannot be imported (plain numbers only)")
