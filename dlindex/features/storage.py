@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sqlite3
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -21,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
-from . import state
+from ..errors import InputError, Interrupted
+from ..signals import sigterm_as_interrupt
+from . import state, tempfiles
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -397,17 +397,24 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
             ids, vectors = read_all(catalog, ftype)
         finally:
             catalog.conn.execute("COMMIT")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".npz", dir=target.parent)
+    tempfiles.remove_leftovers(target.parent)  # of exports killed before they could clean up
+    restore = sigterm_as_interrupt()  # SIGTERM unwinds like Ctrl-C, through the cleanup below
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, ids=ids, vectors=vectors)
-        os.replace(tmp, target)  # a reader never sees half a file
-    except BaseException:
+        fd, tmp = tempfiles.create(target)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, ids=ids, vectors=vectors)
+            os.replace(tmp, target)  # a reader never sees half a file
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"features export interrupted; {target} was not written") from None
+    finally:
+        restore()
     return ExportResult(
         name, os.fspath(target), int(ids.size), int(ftype.dim or 0), ftype.dtype, target.stat().st_size,
         round(time.perf_counter() - started, 3),
