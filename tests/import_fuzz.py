@@ -17,6 +17,7 @@ import json
 import sqlite3
 import struct
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,7 @@ def stored(db: Path, name: str) -> dict[int, list[float]]:
 
 
 def check(work: Path, db: Path, suffix: str, data: bytes) -> None:
-    name = f"t{next(_counter)}"
+    name = f"t{next(_counter)}_{uuid.uuid4().hex[:8]}"  # fresh, even in a catalog fuzzed before
     path = work / f"{name}{suffix}"
     path.write_bytes(data)
     args = ["features", "import", "-t", name, str(path), "--max-bytes", str(MAX_BYTES), "--db", str(db)]
@@ -150,7 +151,7 @@ def check(work: Path, db: Path, suffix: str, data: bytes) -> None:
     else:
         assert result.exit_code == 1, (result.exit_code, result.output)
         assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1, result.stderr
-        assert stored(db, name) == {}
+        assert stored(db, name) == {}, result.stderr
     path.unlink()
 
 

@@ -177,6 +177,9 @@ def _as_int64(ids: np.ndarray, where: str) -> np.ndarray:
 
 
 def _read_npz(path: Path, max_bytes: int) -> Loaded:
+    with open(path, "rb") as f:
+        if f.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # what numpy.load takes for an .npz
+            raise InputError(f"{path} is not an .npz file (a zip archive of .npy arrays)")
     with zipfile.ZipFile(path) as archive:
         members = {info.filename: info for info in archive.infolist()}
         if "ids.npy" not in members or "vectors.npy" not in members:
