@@ -172,3 +172,16 @@ def test_migration_moves_failures_and_clears_only_what_compute_wrote(tmp_path: P
         plain.execute("UPDATE image_metadata SET xxh3_128 = 'new' WHERE id IN (1, 3)")
     assert rows(db, "SELECT image_id FROM feature_state ORDER BY image_id") == [(2,), (5,)]
     assert rows(db, "SELECT count(*) FROM image_features") == [(0,)]
+
+
+def test_mark_then_compute_through_the_cli(scanned_db: Path) -> None:
+    runner = CliRunner()
+    db = ["--db", str(scanned_db)]
+    marked = runner.invoke(app, ["mark", "--status", "failed", "--error", "labeller: occluded", "-", *db], input="2\n")
+    assert marked.exit_code == 0, marked.output
+    computed = runner.invoke(app, ["features", "compute", "-t", "colorhist", "-w", "1", "--status", "ok", "--status", "corrupt", *db])
+    assert computed.exit_code == 0, computed.output
+    query = runner.invoke(app, ["query", "--processing-status", "failed", "-c", "id,error", "--format", "jsonl", *db])
+    assert [json.loads(line) for line in query.stdout.splitlines()] == [{"id": 2, "error": "labeller: occluded"}]
+    failures = runner.invoke(app, ["features", "failures", "-t", "colorhist", "--format", "paths", *db])
+    assert failures.stdout.strip().endswith("dog/broken.jpg")
