@@ -276,9 +276,52 @@ def m006_classes(conn: sqlite3.Connection) -> None:
 _M006_OLD = "label_id INTEGER NOT NULL REFERENCES labels(id)"
 _M006_NEW = "label_id INTEGER REFERENCES labels(id)"
 
+
+def m007_feature_state(conn: sqlite3.Connection) -> None:
+    """Give ``features compute`` per-type state of its own, apart from ``mark``'s columns.
+
+    Until now compute wrote ``image_metadata.processing_status`` and ``error``, the very
+    columns ``dlindex mark`` sets: a run overwrote what the user recorded. From here on
+    compute keeps its state per (sample, type) in ``feature_state`` (``queued``, or
+    ``failed`` with the error; a sample with a vector is done) and never touches
+    ``image_metadata``. The failures recorded in ``feature_failures`` move there. In
+    ``image_metadata``, only what compute provably wrote is cleared: ``failed`` with an error
+    text identical to one of that sample's recorded extraction failures (the error stays, per
+    type, in ``feature_state``; a corrupt row keeps its text). ``queued`` and ``completed``
+    stay: ``mark`` writes the same values, and dlindex never erases what the user may have set.
+    """
+    for statement in _M007:
+        conn.execute(statement)
+
+
+_M007 = (
+    """CREATE TABLE feature_state (
+        image_id INTEGER NOT NULL REFERENCES image_metadata(id) ON DELETE CASCADE,
+        feature_type TEXT NOT NULL REFERENCES feature_types(name) ON DELETE CASCADE,
+        state TEXT NOT NULL CHECK (state = 'queued' OR state = 'failed'),
+        error TEXT CHECK (state = 'queued' OR error IS NOT NULL),
+        updated_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        PRIMARY KEY (image_id, feature_type)
+    ) WITHOUT ROWID""",
+    """INSERT INTO feature_state (image_id, feature_type, state, error, updated_at)
+        SELECT image_id, feature_type, 'failed', error, failed_at FROM feature_failures""",
+    """UPDATE image_metadata SET processing_status = NULL,
+            error = CASE WHEN status = 'ok' THEN NULL ELSE error END
+        WHERE processing_status = 'failed' AND error IN
+            (SELECT error FROM feature_failures WHERE feature_failures.image_id = image_metadata.id)""",
+    "DROP TRIGGER IF EXISTS image_features_stale",
+    "DROP TABLE feature_failures",
+    """CREATE TRIGGER image_features_stale AFTER UPDATE OF xxh3_128 ON image_metadata
+        WHEN OLD.xxh3_128 IS NOT NEW.xxh3_128
+        BEGIN
+            DELETE FROM image_features WHERE image_id = NEW.id;
+            DELETE FROM feature_state WHERE image_id = NEW.id;
+        END""",
+)
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
-    m006_classes,
+    m006_classes, m007_feature_state,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

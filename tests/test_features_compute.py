@@ -36,8 +36,8 @@ def extractor_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
 def test_builtin_colorhist_on_every_ok_sample(scanned_db: Path) -> None:
     summary = compute(scanned_db, "colorhist")
     assert (summary.selected, summary.computed, summary.failed, summary.dim) == (6, 6, 0, 96)
-    assert rows(scanned_db, "SELECT DISTINCT processing_status FROM image_metadata WHERE status = 'ok'") == [("completed",)]
-    assert rows(scanned_db, "SELECT processing_status FROM image_metadata WHERE status = 'corrupt'") == [(None,)]
+    assert rows(scanned_db, "SELECT DISTINCT processing_status, error FROM image_metadata WHERE status = 'ok'") == [(None, None)]
+    assert rows(scanned_db, "SELECT count(*) FROM feature_state") == [(0,)]  # done: the vector says so
     with Catalog(scanned_db) as catalog:
         (path,) = [r["path"] for r in catalog.query(labels=["cat"], columns=["path"], limit=1)]
         ids = catalog.sample_ids(labels=["cat"], limit=1)
@@ -81,11 +81,11 @@ def test_user_extractor_failures_are_recorded_and_the_run_goes_on(
     """)
     summary = compute(scanned_db, "size", extractor=f"{module}:fn")
     assert (summary.computed, summary.failed, summary.dim) == (2, 4, 2)
-    errors = dict(rows(scanned_db, "SELECT image_id, error FROM feature_failures"))
+    errors = dict(rows(scanned_db, "SELECT image_id, error FROM feature_state WHERE state = 'failed'"))
     assert sorted(errors.values()) == sorted(
         ["RuntimeError: no 17s"] * 2 + ["extractor returned 3 values; feature type 'size' has dim 2"] * 2
     )
-    assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE processing_status = 'failed' AND error LIKE 'RuntimeError%'") == [(2,)]
+    assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE processing_status IS NOT NULL OR error IS NOT NULL AND status = 'ok'") == [(0,)]
     # failed samples are skipped on a rerun, retried with retry_failed
     assert compute(scanned_db, "size").skipped_failed == 4
     again = compute(scanned_db, "size", retry_failed=True)
@@ -125,7 +125,7 @@ def test_unusable_extractor_spec_writes_nothing(scanned_db: Path, spec: str, mes
     with pytest.raises(InputError, match=message):
         compute(scanned_db, "x", extractor=spec)
     assert rows(scanned_db, "SELECT count(*) FROM feature_types") == [(0,)]
-    assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE processing_status IS NOT NULL") == [(0,)]
+    assert rows(scanned_db, "SELECT count(*) FROM feature_state") == [(0,)]
 
 
 def test_new_type_needs_an_extractor_and_an_existing_one_keeps_its_own(scanned_db: Path) -> None:
@@ -157,7 +157,8 @@ def test_corrupt_image_fails_when_selected(scanned_db: Path) -> None:
     summary = compute(scanned_db, "colorhist", QuerySpec(status=("corrupt",)))
     assert (summary.computed, summary.failed) == (0, 1)
     assert "UnidentifiedImageError" in summary.error_samples[0][1]
-    assert rows(scanned_db, "SELECT status, processing_status FROM image_metadata WHERE status = 'corrupt'") == [("corrupt", "failed")]
+    assert rows(scanned_db, "SELECT status, processing_status FROM image_metadata WHERE status = 'corrupt'") == [("corrupt", None)]
+    assert rows(scanned_db, "SELECT state FROM feature_state") == [("failed",)]
 
 
 SLOW = """
@@ -185,11 +186,8 @@ def many(tmp_path: Path) -> Path:
 
 def _run_cli(db: Path, tmp_path: Path, slow: float) -> subprocess.Popen[bytes]:
     (tmp_path / "slowfeat.py").write_text(SLOW)
-    import dlindex
-
-    # the dlindex under test (not whichever one the interpreter has installed), plus slowfeat
-    path = os.pathsep.join((str(tmp_path), str(Path(dlindex.__file__).parents[1])))
-    env = {**os.environ, "PYTHONPATH": path, "PIDS_FILE": str(tmp_path / "pids"), "SLOW_S": str(slow)}
+    repo = Path(__file__).resolve().parents[1]  # this checkout's dlindex, not an installed one
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}", "PIDS_FILE": str(tmp_path / "pids"), "SLOW_S": str(slow)}
     return subprocess.Popen(
         [sys.executable, "-m", "dlindex", "features", "compute", "--type", "slow", "--extractor", "slowfeat:fn",
          "--workers", "2", "--db", str(db), "--json"],
@@ -234,7 +232,7 @@ def test_kill_9_during_compute_then_resume_loses_and_duplicates_nothing(many: Pa
     while any(_alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(p) for p in workers), "workers outlived the killed parent"
-    queued = rows(many, "SELECT count(*) FROM image_metadata WHERE processing_status = 'queued'")[0][0]
+    queued = rows(many, "SELECT count(*) FROM feature_state WHERE feature_type = 'slow' AND state = 'queued'")[0][0]
     assert queued == 120 - done_before  # every selected sample is queued or completed
     resumed = _run_cli(many, tmp_path, slow=0)
     out, err = resumed.communicate(timeout=120)
@@ -242,7 +240,8 @@ def test_kill_9_during_compute_then_resume_loses_and_duplicates_nothing(many: Pa
     assert b'"computed": ' + str(120 - done_before).encode() in out
     assert _count(many) == 120
     assert rows(many, "SELECT count(DISTINCT image_id) FROM image_features") == [(120,)]
-    assert rows(many, "SELECT DISTINCT processing_status FROM image_metadata") == [("completed",)]
+    assert rows(many, "SELECT count(*) FROM feature_state") == [(0,)]
+    assert rows(many, "SELECT DISTINCT processing_status FROM image_metadata") == [(None,)]
     with Catalog(many) as catalog:
         got = {r["id"]: r["path"] for r in catalog.query(columns=["id", "path"])}
         vectors = catalog.features(list(got), "slow")
@@ -259,7 +258,7 @@ def test_sigterm_stops_cleanly_and_says_so(many: Path, tmp_path: Path) -> None:
     assert proc.returncode == 130
     assert b"Error: features compute interrupted after" in err and b"Traceback" not in err
     stored = _count(many)
-    assert rows(many, "SELECT count(*) FROM image_metadata WHERE processing_status = 'completed'") == [(stored,)]
+    assert rows(many, "SELECT count(*) FROM feature_state WHERE state = 'queued'") == [(120 - stored,)]
 
 
 def test_interrupted_is_raised_by_the_library(many: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

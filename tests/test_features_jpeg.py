@@ -155,4 +155,4 @@ def test_a_fifo_in_place_of_an_image_fails_that_sample_without_hanging(scanned_d
         summary = compute_features(catalog, "colorhist", QuerySpec(), ComputeOptions(workers=1))
     assert (summary.computed, summary.failed) == (5, 1)
     assert "not a regular file" in summary.error_samples[0][1]
-    assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE processing_status = 'failed'") == [(1,)]
+    assert rows(scanned_db, "SELECT count(*) FROM feature_state WHERE state = 'failed'") == [(1,)]

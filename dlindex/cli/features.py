@@ -36,7 +36,7 @@ from ._shared import (
 
 app = typer.Typer(
     name="features",
-    help="Compute, import, export, list, show and drop per-image feature vectors.",
+    help="Compute, import, export, list, show and drop per-image feature vectors; list failures.",
     no_args_is_help=True,
 )
 
@@ -100,7 +100,7 @@ def compute(
         for image_id, error in s.error_samples[:10]:
             stderr_console.print(f"failed: id {image_id}: {error}", markup=False, highlight=False)
         if s.failed > 10:
-            stderr_console.print(f"... and {s.failed - 10} more (dlindex query --processing-status failed -c id,path,error)", markup=False)
+            stderr_console.print(f"... and {s.failed - 10} more (dlindex features failures --type {s.feature_type})", markup=False)
     if strict and s.failed:
         raise typer.Exit(ExitCode.PARTIAL)
 
@@ -114,6 +114,7 @@ def import_(
     column: Annotated[str, typer.Option("--column", help="Vector column of Parquet and JSONL files.")] = "vector",
     dtype: DtypeOption = None,
     concurrent: Annotated[bool, typer.Option("--concurrent", help="Let other processes open the catalog during a large import (WAL: every page is written twice).")] = False,
+    max_bytes: Annotated[str, typer.Option("--max-bytes", metavar="SIZE", help="Refuse files whose arrays take more memory than this to read (e.g. 8GiB, 500MB).")] = "8GiB",
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
@@ -122,12 +123,15 @@ def import_(
 
         dlindex features import --type clip_b32 embeddings.npz
     """
+    from ..export import parse_size
     from ..features import import_features
 
+    limit = parse_size(max_bytes)
     with Catalog(db, log=not no_log) as catalog:
         s = import_features(
-            catalog, feature_type, file, ids_file=ids, column=column, dtype=dtype.value if dtype else None, concurrent=concurrent,
-        )
+            catalog, feature_type, file, ids_file=ids, column=column, dtype=dtype.value if dtype else None,
+            concurrent=concurrent, max_bytes=limit if limit is not None else 0,
+        )  # fmt: skip
     if as_json:
         print_json(s.as_dict())
     else:
@@ -170,7 +174,7 @@ def list_(fmt: FormatOption = None, db: DbOption = None) -> None:
 
     with Catalog(db) as catalog:
         infos = [info.as_dict() for info in list_feature_types(catalog)]
-    columns = ("name", "dim", "dtype", "extractor", "vectors", "failed", "version", "created_at")
+    columns = ("name", "dim", "dtype", "extractor", "vectors", "failed", "queued", "version", "created_at")
     emit_rows(infos, resolve_format(fmt), columns)
 
 
@@ -200,8 +204,36 @@ def show(
         stdout_console.print(f"  {name}: dim {v['dim']} {v['dtype']} [{head}]", markup=False, highlight=False)
     for name, f in s.failures.items():
         stdout_console.print(f"  {name}: failed: {f['error']}", markup=False, highlight=False)
-    if not s.vectors and not s.failures:
+    for name in s.queued:
+        stdout_console.print(f"  {name}: queued", markup=False, highlight=False)
+    if not s.vectors and not s.failures and not s.queued:
         stdout_console.print("  no vectors", markup=False)
+
+
+class State(str, Enum):
+    failed = "failed"
+    queued = "queued"
+
+
+@app.command("failures")
+@handle_errors
+def failures(
+    feature_type: TypeOption,
+    state: Annotated[list[State] | None, typer.Option("--state", help="failed (default), queued, or both when repeated.", show_default=False)] = None,
+    fmt: FormatOption = None,
+    db: DbOption = None,
+) -> None:
+    """Samples whose extraction failed (with the error), or that a run left queued.
+
+        dlindex features failures --type colorhist --format jsonl | jq -r .path
+    """
+    from ..features import get_type
+    from ..features.state import state_rows
+
+    with Catalog(db) as catalog:
+        name = get_type(catalog, feature_type).name
+        states = [s.value for s in state or [State.failed]]
+        emit_rows(state_rows(catalog, name, states), resolve_format(fmt), ("id", "state", "error", "updated_at", "label", "path"))
 
 
 @app.command("drop")

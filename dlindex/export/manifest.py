@@ -43,11 +43,24 @@ def batches(group: Group, ctx: Context) -> Iterator[tuple[Sequence[tuple[Any, ..
             vectors = ctx.features.fetch([row[ID] for row in batch])
             missing = [row[ID] for row in batch if row[ID] not in vectors]
             if missing:
-                raise ExportError(
-                    f"{len(missing)} sample(s) have no {ctx.features.name!r} features (id {missing[0]} first); "
-                    "compute them first (dlindex features)"
-                )
+                raise ExportError(_missing_message(group, ctx, missing, rows))
         yield batch, vectors
+
+
+def _missing_message(group: Group, ctx: Context, missing: list[int], rest: Iterator[tuple[Any, ...]]) -> str:
+    """The export stops here anyway: count every sample of the group that lacks a vector, not
+    only those of the first batch that has one missing."""
+    assert ctx.features is not None
+    first = missing[0]
+    lacking = set(missing)
+    while batch := [row[ID] for row in islice(rest, _BATCH)]:
+        found = ctx.features.fetch(batch)
+        lacking.update(i for i in batch if i not in found)
+    where = "" if len(ctx.plan.groups) == 1 else f" in split {group.split!r}, rank {group.rank}"
+    return (
+        f"{len(lacking)} sample(s){where} have no {ctx.features.name!r} features (id {first} first); "
+        "compute them first (dlindex features)"
+    )
 
 
 def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, bytes]], list[str]]:

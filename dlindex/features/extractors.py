@@ -25,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from ..errors import InputError
-from . import jpeg
+from . import jpeg, visible
 
 ExtractFn = Callable[[Image.Image], Any]
 
@@ -39,8 +39,12 @@ class Extractor:
 
 
 def colorhist(image: Image.Image) -> np.ndarray:
-    """96 values: a 32-bin histogram of each of R, G and B, each summing to 1."""
-    if image.mode not in ("RGB", "RGBX"):
+    """96 values: a 32-bin histogram of each of R, G and B, each summing to 1; pixels are
+    weighed by their alpha (see :mod:`.visible`)."""
+    if image.mode not in ("RGB", "RGBX") or "transparency" in image.info:
+        over = visible.rgba(image)
+        if over is not None:
+            return visible.weighted_histogram(over)
         image = image.convert("RGB")
     counts = image.histogram()[:768]  # RGBX: drop the padding band
     # Fold 8 bins into one in C-level iterators: ~2x faster than numpy on a 768-int list.
@@ -64,17 +68,19 @@ def colorhist_file(path: bytes) -> np.ndarray:
 
 
 def thumb(image: Image.Image) -> np.ndarray:
-    """256 values in [0, 1]: the image as a 16 x 16 grayscale thumbnail, row by row."""
+    """256 values in [0, 1]: the image as a 16 x 16 grayscale thumbnail, row by row
+    (over a white background where it is transparent: see :mod:`.visible`)."""
     image.draft("L", (64, 64))  # JPEG: decode at reduced scale, as Image.thumbnail does
-    small = image.convert("L").resize((16, 16), Image.Resampling.BOX)
+    small = visible.on_background(image).convert("L").resize((16, 16), Image.Resampling.BOX)
     return np.asarray(small, dtype=np.float32).reshape(-1) / 255.0
 
 
 def dhash(image: Image.Image) -> np.ndarray:
     """64 values of 0 or 1: the difference hash (each pixel brighter than its right neighbour,
-    on a 9 x 8 grayscale thumbnail). L2 distance squared is the Hamming distance."""
+    on a 9 x 8 grayscale thumbnail, over white where transparent). L2 distance squared is
+    the Hamming distance."""
     image.draft("L", (64, 64))
-    small = np.asarray(image.convert("L").resize((9, 8), Image.Resampling.BOX), dtype=np.int16)
+    small = np.asarray(visible.on_background(image).convert("L").resize((9, 8), Image.Resampling.BOX), dtype=np.int16)
     return (small[:, 1:] > small[:, :-1]).astype(np.float32).reshape(-1)
 
 

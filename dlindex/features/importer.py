@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import CatalogError, InputError
 from ..walk import display_name
+from .readers import DEFAULT_MAX_BYTES, read_import_file
 from .storage import DTYPES, check_name, create_type, find_type, set_dim, write_vectors
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ _BY_PATH = (
     "AND image_metadata.file_path = json_extract(staged.value, '$[1]') "
     "WHERE json_extract(staged.value, '$[0]') IS NULL OR json_extract(staged.value, '$[0]') = roots.id"
 )
-_CLEAR_FAILURE = "DELETE FROM feature_failures WHERE image_id = ? AND feature_type = ?"
-_ANY_FAILURE = "SELECT 1 FROM feature_failures WHERE feature_type = ? LIMIT 1"
 _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
 _CHUNK = 65_536
@@ -43,7 +42,6 @@ _PATH_CHUNK = 10_000
 # Below this, WAL's second write of the pages costs well under a second: not worth taking
 # the catalog from other processes for.
 _ROLLBACK_MIN_BYTES = 64 << 20
-FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,7 @@ def import_features(
     column: str = "vector",
     dtype: str | None = None,
     concurrent: bool = False,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> ImportSummary:
     """Store the vectors in ``file`` as ``feature_type``; all of them, or (InputError) none.
 
@@ -84,16 +83,28 @@ def import_features(
             that finds no other connection switches to a rollback journal for its
             transaction and writes its pages once instead of twice (2.6x faster for 2 GB);
             a process that opens the catalog meanwhile waits for it.
+        max_bytes: refuse a file whose arrays would take more memory than this to read
+            (an ``.npy`` of vectors is memory-mapped and needs only a consistent header).
+
+    Raises:
+        InputError: a bad file (checked before it is loaded), or a type that
+            ``features compute`` made (imports go into types of their own).
     """
     started = time.perf_counter()
     name = check_name(feature_type)
     if dtype is not None and dtype not in DTYPES:
         raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
     existing = find_type(catalog, name)
+    if existing is not None and existing.extractor != "import":
+        raise InputError(
+            f"feature type {name!r} is computed by extractor {existing.extractor!r}; "
+            f"import into a type of its own (e.g. --type {name[:57]}_import)"
+        )
     if existing is not None and dtype is not None and dtype != existing.dtype:
         raise InputError(f"feature type {name!r} stores {existing.dtype}, not {dtype}")
     path = Path(file)
-    keys, vectors, by_path = _read(path, ids_file, column)
+    loaded = read_import_file(path, ids_file, column, max_bytes)
+    keys, vectors, by_path = loaded.keys, loaded.vectors, loaded.by_path
     if vectors.ndim != 2:
         raise InputError(f"{path}: vectors must be a 2-D array (n x dim), not shape {vectors.shape}")
     if vectors.dtype.kind != "f":
@@ -129,8 +140,6 @@ def import_features(
             # transaction rolls back. (Checking first cost 0.5-0.9 s of a 20 s import.)
             _check_known(catalog, ids, path)
             raise CatalogError(f"cannot import {path}: {e}; nothing was imported") from None
-        if conn.execute(_ANY_FAILURE, (name,)).fetchone():
-            conn.executemany(_CLEAR_FAILURE, ((int(i), name) for i in ids))
     seconds = time.perf_counter() - started
     return ImportSummary(
         name, os.fspath(path), existing is None, n, dim, target.name, size, round(seconds, 3),
@@ -160,119 +169,6 @@ def _rows(ids: np.ndarray, vectors: np.ndarray, dtype: np.dtype[Any]) -> Iterato
         raw = memoryview(block).cast("B")
         for j, image_id in enumerate(ids[start : start + _CHUNK].tolist()):
             yield image_id, raw[j * width : (j + 1) * width]
-
-
-def _read(path: Path, ids_file: str | os.PathLike[str] | None, column: str) -> tuple[Any, np.ndarray, bool]:
-    """(keys, vectors, keys are paths) from a file, by its suffix."""
-    suffix = path.suffix.lower()
-    if suffix not in FORMATS:
-        raise InputError(f"cannot import {path}: expected one of {', '.join(FORMATS)}")
-    if not path.is_file():
-        raise InputError(f"cannot read {path}: no such file")
-    if ids_file is not None and suffix != ".npy":
-        raise InputError("--ids is for .npy files; .npz, Parquet and JSONL files carry their own ids")
-    try:
-        if suffix == ".npy":
-            if ids_file is None:
-                raise InputError(f"{path} has no ids: give --ids FILE (one id per line, or an integer .npy)")
-            return _read_ids(Path(ids_file)), np.load(path, mmap_mode="r", allow_pickle=False), False
-        if suffix == ".npz":
-            with np.load(path, allow_pickle=False) as archive:
-                if "ids" not in archive or "vectors" not in archive:
-                    raise InputError(f"{path} must hold arrays named 'ids' and 'vectors', not {', '.join(archive.files)}")
-                ids = archive["ids"]
-                if ids.dtype.kind not in "iu" or ids.ndim != 1:
-                    raise InputError(f"{path}: 'ids' must be a 1-D integer array, not {ids.dtype} {ids.shape}")
-                return ids, archive["vectors"], False
-        if suffix == ".parquet":
-            return _read_parquet(path, column)
-        return _read_jsonl(path, column)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot read {path}: {e}") from None
-
-
-def _read_ids(path: Path) -> np.ndarray:
-    if not path.is_file():
-        raise InputError(f"cannot read ids file {path}: no such file")
-    if path.suffix.lower() == ".npy":
-        ids = np.load(path, allow_pickle=False)
-        if ids.dtype.kind not in "iu" or ids.ndim != 1:
-            raise InputError(f"{path}: ids must be a 1-D integer array, not {ids.dtype} {ids.shape}")
-        return ids.astype(np.int64)
-    values = []
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    values.append(int(line))
-                except ValueError:
-                    raise InputError(f"{path}, line {number}: {line.strip()[:40]!r} is not a sample id") from None
-    return np.asarray(values, dtype=np.int64)
-
-
-def _read_parquet(path: Path, column: str) -> tuple[Any, np.ndarray, bool]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise InputError("reading Parquet needs pyarrow: pip install 'dlindex[parquet]'") from None
-    names = pq.read_schema(path).names
-    key = "id" if "id" in names else "file_path" if "file_path" in names else None
-    if key is None or column not in names:
-        raise InputError(f"{path} needs an 'id' or 'file_path' column and a {column!r} column, has {', '.join(names)}")
-    table = pq.read_table(path, columns=[key, column])
-    vectors = table.column(column).combine_chunks()
-    if vectors.null_count:
-        raise InputError(f"{path}: {vectors.null_count} rows have no {column!r}")
-    import pyarrow as pa
-
-    if pa.types.is_fixed_size_list(vectors.type):
-        dim = vectors.type.list_size
-    elif pa.types.is_list(vectors.type) or pa.types.is_large_list(vectors.type):
-        lengths = np.diff(np.asarray(vectors.offsets))
-        if len(lengths) and (lengths != lengths[0]).any():
-            row = int(np.argmax(lengths != lengths[0]))
-            raise InputError(f"{path}: row {row + 1} has {lengths[row]} values, row 1 has {lengths[0]}")
-        dim = int(lengths[0]) if len(lengths) else 0
-    else:
-        raise InputError(f"{path}: column {column!r} is {vectors.type}, not a list of numbers")
-    values = vectors.flatten().to_numpy(zero_copy_only=False)
-    keys = table.column(key).to_pylist()
-    if any(k is None for k in keys):
-        raise InputError(f"{path}: some rows have no {key!r}")
-    return keys, values.reshape(len(keys), dim), key == "file_path"
-
-
-def _read_jsonl(path: Path, column: str) -> tuple[Any, np.ndarray, bool]:
-    keys: list[Any] = []
-    rows: list[Any] = []
-    by_path: bool | None = None
-    with open(path, "rb") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise InputError(f"{path}, line {number}: not valid JSON ({e})") from None
-            if not isinstance(obj, dict) or column not in obj or ("id" not in obj and "file_path" not in obj):
-                raise InputError(f"{path}, line {number}: expected an object with \"id\" or \"file_path\" and {column!r}")
-            this_by_path = "id" not in obj
-            if by_path is not None and this_by_path != by_path:
-                raise InputError(f"{path}, line {number}: mixes \"id\" and \"file_path\" keys")
-            by_path = this_by_path
-            key = obj["file_path"] if by_path else obj["id"]
-            if by_path and (not isinstance(key, str) or not key):
-                raise InputError(f"{path}, line {number}: \"file_path\" must be a non-empty string")
-            if not by_path and (not isinstance(key, int) or isinstance(key, bool)):
-                raise InputError(f"{path}, line {number}: \"id\" must be an integer, not {key!r}")
-            vector = obj[column]
-            if not isinstance(vector, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vector):
-                raise InputError(f"{path}, line {number}: {column!r} must be a list of numbers")
-            if rows and len(vector) != len(rows[0]):
-                raise InputError(f"{path}, line {number}: {len(vector)} values, line 1 has {len(rows[0])}")
-            keys.append(key)
-            rows.append(vector)
-    return keys, np.asarray(rows, dtype=np.float64).reshape(len(rows), -1) if rows else np.zeros((0, 0)), bool(by_path)
 
 
 def _resolve_paths(catalog: Catalog, paths: list[str], source: Path) -> np.ndarray:

@@ -1,10 +1,11 @@
 """``features compute``: queue the selected samples, extract in worker processes, write in batches.
 
 The main process selects the samples that have no vector of the type yet (and no recorded
-failure, unless retried), marks them ``queued`` and is the single writer; forked workers
-decode images and run the extractor. Each batch of results is one transaction that stores
-the vectors and marks those samples ``completed`` (or ``failed``, with the error), so a
-kill at any moment leaves whole batches, and the next run computes exactly the rest.
+failure, unless retried), marks them ``queued`` for the type (``feature_state``) and is the
+single writer; forked workers decode images and run the extractor. Each batch of results is
+one transaction that stores the vectors and clears their state (or records ``failed``, with
+the error), so a kill at any moment leaves whole batches, and the next run computes exactly
+the rest. ``image_metadata`` is never written: its flags are the user's (``dlindex mark``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..errors import InputError, Interrupted
 from ..query import QuerySpec, query_rows
 from ..signals import sigterm_as_interrupt
 from .extractors import Extractor, canonical_spec, load_extractor
+from . import state
 from .storage import (
     DTYPES,
     FeatureType,
@@ -38,25 +40,6 @@ if TYPE_CHECKING:
     from ..catalog import Catalog
 
 _DONE = "SELECT image_id FROM image_features WHERE feature_type = ?"
-_FAILED = "SELECT image_id FROM feature_failures WHERE feature_type = ?"
-# Set-based: one statement per batch of ids (a JSON array), not one per sample.
-_QUEUE = (
-    "UPDATE image_metadata SET processing_status = 'queued', updated_at = CURRENT_TIMESTAMP "
-    "WHERE id IN (SELECT value FROM json_each(?))"
-)
-_COMPLETED = (
-    "UPDATE image_metadata SET processing_status = 'completed', "
-    "error = CASE WHEN status = 'ok' THEN NULL ELSE error END, updated_at = CURRENT_TIMESTAMP "
-    "WHERE id IN (SELECT value FROM json_each(?))"
-)
-_FAILED_STATUS = (
-    "UPDATE image_metadata SET processing_status = 'failed', error = ?, updated_at = CURRENT_TIMESTAMP WHERE id = ?"
-)
-_RECORD_FAILURE = """INSERT INTO feature_failures (image_id, feature_type, error) VALUES (?, ?, ?)
-    ON CONFLICT (image_id, feature_type) DO UPDATE SET error = excluded.error, failed_at = CURRENT_TIMESTAMP"""
-_CLEAR_FAILURES = (
-    "DELETE FROM feature_failures WHERE feature_type = ? AND image_id IN (SELECT value FROM json_each(?))"
-)
 _EXISTS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
 
 _FLUSH_ROWS = 1000
@@ -115,7 +98,7 @@ def compute_features(
     ftype, extractor = _prepare_type(catalog, check_name(feature_type), options)
     rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
     done = _ids(catalog, _DONE, ftype)
-    failed = _ids(catalog, _FAILED, ftype if not options.retry_failed else None)
+    failed = _ids(catalog, state.FAILED_IDS, ftype if not options.retry_failed else None)
     todo: list[tuple[int, bytes]] = []
     selected = already = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
@@ -129,7 +112,7 @@ def compute_features(
             if ftype is None:
                 create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
             for start in range(0, len(todo), _QUEUE_CHUNK):
-                conn.execute(_QUEUE, (json.dumps([i for i, _ in todo[start : start + _QUEUE_CHUNK]]),))
+                state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
     ftype = find_type(catalog, feature_type)
     assert ftype is not None
     writer = _Writer(catalog, ftype)
@@ -284,11 +267,7 @@ class _Writer:
                     bad.append((image_id, error or "no vector"))
             if ok:
                 write_vectors(conn, replace(self.ftype, dim=dim), ok)
-            done = json.dumps([i for i, _ in ok])
-            conn.execute(_CLEAR_FAILURES, (name, done))
-            conn.execute(_COMPLETED, (done,))
-            conn.executemany(_RECORD_FAILURE, ((i, name, e) for i, e in bad))
-            conn.executemany(_FAILED_STATUS, ((e, i) for i, e in bad))
+            state.record(conn, name, [i for i, _ in ok], bad)
         self.ftype = replace(self.ftype, dim=dim)
         self.pending.clear()
         self.computed += len(ok)

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import sqlite3
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -21,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, Interrupted
+from ..signals import sigterm_as_interrupt
+from . import state, tempfiles
 
 if TYPE_CHECKING:
     from ..catalog import Catalog
@@ -52,7 +53,6 @@ _DROP_TYPE = "DELETE FROM feature_types WHERE name = ?"
 _UPSERT_VECTOR = """INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, ?, ?)
     ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = CURRENT_TIMESTAMP"""
 _COUNT_VECTORS = "SELECT count(*) FROM image_features WHERE feature_type = ?"
-_COUNT_FAILURES = "SELECT count(*) FROM feature_failures WHERE feature_type = ?"
 _VECTORS = "SELECT image_id, vector FROM image_features WHERE feature_type = ? ORDER BY image_id"
 _VECTORS_OF = (
     "SELECT image_id, vector FROM image_features "
@@ -61,7 +61,6 @@ _VECTORS_OF = (
 _IMAGE_FEATURES = (
     "SELECT feature_type, vector, created_at, updated_at FROM image_features WHERE image_id = ? ORDER BY feature_type"
 )
-_IMAGE_FAILURES = "SELECT feature_type, error, failed_at FROM feature_failures WHERE image_id = ? ORDER BY feature_type"
 _IMAGE = (
     "SELECT image_metadata.id, labels.name, image_metadata.status, image_metadata.processing_status "
     "FROM image_metadata LEFT JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = ?"
@@ -99,6 +98,7 @@ class FeatureTypeInfo:
     extractor: str
     vectors: int
     failed: int
+    queued: int
     version: int
     created_at: str
 
@@ -108,7 +108,11 @@ class FeatureTypeInfo:
 
 @dataclass(frozen=True)
 class ImageFeatures:
-    """The vectors and failures of one image, as ``features show`` prints them."""
+    """The vectors and compute state of one image, as ``features show`` prints them.
+
+    ``processing_status`` is the image's own (``dlindex mark``'s); ``failures`` and
+    ``queued`` are ``features compute``'s, per type.
+    """
 
     id: int
     label: str | None  # None: no class (a file directly under ROOT)
@@ -116,6 +120,7 @@ class ImageFeatures:
     processing_status: str | None
     vectors: dict[str, dict[str, Any]]
     failures: dict[str, dict[str, Any]]
+    queued: list[str]
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -317,15 +322,16 @@ def read_all(catalog: Catalog, ftype: FeatureType) -> tuple[np.ndarray, np.ndarr
 
 
 def list_feature_types(catalog: Catalog) -> list[FeatureTypeInfo]:
-    """Every feature type with its vector and failure counts."""
+    """Every feature type with its counts of vectors, failed and queued samples."""
     infos = []
     for row in list(catalog.read(_TYPES)):
         ftype = FeatureType(*row)
         vectors = int(catalog.conn.execute(_COUNT_VECTORS, (ftype.name,)).fetchone()[0])
-        failed = int(catalog.conn.execute(_COUNT_FAILURES, (ftype.name,)).fetchone()[0])
+        states = state.counts(catalog.conn, ftype.name)
         infos.append(
             FeatureTypeInfo(
-                ftype.name, ftype.dim, ftype.dtype, ftype.extractor, vectors, failed, ftype.version, ftype.created_at
+                ftype.name, ftype.dim, ftype.dtype, ftype.extractor, vectors, states["failed"], states["queued"],
+                ftype.version, ftype.created_at,
             )
         )
     return infos
@@ -349,12 +355,16 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
             "dim": ftype.dim, "dtype": ftype.dtype, "vector": values.astype(np.float64).tolist(),
             "created_at": created_at, "updated_at": updated_at,
         }  # fmt: skip
-    failures = {
-        name: {"error": error, "failed_at": failed_at}
-        for name, error, failed_at in catalog.read(_IMAGE_FAILURES, (image_id,))
-        if feature_type is None or name == feature_type
-    }
-    return ImageFeatures(int(image[0]), image[1], image[2], image[3], vectors, failures)
+    failures: dict[str, dict[str, Any]] = {}
+    queued: list[str] = []
+    for name, kind, error, updated_at in state.of_image(catalog, image_id):
+        if feature_type is not None and name != feature_type:
+            continue
+        if kind == "failed":
+            failures[name] = {"error": error, "failed_at": updated_at}
+        else:
+            queued.append(name)
+    return ImageFeatures(int(image[0]), image[1], image[2], image[3], vectors, failures, queued)
 
 
 def drop_feature_type(catalog: Catalog, name: str) -> DropResult:
@@ -364,8 +374,8 @@ def drop_feature_type(catalog: Catalog, name: str) -> DropResult:
     ftype = get_type(catalog, name)
     with catalog.write_transaction() as conn:
         vectors = int(conn.execute(_COUNT_VECTORS, (name,)).fetchone()[0])
-        failed = int(conn.execute(_COUNT_FAILURES, (name,)).fetchone()[0])
-        conn.execute(_DROP_TYPE, (name,))  # the vectors and failures go by ON DELETE CASCADE
+        failed = state.counts(conn, name)["failed"]
+        conn.execute(_DROP_TYPE, (name,))  # the vectors and states go by ON DELETE CASCADE
     remove_cached_matrix(catalog, ftype.name)
     return DropResult(name, vectors, failed)
 
@@ -387,17 +397,24 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
             ids, vectors = read_all(catalog, ftype)
         finally:
             catalog.conn.execute("COMMIT")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".npz", dir=target.parent)
+    tempfiles.remove_leftovers(target.parent)  # of exports killed before they could clean up
+    restore = sigterm_as_interrupt()  # SIGTERM unwinds like Ctrl-C, through the cleanup below
     try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, ids=ids, vectors=vectors)
-        os.replace(tmp, target)  # a reader never sees half a file
-    except BaseException:
+        fd, tmp = tempfiles.create(target)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, ids=ids, vectors=vectors)
+            os.replace(tmp, target)  # a reader never sees half a file
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"features export interrupted; {target} was not written") from None
+    finally:
+        restore()
     return ExportResult(
         name, os.fspath(target), int(ids.size), int(ftype.dim or 0), ftype.dtype, target.stat().st_size,
         round(time.perf_counter() - started, 3),

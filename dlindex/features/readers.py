@@ -1,0 +1,360 @@
+"""The files ``features import`` reads, checked before anything is loaded into memory.
+
+Every format is untrusted input, so each reader looks at what a file *claims* before it
+allocates for it: an ``.npy`` header's dtype and shape against the file's real size; an
+``.npz`` member's header against its uncompressed size in the zip directory, which must be
+within ``max_bytes`` (a member is then inflated by ``zipfile``, which stops at that size
+and checks the CRC, so an entry that lies cannot inflate further); a Parquet file's schema
+types and its metadata's row count and uncompressed sizes; JSONL as it streams. The
+``max_bytes`` cap (``DEFAULT_MAX_BYTES``, ``--max-bytes``) bounds what a reader holds in
+memory; an ``.npy`` of vectors is memory-mapped, so only its header has to be consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import lzma
+import math
+import os
+import tokenize
+import zipfile
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from ..errors import InputError
+
+DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: 4,000,000 x 512 float32 vectors
+FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_HEADER = 10_000  # numpy's own default limit for .npy headers
+_ROW_OVERHEAD = 160  # bytes a parsed JSONL row costs beyond its values
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a file holds: keys (ids, or paths when ``by_path``) and an (n, dim) float array."""
+
+    keys: Any  # np.ndarray of int64, or list[str]
+    vectors: np.ndarray
+    by_path: bool
+
+
+def read_import_file(path: Path, ids_file: str | os.PathLike[str] | None, column: str, max_bytes: int) -> Loaded:
+    """Read and check a file for ``features import``; InputError (one line) if it is unusable."""
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise InputError(f"cannot import {path}: expected one of {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise InputError(f"cannot read {path}: no such file")
+    if ids_file is not None and suffix != ".npy":
+        raise InputError("--ids is for .npy files; .npz, Parquet and JSONL files carry their own ids")
+    if max_bytes < 1:
+        raise InputError(f"--max-bytes must be at least 1 byte, not {max_bytes}")
+    try:
+        if suffix == ".npy":
+            if ids_file is None:
+                raise InputError(f"{path} has no ids: give --ids FILE (one id per line, or an integer .npy)")
+            return _read_npy(path, Path(ids_file), max_bytes)
+        if suffix == ".npz":
+            try:
+                return _read_npz(path, max_bytes)
+            except (RuntimeError, NotImplementedError, zlib.error, lzma.LZMAError) as e:  # encrypted, odd methods, bad data
+                raise InputError(f"cannot read {path}: {_one_line(e)}") from None
+        if suffix == ".parquet":
+            return _read_parquet(path, column, max_bytes)
+        return _read_jsonl(path, column, max_bytes)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
+        raise InputError(f"cannot read {path}: {_one_line(e)}") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
+
+
+def _header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """(shape, fortran order, dtype) of the .npy at ``f``'s position; refuses odd ones."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_MAX_HEADER)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=_MAX_HEADER)
+        else:
+            raise InputError(f"{where}: .npy format version {version} is not supported")
+    except (ValueError, SyntaxError, TypeError, EOFError, KeyError, RecursionError, tokenize.TokenError) as e:
+        # numpy's complaints about a header it cannot parse
+        raise InputError(f"{where}: not a valid .npy header ({_one_line(e)})") from None
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise InputError(f"{where}: arrays of {dtype} cannot be imported (plain numbers only)")
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise InputError(f"{where}: invalid shape {shape}")
+    return tuple(shape), bool(fortran), dtype
+
+
+def _check_vectors_header(shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
+    if len(shape) != 2:
+        raise InputError(f"{where}: vectors must be a 2-D array (n x dim), not shape {shape}")
+    if dtype.kind != "f" or dtype.itemsize > 8:
+        raise InputError(f"{where}: vectors have dtype {dtype}; expected float16, float32 or float64")
+    if shape[0] == 0 or shape[1] == 0:
+        raise InputError(f"{where} holds no vectors (shape {shape})")
+
+
+def _check_ids_header(shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
+    if dtype.kind not in "iu" or len(shape) != 1:
+        raise InputError(f"{where}: ids must be a 1-D integer array, not {dtype} {shape}")
+
+
+def _data_bytes(shape: tuple[int, ...], dtype: np.dtype[Any]) -> int:
+    return math.prod(shape) * dtype.itemsize  # Python ints: an absurd shape cannot overflow
+
+
+def _check_size(need: int, have: int, max_bytes: int | None, where: str) -> None:
+    if max_bytes is not None and need > max_bytes:
+        raise InputError(
+            f"{where}: {need:,} bytes of array data is over the import limit of {max_bytes:,} bytes; "
+            "raise it with --max-bytes if the file is really meant to be this large"
+        )
+    if need > have:
+        raise InputError(f"{where}: truncated: its header announces {need:,} bytes of data, it holds {have:,}")
+
+
+def _read_npy(path: Path, ids_path: Path, max_bytes: int) -> Loaded:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        shape, _, dtype = _header(f, str(path))
+        offset = f.tell()
+    _check_vectors_header(shape, dtype, str(path))
+    _check_size(_data_bytes(shape, dtype), size - offset, None, str(path))  # memory-mapped: no cap
+    vectors = np.load(path, mmap_mode="r", allow_pickle=False)
+    return Loaded(_read_ids(ids_path, shape[0], max_bytes), vectors, False)
+
+
+def _read_ids(path: Path, n: int, max_bytes: int) -> np.ndarray:
+    """The ids of a .npy: an integer .npy, or text, one per line (at most ``n`` + 1 are read)."""
+    if not path.is_file():
+        raise InputError(f"cannot read ids file {path}: no such file")
+    try:
+        if path.suffix.lower() == ".npy":
+            size = path.stat().st_size
+            with open(path, "rb") as f:
+                shape, _, dtype = _header(f, str(path))
+                _check_ids_header(shape, dtype, str(path))
+                _check_size(_data_bytes(shape, dtype), size - f.tell(), max_bytes, str(path))
+                f.seek(0)
+                ids = np.lib.format.read_array(f, allow_pickle=False)
+            return _as_int64(ids, str(path))
+        values = array("q")  # 8 bytes an id, not a Python int's 28
+        with open(path, "rb") as f:
+            for number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    value = int(line)
+                except ValueError:
+                    raise InputError(f"{path}, line {number}: {line.strip()[:40]!r} is not a sample id") from None
+                if not _INT64_MIN <= value <= _INT64_MAX:
+                    raise InputError(f"{path}, line {number}: id {value} is outside the 64-bit integer range")
+                if len(values) > n:
+                    raise InputError(f"{path}: more ids than the {n:,} vectors")
+                values.append(value)
+        return np.frombuffer(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
+    except (OSError, ValueError, EOFError) as e:
+        raise InputError(f"cannot read ids file {path}: {_one_line(e)}") from None
+
+
+def _as_int64(ids: np.ndarray, where: str) -> np.ndarray:
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > _INT64_MAX:
+        raise InputError(f"{where}: id {int(ids.max())} is outside the 64-bit integer range")
+    return ids.astype(np.int64)
+
+
+def _read_npz(path: Path, max_bytes: int) -> Loaded:
+    with open(path, "rb") as f:
+        if f.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # what numpy.load takes for an .npz
+            raise InputError(f"{path} is not an .npz file (a zip archive of .npy arrays)")
+    with zipfile.ZipFile(path) as archive:
+        members = {info.filename: info for info in archive.infolist()}
+        if "ids.npy" not in members or "vectors.npy" not in members:
+            names = ", ".join(sorted(n.removesuffix(".npy") for n in members)[:10]) or "nothing"
+            raise InputError(f"{path} must hold arrays named 'ids' and 'vectors', not {names}")
+        total = 0
+        arrays = {}
+        for name in ("vectors", "ids"):
+            info = members[f"{name}.npy"]
+            where = f"{path}: {name!r}"
+            if info.file_size > max_bytes - total:
+                raise InputError(
+                    f"{where} inflates to {info.file_size:,} bytes, over the import limit of {max_bytes:,} bytes "
+                    "in all; raise it with --max-bytes if the file is really meant to be this large"
+                )
+            with archive.open(info) as f:  # stops at file_size and checks the CRC: a lying entry fails
+                shape, fortran, dtype = _header(f, where)  # type: ignore[arg-type]
+                check = _check_vectors_header if name == "vectors" else _check_ids_header
+                check(shape, dtype, where)
+                _check_size(_data_bytes(shape, dtype), info.file_size - f.tell(), max_bytes - total, where)
+                total += info.file_size
+                arrays[name] = _read_member(f, shape, fortran, dtype, where)  # type: ignore[arg-type]
+    return Loaded(_as_int64(arrays["ids"], f"{path}: 'ids'"), arrays["vectors"], False)
+
+
+def _read_member(f: IO[bytes], shape: tuple[int, ...], fortran: bool, dtype: np.dtype[Any], where: str) -> np.ndarray:
+    """The array after a checked header, read into a buffer of exactly the announced size."""
+    data = bytearray(_data_bytes(shape, dtype))
+    view = memoryview(data)
+    filled = 0
+    while filled < len(data):
+        got = f.readinto(view[filled:])  # type: ignore[attr-defined]
+        if not got:
+            raise InputError(f"{where}: truncated: {filled:,} of {len(data):,} bytes of data")
+        filled += got
+    flat = np.frombuffer(data, dtype=dtype)
+    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+
+
+def _read_parquet(path: Path, column: str, max_bytes: int) -> Loaded:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise InputError("reading Parquet needs pyarrow: pip install 'dlindex[parquet]'") from None
+    try:
+        return _parquet(pa, pq, path, column, max_bytes)
+    except (pa.ArrowException, MemoryError) as e:  # a damaged file, or one whose pages lie about their sizes
+        raise InputError(f"cannot read {path}: {_one_line(e)}") from None
+
+
+def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loaded:
+    parquet = pq.ParquetFile(path)
+    schema = parquet.schema_arrow
+    names = schema.names
+    key = "id" if "id" in names else "file_path" if "file_path" in names else None
+    if key is None or column not in names:
+        raise InputError(f"{path} needs an 'id' or 'file_path' column and a {column!r} column, has {', '.join(names)}")
+    key_type, vector_type = schema.field(key).type, schema.field(column).type
+    if key == "id" and not pa.types.is_integer(key_type):
+        raise InputError(f"{path}: column 'id' is {key_type}; sample ids must be integers")
+    if key == "file_path" and not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)):
+        raise InputError(f"{path}: column 'file_path' is {key_type}; expected strings")
+    if not (pa.types.is_list(vector_type) or pa.types.is_large_list(vector_type) or pa.types.is_fixed_size_list(vector_type)):
+        raise InputError(f"{path}: column {column!r} is {vector_type}, not a list of numbers")
+    if not pa.types.is_floating(vector_type.value_type):
+        raise InputError(f"{path}: column {column!r} holds {vector_type.value_type}; expected float16, float32 or float64")
+    meta = parquet.metadata
+    # Decoded sizes from the metadata (the byte sizes there are of encoded pages, which
+    # run-length encoding makes tiny): leaf values of the vector column, 8 bytes a row of keys.
+    itemsize = vector_type.value_type.bit_width // 8
+    claimed = meta.num_rows * 16
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.path_in_schema.split(".")[0] == column:
+                claimed += max(0, chunk.num_values) * itemsize
+    if claimed > max_bytes:
+        raise InputError(
+            f"{path}: decodes to {claimed:,} bytes or more, over the import limit of {max_bytes:,} bytes; "
+            "raise it with --max-bytes if the file is really meant to be this large"
+        )
+    keys: list[Any] = []
+    blocks: list[np.ndarray] = []
+    dim: int | None = None
+    held = seen = 0
+    for batch in parquet.iter_batches(batch_size=4096, columns=[key, column]):  # decoded a batch at a time
+        held += batch.nbytes
+        if held > max_bytes:
+            raise InputError(
+                f"{path}: decodes to more than the import limit of {max_bytes:,} bytes; "
+                "raise it with --max-bytes if the file is really meant to be this large"
+            )
+        if not batch.num_rows:
+            continue
+        vectors = batch.column(column)
+        if vectors.null_count:
+            raise InputError(f"{path}: some rows have no {column!r}")
+        if pa.types.is_fixed_size_list(vectors.type):
+            lengths = np.full(len(vectors), vectors.type.list_size)
+        else:
+            lengths = np.asarray(vectors.value_lengths())
+        for length in np.unique(lengths).tolist():
+            if dim is None:
+                dim = int(length)
+            elif length != dim:
+                at = int(np.argmax(lengths != dim))
+                raise InputError(f"{path}: row {seen + at + 1} has {lengths[at]} values, row 1 has {dim}")
+        values = vectors.flatten().to_numpy(zero_copy_only=False)
+        key_column = batch.column(key)
+        if key_column.null_count:
+            raise InputError(f"{path}: some rows have no {key!r}")
+        if key == "id":
+            keys.append(_as_int64(key_column.to_numpy(zero_copy_only=False), f"{path}: column 'id'"))
+        else:
+            keys.extend(key_column.to_pylist())
+        blocks.append(values.reshape(len(key_column), dim or 0))
+        seen += len(key_column)
+    if not blocks or dim in (None, 0):
+        raise InputError(f"{path} holds no vectors")
+    all_keys: Any = np.concatenate(keys) if key == "id" else keys
+    return Loaded(all_keys, np.concatenate(blocks), key == "file_path")
+
+
+def _read_jsonl(path: Path, column: str, max_bytes: int) -> Loaded:
+    keys: list[Any] = []
+    rows: list[np.ndarray] = []
+    by_path: bool | None = None
+    held = 0
+    with open(path, "rb") as f:
+        for number, line in enumerate(_lines(f, max_bytes, path), start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                raise InputError(f"{path}, line {number}: not valid JSON ({_one_line(e)})") from None
+            if not isinstance(obj, dict) or column not in obj or ("id" not in obj and "file_path" not in obj):
+                raise InputError(f"{path}, line {number}: expected an object with \"id\" or \"file_path\" and {column!r}")
+            this_by_path = "id" not in obj
+            if by_path is not None and this_by_path != by_path:
+                raise InputError(f"{path}, line {number}: mixes \"id\" and \"file_path\" keys")
+            by_path = this_by_path
+            key = obj["file_path"] if by_path else obj["id"]
+            if by_path and (not isinstance(key, str) or not key):
+                raise InputError(f"{path}, line {number}: \"file_path\" must be a non-empty string")
+            if not by_path and (not isinstance(key, int) or isinstance(key, bool) or not _INT64_MIN <= key <= _INT64_MAX):
+                raise InputError(f"{path}, line {number}: \"id\" must be a 64-bit integer, not {str(key)[:40]}")
+            vector = obj[column]
+            if not isinstance(vector, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vector):
+                raise InputError(f"{path}, line {number}: {column!r} must be a list of numbers")
+            if rows and len(vector) != len(rows[0]):
+                raise InputError(f"{path}, line {number}: {len(vector)} values, line 1 has {len(rows[0])}")
+            try:
+                row = np.array(vector, dtype=np.float64)
+            except OverflowError:  # an integer too large for a float
+                raise InputError(f"{path}, line {number}: a value of {column!r} is too large") from None
+            held += row.nbytes + _ROW_OVERHEAD
+            if held > max_bytes:
+                raise InputError(f"{path}: decodes to more than the import limit of {max_bytes:,} bytes")
+            keys.append(key)
+            rows.append(row)
+    if not rows or not rows[0].size:
+        raise InputError(f"{path} holds no vectors")
+    return Loaded(keys if by_path else np.asarray(keys, dtype=np.int64), np.stack(rows), bool(by_path))
+
+
+def _lines(f: IO[bytes], max_bytes: int, path: Path) -> Iterator[bytes]:
+    """Lines of a binary file, none longer than ``max_bytes`` (a line is held whole)."""
+    limit = max(1, min(max_bytes, 1 << 30))
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not line.endswith(b"\n"):
+            raise InputError(f"{path}: a line is longer than {limit:,} bytes")
+        yield line
