@@ -27,17 +27,18 @@ from .pool import WorkerPool
 from .probe import Probe, ProbeOptions
 from .signals import sigterm_as_interrupt
 from .treediff import DiffOptions, ToProbe, UnitDiff
-from .walk import DEFAULT_EXTENSIONS, Unit, WalkOptions, WalkReport, display_name, plan_units
+from .walk import DEFAULT_EXTENSIONS, SKIP_REASONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
-        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, pixel_limit)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = _INSERT + """
     ON CONFLICT (root_id, file_path) DO UPDATE SET
         file_path_bytes = excluded.file_path_bytes, label_id = excluded.label_id,
         width = excluded.width, height = excluded.height, format = excluded.format,
         mode = excluded.mode, bytes = excluded.bytes, mtime_ns = excluded.mtime_ns,
         status = excluded.status, error = excluded.error, warning = excluded.warning,
+        pixel_limit = excluded.pixel_limit,
         -- new content invalidates whatever was derived from the old one
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
             THEN image_metadata.processed ELSE 0 END,
@@ -73,7 +74,7 @@ class ScanOptions:
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     hidden: bool = False
     exclude: tuple[str, ...] = ()
-    follow_symlinks: bool = False
+    follow_symlinks: bool = True
     labels_file: Path | None = None
     verify: bool = False
     max_pixels: int = ProbeOptions().max_pixels
@@ -95,7 +96,7 @@ class ScanSummary:
     unchanged: int
     missing: int
     corrupt: int
-    skipped: int
+    skipped: int  # entries that got no row in this scan, all reasons together
     errors: int
     relabeled: int
     pruned: int
@@ -103,6 +104,7 @@ class ScanSummary:
     files_per_s: float
     interrupted: bool = False
     error_samples: tuple[tuple[str, str], ...] = field(default=())
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)  # walk.SKIP_REASONS order
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -160,6 +162,7 @@ def scan_tree(
         pruned=writer.pruned, seconds=round(seconds, 3),
         files_per_s=round(counts.seen / seconds, 1) if seconds > 0 else 0.0,
         interrupted=interrupted, error_samples=tuple(report.errors[:20]),
+        skipped_by_reason={r: report.skips[r] for r in SKIP_REASONS if report.skips.get(r)},
     )  # fmt: skip
     _finish_scan(catalog, summary)
     if interrupted:
@@ -187,8 +190,8 @@ class _Pipeline:
     ) -> None:
         self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
         self.writer, self.progress = writer, progress or (lambda n: None)
-        walk_options = WalkOptions(options.extensions, options.hidden, options.exclude, options.follow_symlinks)
-        self.diff_options = DiffOptions(walk_options, options.force, label_overrides)
+        walk_options = WalkOptions(options.extensions, options.hidden, options.exclude, options.follow_symlinks, root)
+        self.diff_options = DiffOptions(walk_options, options.force, label_overrides, options.max_pixels)
         self.workers = max(1, options.workers or os.cpu_count() or 1)
         self.pool = WorkerPool(
             self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
@@ -200,6 +203,7 @@ class _Pipeline:
         self.diffs_in_flight = 0
         self.probes_in_flight = 0
         self.batches = 0
+        self.linked = _Linked()
 
     def run(self) -> None:
         try:
@@ -213,6 +217,8 @@ class _Pipeline:
                     else:
                         self.probes_in_flight -= 1
                         self._on_probes(result)  # type: ignore[arg-type]
+                if self.linked and not self.units and not self.diffs_in_flight:
+                    self.linked.resolve(self)  # every unit is walked: each file's first path is known
                 self.writer.maybe_flush()
         except BaseException:
             self.pool.close(abort=True)
@@ -249,10 +255,16 @@ class _Pipeline:
         counts.relabeled += len(diff.relabel)
         self.writer.missing.extend(missing)
         self.writer.relabel.extend(diff.relabel)
-        self.queued.extend(diff.to_probe)
+        linked = self.linked
+        if diff.linked_unchanged or diff.linked_missing:
+            linked.add_unchanged(diff.linked_unchanged, diff.linked_missing)
+        to_probe, probed = diff.to_probe, diff.probed
+        if any(item.ident for item in to_probe) or any(i.ident for _, i in probed):
+            to_probe, probed = linked.hold(to_probe, probed)  # until every unit is walked
+        self.queued.extend(to_probe)
         self.progress(diff.unchanged)
-        if diff.probed:
-            self._record(diff.probed)
+        if probed:
+            self._record(probed)
 
     def _on_probes(self, results: list[tuple[object, ...]]) -> None:
         probes = [tuple.__new__(Probe, fields) for fields in results]  # see worker.probe_task
@@ -263,10 +275,13 @@ class _Pipeline:
         for probe, item in results:
             if probe.kind == "skipped":
                 counts.seen -= 1
-                self.report.skipped += 1
+                self.report.skip(probe.error or "device")  # became a FIFO, socket or device
             elif probe.kind == "error":
+                counts.seen -= 1
                 self.report.error(probe.key, probe.error or "unreadable")
-                if item.known_id is not None and probe.error and "No such file" in probe.error:
+                gone = bool(probe.error and "No such file" in probe.error)
+                self.report.skip("vanished" if gone else "unreadable")
+                if item.known_id is not None and gone:
                     writer.missing.append(item.known_id)  # vanished between the walk and the read
                     counts.missing += 1
             else:
@@ -278,6 +293,64 @@ class _Pipeline:
                     counts.corrupt += 1
                 writer.rows.append((probe, item))
         self.progress(len(results))
+
+
+class _Linked:
+    """Files reached through links, held back until every unit is walked.
+
+    Units are walked in parallel, so two links in different units may lead to one file
+    (same st_dev, st_ino); each file keeps its first path in catalog order, on every scan.
+    Only files reached through a link are held, so a tree without links pays nothing.
+    """
+
+    def __init__(self) -> None:
+        # (st_dev, st_ino) -> [(file_path, what, payload)]; what: probe | probed | unchanged
+        self.files: dict[tuple[int, int], list[tuple[str, str, object]]] = {}
+        self.missing_rows: set[int] = set()  # ids of held files whose row is already 'missing'
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    def add_unchanged(self, unchanged: list[tuple[int, int, str, int]], missing_rows: list[int]) -> None:
+        for dev, ino, key, row_id in unchanged:
+            self.files.setdefault((dev, ino), []).append((key, "unchanged", row_id))
+        self.missing_rows.update(missing_rows)
+
+    def hold(
+        self, to_probe: list[ToProbe], probed: list[tuple[Probe, ToProbe]]
+    ) -> tuple[list[ToProbe], list[tuple[Probe, ToProbe]]]:
+        """Keep the linked items; return the others."""
+        for item in to_probe:
+            if item.ident:
+                self.files.setdefault(item.ident, []).append((item.key, "probe", item))
+        for pair in probed:
+            if pair[1].ident:
+                self.files.setdefault(pair[1].ident, []).append((pair[1].key, "probed", pair))
+        return [i for i in to_probe if not i.ident], [p for p in probed if not p[1].ident]
+
+    def resolve(self, pipeline: _Pipeline) -> None:
+        """The first path of each file goes on; the others are duplicates, their rows missing."""
+        files, self.files = self.files, {}
+        counts, writer, report = pipeline.counts, pipeline.writer, pipeline.report
+        for entries in files.values():
+            entries.sort(key=lambda entry: entry[0])
+            (_, what, payload), rest = entries[0], entries[1:]
+            if what == "probe":
+                pipeline.queued.append(payload)  # type: ignore[arg-type]
+            elif what == "probed":
+                pipeline._record([payload])  # type: ignore[list-item]
+            for _, what, payload in rest:
+                report.skip("duplicate")
+                counts.seen -= 1
+                if what == "unchanged":
+                    counts.unchanged -= 1
+                    row_id: int | None = payload  # type: ignore[assignment]
+                else:
+                    item = payload if what == "probe" else payload[1]  # type: ignore[index]
+                    row_id = item.known_id  # type: ignore[union-attr]
+                if row_id is not None and row_id not in self.missing_rows:
+                    writer.missing.append(row_id)
+                    counts.missing += 1
 
 
 class _Writer:
@@ -315,6 +388,7 @@ class _Writer:
                 row = (
                     self.root_id, p.key, item.raw, self.label_id(item.label), p.width, p.height,
                     p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning,
+                    p.pixel_limit,
                 )  # fmt: skip
                 (new if item.known_id is None else changed).append(row)
             relabels = [(self.label_id(name), row_id) for row_id, name in self.relabel]
