@@ -207,3 +207,11 @@ def test_a_copy_of_a_tree_with_symlinked_classes_matches_the_original(tmp_path: 
     scan(b, linked)
     query = "SELECT file_path, labels.name, xxh3_128 FROM image_metadata JOIN labels ON labels.id = label_id"
     assert sorted(rows(b, query)) == sorted(rows(a, query) + [r for r in rows(b, query) if r[0] == "top.png"])
+
+
+def test_the_docs_list_exactly_the_skip_reasons() -> None:
+    page = (Path(__file__).parent.parent / "docs" / "commands" / "scan.md").read_text()
+    table = page[page.index("| reason | entry |") : page.index("## Labels")]
+    documented = [name for line in table.splitlines()[2:] if line.startswith("| `") for name in
+                  line.split("|")[1].replace("`", "").replace(",", " ").split()]  # fmt: skip
+    assert documented == list(SKIP_REASONS)
