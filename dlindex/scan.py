@@ -23,6 +23,7 @@ from typing import Any
 from . import worker
 from .catalog import Catalog
 from .errors import InputError, Interrupted
+from .links import LinkedFiles
 from .pool import WorkerPool
 from .probe import Probe, ProbeOptions
 from .signals import sigterm_as_interrupt
@@ -203,7 +204,7 @@ class _Pipeline:
         self.diffs_in_flight = 0
         self.probes_in_flight = 0
         self.batches = 0
-        self.linked = _Linked()
+        self.linked = LinkedFiles()
 
     def run(self) -> None:
         try:
@@ -218,7 +219,7 @@ class _Pipeline:
                         self.probes_in_flight -= 1
                         self._on_probes(result)  # type: ignore[arg-type]
                 if self.linked and not self.units and not self.diffs_in_flight:
-                    self.linked.resolve(self)  # every unit is walked: each file's first path is known
+                    self._resolve_linked()  # every unit is walked: each file's first path is known
                 self.writer.maybe_flush()
         except BaseException:
             self.pool.close(abort=True)
@@ -266,6 +267,17 @@ class _Pipeline:
         if probed:
             self._record(probed)
 
+    def _resolve_linked(self) -> None:
+        kept = self.linked.resolve()
+        self.queued.extend(kept.to_probe)
+        if kept.probed:
+            self._record(kept.probed)
+        self.report.skip("duplicate", kept.duplicates)
+        self.counts.seen -= kept.duplicates
+        self.counts.unchanged -= kept.unchanged_duplicates
+        self.counts.missing += len(kept.missing)
+        self.writer.missing.extend(kept.missing)
+
     def _on_probes(self, results: list[tuple[object, ...]]) -> None:
         probes = [tuple.__new__(Probe, fields) for fields in results]  # see worker.probe_task
         self._record([(probe, self.pending.pop(probe.key)) for probe in probes])
@@ -277,7 +289,6 @@ class _Pipeline:
                 counts.seen -= 1
                 self.report.skip(probe.error or "device")  # became a FIFO, socket or device
             elif probe.kind == "error":
-                counts.seen -= 1
                 self.report.error(probe.key, probe.error or "unreadable")
                 gone = bool(probe.error and "No such file" in probe.error)
                 self.report.skip("vanished" if gone else "unreadable")
@@ -293,64 +304,6 @@ class _Pipeline:
                     counts.corrupt += 1
                 writer.rows.append((probe, item))
         self.progress(len(results))
-
-
-class _Linked:
-    """Files reached through links, held back until every unit is walked.
-
-    Units are walked in parallel, so two links in different units may lead to one file
-    (same st_dev, st_ino); each file keeps its first path in catalog order, on every scan.
-    Only files reached through a link are held, so a tree without links pays nothing.
-    """
-
-    def __init__(self) -> None:
-        # (st_dev, st_ino) -> [(file_path, what, payload)]; what: probe | probed | unchanged
-        self.files: dict[tuple[int, int], list[tuple[str, str, object]]] = {}
-        self.missing_rows: set[int] = set()  # ids of held files whose row is already 'missing'
-
-    def __bool__(self) -> bool:
-        return bool(self.files)
-
-    def add_unchanged(self, unchanged: list[tuple[int, int, str, int]], missing_rows: list[int]) -> None:
-        for dev, ino, key, row_id in unchanged:
-            self.files.setdefault((dev, ino), []).append((key, "unchanged", row_id))
-        self.missing_rows.update(missing_rows)
-
-    def hold(
-        self, to_probe: list[ToProbe], probed: list[tuple[Probe, ToProbe]]
-    ) -> tuple[list[ToProbe], list[tuple[Probe, ToProbe]]]:
-        """Keep the linked items; return the others."""
-        for item in to_probe:
-            if item.ident:
-                self.files.setdefault(item.ident, []).append((item.key, "probe", item))
-        for pair in probed:
-            if pair[1].ident:
-                self.files.setdefault(pair[1].ident, []).append((pair[1].key, "probed", pair))
-        return [i for i in to_probe if not i.ident], [p for p in probed if not p[1].ident]
-
-    def resolve(self, pipeline: _Pipeline) -> None:
-        """The first path of each file goes on; the others are duplicates, their rows missing."""
-        files, self.files = self.files, {}
-        counts, writer, report = pipeline.counts, pipeline.writer, pipeline.report
-        for entries in files.values():
-            entries.sort(key=lambda entry: entry[0])
-            (_, what, payload), rest = entries[0], entries[1:]
-            if what == "probe":
-                pipeline.queued.append(payload)  # type: ignore[arg-type]
-            elif what == "probed":
-                pipeline._record([payload])  # type: ignore[list-item]
-            for _, what, payload in rest:
-                report.skip("duplicate")
-                counts.seen -= 1
-                if what == "unchanged":
-                    counts.unchanged -= 1
-                    row_id: int | None = payload  # type: ignore[assignment]
-                else:
-                    item = payload if what == "probe" else payload[1]  # type: ignore[index]
-                    row_id = item.known_id  # type: ignore[union-attr]
-                if row_id is not None and row_id not in self.missing_rows:
-                    writer.missing.append(row_id)
-                    counts.missing += 1
 
 
 class _Writer:

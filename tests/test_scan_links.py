@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import socket
@@ -215,3 +216,20 @@ def test_the_docs_list_exactly_the_skip_reasons() -> None:
     documented = [name for line in table.splitlines()[2:] if line.startswith("| `") for name in
                   line.split("|")[1].replace("`", "").replace(",", " ").split()]  # fmt: skip
     assert documented == list(SKIP_REASONS)
+
+
+def test_cli_json_and_summary_show_the_reasons(runner: Any, image_tree: Path, storage: Path, db_path: Path) -> None:
+    from dlindex.cli import app
+
+    (image_tree / "bird").symlink_to(storage / "bird")
+    (image_tree / "cat" / "notes.txt").write_text("hi")
+    args = ["scan", str(image_tree), "--db", str(db_path), "--json"]
+    result = runner.invoke(app, [*args, "--no-follow-symlinks"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["seen"], data["skipped"], data["skipped_by_reason"]) == (7, 2, {"not_image": 1, "symlink": 1})
+    result = runner.invoke(app, args)
+    data = json.loads(result.stdout)
+    assert (data["new"], data["skipped"], data["skipped_by_reason"]) == (3, 1, {"not_image": 1})
+    result = runner.invoke(app, args[:-1])
+    assert "skipped: not_image 1" in result.stdout and result.stderr == ""
