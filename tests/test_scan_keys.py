@@ -87,3 +87,26 @@ def test_a_path_is_keyed_one_name_at_a_time(parts: list[bytes]) -> None:
     text, lossless = display_name(b"/".join(parts))
     each = [display_name(part) for part in parts]
     assert (text, lossless) == ("/".join(t for t, _ in each), all(ok for _, ok in each))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.one_of(names, lookalike_names).filter(lambda b: b not in (b".", b"..")), min_size=1, max_size=6,
+                unique=True))  # fmt: skip
+def test_any_set_of_names_is_catalogued_once_each_with_stable_ids(raw: list[bytes]) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = os.path.join(os.fsencode(tmp), b"images")
+        for i, name in enumerate(raw):  # each name as a file and as a class folder
+            for path in (os.path.join(root, b"c", name + b".png"), os.path.join(root, name, b"x.png")):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(b"not an image %d" % i)
+        db = Path(tmp) / "catalog.db"
+        with Catalog(db, create=True) as catalog:
+            first = scan_tree(catalog, os.fsdecode(root), ScanOptions(workers=1))
+            again = scan_tree(catalog, os.fsdecode(root), ScanOptions(workers=1))
+        hidden = sum(name.startswith(b".") for name in raw)
+        assert (first.new, first.errors) == (2 * len(raw) - 2 * hidden, 0)
+        assert (again.unchanged, again.new, again.missing) == (first.new, 0, 0)
+        assert len(ids(db)) == first.new
