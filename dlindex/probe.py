@@ -30,7 +30,7 @@ _ERROR_CHARS = 500
 class ProbeOptions(NamedTuple):
     verify: bool = False
     max_pixels: int = 89_478_485  # Pillow's MAX_IMAGE_PIXELS; twice this is a bomb
-    follow_symlinks: bool = False
+    follow_symlinks: bool = True  # as scan does; False opens with O_NOFOLLOW
 
 
 class Probe(NamedTuple):

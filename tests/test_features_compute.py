@@ -185,7 +185,8 @@ def many(tmp_path: Path) -> Path:
 
 def _run_cli(db: Path, tmp_path: Path, slow: float) -> subprocess.Popen[bytes]:
     (tmp_path / "slowfeat.py").write_text(SLOW)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PIDS_FILE": str(tmp_path / "pids"), "SLOW_S": str(slow)}
+    path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parent.parent)])  # this checkout's dlindex
+    env = {**os.environ, "PYTHONPATH": path, "PIDS_FILE": str(tmp_path / "pids"), "SLOW_S": str(slow)}
     return subprocess.Popen(
         [sys.executable, "-m", "dlindex", "features", "compute", "--type", "slow", "--extractor", "slowfeat:fn",
          "--workers", "2", "--db", str(db), "--json"],
