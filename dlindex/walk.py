@@ -391,7 +391,8 @@ def walk_runs(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[
 def _linked_file(top: Folder, child: Child, report: WalkReport, seen_files: set[tuple[int, int]]) -> os.stat_result | None:
     """A file reached through a link: its stat, if it is a regular file not reached before."""
     try:
-        st = os.stat(top.path + child[0])
+        # Relative to the open folder, like the diff's lstat: no walk of the full path.
+        st = os.stat(child[0], dir_fd=top.fd) if top.fd >= 0 else os.stat(top.path + child[0])
     except OSError as e:
         report.skip("vanished" if e.errno == errno.ENOENT else "unreadable")
         if e.errno != errno.ENOENT:
