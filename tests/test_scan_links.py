@@ -233,3 +233,22 @@ def test_cli_json_and_summary_show_the_reasons(runner: Any, image_tree: Path, st
     assert (data["new"], data["skipped"], data["skipped_by_reason"]) == (3, 1, {"not_image": 1})
     result = runner.invoke(app, args[:-1])
     assert "skipped: not_image 1" in result.stdout and result.stderr == ""
+
+
+def test_a_changed_file_behind_a_link_is_probed_again_and_a_removed_first_path_hands_over(
+    image_tree: Path, storage: Path, db_path: Path
+) -> None:
+    (image_tree / "a-bird").symlink_to(storage / "bird")
+    (image_tree / "m-bird").symlink_to(storage / "bird")
+    scan(db_path, image_tree)
+    before = catalogued(db_path)
+    make_png(storage / "bird" / "0.png", size=(20, 20))
+    changed = scan(db_path, image_tree)
+    assert (changed.changed, changed.unchanged) == (1, 9)
+    assert catalogued(db_path)["a-bird/0.png"][0] == before["a-bird/0.png"][0]
+    (image_tree / "a-bird").unlink()  # the second path, a duplicate so far, is now the first
+    handed = scan(db_path, image_tree)
+    assert (handed.missing, handed.new, handed.changed, handed.skipped) == (3, 3, 0, 0)
+    after = catalogued(db_path)
+    assert all(after[f"a-bird/{i}.png"] == (before[f"a-bird/{i}.png"][0], "a-bird", "missing") for i in range(3))
+    assert all(after[f"m-bird/{i}.png"][1:] == ("m-bird", "ok") for i in range(3))
