@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -110,3 +111,19 @@ def test_any_set_of_names_is_catalogued_once_each_with_stable_ids(raw: list[byte
         assert (first.new, first.errors) == (2 * len(raw) - 2 * hidden, 0)
         assert (again.unchanged, again.new, again.missing) == (first.new, 0, 0)
         assert len(ids(db)) == first.new
+
+
+def test_mark_finds_lookalike_rows_by_key_and_by_real_path(tmp_path: Path, db_path: Path) -> None:
+    from dlindex import mark_samples
+
+    root = tmp_path / "images"
+    for name in LOOKALIKES:
+        make_png(Path(os.fsdecode(os.path.join(os.fsencode(root), b"cat", name))))
+    scan(db_path, root)
+    found = rows(db_path, "SELECT file_path, file_path_bytes FROM image_metadata")
+    real_root = os.fsencode(str(rows(db_path, "SELECT path FROM roots")[0][0]))
+    by_key = [json.dumps({"file_path": str(text)}) for text, _ in found]
+    by_path = [os.path.join(real_root, raw or str(text).encode()) for text, raw in found]  # type: ignore[arg-type]
+    with Catalog(db_path) as catalog:
+        assert mark_samples(catalog, by_key, processed=True).matched == len(LOOKALIKES)
+        assert mark_samples(catalog, by_path, processed=False, by="path").matched == len(LOOKALIKES)
