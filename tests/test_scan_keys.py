@@ -127,3 +127,18 @@ def test_mark_finds_lookalike_rows_by_key_and_by_real_path(tmp_path: Path, db_pa
     with Catalog(db_path) as catalog:
         assert mark_samples(catalog, by_key, processed=True).matched == len(LOOKALIKES)
         assert mark_samples(catalog, by_path, processed=False, by="path").matched == len(LOOKALIKES)
+
+
+def test_a_sample_named_by_its_real_name_or_by_its_stand_in(tmp_path: Path, db_path: Path) -> None:
+    from dlindex.features.samples import resolve_sample
+
+    root = tmp_path / "images"
+    for name in LOOKALIKES:
+        make_png(Path(os.fsdecode(os.path.join(os.fsencode(root), b"cat", name))))
+    scan(db_path, root)
+    found = ids(db_path)
+    with Catalog(db_path) as catalog:
+        # the real name wins: a file literally named \xff.png exists
+        assert resolve_sample(catalog, "cat/\\xff.png") == found[("cat/\\x5cxff.png", b"cat/\\xff.png")]
+        # a stand-in that is no real name is taken as the key it is (copied from file_path)
+        assert resolve_sample(catalog, "cat/\\xff\\x5cxff.png") == found[("cat/\\xff\\x5cxff.png", b"cat/\xff\\xff.png")]
