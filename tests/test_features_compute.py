@@ -185,10 +185,7 @@ def many(tmp_path: Path) -> Path:
 
 def _run_cli(db: Path, tmp_path: Path, slow: float) -> subprocess.Popen[bytes]:
     (tmp_path / "slowfeat.py").write_text(SLOW)
-    import dlindex
-
-    # the dlindex under test (not whichever one the interpreter has installed), plus slowfeat
-    path = os.pathsep.join((str(tmp_path), str(Path(dlindex.__file__).parents[1])))
+    path = os.pathsep.join([str(tmp_path), str(Path(__file__).resolve().parent.parent)])  # this checkout's dlindex
     env = {**os.environ, "PYTHONPATH": path, "PIDS_FILE": str(tmp_path / "pids"), "SLOW_S": str(slow)}
     return subprocess.Popen(
         [sys.executable, "-m", "dlindex", "features", "compute", "--type", "slow", "--extractor", "slowfeat:fn",
