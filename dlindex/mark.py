@@ -241,6 +241,8 @@ def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> 
             if path is not None:
                 if not isinstance(path, str) or not path:
                     raise InputError(f"line {number}: \"{key}\" must be a non-empty string; nothing was changed")
+                if key == "file_path":
+                    return 0, path  # the catalog key itself, stand-ins included: not a name to key again
                 return _resolve(os.fsencode(path), roots)
         raise InputError(f"line {number}: a JSON object needs \"id\", \"path\" or \"file_path\"; nothing was changed")
     if by == "id":

@@ -319,9 +319,22 @@ _M007 = (
         END""",
 )
 
+def m008_pixel_limit(conn: sqlite3.Connection) -> None:
+    # The --max-pixels a verdict depended on, so a scan under another limit re-probes exactly
+    # those files (docs/commands/scan.md). Rows judged before this column existed get 0, a
+    # limit no scan uses: the next scan probes them once under its own limit.
+    conn.execute("ALTER TABLE image_metadata ADD COLUMN pixel_limit INTEGER")
+    conn.execute(_M008_UNKNOWN_LIMIT)
+
+
+_M008_UNKNOWN_LIMIT = """UPDATE image_metadata SET pixel_limit = 0
+    WHERE (status = 'corrupt' AND error LIKE 'DecompressionBombError%')
+        OR warning LIKE '%not decoded: % pixels exceeds --max-pixels%'"""
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
-    m006_classes, m007_feature_state,
+    m006_classes, m007_feature_state, m008_pixel_limit,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -18,6 +18,7 @@ import xxhash
 from PIL import Image, UnidentifiedImageError
 
 from .cstderr import CStderrCapture
+from .walk import special_reason
 
 # Files above this are hashed in chunks and checked from their head and tail only.
 WHOLE_READ_LIMIT = 16 * 1024 * 1024
@@ -29,7 +30,7 @@ _ERROR_CHARS = 500
 class ProbeOptions(NamedTuple):
     verify: bool = False
     max_pixels: int = 89_478_485  # Pillow's MAX_IMAGE_PIXELS; twice this is a bomb
-    follow_symlinks: bool = False
+    follow_symlinks: bool = True  # as scan does; False opens with O_NOFOLLOW
 
 
 class Probe(NamedTuple):
@@ -46,6 +47,9 @@ class Probe(NamedTuple):
     mode: str | None = None
     error: str | None = None
     warning: str | None = None
+    # The --max-pixels this verdict depends on (above twice it: corrupt; with --verify,
+    # above it: not decoded); None when the limit played no part.
+    pixel_limit: int | None = None
 
 
 class Header(NamedTuple):
@@ -85,7 +89,7 @@ def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: boo
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return Probe(key, "skipped", error="not a regular file")
+            return Probe(key, "skipped", error=special_reason(st.st_mode))  # the skip reason
         if only_if_cached and st.st_size and not _in_page_cache(fd, st.st_size):
             return NOT_CACHED
         if st.st_size <= WHOLE_READ_LIMIT:
@@ -163,13 +167,19 @@ def inspect_content(
         try:
             header, warning = _pillow_header(source(), options.max_pixels, size)
         except Exception as e:  # Pillow raises many types for hostile files; each is a finding
-            return Probe(key, "corrupt", size, mtime_ns, digest, error=_exc_text(e), warning=_take(stderr_capture))
+            limit = options.max_pixels if isinstance(e, Image.DecompressionBombError) else None
+            return Probe(
+                key, "corrupt", size, mtime_ns, digest, error=_exc_text(e), warning=_take(stderr_capture),
+                pixel_limit=limit,
+            )  # fmt: skip
         if header.format in ("JPEG", "MPO"):
             scan_start = _jpeg_scan_start(content.head)
     fmt, width, height, mode = header
     pixels = width * height
     problem: str | None = None
+    limit: int | None = None
     if pixels > 2 * options.max_pixels:
+        limit = options.max_pixels
         problem = (
             f"DecompressionBombError: image size ({pixels} pixels) exceeds limit of {2 * options.max_pixels} pixels"
         )
@@ -179,6 +189,7 @@ def inspect_content(
         problem = check_structure(fmt, content.head, content.tail, size, scan_start)
         if problem is None and options.verify:
             if pixels > options.max_pixels:
+                limit = options.max_pixels
                 warning = _join(warning, f"not decoded: {pixels} pixels exceeds --max-pixels {options.max_pixels}")
             else:
                 used_pillow = True
@@ -190,8 +201,9 @@ def inspect_content(
         warning = _join(warning, _take(stderr_capture))
     # One construction per file: this runs 50,000 times in a scan of 50,000 files.
     return Probe(
-        key, "ok" if problem is None else "corrupt", size, mtime_ns, digest, width, height, fmt, mode, problem, warning
-    )
+        key, "ok" if problem is None else "corrupt", size, mtime_ns, digest, width, height, fmt, mode, problem, warning,
+        limit,
+    )  # fmt: skip
 
 
 # -- header sniffing -------------------------------------------------------------------

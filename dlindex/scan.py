@@ -23,21 +23,23 @@ from typing import Any
 from . import worker
 from .catalog import Catalog
 from .errors import InputError, Interrupted
+from .links import LinkedFiles
 from .pool import WorkerPool
 from .probe import Probe, ProbeOptions
 from .signals import sigterm_as_interrupt
 from .treediff import DiffOptions, ToProbe, UnitDiff
-from .walk import DEFAULT_EXTENSIONS, Unit, WalkOptions, WalkReport, display_name, plan_units
+from .walk import DEFAULT_EXTENSIONS, SKIP_REASONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
-        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = _INSERT + """
     ON CONFLICT (root_id, file_path) DO UPDATE SET
         file_path_bytes = excluded.file_path_bytes, label_id = excluded.label_id, split = excluded.split,
         width = excluded.width, height = excluded.height, format = excluded.format,
         mode = excluded.mode, bytes = excluded.bytes, mtime_ns = excluded.mtime_ns,
         status = excluded.status, error = excluded.error, warning = excluded.warning,
+        pixel_limit = excluded.pixel_limit,
         -- new content invalidates whatever was derived from the old one
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
             THEN image_metadata.processed ELSE 0 END,
@@ -78,7 +80,7 @@ class ScanOptions:
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     hidden: bool = False
     exclude: tuple[str, ...] = ()
-    follow_symlinks: bool = False
+    follow_symlinks: bool = True
     split_folders: bool = True  # ROOT/train/<class>/...: class under the split, split in its column
     labels_file: Path | None = None
     verify: bool = False
@@ -101,7 +103,7 @@ class ScanSummary:
     unchanged: int
     missing: int
     corrupt: int
-    skipped: int
+    skipped: int  # entries that got no row in this scan, all reasons together
     errors: int
     relabeled: int
     pruned: int
@@ -109,6 +111,7 @@ class ScanSummary:
     files_per_s: float
     interrupted: bool = False
     error_samples: tuple[tuple[str, str], ...] = field(default=())
+    skipped_by_reason: dict[str, int] = field(default_factory=dict)  # walk.SKIP_REASONS order
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -170,6 +173,7 @@ def scan_tree(
         pruned=writer.pruned, seconds=round(seconds, 3),
         files_per_s=round(counts.seen / seconds, 1) if seconds > 0 else 0.0,
         interrupted=interrupted, error_samples=tuple(report.errors[:20]),
+        skipped_by_reason={r: report.skips[r] for r in SKIP_REASONS if report.skips.get(r)},
     )  # fmt: skip
     _finish_scan(catalog, summary)
     if interrupted:
@@ -198,9 +202,9 @@ class _Pipeline:
         self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
         self.writer, self.progress = writer, progress or (lambda n: None)
         walk_options = WalkOptions(
-            options.extensions, options.hidden, options.exclude, options.follow_symlinks, options.split_folders
+            options.extensions, options.hidden, options.exclude, options.follow_symlinks, options.split_folders, root
         )
-        self.diff_options = DiffOptions(walk_options, options.force, label_overrides)
+        self.diff_options = DiffOptions(walk_options, options.force, label_overrides, options.max_pixels)
         self.workers = max(1, options.workers or os.cpu_count() or 1)
         self.pool = WorkerPool(
             self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
@@ -213,6 +217,7 @@ class _Pipeline:
         self.diffs_in_flight = 0
         self.probes_in_flight = 0
         self.batches = 0
+        self.linked = LinkedFiles()
 
     def run(self) -> None:
         try:
@@ -226,6 +231,8 @@ class _Pipeline:
                     else:
                         self.probes_in_flight -= 1
                         self._on_probes(result)  # type: ignore[arg-type]
+                if self.linked and not self.units and not self.diffs_in_flight:
+                    self._resolve_linked()  # every unit is walked: each file's first path is known
                 self.writer.maybe_flush()
         except BaseException:
             self.pool.close(abort=True)
@@ -262,10 +269,27 @@ class _Pipeline:
         counts.relabeled += len(diff.relabel)
         self.writer.missing.extend(missing)
         self.writer.relabel.extend(diff.relabel)
-        self.queued.extend(diff.to_probe)
+        linked = self.linked
+        if diff.linked_unchanged or diff.linked_missing:
+            linked.add_unchanged(diff.linked_unchanged, diff.linked_missing)
+        to_probe, probed = diff.to_probe, diff.probed
+        if any(item.ident for item in to_probe) or any(i.ident for _, i in probed):
+            to_probe, probed = linked.hold(to_probe, probed)  # until every unit is walked
+        self.queued.extend(to_probe)
         self.progress(diff.unchanged)
-        if diff.probed:
-            self._record(diff.probed)
+        if probed:
+            self._record(probed)
+
+    def _resolve_linked(self) -> None:
+        kept = self.linked.resolve()
+        self.queued.extend(kept.to_probe)
+        if kept.probed:
+            self._record(kept.probed)
+        self.report.skip("duplicate", kept.duplicates)
+        self.counts.seen -= kept.duplicates
+        self.counts.unchanged -= kept.unchanged_duplicates
+        self.counts.missing += len(kept.missing)
+        self.writer.missing.extend(kept.missing)
 
     def _on_probes(self, results: list[tuple[object, ...]]) -> None:
         probes = [tuple.__new__(Probe, fields) for fields in results]  # see worker.probe_task
@@ -276,10 +300,12 @@ class _Pipeline:
         for probe, item in results:
             if probe.kind == "skipped":
                 counts.seen -= 1
-                self.report.skipped += 1
+                self.report.skip(probe.error or "device")  # became a FIFO, socket or device
             elif probe.kind == "error":
                 self.report.error(probe.key, probe.error or "unreadable")
-                if item.known_id is not None and probe.error and "No such file" in probe.error:
+                gone = bool(probe.error and "No such file" in probe.error)
+                self.report.skip("vanished" if gone else "unreadable")
+                if item.known_id is not None and gone:
                     writer.missing.append(item.known_id)  # vanished between the walk and the read
                     counts.missing += 1
             else:
@@ -331,6 +357,7 @@ class _Writer:
                     row = (
                         self.root_id, p.key, item.raw, label_id[item.label], p.width, p.height,
                         p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning, item.split,
+                        p.pixel_limit,
                     )  # fmt: skip
                     (new if item.known_id is None else changed).append(row)
                 relabels = [(label_id[name], split, row_id) for row_id, name, split in self.relabel]

@@ -13,16 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .probe import Probe
-from .walk import Unit, WalkOptions, WalkReport, walk_runs
+from .walk import Child, Folder, Unit, WalkOptions, WalkReport, walk_runs
 
-_ROWS_FROM = (
-    "SELECT file_path, id, bytes, mtime_ns, status, label_id, split FROM image_metadata "
-    "WHERE root_id = ? AND file_path >= ? ORDER BY file_path"
+# The last column asks for a new probe of an unchanged file whose verdict depends on
+# --max-pixels: it was judged under another limit, or is above twice the new one.
+_ROWS = (
+    "SELECT file_path, id, bytes, mtime_ns, status, label_id, split, "
+    "CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END "
+    "FROM image_metadata WHERE root_id = :root AND file_path >= :start"
 )
-_ROWS_BETWEEN = (
-    "SELECT file_path, id, bytes, mtime_ns, status, label_id, split FROM image_metadata "
-    "WHERE root_id = ? AND file_path >= ? AND file_path < ? ORDER BY file_path"
-)
+_ROWS_FROM = _ROWS + " ORDER BY file_path"
+_ROWS_BETWEEN = _ROWS + " AND file_path < :end ORDER BY file_path"
 _LABELS = "SELECT name, id FROM labels"
 
 
@@ -33,6 +34,8 @@ class ToProbe(NamedTuple):
     raw: bytes | None
     known_id: int | None
     split: str | None = None  # the tree's split folder, on pre-split trees
+    # Reached through a link: (st_dev, st_ino), so the scan keeps one path per file.
+    ident: tuple[int, int] | None = None
 
 
 @dataclass
@@ -42,6 +45,9 @@ class UnitDiff:
     to_probe: list[ToProbe] = field(default_factory=list)
     missing: list[tuple[int, str]] = field(default_factory=list)  # (id, file_path)
     relabel: list[tuple[int, str | None, str | None]] = field(default_factory=list)  # (id, new label, new split)
+    # Unchanged files reached through a link: (st_dev, st_ino, file_path, id).
+    linked_unchanged: list[tuple[int, int, str, int]] = field(default_factory=list)
+    linked_missing: list[int] = field(default_factory=list)  # ids of linked files with a 'missing' row
     probed: list[tuple[Probe, ToProbe]] = field(default_factory=list)  # probed by the same worker
     report: WalkReport = field(default_factory=WalkReport)
 
@@ -66,6 +72,7 @@ class DiffOptions:
     walk: WalkOptions
     force: bool = False
     label_overrides: dict[str, str | None] | None = None
+    max_pixels: int = 89_478_485  # files judged under another limit are probed again
     # A worker probes up to this many of a unit's new/changed files itself, saving a round
     # trip through the main process; larger units are spread over all workers in batches.
     probe_inline: int = 2048
@@ -91,23 +98,24 @@ class LabelIds:
 def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffOptions, labels: LabelIds) -> UnitDiff:
     """Merge-join the unit's walk with its catalog rows, both in file_path order."""
     diff = UnitDiff()
-    if unit.end is None:
-        cursor = conn.execute(_ROWS_FROM, (root_id, unit.start))
-    else:
-        cursor = conn.execute(_ROWS_BETWEEN, (root_id, unit.start, unit.end))
+    params = {"root": root_id, "start": unit.start, "end": unit.end, "limit": options.max_pixels,
+              "bomb": 2 * options.max_pixels}  # fmt: skip
+    cursor = conn.execute(_ROWS_FROM if unit.end is None else _ROWS_BETWEEN, params)
     overrides = options.label_overrides
     force = options.force
-    follow = options.walk.follow_symlinks
     missing, relabel, to_probe = diff.missing, diff.relabel, diff.to_probe
     unchanged = seen = 0
-    # known: (file_path, id, bytes, mtime_ns, status, label_id, split); the hot loop stays flat.
+    # known: (file_path, id, bytes, mtime_ns, status, label_id, split, reprobe); the hot loop stays flat.
     known = next(cursor, None)
-    lstat, stat_ = os.lstat, os.stat
-    for folder, run in walk_runs(unit, options.walk, diff.report):
+    lstat = os.lstat
+    for folder, run, stats in walk_runs(unit, options.walk, diff.report):
         prefix, fd = folder.prefix, folder.fd
         label, split = folder.label, folder.split
         label_id = None if overrides else labels.get(label)  # one lookup per run, not per file
         seen += len(run)
+        if stats is not None:
+            known = _diff_linked(diff, cursor, known, folder, run, stats, options, labels, label_id)
+            continue
         for name, text, lossless, _ in run:
             key = prefix + text
             while known is not None and known[0] < key:
@@ -117,14 +125,9 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
             match = None
             if known is not None and known[0] == key:
                 match, known = known, next(cursor, None)
-                if not force and match[4] != "missing":
+                if not force and match[4] != "missing" and not match[7]:
                     try:
-                        if follow:
-                            st = stat_(folder.path + name)
-                        elif fd >= 0:
-                            st = lstat(name, dir_fd=fd)  # no walk of the full path
-                        else:
-                            st = lstat(folder.path + name)
+                        st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder.path + name)  # no walk of the full path
                     except OSError:
                         st = None  # let the probe report what is wrong with it
                     if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:
@@ -143,8 +146,50 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
         if known[4] != "missing":
             missing.append((known[1], known[0]))
         known = next(cursor, None)
-    diff.seen, diff.unchanged = seen, unchanged
+    diff.seen, diff.unchanged = seen + diff.seen, unchanged + diff.unchanged
     unlisted = diff.report.unlisted
     if unlisted:  # a folder we could not read is not a folder whose files are gone
         diff.missing = [(i, p) for i, p in missing if not any(p.startswith(u) for u in unlisted)]
     return diff
+
+
+def _diff_linked(
+    diff: UnitDiff,
+    cursor: sqlite3.Cursor,
+    known: tuple[Any, ...] | None,
+    folder: Folder,
+    run: list[Child],
+    stats: list[os.stat_result],
+    options: DiffOptions,
+    labels: LabelIds,
+    label_id: int | None,
+) -> tuple[Any, ...] | None:
+    """The merge-join step for files reached through a link (rare: no need to be flat):
+    their stat results come from the walk, and each result carries the file's identity."""
+    overrides, label, split = options.label_overrides, folder.label, folder.split
+    for (name, text, lossless, _), st in zip(run, stats):
+        key = folder.prefix + text
+        ident = (st.st_dev, st.st_ino)
+        while known is not None and known[0] < key:
+            if known[4] != "missing":
+                diff.missing.append((known[1], known[0]))
+            known = next(cursor, None)
+        match = None
+        if known is not None and known[0] == key:
+            match, known = known, next(cursor, None)
+            if match[4] == "missing":
+                diff.linked_missing.append(match[1])
+            fresh = not options.force and match[4] != "missing" and not match[7]
+            if fresh and st.st_size == match[2] and st.st_mtime_ns == match[3]:
+                diff.unchanged += 1
+                diff.linked_unchanged.append((*ident, key, match[1]))
+                wanted = overrides.get(key, label) if overrides else label
+                if (labels.get(wanted) if overrides else label_id) != match[5] or split != match[6]:
+                    diff.relabel.append((match[1], wanted, split))
+                continue
+        raw = None if lossless and folder.lossless else folder.raw_prefix + name
+        file_label = overrides.get(key, label) if overrides else label
+        diff.to_probe.append(
+            ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split, ident)
+        )
+    return known

@@ -21,7 +21,7 @@ from dlindex.query import QuerySpec
 
 from .conftest import make_png
 
-ONE = ScanOptions(workers=1, follow_symlinks=True)
+ONE = ScanOptions(workers=1)  # follows links by default, as ImageFolder does
 # Code-point order differs from a case-blind or locale order: ImageFolder sorts str.
 CLASS_NAMES = ("Zebra", "apple", "b", "Äpfel", "éclair", "日本", "z-last")
 
@@ -190,6 +190,40 @@ def test_presplit_tree_class_is_the_folder_under_the_split(tmp_path: Path, optio
     assert all(r["label_id"] == train.class_to_idx[r["label"]] for r in val)
     with Catalog(db) as catalog:
         assert catalog_stats(catalog).splits == {"train": 7, "validation": 4}
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "units-cut-deeper"])
+def test_presplit_tree_of_links_keeps_splits_classes_and_one_row_per_file(tmp_path: Path, workers: int) -> None:
+    # Split folders that are links, class folders that are links, and one folder reached
+    # through two links: splits and classes come from the path through the link, each file once.
+    store = presplit_tree(tmp_path / "store")
+    elsewhere = tmp_path / "elsewhere" / "owl"
+    for i in range(2):
+        make_png(elsewhere / f"{i}.png", color=(i, 7, 7))
+    root = tmp_path / "tree"
+    root.mkdir()
+    (root / "train").symlink_to(store / "train", target_is_directory=True)
+    (root / "val").mkdir()
+    for name in ("cat", "dog"):
+        (root / "val" / name).symlink_to(store / "val" / name, target_is_directory=True)
+    (store / "train" / "owl").symlink_to(elsewhere, target_is_directory=True)
+    (root / "val" / "owl2").symlink_to(elsewhere, target_is_directory=True)  # the same files again
+    db = tmp_path / "c.db"
+    first = scan(db, root, ScanOptions(workers=workers))
+    found = query(db)
+    assert {(r["split"], r["label"]) for r in found} == {
+        ("train", "cat"), ("train", "dog"), ("train", "emu"), ("train", "owl"), ("train", None),
+        ("validation", "cat"), ("validation", "dog"),
+    }
+    paths = [r["path"] for r in found]
+    assert len(paths) == len(set(paths)) == 13 and not any("owl2" in p for p in paths)
+    assert first.skipped_by_reason.get("duplicate") and first.new == 13
+    train = imagefolder(root / "train")
+    assert {r["label"]: r["label_id"] for r in found if r["label"]} == train.class_to_idx
+    with Catalog(db) as catalog:
+        assert catalog.conn.execute("SELECT presplit FROM roots").fetchall() == [(1,)]
+    again = scan(db, root, ScanOptions(workers=workers))
+    assert (again.unchanged, again.new, again.changed, again.missing, again.relabeled) == (13, 0, 0, 0, 0)
 
 
 def test_presplit_export_keeps_the_tree_splits(tmp_path: Path) -> None:
@@ -383,12 +417,12 @@ def test_labels_no_file_has_leave_the_class_list(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     csv = tmp_path / "labels.csv"
     csv.write_text("path,label\nb/0.png,special\nb/1.png,special\n")
-    scan(db, root, ScanOptions(workers=1, follow_symlinks=True, labels_file=csv))
+    scan(db, root, ScanOptions(workers=1, labels_file=csv))
     with Catalog(db) as catalog:
         assert "special" in catalog_classes(catalog) and "b" not in catalog_classes(catalog)
     scan(db, root)  # without the CSV: back to the folder label
     shutil.rmtree(root / "z-last")
-    scan(db, root, ScanOptions(workers=1, follow_symlinks=True, prune=True))
+    scan(db, root, ScanOptions(workers=1, prune=True))
     with Catalog(db) as catalog:
         assert list(catalog_classes(catalog)) == imagefolder(root).classes
     names = {n for (n,) in sqlite3.connect(db).execute("SELECT name FROM labels")}

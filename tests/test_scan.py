@@ -183,30 +183,34 @@ def test_non_utf8_names_are_stored_losslessly(tmp_path: Path, db_path: Path) -> 
     assert scan(db_path, root).unchanged == 2
 
 
-def test_symlinks_are_skipped_unless_followed(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+def test_symlinks_are_followed_unless_told_not_to(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
     outside = make_png(tmp_path / "elsewhere" / "out.png")
     (image_tree / "cat" / "link.png").symlink_to(outside)
     (image_tree / "cat" / "dangling.png").symlink_to(tmp_path / "nope.png")
     summary = scan(db_path, image_tree)
-    assert "cat/link.png" not in by_path(db_path)
-    assert summary.skipped == 2
+    assert "cat/link.png" in by_path(db_path)
+    assert summary.skipped_by_reason == {"broken_link": 1}
+    other = db_path.with_name("other.db")
+    summary = scan(other, image_tree, ScanOptions(workers=1, follow_symlinks=False))
+    assert "cat/link.png" not in by_path(other)
+    assert (summary.skipped, summary.skipped_by_reason) == (2, {"symlink": 2})
 
 
 def test_symlink_loop_terminates_and_indexes_each_file_once(image_tree: Path, db_path: Path) -> None:
     (image_tree / "cat" / "loop").symlink_to(image_tree)
     (image_tree / "dog" / "again").symlink_to(image_tree / "dog")
     (image_tree / "dog" / "twin.png").symlink_to(image_tree / "dog" / "000.png")
-    summary = scan(db_path, image_tree, ScanOptions(workers=1, follow_symlinks=True))
-    assert (summary.seen, summary.skipped) == (7, 3)
+    summary = scan(db_path, image_tree)
+    assert (summary.seen, summary.skipped_by_reason) == (7, {"loop": 2, "duplicate": 1})
     assert len(by_path(db_path)) == 7
     assert not any("loop" in p or "again" in p or "twin" in p for p in by_path(db_path))
 
 
-def test_broken_symlink_is_an_error_when_following(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+def test_broken_symlink_is_counted_not_an_error(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
     (image_tree / "cat" / "dangling.png").symlink_to(tmp_path / "nope.png")
-    summary = scan(db_path, image_tree, ScanOptions(workers=1, follow_symlinks=True))
-    assert summary.errors == 1
-    assert "broken symlink" in summary.error_samples[0][1]
+    (image_tree / "cat" / "self.png").symlink_to(image_tree / "cat" / "self.png")  # ELOOP
+    summary = scan(db_path, image_tree)
+    assert (summary.errors, summary.skipped_by_reason) == (0, {"broken_link": 2})
 
 
 @pytest.mark.timeout(30)
@@ -220,7 +224,7 @@ def test_fifo_and_socket_with_image_names_are_skipped(image_tree: Path, db_path:
         summary = scan(db_path, image_tree)
     finally:
         sock.close()
-    assert (summary.seen, summary.skipped) == (7, 2)
+    assert (summary.seen, summary.skipped_by_reason) == (7, {"fifo": 1, "socket": 1})
 
 
 def test_hidden_ext_and_exclude_options(image_tree: Path, db_path: Path) -> None:

@@ -30,7 +30,7 @@ def scan(
     ext: Annotated[list[str] | None, typer.Option("--ext", help="Image extension to index (repeatable; replaces the default list).", show_default=False)] = None,
     exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of paths or names to skip (repeatable).", show_default=False)] = None,
     hidden: Annotated[bool, typer.Option("--hidden", help="Include hidden files and folders.")] = False,
-    follow_symlinks: Annotated[bool, typer.Option("--follow-symlinks", help="Follow symbolic links (loops are detected; no file is indexed twice).")] = False,
+    follow_symlinks: Annotated[bool, typer.Option("--follow-symlinks/--no-follow-symlinks", help="Follow symbolic links, as ImageFolder does (loops are detected; each file is indexed once).")] = True,
     no_split_folders: Annotated[bool, typer.Option("--no-split-folders", help="ROOT/train, ROOT/val... are classes, not split folders (see docs/concepts.md).")] = False,
     labels: Annotated[Path | None, typer.Option("--labels", help="CSV file with columns path,label overriding folder labels.", show_default=False)] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Also fully decode every probed image with Pillow.")] = False,
@@ -86,5 +86,6 @@ def _print_summary(s: ScanSummary) -> None:
         f"  corrupt {s.corrupt}  skipped {s.skipped}  errors {s.errors}"
         + (f"  relabeled {s.relabeled}" if s.relabeled else "")
         + (f"  pruned {s.pruned}" if s.pruned else "")
+        + (f"\n  skipped: {', '.join(f'{r} {n}' for r, n in s.skipped_by_reason.items())}" if s.skipped else "")
         + f"\n  {s.seconds:.2f} s, {s.files_per_s:,.0f} files/s",
     )

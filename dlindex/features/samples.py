@@ -56,6 +56,8 @@ def resolve_sample(catalog: Catalog, target: str) -> int:
     while raw.startswith(b"./"):
         raw = raw[2:]
     found = catalog.conn.execute(_BY_PATH, (display_name(raw)[0],)).fetchall()
+    if not found and "\\" in text:  # a stand-in copied from the file_path column is the key itself
+        found = catalog.conn.execute(_BY_PATH, (text.removeprefix("./"),)).fetchall()
     if not found:
         raise InputError(f"{text} is not in the catalog (give an id, or a path as dlindex query prints it)")
     if len(found) > 1:
