@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "features": ("features", "app", True),
     "similar": ("similar", "similar", False),
     "index": ("index", "index", False),
+    "check": ("check", "check", False),
 }
 
 
