@@ -33,13 +33,20 @@ _RUNNING_SCANS = "SELECT id, pid FROM scans WHERE state = 'running'"
 _ABANDON_SCAN = "UPDATE scans SET state = 'interrupted' WHERE id = ? AND state = 'running'"
 _QUICK_CHECK_BUDGET_S = 0.1  # before the first write: whole-file check of catalogs up to ~20 MB
 _wait_override: float | None = None
+_write_command = False
 
 
-def set_default_wait(seconds: float | None) -> None:
+def set_default_wait(seconds: float | None, *, write_command: bool = True) -> None:
     """How long catalogs opened from now on wait for another writer's lock (None: the default,
-    ``$DLINDEX_WAIT`` or 30 s); what ``--wait SECONDS`` sets."""
-    global _wait_override
+    ``$DLINDEX_WAIT`` or 30 s); what ``--wait SECONDS`` sets.
+
+    Args:
+        write_command: this process runs a write command (every one takes ``--wait``): its
+            own log and index writes, not only data writes, are refused on a damaged catalog.
+    """
+    global _wait_override, _write_command
     _wait_override = seconds
+    _write_command = write_command
 
 
 def default_wait() -> float:
@@ -139,7 +146,7 @@ class Catalog:
         if self.readonly_reason is not None and not bookkeeping:
             self._log_skipped = False
             raise ReadOnlyCatalogError(f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed")
-        if not bookkeeping and not self._checked_for_write:
+        if (not bookkeeping or _write_command) and not self._checked_for_write:
             self._check_before_first_write()
         started = time.perf_counter()
         try:
@@ -181,7 +188,16 @@ class Catalog:
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
             return CatalogBusyError(faults.busy_message(self.path, waited if waited is not None else self.wait_s))
+        if faults.is_disk_full(e):
+            self._release_wal()
         return faults.translate_error(e, catalog=self.path) or e
+
+    def _release_wal(self) -> None:
+        """After a write failed for space, give back what the -wal file holds: committed pages
+        move into the catalog and the log is cut to zero, so the space the failed transaction
+        took is free again (for recording the failure, and for the user's next run)."""
+        with suppress(sqlite3.Error):
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def _check_before_first_write(self) -> None:
         """Refuse to write into a damaged catalog; record scans whose process died as interrupted.
@@ -596,16 +612,16 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
 def _read_header(db_path: Path) -> tuple[int, int, set[str]]:
     try:
         try:
-            return _header("file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=ro")
+            return _header(db_path, "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=ro")
         except sqlite3.Error as e:
             name = faults.sqlite_error_name(e)
             if name == "SQLITE_READONLY_ROLLBACK":
                 # A hot journal: a writer in rollback-journal mode (a large features import)
                 # was killed. Only a read-write open can roll it back, as any SQLite client
                 # does; that restores the last committed state, it changes nothing.
-                return _header("file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=rw")
+                return _header(db_path, "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=rw")
             if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and readonly_uri(db_path).endswith("immutable=1"):
-                return _header(readonly_uri(db_path))  # no -wal/-shm can be made here, none is needed
+                return _header(db_path, readonly_uri(db_path))  # no -wal/-shm can be made here, none is needed
             raise
     except sqlite3.Error as e:
         name = faults.sqlite_error_name(e)
@@ -620,15 +636,18 @@ def _read_header(db_path: Path) -> tuple[int, int, set[str]]:
                 f"catalog {db_path} has a hot journal left by a killed writer and cannot be written here; "
                 "open it once with write access to roll that back"
             ) from None
-        raise CatalogError(f"cannot open catalog {db_path}: {e}") from None
+        raise faults.translate_error(e, catalog=db_path) or CatalogError(f"cannot open catalog {db_path}: {e}") from None
 
 
-def _header(uri: str) -> tuple[int, int, set[str]]:
+def _header(db_path: Path, uri: str) -> tuple[int, int, set[str]]:
     conn = sqlite3.connect(uri, uri=True, timeout=default_wait())
     try:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = {str(name) for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except UnicodeDecodeError:
+        # sqlite3 could not even decode the error message: the schema itself is garbage.
+        raise faults.damaged_error(db_path, "malformed database schema") from None
     finally:
         conn.close()
     return int(app_id), int(version), tables

@@ -124,7 +124,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
             app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             tables = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
             problems.append(f"not a readable SQLite database: {e}")
             return report()
         if app_id != APPLICATION_ID:
@@ -168,7 +168,7 @@ def _integrity(conn: sqlite3.Connection, quick: bool) -> list[str]:
         return quick_check(conn)
     try:
         rows = _lines(conn.execute(f"PRAGMA integrity_check({int(_MAX_LINES)})"))
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
         return [str(e)]
     return [] if rows == ["ok"] else rows
 
@@ -192,3 +192,103 @@ def _orphans(conn: sqlite3.Connection) -> dict[str, int]:
     except sqlite3.DatabaseError as e:
         found[f"(foreign key check failed: {e})"] = 1
     return found
+
+
+@dataclass(frozen=True)
+class RecoverReport:
+    """What ``recover_catalog`` copied: rows per table, and the tables it could not read whole."""
+
+    source: str
+    target: str
+    rows: dict[str, int]
+    incomplete: tuple[str, ...]
+    check: CheckReport
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "target": self.target, "rows": self.rows,
+                "incomplete": list(self.incomplete), "check": self.check.as_dict()}  # fmt: skip
+
+
+_SCHEMA = "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+
+
+def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> RecoverReport:
+    """Copy every row SQLite can still read from a damaged catalog into a new file ``target``.
+
+    Each table is read by rowid upwards until the first unreadable page, then downwards
+    from the end to it (the sqlite3 shell's ``.dump`` does the same): rows on damaged
+    pages are lost, the rest keep their ids. The new file gets dlindex's schema version
+    and is checked; ``target`` must not exist (nothing is overwritten).
+    """
+    from .catalog import PAGE_SIZE, connect_readonly
+
+    src, dst = Path(source), Path(target)
+    if dst.exists() or Path(os.fspath(dst) + "-wal").exists():
+        raise CatalogError(f"{dst} already exists; give a new file to recover into")
+    if not src.is_file():
+        raise CatalogError(f"no catalog at {src}")
+    tmp = dst.with_name(f".{dst.name}.recovering")
+    conn = connect_readonly(src, isolation_level=None)
+    rows: dict[str, int] = {}
+    incomplete: list[str] = []
+    try:
+        try:
+            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            schema = conn.execute(_SCHEMA).fetchall()
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            raise CatalogError(f"cannot read the schema of {src} ({e}): rescan the image tree into a new catalog") from None
+        if app_id != APPLICATION_ID:
+            raise CatalogError(f"{src} is not a dlindex catalog")
+        tmp.unlink(missing_ok=True)
+        out = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            out.execute(f"PRAGMA page_size = {int(PAGE_SIZE)}")
+            out.execute("BEGIN")
+            for kind, name, _table, sql in schema:
+                if kind == "table":
+                    out.execute(sql)
+            for kind, name, _table, _sql in schema:
+                if kind == "table":
+                    rows[name], whole = _copy_rows(conn, out, name)
+                    if not whole:
+                        incomplete.append(name)
+            for kind, _name, _table, sql in schema:
+                if kind in ("index", "trigger", "view"):
+                    out.execute(sql)
+            # PRAGMA takes no parameters: both are integers read above.
+            out.execute(f"PRAGMA application_id = {int(app_id)}")
+            out.execute(f"PRAGMA user_version = {int(version)}")
+            out.execute("COMMIT")
+        finally:
+            out.close()
+    finally:
+        conn.close()
+    os.replace(tmp, dst)
+    return RecoverReport(os.fspath(src), os.fspath(dst), rows, tuple(incomplete), check_catalog(dst))
+
+
+def _copy_rows(src: sqlite3.Connection, out: sqlite3.Connection, table: str) -> tuple[int, bool]:
+    t = _quote(table)
+    try:
+        columns = ", ".join(_quote(str(r[1])) for r in src.execute(f"PRAGMA table_info({t})"))
+        src.execute(f"SELECT rowid FROM {t} LIMIT 0")  # noqa: S608
+        orders: tuple[str, ...] = (" ORDER BY rowid", " ORDER BY rowid DESC")
+    except sqlite3.OperationalError:
+        orders = ("",)  # WITHOUT ROWID: one pass in key order
+    except sqlite3.DatabaseError:
+        return 0, False
+    insert = f"INSERT OR IGNORE INTO {t} ({columns}) VALUES ({', '.join('?' * len(columns.split(', ')))})"
+    copied, whole = 0, True
+    for order in orders:
+        try:
+            for row in src.execute(f"SELECT {columns} FROM {t}{order}"):  # noqa: S608
+                copied += out.execute(insert, row).rowcount
+            break
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            whole = False  # the other direction reaches the rows after the damage
+    return copied, whole
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'

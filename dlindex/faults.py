@@ -48,6 +48,9 @@ def translate_error(
         return exc
     if is_disk_full(exc):
         return disk_full_error(exc, catalog=catalog, paths=paths)
+    if isinstance(exc, PermissionError):
+        named = exc.filename if exc.filename is not None else catalog
+        return DlindexError(f"permission denied: {os.fsdecode(named) if named is not None else 'a file dlindex needs'}")
     if not isinstance(exc, sqlite3.Error):
         return None
     name = sqlite_error_name(exc)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ..check import CheckReport, check_catalog
+from ..check import CheckReport, check_catalog, recover_catalog
 from ..errors import ExitCode
 from ._shared import DbOption, JsonFlag, handle_errors, print_json
 
@@ -14,14 +15,22 @@ from ._shared import DbOption, JsonFlag, handle_errors, print_json
 @handle_errors
 def check(
     quick: Annotated[bool, typer.Option("--quick", help="PRAGMA quick_check (pages and records) instead of the full integrity_check.")] = False,
+    recover_to: Annotated[Path | None, typer.Option("--recover-to", metavar="NEW", help="Copy every row still readable into the new catalog file NEW, then check that.", show_default=False)] = None,
     as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
     """Check a catalog is whole (read-only); exit 1 if anything is wrong.
 
-        dlindex check --db train.db || sqlite3 train.db .recover | sqlite3 recovered.db
+        dlindex check --db train.db || dlindex check --db train.db --recover-to recovered.db
     """
-    report = check_catalog(db if db is not None else _default_db(), quick=quick)
+    path = db if db is not None else _default_db()
+    if recover_to is not None:
+        recovered = recover_catalog(path, recover_to)
+        lost = ", ".join(recovered.incomplete) or "none"
+        typer.echo(f"recovered into {recovered.target}: {sum(recovered.rows.values()):,} rows; "
+                   f"tables with unreadable rows: {lost}", err=True)  # fmt: skip
+        path = recovered.target
+    report = check_catalog(path, quick=quick)
     if as_json:
         print_json(report.as_dict())
     else:
