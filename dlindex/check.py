@@ -117,6 +117,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
     try:
         conn = connect_readonly(db, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as e:
+        _raise_if_environment(e, db)
         problems.append(f"cannot open: {e}")
         return report()
     try:
@@ -125,6 +126,8 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             tables = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            if isinstance(e, sqlite3.Error):
+                _raise_if_environment(e, db)
             problems.append(f"not a readable SQLite database: {e}")
             return report()
         if app_id != APPLICATION_ID:
@@ -161,6 +164,16 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
         )  # fmt: skip
     finally:
         conn.close()
+
+
+def _raise_if_environment(e: sqlite3.Error, db: Path) -> None:
+    """A full disk or a held lock says nothing about the file: report that, not damage."""
+    from .errors import CatalogBusyError, DiskFullError
+    from .faults import translate_error
+
+    error = translate_error(e, catalog=db)
+    if isinstance(error, (DiskFullError, CatalogBusyError)):
+        raise error
 
 
 def _integrity(conn: sqlite3.Connection, quick: bool) -> list[str]:
