@@ -143,7 +143,7 @@ class Catalog:
             bookkeeping: dlindex's own log and cache writes: no counter bump, not logged.
         """
         conn = self.conn
-        if self.readonly_reason is not None and not bookkeeping:
+        if self.readonly_reason is not None and (not bookkeeping or _write_command):
             self._log_skipped = False
             raise ReadOnlyCatalogError(f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed")
         if (not bookkeeping or _write_command) and not self._checked_for_write:
@@ -152,7 +152,7 @@ class Catalog:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as e:
-            raise self._translate(e, bookkeeping, waited=time.perf_counter() - started) from None
+            raise self._translate(e, bookkeeping) from None
         log = self.querylog
         if log.enabled and not bookkeeping:
             log.record_lock_wait(time.perf_counter() - started)  # busy retries happen inside BEGIN
@@ -181,13 +181,13 @@ class Catalog:
         if flushed:
             log.flushed()
 
-    def _translate(self, e: sqlite3.Error, bookkeeping: bool, waited: float | None = None) -> BaseException:
+    def _translate(self, e: sqlite3.Error, bookkeeping: bool) -> BaseException:
         """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
         read-only catalog quietly. The user's writes get the one-line DlindexError."""
         if bookkeeping:
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
-            return CatalogBusyError(faults.busy_message(self.path, waited if waited is not None else self.wait_s))
+            return CatalogBusyError(faults.busy_message(self.path, self.wait_s))
         if faults.is_disk_full(e):
             self._release_wal()
         return faults.translate_error(e, catalog=self.path) or e

@@ -155,14 +155,14 @@ def _human(n: int | None) -> str:
 
 def busy_message(db_path: Path, waited_s: float | None) -> str:
     """Say that another process holds the write lock, which one if the OS tells us, and what to do."""
-    waited = f" for {waited_s:.0f} s" if waited_s is not None else ""
+    waited = f" for {waited_s:.3g} s" if waited_s is not None else ""
     holder = lock_holder(db_path)
     who = f"another dlindex process ({holder})" if holder and "dlindex" in holder else (
         f"another process ({holder})" if holder else "another dlindex process"
     )
     return (
-        f"catalog {db_path} is locked by {who}; waited{waited} for its write lock. "
-        "Run the command again when that finishes, or wait longer with --wait SECONDS"
+        f"catalog {db_path} stayed locked{waited} by {who}; "
+        "run the command again when that finishes, or wait longer with --wait SECONDS"
     )
 
 

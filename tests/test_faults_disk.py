@@ -277,6 +277,14 @@ def test_catalog_in_a_read_only_folder_of_another_user(request: pytest.FixtureRe
         proc = run(*args)
         assert proc.returncode == 0, (args, proc.stderr)
         assert "Error" not in proc.stderr and "not readable" not in proc.stderr
+    code = (
+        "import warnings, dlindex; warnings.simplefilter('error', dlindex.DlindexWarning)\n"
+        f"c = dlindex.Catalog({str(shared / 'c.db')!r}, log=False)\n"
+        "print(c.readonly_reason, sum(1 for _ in c.query()))"
+    )
+    lib = subprocess.run([*nobody, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert lib.returncode == 0 and lib.stdout.split()[-1] == "40", lib.stderr
+    assert "not writable" in lib.stdout
     proc = run("mark", "--processed")
     assert proc.returncode == 1 and proc.stderr.startswith("Error: catalog") and "read-only" in proc.stderr, proc.stderr
     assert len(proc.stderr.splitlines()) == 1

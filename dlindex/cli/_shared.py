@@ -110,6 +110,10 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                     raise
                 typer.echo(f"Error: {error}", err=True)
                 raise typer.Exit(error.exit_code) from None
+            finally:
+                from ..catalog import set_default_wait
+
+                set_default_wait(None, write_command=False)  # what --wait set lasts one command
 
     return wrapper
 
