@@ -21,6 +21,14 @@ _EXPORTS = {
     "Catalog": "catalog",
     "open_catalog": "catalog",
     "CatalogError": "errors",
+    "CatalogBusyError": "errors",
+    "DamagedCatalogError": "errors",
+    "DiskFullError": "errors",
+    "DlindexWarning": "errors",
+    "ReadOnlyCatalogError": "errors",
+    "CheckReport": "check",
+    "check_catalog": "check",
+    "recover_catalog": "check",
     "DlindexError": "errors",
     "ExitCode": "errors",
     "InputError": "errors",
@@ -50,7 +58,19 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from .catalog import Catalog, open_catalog
-    from .errors import CatalogError, DlindexError, ExitCode, InputError, Interrupted
+    from .check import CheckReport, check_catalog, recover_catalog
+    from .errors import (
+        CatalogBusyError,
+        CatalogError,
+        DamagedCatalogError,
+        DiskFullError,
+        DlindexError,
+        DlindexWarning,
+        ExitCode,
+        InputError,
+        Interrupted,
+        ReadOnlyCatalogError,
+    )
     from .mark import MarkResult, mark_samples
     from .probe import Probe, ProbeOptions, probe_file, sniff_header
     from .query import QuerySpec

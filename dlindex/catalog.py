@@ -8,14 +8,16 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .errors import CatalogError
-from .migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations
+from . import faults
+from .errors import CatalogBusyError, CatalogError, DlindexWarning, ReadOnlyCatalogError
+from .migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations, schema_version
 from .querylog import FLUSH_ENTRIES, QueryLog
 
 if TYPE_CHECKING:
@@ -27,6 +29,34 @@ PAGE_SIZE = 16384  # see _connect and docs/design.md
 _BUMP_CHANGES = "UPDATE catalog_changes SET counter = counter + 1 WHERE id = 1"
 _CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
 _LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
+_RUNNING_SCANS = "SELECT id, pid FROM scans WHERE state = 'running'"
+_ABANDON_SCAN = "UPDATE scans SET state = 'interrupted' WHERE id = ? AND state = 'running'"
+_QUICK_CHECK_BUDGET_S = 0.1  # before the first write: whole-file check of catalogs up to ~20 MB
+_wait_override: float | None = None
+_write_command = False
+
+
+def set_default_wait(seconds: float | None, *, write_command: bool = True) -> None:
+    """How long catalogs opened from now on wait for another writer's lock (None: the default,
+    ``$DLINDEX_WAIT`` or 30 s); what ``--wait SECONDS`` sets.
+
+    Args:
+        write_command: this process runs a write command (every one takes ``--wait``): its
+            own log and index writes, not only data writes, are refused on a damaged catalog.
+    """
+    global _wait_override, _write_command
+    _wait_override = seconds
+    _write_command = write_command
+
+
+def default_wait() -> float:
+    if _wait_override is not None:
+        return max(0.0, float(_wait_override))
+    raw = os.environ.get("DLINDEX_WAIT", "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else BUSY_TIMEOUT_S
+    except ValueError:
+        return BUSY_TIMEOUT_S
 
 
 class Catalog:
@@ -40,16 +70,36 @@ class Catalog:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str] | None = None, *, create: bool = False, log: bool | None = None
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        create: bool = False,
+        log: bool | None = None,
+        wait: float | None = None,
     ) -> None:
         """Args:
         log: record reads and writes in the query log; default: on unless ``$DLINDEX_NO_LOG``.
+        wait: seconds to wait for another process's write lock (default ``$DLINDEX_WAIT``, 30).
+
+        A catalog dlindex cannot write (a read-only file, folder or mount) opens read-only:
+        reads work, the query log is skipped with one DlindexWarning, and a write raises
+        ReadOnlyCatalogError.
         """
         self.path = Path(path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB))
-        self.conn = _connect(self.path, create=create)
+        self.wait_s = default_wait() if wait is None else max(0.0, float(wait))
+        #: why the catalog is read-only ("the file is not writable", ...), or None
+        self.readonly_reason: str | None = _readonly_reason(self.path) if self.path.exists() else None
+        if create and self.readonly_reason is not None:
+            raise ReadOnlyCatalogError(f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed")
+        self.conn = _connect(self.path, create=create, readonly=self.readonly_reason is not None, wait_s=self.wait_s)
         self._db: Any = None
+        self._checked_for_write = False
         if log is None:
             log = os.environ.get("DLINDEX_NO_LOG", "").strip().lower() in ("", "0", "false", "no")
+        # Said once, at close, unless a refused write already said it is read-only.
+        self._log_skipped = bool(log and self.readonly_reason is not None)
+        if self._log_skipped:
+            log = False
         self.querylog = QueryLog(log)
         # Small lookup tables (labels, roots) with the change counter they were read at.
         self.lookup_cache: dict[str, tuple[int, Any]] = {}
@@ -67,6 +117,12 @@ class Catalog:
     def close(self) -> None:
         self.flush_log()
         self.conn.close()
+        if self._log_skipped:
+            self._log_skipped = False
+            warnings.warn(
+                f"catalog {self.path} is read-only ({self.readonly_reason}): the query log was not recorded",
+                DlindexWarning, stacklevel=2,
+            )  # fmt: skip
 
     def __enter__(self) -> Catalog:
         return self
@@ -87,8 +143,16 @@ class Catalog:
             bookkeeping: dlindex's own log and cache writes: no counter bump, not logged.
         """
         conn = self.conn
+        if self.readonly_reason is not None and (not bookkeeping or _write_command):
+            self._log_skipped = False
+            raise ReadOnlyCatalogError(f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed")
+        if (not bookkeeping or _write_command) and not self._checked_for_write:
+            self._check_before_first_write()
         started = time.perf_counter()
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise self._translate(e, bookkeeping) from None
         log = self.querylog
         if log.enabled and not bookkeeping:
             log.record_lock_wait(time.perf_counter() - started)  # busy retries happen inside BEGIN
@@ -105,15 +169,58 @@ class Catalog:
                 if log.due():
                     log.flush_into(conn)  # rides along: no transaction of its own
                     flushed = True
-        except BaseException:
+            conn.execute("COMMIT")
+        except BaseException as e:
             if isinstance(conn, _Connection):
                 conn.on_write = None
             log.discard_writes()
-            conn.execute("ROLLBACK")
+            rollback(conn)
+            if isinstance(e, sqlite3.Error):
+                raise self._translate(e, bookkeeping) from e
             raise
-        conn.execute("COMMIT")
         if flushed:
             log.flushed()
+
+    def _translate(self, e: sqlite3.Error, bookkeeping: bool) -> BaseException:
+        """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
+        read-only catalog quietly. The user's writes get the one-line DlindexError."""
+        if bookkeeping:
+            return e
+        if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
+            return CatalogBusyError(faults.busy_message(self.path, self.wait_s))
+        if faults.is_disk_full(e):
+            self._release_wal()
+        return faults.translate_error(e, catalog=self.path) or e
+
+    def _release_wal(self) -> None:
+        """After a write failed for space, give back what the -wal file holds: committed pages
+        move into the catalog and the log is cut to zero, so the space the failed transaction
+        took is free again (for recording the failure, and for the user's next run)."""
+        with suppress(sqlite3.Error):
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def _check_before_first_write(self) -> None:
+        """Refuse to write into a damaged catalog; record scans whose process died as interrupted.
+
+        The whole-file check runs within a time budget (a catalog of ~20 MB is checked in full;
+        a larger one as far as the budget reaches: every page a write touches is still checked
+        by SQLite, and `dlindex check` reads everything).
+        """
+        from .check import quick_check
+
+        problems = quick_check(self.conn, budget_s=_QUICK_CHECK_BUDGET_S)
+        if problems:
+            self.querylog.enabled = False  # not even bookkeeping goes into a damaged file
+            raise faults.damaged_error(self.path, problems[0])
+        self._checked_for_write = True
+        try:
+            dead = [sid for sid, pid in self.conn.execute(_RUNNING_SCANS).fetchall() if not pid_alive(pid)]
+        except sqlite3.Error as e:
+            raise faults.translate_error(e, catalog=self.path) or e from None
+        if dead:
+            # A scan killed (kill -9, power loss) before it could say so: it no longer runs.
+            with suppress(sqlite3.Error), self.write_transaction(bookkeeping=True) as conn:
+                conn.executemany(_ABANDON_SCAN, ((sid,) for sid in dead))
 
     def read(
         self,
@@ -208,7 +315,7 @@ class Catalog:
             yield
         finally:
             try:
-                self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+                self.conn.execute(f"PRAGMA busy_timeout = {int(self.wait_s * 1000)}")
             except sqlite3.ProgrammingError:
                 pass  # closed meanwhile
 
@@ -341,15 +448,17 @@ def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = F
     return Catalog(path, create=create)
 
 
-def _connect(db_path: Path, *, create: bool) -> sqlite3.Connection:
+def _connect(db_path: Path, *, create: bool, readonly: bool = False, wait_s: float = BUSY_TIMEOUT_S) -> sqlite3.Connection:
     existed = db_path.exists()
     _check_before_open(db_path, create=create)
+    if readonly:
+        return _connect_readonly(db_path, wait_s)
     try:
         conn = sqlite3.connect(
-            os.fspath(db_path), isolation_level=None, timeout=BUSY_TIMEOUT_S, check_same_thread=False,
+            os.fspath(db_path), isolation_level=None, timeout=wait_s, check_same_thread=False,
             factory=_Connection,
-        )
-        conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+        )  # fmt: skip
+        conn.execute(f"PRAGMA busy_timeout = {int(wait_s * 1000)}")
         # New catalogs only (a no-op once a file has tables): 16 KiB pages hold seven 2 KiB
         # feature vectors where 4 KiB pages hold one, which made imports 3x faster.
         conn.execute(f"PRAGMA page_size = {int(PAGE_SIZE)}")
@@ -361,10 +470,98 @@ def _connect(db_path: Path, *, create: bool) -> sqlite3.Connection:
     except sqlite3.Error as e:
         if not existed:
             _remove_new_file(db_path)
-        if getattr(e, "sqlite_errorname", "") == "SQLITE_BUSY":
-            raise CatalogError(_busy_message(db_path)) from None
+        if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
+            raise CatalogBusyError(faults.busy_message(db_path, wait_s)) from None
+        translated = faults.translate_error(e, catalog=db_path)
+        if translated is not None:
+            raise translated from None
         raise CatalogError(f"cannot open catalog {db_path}: {e}") from None
     return conn
+
+
+def readonly_uri(db_path: str | os.PathLike[str]) -> str:
+    """The URI that opens ``db_path`` for reading wherever it lies: ``mode=ro``, or
+    ``immutable=1`` when no -wal/-shm can be made beside it (a read-only folder or mount)
+    and none is there, so the file alone holds every committed change."""
+    path = Path(db_path)
+    base = "file:" + urllib.parse.quote(os.fspath(path.absolute()))
+    wal = Path(os.fspath(path) + "-wal")
+    folder = path.parent if str(path.parent) else Path(".")
+    wal_empty = not wal.exists() or wal.stat().st_size == 0
+    if wal_empty and not _writable_dir(folder) and not Path(os.fspath(path) + "-shm").exists():
+        return base + "?immutable=1"
+    return base + "?mode=ro"
+
+
+def connect_readonly(db_path: str | os.PathLike[str], *, timeout: float = BUSY_TIMEOUT_S, **options: Any) -> sqlite3.Connection:
+    """A read-only sqlite3 connection to ``db_path`` (see ``readonly_uri``), for workers,
+    loaders and scratch copies that must work on read-only catalogs too."""
+    return sqlite3.connect(readonly_uri(db_path), uri=True, timeout=timeout, **options)
+
+
+def _connect_readonly(db_path: Path, wait_s: float) -> sqlite3.Connection:
+    try:
+        conn = connect_readonly(db_path, timeout=wait_s, isolation_level=None, check_same_thread=False, factory=_Connection)
+        conn.execute(f"PRAGMA busy_timeout = {int(wait_s * 1000)}")
+        version = schema_version(conn)
+    except sqlite3.Error as e:
+        if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
+            raise CatalogBusyError(faults.busy_message(db_path, wait_s)) from None
+        raise faults.translate_error(e, catalog=db_path) or CatalogError(f"cannot read catalog {db_path}: {e}") from None
+    if version < LATEST_VERSION:
+        conn.close()
+        raise ReadOnlyCatalogError(
+            f"catalog {db_path} is read-only and has schema version {version}, older than this dlindex's "
+            f"{LATEST_VERSION}: run any dlindex command on it once with write access (it upgrades in place), "
+            "or copy it somewhere writable"
+        )
+    return conn
+
+
+def _readonly_reason(db_path: Path) -> str | None:
+    """Why dlindex cannot write ``db_path``, or None when it can."""
+    try:
+        if os.statvfs(db_path).f_flag & os.ST_RDONLY:
+            return "read-only filesystem"
+    except OSError:
+        pass
+    if not os.access(db_path, os.W_OK):
+        return "the file is not writable"
+    folder = db_path.parent if str(db_path.parent) else Path(".")
+    if not _writable_dir(folder):
+        # WAL needs -wal and -shm beside the file; writable ones already there will do.
+        sidecars = [Path(os.fspath(db_path) + suffix) for suffix in ("-wal", "-shm")]
+        if not all(p.exists() and os.access(p, os.W_OK) for p in sidecars):
+            return f"its folder {folder} is not writable"
+    return None
+
+
+def _writable_dir(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open. SQLite ends some failed transactions itself
+    (a full disk, an I/O error): a second ROLLBACK would raise "cannot rollback - no
+    transaction is active" and hide the real cause, so that error is never raised from here."""
+    if conn.in_transaction:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this id runs on this machine (a scan row's ``pid``)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OverflowError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _check_before_open(db_path: Path, *, create: bool) -> None:
@@ -405,44 +602,55 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
             f"{db_path} has catalog schema version {version}, newer than this dlindex "
             f"supports ({LATEST_VERSION}); upgrade dlindex"
         )
+    from .check import missing_tables
+
+    lost = missing_tables(tables, version)
+    if lost:
+        raise faults.damaged_error(db_path, f"table {', '.join(lost)} is missing")
 
 
-def _read_header(db_path: Path) -> tuple[int, int, int]:
+def _read_header(db_path: Path) -> tuple[int, int, set[str]]:
     try:
         try:
-            return _header(db_path, "ro")
+            return _header(db_path, "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=ro")
         except sqlite3.Error as e:
-            if getattr(e, "sqlite_errorname", "") != "SQLITE_READONLY_ROLLBACK":
-                raise
-            # A hot journal: a writer in rollback-journal mode (a large features import)
-            # was killed. Only a read-write open can roll it back, as any SQLite client
-            # does; that restores the last committed state, it changes nothing.
-            return _header(db_path, "rw")
+            name = faults.sqlite_error_name(e)
+            if name == "SQLITE_READONLY_ROLLBACK":
+                # A hot journal: a writer in rollback-journal mode (a large features import)
+                # was killed. Only a read-write open can roll it back, as any SQLite client
+                # does; that restores the last committed state, it changes nothing.
+                return _header(db_path, "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=rw")
+            if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and readonly_uri(db_path).endswith("immutable=1"):
+                return _header(db_path, readonly_uri(db_path))  # no -wal/-shm can be made here, none is needed
+            raise
     except sqlite3.Error as e:
-        if getattr(e, "sqlite_errorname", "") == "SQLITE_NOTADB":
+        name = faults.sqlite_error_name(e)
+        if name == "SQLITE_NOTADB":
             raise CatalogError(f"{db_path} is not a dlindex catalog (not an SQLite database)") from None
-        if getattr(e, "sqlite_errorname", "") == "SQLITE_BUSY":
-            raise CatalogError(_busy_message(db_path)) from None
-        raise CatalogError(f"{db_path} is not a readable dlindex catalog: {e}") from None
+        if name.startswith("SQLITE_BUSY"):
+            raise CatalogBusyError(faults.busy_message(db_path, default_wait())) from None
+        if name.startswith("SQLITE_CORRUPT"):
+            raise faults.damaged_error(db_path, str(e)) from None
+        if name == "SQLITE_READONLY_ROLLBACK":
+            raise ReadOnlyCatalogError(
+                f"catalog {db_path} has a hot journal left by a killed writer and cannot be written here; "
+                "open it once with write access to roll that back"
+            ) from None
+        raise faults.translate_error(e, catalog=db_path) or CatalogError(f"cannot open catalog {db_path}: {e}") from None
 
 
-def _header(db_path: Path, mode: str) -> tuple[int, int, int]:
-    uri = "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + f"?mode={mode}"
-    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+def _header(db_path: Path, uri: str) -> tuple[int, int, set[str]]:
+    conn = sqlite3.connect(uri, uri=True, timeout=default_wait())
     try:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+        tables = {str(name) for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except UnicodeDecodeError:
+        # sqlite3 could not even decode the error message: the schema itself is garbage.
+        raise faults.damaged_error(db_path, "malformed database schema") from None
     finally:
         conn.close()
-    return int(app_id), int(version), int(tables)
-
-
-def _busy_message(db_path: Path) -> str:
-    return (
-        f"catalog {db_path} stayed locked for {BUSY_TIMEOUT_S:.0f} s by another process "
-        "(a large `features import` takes it for its whole run); try again when that finishes"
-    )
+    return int(app_id), int(version), tables
 
 
 def _remove_new_file(db_path: Path) -> None:

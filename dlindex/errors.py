@@ -10,6 +10,9 @@ class ExitCode(IntEnum):
     ERROR = 1  # a DlindexError: no catalog, unreadable input, bad manifest
     USAGE = 2  # typer's own: unknown option, bad value, conflicting flags
     PARTIAL = 3  # only under --strict: finished, but some inputs were skipped
+    DISK_FULL = 4  # no space (or quota) left where dlindex writes; nothing half-written, rerun
+    BUSY = 5  # another process held the catalog's write lock past --wait; rerun later
+    DAMAGED = 6  # the catalog file is damaged; see `dlindex check` and docs/reliability.md
     INTERRUPTED = 130  # Ctrl-C or SIGTERM: the catalog is consistent, rerun to finish
 
 
@@ -23,6 +26,28 @@ class CatalogError(DlindexError):
     """The catalog file is missing, unreadable, foreign or from a newer dlindex."""
 
 
+class ReadOnlyCatalogError(CatalogError):
+    """A write was asked of a catalog opened read-only (read-only file, folder or mount)."""
+
+
+class CatalogBusyError(CatalogError):
+    """Another process kept the write lock for longer than we were willing to wait."""
+
+    exit_code = ExitCode.BUSY
+
+
+class DamagedCatalogError(CatalogError):
+    """The catalog file is damaged (corrupt pages, missing tables): nothing is written to it."""
+
+    exit_code = ExitCode.DAMAGED
+
+
+class DiskFullError(DlindexError):
+    """No space (or quota) left on the filesystem of a file dlindex was writing."""
+
+    exit_code = ExitCode.DISK_FULL
+
+
 class InputError(DlindexError):
     """A command-line value or input file that dlindex cannot use."""
 
@@ -31,3 +56,7 @@ class Interrupted(DlindexError):
     """The user asked us to stop (SIGINT/SIGTERM); work done so far is committed."""
 
     exit_code = ExitCode.INTERRUPTED
+
+
+class DlindexWarning(UserWarning):
+    """Something the user should know that does not stop the command (shown as one line)."""

@@ -21,7 +21,6 @@ import json
 import os
 import sqlite3
 import sys
-import urllib.parse
 import warnings
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -59,7 +58,9 @@ class MetadataCache:
 
     def _lookup(self, sample_id: int) -> dict[str, Any] | None:
         if self._conn is None or self._pid != os.getpid():
-            uri = "file:" + urllib.parse.quote(os.path.abspath(self.catalog)) + "?mode=ro"
+            from .catalog import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+
+            uri = readonly_uri(self.catalog)
             try:
                 self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
             except sqlite3.Error as e:

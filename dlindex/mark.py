@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from .catalog import rollback
 from .errors import InputError
 from .query import PROCESSING_STATUSES
 from .walk import display_name
@@ -214,7 +215,7 @@ def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
             if paths:
                 conn.executemany(_STAGE_PATH, paths)
     except BaseException:
-        conn.execute("ROLLBACK")
+        rollback(conn)  # never "cannot rollback - no transaction is active" over the real cause
         raise
     conn.execute("COMMIT")
     return inputs

@@ -362,5 +362,9 @@ def apply_migrations(conn: sqlite3.Connection) -> int:
             conn.execute(f"PRAGMA application_id = {int(APPLICATION_ID)}")
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite ends a transaction a full disk failed by itself
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the error being raised is the one to report
             raise

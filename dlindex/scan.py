@@ -16,13 +16,14 @@ import sqlite3
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import worker
 from .catalog import Catalog
-from .errors import InputError, Interrupted
+from .errors import DlindexError, InputError, Interrupted
 from .links import LinkedFiles
 from .pool import WorkerPool
 from .probe import Probe, ProbeOptions
@@ -163,6 +164,12 @@ def scan_tree(
             _drop_unused_labels(catalog)
     except KeyboardInterrupt:
         interrupted = True
+    except BaseException:
+        # A full disk, a lost lock, a bug: the scan row must not stay 'running'. Best effort:
+        # if even this write fails, the next write sees the dead pid and does it.
+        with suppress(DlindexError, sqlite3.Error), catalog.write_transaction(bookkeeping=True) as conn:
+            conn.execute(_ABANDON_SCAN, (scan_id,))
+        raise
     finally:
         restore()
     seconds = time.perf_counter() - started

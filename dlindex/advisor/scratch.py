@@ -16,7 +16,6 @@ import sqlite3
 import statistics
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +52,9 @@ def guarded(path: str | os.PathLike[str], *, cache: bool = True) -> sqlite3.Conn
         cache: keep prepared statements; a connection that explains must not, as a cached
             EXPLAIN keeps the plan it was prepared with after another connection adds an index.
     """
-    uri = "file:" + urllib.parse.quote(os.fspath(Path(path).absolute())) + "?mode=ro"
+    from ..catalog import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+
+    uri = readonly_uri(path)
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30.0,
                            cached_statements=128 if cache else 0)  # fmt: skip
     conn.execute("PRAGMA query_only = 1")
@@ -354,7 +355,9 @@ def _sampled_copy(source: sqlite3.Connection, target: sqlite3.Connection, catalo
         if kind == "table":
             target.execute(sql)
     target.commit()
-    target.execute("ATTACH DATABASE ? AS src", ("file:" + urllib.parse.quote(os.fspath(catalog.absolute())) + "?mode=ro",))
+    from ..catalog import readonly_uri
+
+    target.execute("ATTACH DATABASE ? AS src", (readonly_uri(catalog),))
     for kind, name, _sql in schema:
         if kind != "table":
             continue

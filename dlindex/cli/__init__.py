@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "similar": ("similar", "similar", False),
     "index": ("index", "index", False),
     "roots": ("roots", "app", True),
+    "check": ("check", "check", False),
 }
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sqlite3
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -13,7 +16,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
-from ..errors import DlindexError
+from ..errors import DlindexError, DlindexWarning
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -30,6 +33,22 @@ DbOption = Annotated[
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")]
 
+
+def _set_wait(seconds: float | None) -> float | None:
+    from ..catalog import set_default_wait  # catalogs opened by this command wait this long
+
+    set_default_wait(seconds)
+    return seconds
+
+
+# Every write command takes it; the callback applies it to every catalog the command opens.
+WaitOption = Annotated[
+    float | None,
+    typer.Option(
+        "--wait", envvar="DLINDEX_WAIT", min=0, metavar="SECONDS", callback=_set_wait, show_default=False,
+        help="Wait up to SECONDS for another process's write lock on the catalog (default: 30).",
+    ),
+]  # fmt: skip
 
 
 class _LazyConsole:
@@ -53,17 +72,60 @@ stderr_console: Any = _LazyConsole(stderr=True, highlight=False)
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn a DlindexError into one line on stderr and its exit code; bugs keep tracebacks."""
+    """Turn a DlindexError into one line on stderr and its exit code; bugs keep tracebacks.
+
+    A full disk, a damaged or read-only catalog or a held lock, wherever it surfaces as an
+    sqlite3 or OS error, becomes its DlindexError here (dlindex.faults), so every command
+    reports it the same way; any other sqlite3 or OS error is a bug and keeps its traceback.
+    A DlindexWarning is one ``warning:`` line, once per command.
+    """
 
     @functools.wraps(fn)  # typer reads the signature through __wrapped__
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except DlindexError as e:
-            typer.echo(f"Error: {e}", err=True)
-            raise typer.Exit(e.exit_code) from None
+        from .. import faults
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("default", DlindexWarning)
+            shown: set[str] = set()
+            previous = warnings.showwarning
+
+            def show(message: Warning | str, category: type[Warning], *rest: Any, **more: Any) -> None:
+                if not issubclass(category, DlindexWarning):
+                    previous(message, category, *rest, **more)
+                elif str(message) not in shown:
+                    shown.add(str(message))
+                    typer.echo(f"warning: {message}", err=True)
+
+            warnings.showwarning = show
+            try:
+                return fn(*args, **kwargs)
+            except DlindexError as e:
+                typer.echo(f"Error: {e}", err=True)
+                raise typer.Exit(e.exit_code) from None
+            except (sqlite3.Error, OSError) as e:
+                if isinstance(e, BrokenPipeError):
+                    raise
+                error = faults.translate_error(e, catalog=_catalog_arg(kwargs), paths=_path_args(kwargs))
+                if error is None:
+                    raise
+                typer.echo(f"Error: {error}", err=True)
+                raise typer.Exit(error.exit_code) from None
+            finally:
+                from ..catalog import set_default_wait
+
+                set_default_wait(None, write_command=False)  # what --wait set lasts one command
 
     return wrapper
+
+
+def _catalog_arg(kwargs: dict[str, Any]) -> str:
+    db = kwargs.get("db")
+    return os.fspath(db) if db is not None else os.environ.get("DLINDEX_DB", "dlindex.db")
+
+
+def _path_args(kwargs: dict[str, Any]) -> list[str]:
+    """The command's file and folder arguments: where a full disk may be (an export folder)."""
+    return [os.fspath(v) for k, v in kwargs.items() if k != "db" and isinstance(v, Path)]
 
 
 @contextmanager

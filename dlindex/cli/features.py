@@ -25,6 +25,7 @@ from ._shared import (
     SinceOption,
     StatusOption,
     UntilOption,
+    WaitOption,
     handle_errors,
     human_bytes,
     print_json,
@@ -74,6 +75,7 @@ def compute(
     quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Compute vectors for the selected samples that have none yet (resumable, parallel).
 
@@ -118,6 +120,7 @@ def import_(
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Store vectors computed elsewhere; all of them, or none if any is bad.
 
@@ -238,7 +241,10 @@ def failures(
 
 @app.command("drop")
 @handle_errors
-def drop(feature_type: TypeOption, as_json: JsonFlag = False, db: DbOption = None) -> None:
+def drop(
+    feature_type: TypeOption, as_json: JsonFlag = False, db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
+) -> None:
     """Delete a feature type with all its vectors.
 
         dlindex features drop --type colorhist && dlindex features compute --type colorhist

@@ -10,7 +10,7 @@ import typer
 
 from ..catalog import Catalog
 from ..errors import InputError
-from ._shared import DbOption, JsonFlag, handle_errors, print_json, stderr_console
+from ._shared import DbOption, JsonFlag, WaitOption, handle_errors, print_json, stderr_console
 
 
 @handle_errors
@@ -25,6 +25,7 @@ def index(
     top: Annotated[int, typer.Option("--top", min=1, help="How many of the heaviest read statements may earn an index.")] = 10,
     as_json: JsonFlag = False,
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Suggest, verify and apply indexes from the query log; list, drop unused, revert.
 

@@ -15,6 +15,7 @@ from ..logview import LogSummary, clear_log, import_log, log_summary
 from ._shared import (
     DbOption,
     JsonFlag,
+    WaitOption,
     handle_errors,
     print_json,
     stderr_console,
@@ -53,6 +54,7 @@ def import_(
     file: Annotated[str, typer.Argument(metavar="FILE", help="SQL statements, one per line or ;-separated; - reads stdin.")],
     as_json: JsonFlag = False,
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Store SQL captured elsewhere (sqlite3 .trace, set_trace_callback) in the log; never run it.
 
@@ -74,6 +76,7 @@ def import_(
 def clear(
     as_json: JsonFlag = False,
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Delete every entry of the query log.
 

@@ -16,6 +16,7 @@ from ._shared import (
     JsonFlag,
     NoLogFlag,
     ProcessingStatus,
+    WaitOption,
     handle_errors,
     print_json,
     stderr_console,
@@ -40,6 +41,7 @@ def mark(
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Set processed flags or processing status for samples read from a file or stdin.
 

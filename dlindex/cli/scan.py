@@ -15,6 +15,7 @@ from ._shared import (
     DbOption,
     JsonFlag,
     QuietFlag,
+    WaitOption,
     handle_errors,
     print_json,
     progress_bar,
@@ -27,6 +28,7 @@ from ._shared import (
 def scan(
     root: Annotated[Path, typer.Argument(help="Folder to index (class-per-folder: ROOT/LABEL/..., or pre-split: ROOT/SPLIT/LABEL/...).", show_default=False)],
     db: DbOption = None,
+    wait: WaitOption = None,  # applied by the option itself to every catalog opened
     ext: Annotated[list[str] | None, typer.Option("--ext", help="Image extension to index (repeatable; replaces the default list).", show_default=False)] = None,
     exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of paths or names to skip (repeatable).", show_default=False)] = None,
     hidden: Annotated[bool, typer.Option("--hidden", help="Include hidden files and folders.")] = False,

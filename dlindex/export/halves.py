@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
-import urllib.parse
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -77,7 +76,9 @@ def _write(ctx: Any, upper: UpperHalf, split: str, rank: int, part: Path) -> dic
     from .manifest import jsonl_lines
 
     lines = jsonl_lines(ctx)
-    uri = "file:" + urllib.parse.quote(upper.db) + "?mode=ro"
+    from ..catalog import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+
+    uri = readonly_uri(upper.db)
     db = sqlite3.connect(uri, uri=True)
     tally = Tally()
     try:

@@ -1,0 +1,307 @@
+"""``dlindex check``: is a catalog whole? Integrity, schema version, orphan rows, dead scans.
+
+The check opens the file read-only (``mode=ro``, or ``immutable=1`` on read-only storage)
+and never writes, so it can look at a catalog that every other command refuses.
+Recovery steps for what it finds are in docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CatalogError
+from .migrations import APPLICATION_ID, LATEST_VERSION
+
+# The tables each schema version brought; a catalog at version v must have those of 1..v.
+_TABLES_SINCE: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, ("roots", "labels", "image_metadata", "scans")),
+    (2, ("query_log", "query_log_templates", "catalog_changes", "query_cache")),
+    (3, ("feature_types", "image_features", "feature_failures")),
+    (4, ("index_changes",)),
+)
+_MAX_LINES = 20  # integrity problems reported; SQLite's own default is 100
+_RUNNING_SCANS = "SELECT id, pid, started_at FROM scans WHERE state = 'running' ORDER BY id"
+_COUNT_IMAGES = "SELECT count(*) FROM image_metadata"
+
+
+def missing_tables(tables: Iterable[str], version: int) -> list[str]:
+    """dlindex's tables that a catalog at schema ``version`` should have and does not."""
+    present = set(tables)
+    return [t for since, names in _TABLES_SINCE if since <= version for t in names if t not in present]
+
+
+def quick_check(conn: sqlite3.Connection, *, budget_s: float | None = None) -> list[str]:
+    """SQLite's ``PRAGMA quick_check`` (every page and record, no index contents), as a list
+    of problems; ``[]`` when healthy, or when ``budget_s`` ran out before the end."""
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+
+    def over_budget() -> int:
+        return int(deadline is not None and time.monotonic() > deadline)
+
+    conn.set_progress_handler(over_budget, 10_000)
+    try:
+        rows = _lines(conn.execute(f"PRAGMA quick_check({int(_MAX_LINES)})"))
+    except sqlite3.OperationalError as e:
+        if "interrupt" in str(e):
+            return []  # the budget ran out: no verdict, and SQLite still checks every page it reads
+        return [str(e)]
+    except sqlite3.DatabaseError as e:
+        return [str(e)]
+    finally:
+        conn.set_progress_handler(None, 0)
+    return [] if rows == ["ok"] else rows
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """What ``check_catalog`` found; ``healthy`` when ``problems`` is empty."""
+
+    path: str
+    schema_version: int | None
+    dlindex_schema_version: int
+    integrity: str  # "ok", "problems" or "not checked"
+    images: int | None
+    orphans: dict[str, int] = field(default_factory=dict)  # "child -> parent": rows
+    interrupted_scans: tuple[int, ...] = ()
+    problems: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["healthy"] = self.healthy
+        data["interrupted_scans"] = list(self.interrupted_scans)
+        data["problems"] = list(self.problems)
+        return data
+
+
+def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> CheckReport:
+    """Check the catalog at ``path`` without writing to it.
+
+    Args:
+        quick: ``PRAGMA quick_check`` (pages and records) instead of the full
+            ``integrity_check`` (also every index entry); several times faster on large files.
+    """
+    from .catalog import connect_readonly, pid_alive
+
+    started = time.perf_counter()
+    db = Path(path)
+    if not db.exists():
+        raise CatalogError(f"no catalog at {db}")
+    if db.is_dir():
+        raise CatalogError(f"{db} is a directory, not a catalog file")
+    if not os.access(db, os.R_OK):
+        raise CatalogError(f"cannot read catalog {db}: Permission denied")
+    problems: list[str] = []
+
+    def report(**found: Any) -> CheckReport:
+        base: dict[str, Any] = dict(schema_version=None, integrity="not checked", images=None)
+        base.update(found)
+        return CheckReport(
+            path=os.fspath(db), dlindex_schema_version=LATEST_VERSION, problems=tuple(problems),
+            seconds=round(time.perf_counter() - started, 3), **base,
+        )  # fmt: skip
+
+    if db.stat().st_size == 0:
+        problems.append("the file is empty (zero bytes): not a catalog; rescan to rebuild it")
+        return report()
+    try:
+        conn = connect_readonly(db, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as e:
+        _raise_if_environment(e, db)
+        problems.append(f"cannot open: {e}")
+        return report()
+    try:
+        try:
+            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            tables = [str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            if isinstance(e, sqlite3.Error):
+                _raise_if_environment(e, db)
+            problems.append(f"not a readable SQLite database: {e}")
+            return report()
+        if app_id != APPLICATION_ID:
+            problems.append("not a dlindex catalog (SQLite application_id is not dlindex's)")
+            return report(schema_version=version)
+        if version > LATEST_VERSION:
+            problems.append(f"schema version {version} is newer than this dlindex's {LATEST_VERSION}: upgrade dlindex")
+        problems.extend(f"table {t} is missing" for t in missing_tables(tables, version))
+        integrity = _integrity(conn, quick)
+        problems.extend(f"integrity: {line}" for line in integrity)
+        orphans = _orphans(conn)
+        problems.extend(f"{n} orphan row(s) in {what}" for what, n in orphans.items())
+        dead: list[int] = []
+        if "scans" in tables:
+            try:
+                for scan_id, pid, started_at in conn.execute(_RUNNING_SCANS):
+                    if not pid_alive(pid):
+                        dead.append(int(scan_id))
+                        problems.append(
+                            f"scan {scan_id} (started {started_at}) is recorded as running but its process "
+                            f"{pid} is gone: the next scan or write marks it interrupted; rerun that scan"
+                        )
+            except sqlite3.DatabaseError as e:
+                problems.append(f"cannot read scans: {e}")
+        images = None
+        if "image_metadata" in tables:
+            try:
+                images = int(conn.execute(_COUNT_IMAGES).fetchone()[0])
+            except sqlite3.DatabaseError as e:
+                problems.append(f"cannot count image rows: {e}")
+        return report(
+            schema_version=version, integrity="ok" if not integrity else "problems", images=images,
+            orphans=orphans, interrupted_scans=tuple(dead),
+        )  # fmt: skip
+    finally:
+        conn.close()
+
+
+def _raise_if_environment(e: sqlite3.Error, db: Path) -> None:
+    """A full disk or a held lock says nothing about the file: report that, not damage."""
+    from .errors import CatalogBusyError, DiskFullError
+    from .faults import translate_error
+
+    error = translate_error(e, catalog=db)
+    if isinstance(error, (DiskFullError, CatalogBusyError)):
+        raise error
+
+
+def _integrity(conn: sqlite3.Connection, quick: bool) -> list[str]:
+    if quick:
+        return quick_check(conn)
+    try:
+        rows = _lines(conn.execute(f"PRAGMA integrity_check({int(_MAX_LINES)})"))
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+        return [str(e)]
+    return [] if rows == ["ok"] else rows
+
+
+def _lines(rows: Iterable[tuple[Any, ...]]) -> list[str]:
+    """The check's messages, one per problem (SQLite packs several into a row, after a
+    "*** in database main ***" heading)."""
+    found = [line.strip() for (text,) in rows for line in str(text).splitlines()]
+    found = [line for line in found if line and not line.startswith("*** in database")]
+    return found[:_MAX_LINES] if found != ["ok"] else ["ok"]
+
+
+def _orphans(conn: sqlite3.Connection) -> dict[str, int]:
+    """Rows whose foreign key points at nothing (``PRAGMA foreign_key_check``): an image
+    row without its root or label, a vector without its image or feature type, ..."""
+    found: dict[str, int] = {}
+    try:
+        for table, _rowid, parent, _fk in conn.execute("PRAGMA foreign_key_check"):
+            key = f"{table} -> {parent}"
+            found[key] = found.get(key, 0) + 1
+    except sqlite3.DatabaseError as e:
+        found[f"(foreign key check failed: {e})"] = 1
+    return found
+
+
+@dataclass(frozen=True)
+class RecoverReport:
+    """What ``recover_catalog`` copied: rows per table, and the tables it could not read whole."""
+
+    source: str
+    target: str
+    rows: dict[str, int]
+    incomplete: tuple[str, ...]
+    check: CheckReport
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "target": self.target, "rows": self.rows,
+                "incomplete": list(self.incomplete), "check": self.check.as_dict()}  # fmt: skip
+
+
+_SCHEMA = "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+
+
+def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> RecoverReport:
+    """Copy every row SQLite can still read from a damaged catalog into a new file ``target``.
+
+    Each table is read by rowid upwards until the first unreadable page, then downwards
+    from the end to it (the sqlite3 shell's ``.dump`` does the same): rows on damaged
+    pages are lost, the rest keep their ids. The new file gets dlindex's schema version
+    and is checked; ``target`` must not exist (nothing is overwritten).
+    """
+    from .catalog import PAGE_SIZE, connect_readonly
+
+    src, dst = Path(source), Path(target)
+    if dst.exists() or Path(os.fspath(dst) + "-wal").exists():
+        raise CatalogError(f"{dst} already exists; give a new file to recover into")
+    if not src.is_file():
+        raise CatalogError(f"no catalog at {src}")
+    tmp = dst.with_name(f".{dst.name}.recovering")
+    conn = connect_readonly(src, isolation_level=None)
+    rows: dict[str, int] = {}
+    incomplete: list[str] = []
+    try:
+        try:
+            app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            schema = conn.execute(_SCHEMA).fetchall()
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            raise CatalogError(f"cannot read the schema of {src} ({e}): rescan the image tree into a new catalog") from None
+        if app_id != APPLICATION_ID:
+            raise CatalogError(f"{src} is not a dlindex catalog")
+        tmp.unlink(missing_ok=True)
+        out = sqlite3.connect(tmp, isolation_level=None)
+        try:
+            out.execute(f"PRAGMA page_size = {int(PAGE_SIZE)}")
+            out.execute("BEGIN")
+            for kind, name, _table, sql in schema:
+                if kind == "table":
+                    out.execute(sql)
+            for kind, name, _table, _sql in schema:
+                if kind == "table":
+                    rows[name], whole = _copy_rows(conn, out, name)
+                    if not whole:
+                        incomplete.append(name)
+            for kind, _name, _table, sql in schema:
+                if kind in ("index", "trigger", "view"):
+                    out.execute(sql)
+            # PRAGMA takes no parameters: both are integers read above.
+            out.execute(f"PRAGMA application_id = {int(app_id)}")
+            out.execute(f"PRAGMA user_version = {int(version)}")
+            out.execute("COMMIT")
+        finally:
+            out.close()
+    finally:
+        conn.close()
+    os.replace(tmp, dst)
+    return RecoverReport(os.fspath(src), os.fspath(dst), rows, tuple(incomplete), check_catalog(dst))
+
+
+def _copy_rows(src: sqlite3.Connection, out: sqlite3.Connection, table: str) -> tuple[int, bool]:
+    t = _quote(table)
+    try:
+        columns = ", ".join(_quote(str(r[1])) for r in src.execute(f"PRAGMA table_info({t})"))
+        src.execute(f"SELECT rowid FROM {t} LIMIT 0")  # noqa: S608
+        orders: tuple[str, ...] = (" ORDER BY rowid", " ORDER BY rowid DESC")
+    except sqlite3.OperationalError:
+        orders = ("",)  # WITHOUT ROWID: one pass in key order
+    except sqlite3.DatabaseError:
+        return 0, False
+    insert = f"INSERT OR IGNORE INTO {t} ({columns}) VALUES ({', '.join('?' * len(columns.split(', ')))})"
+    copied, whole = 0, True
+    for order in orders:
+        try:
+            for row in src.execute(f"SELECT {columns} FROM {t}{order}"):  # noqa: S608
+                copied += out.execute(insert, row).rowcount
+            break
+        except (sqlite3.DatabaseError, UnicodeDecodeError):
+            whole = False  # the other direction reaches the rows after the damage
+    return copied, whole
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
