@@ -18,12 +18,15 @@ from typing import Any
 from .errors import CatalogError
 from .migrations import APPLICATION_ID, LATEST_VERSION
 
-# The tables each schema version brought; a catalog at version v must have those of 1..v.
-_TABLES_SINCE: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (1, ("roots", "labels", "image_metadata", "scans")),
-    (2, ("query_log", "query_log_templates", "catalog_changes", "query_cache")),
-    (3, ("feature_types", "image_features", "feature_failures")),
-    (4, ("index_changes",)),
+# The tables each schema version brought and the version that dropped them (None: kept); a
+# catalog at version v must have every table with since <= v < until.
+_TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
+    (1, None, ("roots", "labels", "image_metadata", "scans")),
+    (2, None, ("query_log", "query_log_templates", "catalog_changes", "query_cache")),
+    (3, None, ("feature_types", "image_features")),
+    (3, 7, ("feature_failures",)),  # m007_feature_state moved its rows to feature_state
+    (4, None, ("index_changes",)),
+    (7, None, ("feature_state",)),
 )
 _MAX_LINES = 20  # integrity problems reported; SQLite's own default is 100
 _RUNNING_SCANS = "SELECT id, pid, started_at FROM scans WHERE state = 'running' ORDER BY id"
@@ -33,7 +36,10 @@ _COUNT_IMAGES = "SELECT count(*) FROM image_metadata"
 def missing_tables(tables: Iterable[str], version: int) -> list[str]:
     """dlindex's tables that a catalog at schema ``version`` should have and does not."""
     present = set(tables)
-    return [t for since, names in _TABLES_SINCE if since <= version for t in names if t not in present]
+    return [
+        t for since, until, names in _TABLES_SINCE if since <= version and (until is None or version < until)
+        for t in names if t not in present
+    ]  # fmt: skip
 
 
 def quick_check(conn: sqlite3.Connection, *, budget_s: float | None = None) -> list[str]:

@@ -54,10 +54,15 @@ def one_line(stderr: str, *words: str) -> None:
 
 
 def _corrupt_page(db: Path) -> None:
-    pages = db.stat().st_size // 16384
-    with open(db, "r+b") as f:  # a page in the middle (image_metadata's rows), all garbage
-        f.seek(16384 * (pages // 2))
-        f.write(b"\xff" * 16384)
+    with sqlite3.connect(db) as conn:  # a leaf page in the middle of image_metadata's rows
+        leaves = [n for (n,) in conn.execute(
+            "SELECT pageno FROM dbstat WHERE name = 'image_metadata' AND pagetype = 'leaf' ORDER BY pageno"
+        )]  # fmt: skip
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    conn.close()
+    with open(db, "r+b") as f:  # all garbage
+        f.seek(page_size * (leaves[len(leaves) // 2] - 1))
+        f.write(b"\xff" * page_size)
 
 
 def _drop_table(db: Path) -> None:
