@@ -28,7 +28,7 @@ DbOption = Annotated[
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
-QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")]
+QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (errors and warnings still print).")]
 
 
 

@@ -89,7 +89,7 @@ def compute(
             s = compute_features(catalog, feature_type, spec, options, progress=update)
     if as_json:
         print_json(s.as_dict())
-    else:
+    elif not quiet:
         stdout_console.print(
             f"[bold]{s.feature_type}[/] ({s.extractor}, dim {s.dim or '-'}, {s.dtype})\n"
             f"  selected {s.selected:,}  computed {s.computed:,}  failed {s.failed:,}\n"

@@ -65,7 +65,7 @@ def scan(
             summary = scan_tree(catalog, root, options, progress=update)
     if as_json:
         print_json(summary.as_dict())
-    else:
+    elif not quiet:
         _print_summary(summary)
     if not quiet and summary.error_samples:
         for path, message in summary.error_samples[:10]:
