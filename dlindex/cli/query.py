@@ -45,6 +45,7 @@ def query(
     min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N rows.", show_default=False)] = None,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip the first N rows (with --limit: pages of a stable --order).")] = 0,
     order: Annotated[Order, typer.Option("--order", help="Row order: id, or random (deterministic for a --seed).")] = Order.id,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label and --order random.")] = 0,
     columns: Annotated[str | None, typer.Option("--columns", "-c", help="Comma-separated columns to print (see docs/commands/query.md). [default: id,path,label,width,height,status,processed,processing_status,created_at]", show_default=False)] = None,
@@ -64,7 +65,7 @@ def query(
     out = OutputFormat.paths if null else resolve_format(fmt)
     spec = selection(
         label, status, processed, processing_status, since, until, min_width, min_height,
-        per_label=per_label, limit=limit, order=order.value, seed=seed,
+        per_label=per_label, limit=limit, offset=offset, order=order.value, seed=seed,
         columns=("path",) if out is OutputFormat.paths else columns, cache=not no_cache,
     )
     with Catalog(db, log=not no_log) as catalog:
