@@ -45,6 +45,8 @@ class _LazyConsole:
             from rich.console import Console
 
             self._console = Console(**self._options)
+            if not self._console.is_terminal:
+                self._console.soft_wrap = True  # a pipe or file gets whole lines, not 80 columns
         return getattr(self._console, name)
 
 
