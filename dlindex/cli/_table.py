@@ -124,8 +124,8 @@ def shorten_middle(text: str, width: int) -> str:
     head = max(keep // 3, 1)
     tail = text[len(text) - (keep - head) :]
     slash = tail.find("/")
-    if 0 < slash <= len(tail) // 2:  # start the tail at a folder boundary, give the head the rest
-        head, tail = head + slash, tail[slash:]
+    if 0 < slash <= len(tail) // 2:  # start the tail at a folder boundary (the head stays as
+        tail = tail[slash:]  # long on every row, so the shortened paths of a column line up)
     return text[:head] + ELLIPSIS + tail
 
 
