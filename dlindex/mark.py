@@ -208,11 +208,11 @@ def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
         while chunk := list(islice(stream, _STAGE_BATCH)):
             ids: list[int] | None = None
             if by == "id":
-                if b"_" not in b"".join(r if isinstance(r, bytes) else r.encode("utf-8", "surrogateescape") for r in chunk):
-                    try:  # the fast path: int() ignores spaces and the newline (but takes 1_000)
+                try:  # the fast path: int() ignores spaces and the newline (but takes 1_000)
+                    if b"_" not in b"".join(chunk):  # type: ignore[arg-type]
                         ids = list(map(int, chunk))
-                    except ValueError:
-                        pass
+                except (TypeError, ValueError):  # str records, or not all plain ids
+                    pass
                 if ids and not _INT64_MIN <= min(ids) <= max(ids) <= _INT64_MAX:
                     ids = None
             if ids is not None:
@@ -336,35 +336,27 @@ def _root_prefixes(catalog: Catalog) -> list[tuple[bytes, int]]:
 
 
 def read_records(stream: Any, null: bool = False, chunk_size: int = 1 << 16) -> Iterator[bytes]:
-    """Records from a binary stream: lines, or NUL-separated with ``null``; streamed.
+    """Records from a binary stream: lines (without their newline), or NUL-separated with
+    ``null``; streamed in chunks, split in C.
 
     Raises:
         InputError: a record longer than MAX_RECORD_BYTES (never read whole into memory).
     """
-    if not null:
-        number = 0
-        readline = stream.readline
-        while line := readline(MAX_RECORD_BYTES + 1):
-            number += 1
-            if len(line) > MAX_RECORD_BYTES:
-                raise _too_long(number)
-            yield line
-        return
+    separator = b"\0" if null else b"\n"
     rest = b""
-    number = 0
-    while True:
-        chunk = stream.read(chunk_size)
-        if not chunk:
-            break
-        parts = (rest + chunk).split(b"\0")
+    number = 0  # records yielded so far
+    while chunk := stream.read(chunk_size):
+        data = rest + chunk
+        parts = data.split(separator)
         rest = parts.pop()
-        for part in parts:
-            number += 1
-            if len(part) > MAX_RECORD_BYTES:
-                raise _too_long(number)
-            yield part
-        if len(rest) > MAX_RECORD_BYTES:
-            raise _too_long(number + 1)
+        if len(data) > MAX_RECORD_BYTES:  # only then can a part be too long
+            for k, part in enumerate(parts, start=number + 1):
+                if len(part) > MAX_RECORD_BYTES:
+                    raise _too_long(k)
+            if len(rest) > MAX_RECORD_BYTES:
+                raise _too_long(number + len(parts) + 1)
+        number += len(parts)
+        yield from parts
     if rest:
         yield rest
 
