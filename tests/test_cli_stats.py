@@ -40,3 +40,18 @@ def test_stats_through_a_real_pipe(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert any(len(line) > 80 for line in done.stdout.splitlines())
     assert f"roots {ROOT}\n" in done.stdout
+
+
+def test_quiet_silences_import_summaries(runner: CliRunner, tmp_path: Path) -> None:
+    db = _catalog(tmp_path)
+    trace = tmp_path / "trace.sql"
+    trace.write_text("SELECT id FROM image_metadata WHERE label_id = 1;\nVACUUM;\n")
+    quiet = runner.invoke(app, ["log", "import", str(trace), "--db", str(db), "-q"])
+    assert (quiet.exit_code, quiet.stdout) == (0, "")
+    assert quiet.stderr.startswith("line 2: skipped")  # warnings still print
+    loud = runner.invoke(app, ["log", "import", str(trace), "--db", str(db)])
+    assert loud.stdout.startswith("imported 1 statements")
+    vectors = tmp_path / "v.jsonl"
+    vectors.write_text("".join(f'{{"id": {i}, "vector": [1, {i}]}}\n' for i in range(1, 37)))
+    quiet = runner.invoke(app, ["features", "import", "--type", "t", str(vectors), "--db", str(db), "-q"])
+    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", ""), quiet.output

@@ -115,6 +115,7 @@ def import_(
     dtype: DtypeOption = None,
     concurrent: Annotated[bool, typer.Option("--concurrent", help="Let other processes open the catalog during a large import (WAL: every page is written twice).")] = False,
     as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
 ) -> None:
@@ -130,7 +131,7 @@ def import_(
         )
     if as_json:
         print_json(s.as_dict())
-    else:
+    elif not quiet:
         stdout_console.print(
             f"imported {s.imported:,} {s.feature_type} vectors (dim {s.dim}, {s.dtype}, {human_bytes(s.bytes)}) "
             f"in {s.seconds:.2f} s, {s.mb_per_s:,.0f} MB/s", markup=False, highlight=False,

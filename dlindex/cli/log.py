@@ -15,6 +15,7 @@ from ..logview import LogSummary, clear_log, import_log, log_summary
 from ._shared import (
     DbOption,
     JsonFlag,
+    QuietFlag,
     handle_errors,
     print_json,
     stderr_console,
@@ -52,6 +53,7 @@ def show(
 def import_(
     file: Annotated[str, typer.Argument(metavar="FILE", help="SQL statements, one per line or ;-separated; - reads stdin.")],
     as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
     db: DbOption = None,
 ) -> None:
     """Store SQL captured elsewhere (sqlite3 .trace, set_trace_callback) in the log; never run it.
@@ -63,7 +65,7 @@ def import_(
         summary = import_log(catalog, text)
     if as_json:
         print_json(summary.as_dict())
-    else:
+    elif not quiet:
         stdout_console.print(f"imported {summary.imported:,} statements, skipped {summary.skipped:,}", markup=False)
     for line, reason in summary.skipped_lines:
         stderr_console.print(f"line {line}: skipped: {reason}", markup=False, highlight=False)
