@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -62,6 +63,18 @@ _UPDATE_BY_PATH = (
     "JOIN main.image_metadata AS target ON target.root_id = roots.id AND target.file_path = staged.file_path "
     "WHERE staged.root_id = 0) AND ({changed})"
 )
+_TARGETS_BY_PATH = (
+    "SELECT target.id FROM temp.mark_paths AS staged JOIN main.image_metadata AS target "
+    "ON target.root_id = staged.root_id AND target.file_path = staged.file_path "
+    "UNION SELECT target.id FROM temp.mark_paths AS staged JOIN main.roots "
+    "JOIN main.image_metadata AS target ON target.root_id = roots.id AND target.file_path = staged.file_path "
+    "WHERE staged.root_id = 0"
+)
+# Distinct samples named: one named by id and by path, or by two spellings of its path, is one.
+_MATCHED = (
+    "SELECT count(*) FROM (SELECT image_metadata.id FROM main.image_metadata "
+    "WHERE image_metadata.id IN (SELECT id FROM temp.mark_ids) UNION " + _TARGETS_BY_PATH + ")"
+)
 _SET = {
     "processed": "processed = :processed",
     "processing_status": "processing_status = :processing_status",
@@ -76,6 +89,13 @@ _CHANGED = {
 _STAGE_BATCH = 100_000
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EXAMPLES = 10
+# One record holds one id or path (PATH_MAX is 4 KiB) or a query row as JSON: a line longer
+# than this is not a record, and must not be read into memory whole.
+MAX_RECORD_BYTES = 1 << 20
+_SHOWN = 40  # characters of a bad value quoted in a message
+_MAX_NESTING = 32
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_DECIMAL = re.compile(rb"\A\s*[+-]?[0-9]+\s*\Z")
 BY = ("id", "path")
 
 
@@ -148,6 +168,9 @@ def mark_samples(
                 unknown += 1
                 if len(examples) < _EXAMPLES:
                     examples.append(unknown_id)
+            matched = staged_ids - unknown
+            if staged_paths:
+                matched = int(tx.execute(_MATCHED).fetchone()[0])
             updated = 0
             if staged_ids:
                 sql = _UPDATE_BY_ID.replace("{set}", set_sql).replace("{changed}", changed_sql)
@@ -159,7 +182,7 @@ def mark_samples(
         conn.execute(_DROP_IDS)
         conn.execute(_DROP_PATHS)
     return MarkResult(
-        inputs=inputs, matched=staged_ids + staged_paths - unknown, updated=updated, unknown=unknown,
+        inputs=inputs, matched=matched, updated=updated, unknown=unknown,
         seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(examples),
     )  # fmt: skip
 
@@ -186,9 +209,10 @@ def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
         while chunk := list(islice(stream, _STAGE_BATCH)):
             ids: list[int] | None = None
             if by == "id":
-                try:
-                    ids = list(map(int, chunk))  # the fast path: int() ignores spaces and the newline
-                except ValueError:
+                try:  # the fast path: int() ignores spaces and the newline (but takes 1_000)
+                    if b"_" not in b"".join(chunk):  # type: ignore[arg-type]
+                        ids = list(map(int, chunk))
+                except (TypeError, ValueError):  # str records, or not all plain ids
                     pass
                 if ids and not _INT64_MIN <= min(ids) <= max(ids) <= _INT64_MAX:
                     ids = None
@@ -224,38 +248,73 @@ def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
 def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> int | tuple[int, str]:
     text = raw.strip()
     if text.startswith(b"{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"line {number}: not valid JSON ({e.msg}); nothing was changed") from None
-        except UnicodeDecodeError:
-            raise InputError(f"line {number}: a JSON line must be UTF-8; nothing was changed") from None
-        if not isinstance(obj, dict):
-            raise InputError(f"line {number}: expected a JSON object; nothing was changed")
+        obj = _json_object(text, number)
         if "id" in obj:
             id_ = obj["id"]
             if not isinstance(id_, int) or isinstance(id_, bool) or not _INT64_MIN <= id_ <= _INT64_MAX:
-                raise InputError(f"line {number}: \"id\" must be a 64-bit integer, not {id_!r}; nothing was changed")
+                raise InputError(f"line {number}: \"id\" must be a 64-bit integer, not {_shown(id_)}; nothing was changed")
             return id_
         for key in ("path", "file_path"):
             path = obj.get(key)
             if path is not None:
                 if not isinstance(path, str) or not path:
-                    raise InputError(f"line {number}: \"{key}\" must be a non-empty string; nothing was changed")
+                    raise InputError(f"line {number}: \"{key}\" must be a non-empty string, not {_shown(path)}; nothing was changed")
+                try:
+                    # \udc80-\udcff stand for the bytes of a non-UTF-8 name, as `query --format jsonl` writes them
+                    name = os.fsencode(path)
+                except UnicodeEncodeError:
+                    raise InputError(
+                        f"line {number}: \"{key}\" holds a lone surrogate ({_shown(path)}), which names no file; nothing was changed"
+                    ) from None
+                if b"\0" in name:
+                    raise InputError(f"line {number}: \"{key}\" holds a NUL character, which names no file; nothing was changed")
                 if key == "file_path":
                     return 0, path  # the catalog key itself, stand-ins included: not a name to key again
-                return _resolve(os.fsencode(path), roots)
+                return _resolve(name, roots)
         raise InputError(f"line {number}: a JSON object needs \"id\", \"path\" or \"file_path\"; nothing was changed")
     if by == "id":
-        try:
-            number_value: int | None = int(text)
-        except ValueError:
-            number_value = None
-        if number_value is not None and _INT64_MIN <= number_value <= _INT64_MAX:
-            return number_value
-        shown = text[:40].decode("utf-8", "backslashreplace")
-        raise InputError(f"line {number}: {shown!r} is not a sample id (for paths use --by path); nothing was changed")
+        decimal = _DECIMAL.match(text) is not None
+        if decimal and len(text) <= 24:  # longer is out of range (and int() limits digits)
+            value = int(text)
+            if _INT64_MIN <= value <= _INT64_MAX:
+                return value
+        what = "is outside the 64-bit range of sample ids" if decimal else "is not a sample id (for paths use --by path)"
+        shown = text[:_SHOWN].decode("utf-8", "backslashreplace") + ("..." if len(text) > _SHOWN else "")
+        raise InputError(f"line {number}: {shown!r} {what}; nothing was changed")
     return _resolve(raw, roots)
+
+
+def _json_object(text: bytes, number: int) -> dict[str, Any]:
+    if _nesting(text) > _MAX_NESTING:
+        raise InputError(f"line {number}: JSON nested more than {_MAX_NESTING} levels deep; nothing was changed")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"line {number}: not valid JSON ({e.msg}); nothing was changed") from None
+    except UnicodeDecodeError:
+        raise InputError(f"line {number}: a JSON line must be UTF-8; nothing was changed") from None
+    except ValueError as e:  # Python's own limit on digits in one integer
+        raise InputError(f"line {number}: not a usable JSON value ({e}); nothing was changed") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"line {number}: expected a JSON object; nothing was changed")
+    return obj
+
+
+def _nesting(text: bytes) -> int:
+    """An upper bound on the JSON nesting depth (brackets in strings count too): json.loads
+    recurses once per level, and a line of 100,000 '[' would exhaust the stack."""
+    if text.count(b"[") + text.count(b"{") <= _MAX_NESTING:
+        return 0
+    depth = deepest = 0
+    for byte in text.translate(None, _NOT_BRACKETS):
+        depth += 1 if byte in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value) if not isinstance(value, str) else ascii(value)
+    return shown if len(shown) <= _SHOWN else shown[:_SHOWN] + "..."
 
 
 def _resolve(path: bytes, roots: list[tuple[bytes, int]]) -> tuple[int, str]:
@@ -280,17 +339,30 @@ def _root_prefixes(catalog: Catalog) -> list[tuple[bytes, int]]:
 
 
 def read_records(stream: Any, null: bool = False, chunk_size: int = 1 << 16) -> Iterator[bytes]:
-    """Records from a binary stream: lines, or NUL-separated with ``null``; streamed."""
-    if not null:
-        yield from stream
-        return
+    """Records from a binary stream: lines (without their newline), or NUL-separated with
+    ``null``; streamed in chunks, split in C.
+
+    Raises:
+        InputError: a record longer than MAX_RECORD_BYTES (never read whole into memory).
+    """
+    separator = b"\0" if null else b"\n"
     rest = b""
-    while True:
-        chunk = stream.read(chunk_size)
-        if not chunk:
-            break
-        parts = (rest + chunk).split(b"\0")
+    number = 0  # records yielded so far
+    while chunk := stream.read(chunk_size):
+        data = rest + chunk
+        parts = data.split(separator)
         rest = parts.pop()
+        if len(data) > MAX_RECORD_BYTES:  # only then can a part be too long
+            for k, part in enumerate(parts, start=number + 1):
+                if len(part) > MAX_RECORD_BYTES:
+                    raise _too_long(k)
+            if len(rest) > MAX_RECORD_BYTES:
+                raise _too_long(number + len(parts) + 1)
+        number += len(parts)
         yield from parts
     if rest:
         yield rest
+
+
+def _too_long(number: int) -> InputError:
+    return InputError(f"line {number}: longer than {MAX_RECORD_BYTES:,} bytes, not an id, path or JSON line; nothing was changed")

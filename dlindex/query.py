@@ -81,6 +81,9 @@ _ORDER_ID = " ORDER BY image_metadata.id"
 _ORDER_RANDOM = " ORDER BY " + _RANK + ", image_metadata.id"
 _LIMIT = " LIMIT :limit"
 _SPLIT_COUNTS = "SELECT image_metadata.split, count(*) FROM image_metadata{where} GROUP BY image_metadata.split"
+_LIMIT_OFFSET = " LIMIT :limit OFFSET :offset"
+_OFFSET = " LIMIT -1 OFFSET :offset"  # SQLite takes OFFSET only after a LIMIT; -1 is none
+_INT64_MAX = 2**63 - 1  # the largest value SQLite binds
 _WHERE_LABEL = "image_metadata.label_id = :label_id"
 _WHERE_LABELS = "image_metadata.label_id IN (SELECT value FROM json_each(:label_ids))"
 _WHERE_SPLIT = "image_metadata.split = :split"
@@ -125,6 +128,7 @@ class QuerySpec:
     min_height: int | None = None
     per_label: int | None = None
     limit: int | None = None
+    offset: int | None = None
     order: str = "id"
     seed: int = 0
     columns: Sequence[str] | str | None = DEFAULT_COLUMNS
@@ -201,10 +205,12 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     if spec.per_label is not None or random_order:
         params.update(_seed_params(spec.seed))
     if spec.limit is not None:
-        if spec.limit < 0:
-            raise InputError(f"--limit must be 0 or more, not {spec.limit}")
-        params["limit"] = spec.limit
-    limit = _LIMIT if spec.limit is not None else ""
+        params["limit"] = _count("--limit", spec.limit, 0)
+    if spec.offset:
+        params["offset"] = _count("--offset", spec.offset, 0)
+        limit = _LIMIT_OFFSET if spec.limit is not None else _OFFSET
+    else:
+        limit = _LIMIT if spec.limit is not None else ""
     base = ["id"]
     for column in columns:
         for stored in _DERIVED.get(column, (column,)):
@@ -216,9 +222,7 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         classes, class_list = _class_list(catalog, spec)
         index = _class_index(catalog, classes)
     if spec.per_label is not None:
-        if spec.per_label < 1:
-            raise InputError(f"--per-label must be at least 1, not {spec.per_label}")
-        params["per_label"] = spec.per_label
+        params["per_label"] = _count("--per-label", spec.per_label, 1)
         template = _SAMPLE.replace("{rank}", _RANK).replace("{where}", where_sql)
     else:
         template = _SELECT.replace("{where}", where_sql)
@@ -292,11 +296,20 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
     for name, fragment in (("min_width", _WHERE_MIN_WIDTH), ("min_height", _WHERE_MIN_HEIGHT)):
         value = getattr(spec, name)
         if value is not None:
-            if value < 0:
-                raise InputError(f"--{name.replace('_', '-')} must be 0 or more, not {value}")
+            params[name] = _count("--" + name.replace("_", "-"), value, 0)
             where.append(fragment)
-            params[name] = value
     return where, params
+
+
+def _count(option: str, value: Any, minimum: int) -> int:
+    """``value`` as a whole number from ``minimum`` to the 64-bit limit SQLite can bind."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError(f"{option} must be a whole number, not {value!r}")
+    if value < minimum:
+        raise InputError(f"{option} must be {minimum} or more, not {value}")
+    if value > _INT64_MAX:
+        raise InputError(f"{option} must be at most {_INT64_MAX}, not {str(value)[:30]}")
+    return value
 
 
 def _in_literals(column: str, values: Sequence[str], allowed: tuple[str, ...], what: str) -> str:
@@ -364,6 +377,13 @@ def _per_change(catalog: Catalog, name: str, load: Callable[[], Any]) -> Any:
 
 def parse_when(value: str | datetime, option: str = "time") -> str:
     """A time as the catalog stores it ('YYYY-MM-DD HH:MM:SS', UTC), from ISO text or a duration."""
+    try:
+        return _when(value, option)
+    except (OverflowError, ValueError):  # a duration reaching before year 1, a time zone past 9999
+        raise InputError(f"{option} {str(value)[:40]!r} is outside the years 1 to 9999") from None
+
+
+def _when(value: str | datetime, option: str) -> str:
     if isinstance(value, datetime):
         moment = value
     else:

@@ -71,6 +71,14 @@ _FINISH_SCAN = """UPDATE scans SET state = ?, finished_at = CURRENT_TIMESTAMP, s
     changed = ?, unchanged = ?, missing = ?, corrupt = ?, skipped = ?, errors = ?, seconds = ?
     WHERE id = ?"""
 
+# Paths of a --labels file that name no image of this root (a typo, a file not scanned).
+_UNKNOWN_LABEL_PATHS = (
+    "SELECT listed.value FROM json_each(:paths) AS listed WHERE NOT EXISTS (SELECT 1 FROM image_metadata "
+    "WHERE image_metadata.root_id = :root_id AND image_metadata.file_path = listed.value "
+    "AND image_metadata.status != 'missing')"
+)
+_LABEL_EXAMPLES = 5
+
 _FLUSH_ROWS = 2000
 _FLUSH_SECONDS = 0.5
 _QUEUED_PROBES = 8192  # walk no further ahead than this many files waiting to be probed
@@ -113,10 +121,13 @@ class ScanSummary:
     interrupted: bool = False
     error_samples: tuple[tuple[str, str], ...] = field(default=())
     skipped_by_reason: dict[str, int] = field(default_factory=dict)  # walk.SKIP_REASONS order
+    unknown_label_paths: int = 0  # paths in the --labels file matching no image under the root
+    unknown_label_examples: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["error_samples"] = [{"path": p, "error": e} for p, e in self.error_samples]
+        data["unknown_label_examples"] = list(self.unknown_label_examples)
         return data
 
 
@@ -172,6 +183,7 @@ def scan_tree(
         raise
     finally:
         restore()
+    unknown_labels = _unknown_label_paths(catalog, root_id, label_overrides) if label_overrides and not interrupted else []
     seconds = time.perf_counter() - started
     summary = ScanSummary(
         scan_id=scan_id, root=root_text, seen=counts.seen, new=counts.new, changed=counts.changed,
@@ -181,6 +193,7 @@ def scan_tree(
         files_per_s=round(counts.seen / seconds, 1) if seconds > 0 else 0.0,
         interrupted=interrupted, error_samples=tuple(report.errors[:20]),
         skipped_by_reason={r: report.skips[r] for r in SKIP_REASONS if report.skips.get(r)},
+        unknown_label_paths=len(unknown_labels), unknown_label_examples=tuple(unknown_labels[:_LABEL_EXAMPLES]),
     )  # fmt: skip
     _finish_scan(catalog, summary)
     if interrupted:
@@ -410,6 +423,11 @@ def _read_labels_file(path: Path) -> dict[str, str | None]:
         raise InputError(f"cannot read labels file {path}: {e.strerror or e}") from None
     except (UnicodeDecodeError, csv.Error) as e:
         raise InputError(f"labels file {path} is not a UTF-8 CSV file: {e}") from None
+
+
+def _unknown_label_paths(catalog: Catalog, root_id: int, overrides: dict[str, str]) -> list[str]:
+    rows = catalog.conn.execute(_UNKNOWN_LABEL_PATHS, {"paths": json.dumps(list(overrides)), "root_id": root_id})
+    return sorted(str(r[0]) for r in rows)
 
 
 def _register_root(catalog: Catalog, text: str, raw: bytes | None) -> int:

@@ -104,6 +104,15 @@ def test_filters_from_the_command_line(runner: CliRunner, db: Path) -> None:
         (["--columns", "id,size"], "Error: unknown column 'size'; choose from: id, path, root,"),
         (["--since", "3 parsecs"], "Error: --since '3 parsecs' is neither an ISO date-time"),
         (["--since", "2024-05-02", "--until", "2024-05-01"], "Error: empty time range"),
+        (["--limit", str(2**64)], "Error: --limit must be at most 9223372036854775807, not 18446744073709551616"),
+        (["--offset", str(2**64)], "Error: --offset must be at most 9223372036854775807"),
+        (["--per-label", str(2**63)], "Error: --per-label must be at most 9223372036854775807"),
+        (["--min-width", "9" * 40], "Error: --min-width must be at most 9223372036854775807"),
+        (["--min-height", str(2**63)], "Error: --min-height must be at most"),
+        (["--since", "99999999999d"], "Error: --since '99999999999d' is outside the years 1 to 9999"),
+        (["--since", "0001-01-01T00:00:00+01:00"], "Error: --since '0001-01-01T00:00:00+01:00' is outside the years"),
+        (["--until", "9999-12-31T23:59:59-05:00"], "Error: --until '9999-12-31T23:59:59-05:00' is outside the years"),
+        (["--since", "9" * 400 + "d"], "Error: --since '9999"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr(runner: CliRunner, db: Path, args: list[str], message: str) -> None:
@@ -154,3 +163,26 @@ def test_query_into_head_exits_quietly(db: Path) -> None:
     )  # fmt: skip
     assert done.stdout == f"{ROOT}/cat/0001.png\n"
     assert "Traceback" not in done.stderr
+
+
+def test_offset_pages_through_a_stable_order(runner: CliRunner, db: Path) -> None:
+    def ids(*args: str) -> list[int]:
+        result = runner.invoke(app, ["query", "--db", str(db), "-c", "id", "--status", "ok", "--status", "corrupt", *args])
+        assert result.exit_code == 0, result.output
+        return [json.loads(line)["id"] for line in result.stdout.splitlines()]
+
+    assert ids() == [1, 2, 3, 4, 5]
+    assert ids("--offset", "3") == [4, 5]
+    assert ids("--offset", "1", "--limit", "2") == [2, 3]
+    assert ids("--offset", "9") == []
+    pages = [ids("--order", "random", "--seed", "3", "--limit", "2", "--offset", str(k)) for k in (0, 2, 4)]
+    assert sum(pages, []) == ids("--order", "random", "--seed", "3")
+
+
+def test_out_of_range_sample_ids_are_one_line(runner: CliRunner, db: Path) -> None:
+    for args, input in ((["similar", str(2**64), "--type", "x"], None), (["similar", "--ids", "-", "--type", "x"], f"1\n{2**64}\n"),
+                        (["features", "show", "9" * 30], None)):  # fmt: skip
+        result = runner.invoke(app, [*args, "--db", str(db)], input=input)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: "), result.stderr
+        assert "9223372036854775807" in result.stderr or "'18446744073709551616' is not a sample id" in result.stderr

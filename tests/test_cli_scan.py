@@ -180,3 +180,35 @@ def test_scan_json_start_up_imports_neither_rich_nor_tqdm_nor_pydantic(image_tre
     done = subprocess.run([sys.executable, "-c", code, str(image_tree), str(tmp_path / "c.db")], capture_output=True, text=True, timeout=120)
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
     assert json.loads(done.stdout)["seen"] == 7
+
+
+def test_labels_paths_matching_no_image_are_reported_on_stderr(runner: CliRunner, image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "fixes.csv"
+    labels.write_text("path,label\ncat/000.png,tiger\n" + "".join(f"cat/{i:03d}.jpg,x\n" for i in range(7)))
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--labels", str(labels), "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""  # -q: no summary
+    assert result.stderr == (
+        f"7 path(s) in {labels} match no image under {image_tree}: "
+        "cat/000.jpg, cat/001.jpg, cat/002.jpg, cat/003.jpg, cat/004.jpg, ...\n"
+    )
+    as_json = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--labels", str(labels), "--json"])
+    assert json.loads(as_json.stdout)["unknown_label_paths"] == 7
+
+
+def test_quiet_silences_the_summary_not_the_errors(runner: CliRunner, image_tree: Path, db_path: Path) -> None:
+    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--quiet"])
+    assert (result.exit_code, result.stdout) == (0, "")
+    loud = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1"])
+    assert "scanned" in loud.stdout
+    bad = runner.invoke(app, ["scan", str(image_tree / "nope"), "--db", str(db_path), "-q"])
+    assert bad.exit_code == 1 and bad.stderr.startswith("Error: ")
+
+
+def test_version(runner: CliRunner) -> None:
+    from dlindex import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"dlindex {__version__}\n")
+    done = subprocess.run([sys.executable, "-m", "dlindex", "--version"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"dlindex {__version__}\n")

@@ -95,7 +95,7 @@ def test_mark_json_lines_with_id_path_or_file_path(cats: Path) -> None:
         ('{"name": "x"}', r'line 3: a JSON object needs "id", "path" or "file_path"'),
         ('"5"', r"line 3: .* is not a sample id"),
         ("4.5", r"line 3: '4.5' is not a sample id"),
-        ("99999999999999999999", r"line 3: '99999999999999999999' is not a sample id"),
+        ("99999999999999999999", r"line 3: '99999999999999999999' is outside the 64-bit range of sample ids"),
         ('{"id": 99999999999999999999}', r'line 3: "id" must be a 64-bit integer'),
     ],
 )

@@ -252,6 +252,18 @@ def test_labels_file_overrides_folder_labels(image_tree: Path, db_path: Path, tm
     assert by_path(db_path)["cat/000.png"][1] == "lion"
 
 
+def test_labels_file_paths_matching_no_image_are_reported(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,label\ncat/000.png,tiger\ncat/000.PNG,x\n./dog/001.png,y\ndog/broken.jpg,z\nbird/9.png,w\n")
+    summary = scan(db_path, image_tree, ScanOptions(workers=1, labels_file=labels))
+    # dog/broken.jpg is in the catalog (status corrupt): its label applies; the others name nothing
+    assert summary.unknown_label_paths == 3
+    assert summary.unknown_label_examples == ("./dog/001.png", "bird/9.png", "cat/000.PNG")
+    assert summary.as_dict()["unknown_label_examples"] == ["./dog/001.png", "bird/9.png", "cat/000.PNG"]
+    labels.write_text("path,label\ncat/000.png,tiger\n")
+    assert scan(db_path, image_tree, ScanOptions(workers=1, labels_file=labels)).unknown_label_paths == 0
+
+
 def test_bad_labels_file_is_an_input_error(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
     labels = tmp_path / "labels.csv"
     labels.write_text("file,class\na,b\n")

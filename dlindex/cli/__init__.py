@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -43,7 +43,12 @@ def build_app(only: str | None = None) -> typer.Typer:
     )
 
     @app.callback()
-    def _group() -> None:
+    def _group(
+        version: Annotated[
+            bool,
+            typer.Option("--version", is_eager=True, callback=_print_version, help="Print the dlindex version and exit."),
+        ] = False,
+    ) -> None:
         """An SQLite catalog for deep-learning image datasets."""
 
     for name, (module_name, attribute, is_group) in COMMANDS.items():
@@ -55,6 +60,14 @@ def build_app(only: str | None = None) -> typer.Typer:
         else:
             app.command(name)(target)
     return app
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"dlindex {__version__}")
+        raise typer.Exit()
 
 
 _full_app: typer.Typer | None = None

@@ -11,10 +11,9 @@ from enum import Enum
 from typing import Annotated, Any, TextIO
 
 import typer
-from rich.table import Table
-from rich.text import Text
+from ._shared import stderr_console, stdout_console
 
-from ._shared import stdout_console
+ELLIPSIS = "…"
 
 
 class OutputFormat(str, Enum):
@@ -38,27 +37,34 @@ FormatOption = Annotated[
 NullFlag = Annotated[bool, typer.Option("-0", "--null", help="With --format paths: end each path with NUL, not newline.")]
 
 
+def at_terminal() -> bool:
+    return bool(stdout_console.is_terminal)
+
+
 def resolve_format(fmt: OutputFormat | None) -> OutputFormat:
-    return fmt or (OutputFormat.table if stdout_console.is_terminal else OutputFormat.jsonl)
+    return fmt or (OutputFormat.table if at_terminal() else OutputFormat.jsonl)
 
 
-def emit_rows(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool = False) -> int:
+def emit_rows(
+    rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool = False, max_rows: int | None = None
+) -> int:
     """Write rows to stdout in ``fmt``; return how many were written.
 
-    A reader that goes away (`| head`) ends the command quietly with 141, like other Unix
-    tools under `set -o pipefail` (click's own handling would say 1).
+    A table stops after ``max_rows`` rows and says on stderr how many more there were (the
+    rest are counted, not kept). A reader that goes away (`| head`) ends the command quietly
+    with 141, like other Unix tools under `set -o pipefail` (click's own handling would say 1).
     """
     try:
-        return _emit(rows, fmt, columns, null)
+        return _emit(rows, fmt, columns, null, max_rows)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail too
         raise SystemExit(141) from None
 
 
-def _emit(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool) -> int:
+def _emit(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool, max_rows: int | None) -> int:
     if fmt is OutputFormat.table:
-        return _table(rows, columns)
+        return _table(rows, columns, max_rows)
     if fmt is OutputFormat.paths:
         return _paths(rows, b"\0" if null else b"\n")
     # File names that are not UTF-8 come back from the library as surrogate escapes: written
@@ -111,14 +117,17 @@ def _paths(rows: Iterable[dict[str, Any]], end: bytes) -> int:
     return n
 
 
-def _table(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> int:
-    table = Table(*columns)
-    n = 0
-    for row in rows:
-        table.add_row(*(Text("" if v is None else str(v)) for v in row.values()))  # names are not markup
-        n += 1
-    stdout_console.print(table)
-    return n
+def _table(rows: Iterable[dict[str, Any]], columns: Sequence[str], max_rows: int | None) -> int:
+    from ._table import stream_table
+
+    result = stream_table(stdout_console, rows, columns, max_rows)
+    if result.more:
+        stderr_console.print(
+            f"{ELLIPSIS} {result.more:,} more row{'s' if result.more != 1 else ''}; "
+            "use --all or --limit N to print them, or --format jsonl",
+            markup=False, highlight=False,
+        )  # fmt: skip
+    return result.shown
 
 
 WRITERS: dict[OutputFormat, Callable[[Iterable[dict[str, Any]], TextIO, Sequence[str]], int]] = {

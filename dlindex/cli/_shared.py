@@ -31,7 +31,7 @@ DbOption = Annotated[
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
-QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or summary on stderr.")]
+QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (errors and warnings still print).")]
 
 
 def _set_wait(seconds: float | None) -> float | None:
@@ -64,6 +64,8 @@ class _LazyConsole:
             from rich.console import Console
 
             self._console = Console(**self._options)
+            if not self._console.is_terminal:
+                self._console.soft_wrap = True  # a pipe or file gets whole lines, not 80 columns
         return getattr(self._console, name)
 
 

@@ -91,7 +91,7 @@ def compute(
             s = compute_features(catalog, feature_type, spec, options, progress=update)
     if as_json:
         print_json(s.as_dict())
-    else:
+    elif not quiet:
         stdout_console.print(
             f"[bold]{s.feature_type}[/] ({s.extractor}, dim {s.dim or '-'}, {s.dtype})\n"
             f"  selected {s.selected:,}  computed {s.computed:,}  failed {s.failed:,}\n"
@@ -118,6 +118,7 @@ def import_(
     concurrent: Annotated[bool, typer.Option("--concurrent", help="Let other processes open the catalog during a large import (WAL: every page is written twice).")] = False,
     max_bytes: Annotated[str, typer.Option("--max-bytes", metavar="SIZE", help="Refuse files whose arrays take more memory than this to read (e.g. 8GiB, 500MB).")] = "8GiB",
     as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
@@ -137,7 +138,7 @@ def import_(
         )  # fmt: skip
     if as_json:
         print_json(s.as_dict())
-    else:
+    elif not quiet:
         stdout_console.print(
             f"imported {s.imported:,} {s.feature_type} vectors (dim {s.dim}, {s.dtype}, {human_bytes(s.bytes)}) "
             f"in {s.seconds:.2f} s, {s.mb_per_s:,.0f} MB/s", markup=False, highlight=False,

@@ -15,6 +15,7 @@ from ..logview import LogSummary, clear_log, import_log, log_summary
 from ._shared import (
     DbOption,
     JsonFlag,
+    QuietFlag,
     WaitOption,
     handle_errors,
     print_json,
@@ -53,6 +54,7 @@ def show(
 def import_(
     file: Annotated[str, typer.Argument(metavar="FILE", help="SQL statements, one per line or ;-separated; - reads stdin.")],
     as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
@@ -65,7 +67,7 @@ def import_(
         summary = import_log(catalog, text)
     if as_json:
         print_json(summary.as_dict())
-    else:
+    elif not quiet:
         stdout_console.print(f"imported {summary.imported:,} statements, skipped {summary.skipped:,}", markup=False)
     for line, reason in summary.skipped_lines:
         stderr_console.print(f"line {line}: skipped: {reason}", markup=False, highlight=False)

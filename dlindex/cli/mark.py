@@ -16,6 +16,7 @@ from ._shared import (
     JsonFlag,
     NoLogFlag,
     ProcessingStatus,
+    QuietFlag,
     WaitOption,
     handle_errors,
     print_json,
@@ -39,6 +40,7 @@ def mark(
     null: Annotated[bool, typer.Option("-0", "--null", help="Records end with NUL instead of newline (find -print0, query -0).")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any id or path is not in the catalog.")] = False,
     as_json: JsonFlag = False,
+    quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
@@ -56,7 +58,7 @@ def mark(
         )  # fmt: skip
     if as_json:
         print_json(result.as_dict())
-    else:
+    elif not quiet:
         _print(result)
     if result.unknown:
         shown = ", ".join(result.unknown_examples)

@@ -10,7 +10,7 @@ import typer
 
 from ..catalog import Catalog
 from ..query import explain
-from ._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
+from ._output import FormatOption, NullFlag, OutputFormat, at_terminal, emit_rows, resolve_format
 from ._shared import (
     DbOption,
     LabelOption,
@@ -28,6 +28,9 @@ from ._shared import (
     handle_errors,
     selection,
 )
+
+
+DEFAULT_MAX_ROWS = 100
 
 
 class Order(str, Enum):
@@ -49,11 +52,14 @@ def query(
     min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N rows.", show_default=False)] = None,
+    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip the first N rows (with --limit: pages of a stable --order).")] = 0,
     order: Annotated[Order, typer.Option("--order", help="Row order: id, or random (deterministic for a --seed).")] = Order.id,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label and --order random.")] = 0,
     columns: Annotated[str | None, typer.Option("--columns", "-c", help="Comma-separated columns to print (see docs/commands/query.md). [default: id,path,label,width,height,status,processed,processing_status,created_at]", show_default=False)] = None,
     fmt: FormatOption = None,
     null: NullFlag = False,
+    max_rows: Annotated[int | None, typer.Option("--max-rows", min=1, help="With --format table: print at most N rows, then say how many more. [default: 100 at a terminal, unless --limit]", show_default=False)] = None,
+    show_all: Annotated[bool, typer.Option("--all", help="With --format table: print every row (no --max-rows cap).")] = False,
     show_plan: Annotated[bool, typer.Option("--explain", help="Print the SQL, its parameters and EXPLAIN QUERY PLAN instead of rows.")] = False,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run the query even if an unchanged catalog has its result cached.")] = False,
     no_log: NoLogFlag = False,
@@ -68,7 +74,8 @@ def query(
     out = OutputFormat.paths if null else resolve_format(fmt)
     spec = selection(
         label, status, processed, processing_status, since, until, min_width, min_height,
-        per_label=per_label, limit=limit, order=order.value, seed=seed, split=tuple(split or ()), classes=classes.value,
+        per_label=per_label, limit=limit, offset=offset, order=order.value, seed=seed, split=tuple(split or ()),
+        classes=classes.value,
         columns=("path",) if out is OutputFormat.paths else columns, cache=not no_cache,
     )
     with Catalog(db, log=not no_log) as catalog:
@@ -79,4 +86,13 @@ def query(
             for line in explained.plan:
                 typer.echo("-- " + line)
             return
-        emit_rows(catalog.query(spec), out, tuple(spec.columns or ()), null=null)
+        emit_rows(catalog.query(spec), out, tuple(spec.columns or ()), null=null, max_rows=_cap(max_rows, show_all, limit))
+
+
+def _cap(max_rows: int | None, show_all: bool, limit: int | None) -> int | None:
+    """Rows a table prints: a person at a terminal sees the first screens at once, not 1M rows."""
+    if show_all:
+        return None
+    if max_rows is not None:
+        return max_rows
+    return DEFAULT_MAX_ROWS if limit is None and at_terminal() else None

@@ -69,13 +69,18 @@ def scan(
             summary = scan_tree(catalog, root, options, progress=update)
     if as_json:
         print_json(summary.as_dict())
-    else:
+    elif not quiet:
         _print_summary(summary)
     if not quiet and summary.error_samples:
         for path, message in summary.error_samples[:10]:
             stderr_console.print(f"error: {path!r}: {message}", markup=False)
         if summary.errors > 10:
             stderr_console.print(f"... and {summary.errors - 10} more errors (see --json)", markup=False)
+    if summary.unknown_label_paths:  # a typo in the CSV would otherwise label nothing, silently
+        shown = ", ".join(summary.unknown_label_examples)
+        more = ", ..." if summary.unknown_label_paths > len(summary.unknown_label_examples) else ""
+        stderr_console.print(f"{summary.unknown_label_paths} path(s) in {labels} match no image under {summary.root}: {shown}{more}",
+                             markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     if strict and summary.errors:
         raise typer.Exit(ExitCode.PARTIAL)
 

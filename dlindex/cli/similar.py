@@ -90,10 +90,11 @@ def _parse_ids(stream: BinaryIO, path: str) -> list[int]:
     ids = []
     for number, line in enumerate(stream, start=1):
         if line.strip():
-            try:
-                ids.append(int(line))
-            except ValueError:
-                raise InputError(f"{path}, line {number}: {line.strip()[:40]!r} is not a sample id") from None
+            text = line.strip()
+            if not text.isdigit() or len(text) > 19 or int(text) > 2**63 - 1:  # ids are SQLite rowids
+                shown = text[:40].decode("utf-8", "backslashreplace")
+                raise InputError(f"{path}, line {number}: {shown!r} is not a sample id")
+            ids.append(int(text))
     if not ids:
         raise InputError(f"{path} holds no ids")
     return ids

@@ -41,6 +41,8 @@ def resolve_sample(catalog: Catalog, target: str) -> int:
     """The id of a sample named by its id, its absolute path, or its path under its root."""
     text = target.strip()
     if text.isdigit():
+        if len(text) > 19 or int(text) > 2**63 - 1:  # beyond any SQLite rowid
+            raise InputError(f"no sample with id {text[:30]}: ids go up to {2**63 - 1}")
         if catalog.conn.execute(_BY_ID, (int(text),)).fetchone() is None:
             raise InputError(f"no sample with id {text} in the catalog (a file named {text}? write ./{text})")
         return int(text)

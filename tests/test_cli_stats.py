@@ -1,0 +1,57 @@
+"""`dlindex stats` through the CLI: a pipe gets whole lines, never wrapped at 80 columns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dlindex.cli import app
+
+from .synthetic import Row, make_catalog
+
+ROOT = "/data/" + "/".join(f"level_{i:02d}" for i in range(12))  # a 107-character root
+
+
+def _catalog(tmp_path: Path) -> Path:
+    labels = [f"n0{i:07d}_a_rather_long_class_name" for i in range(8)]
+    return make_catalog(tmp_path / "s.db", [Row(label) for n, label in enumerate(labels) for _ in range(n + 1)], root=ROOT)
+
+
+def test_piped_stats_lines_are_not_wrapped(runner: CliRunner, tmp_path: Path) -> None:
+    db = _catalog(tmp_path)
+    result = runner.invoke(app, ["stats", "--db", str(db), "--top", "8"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    largest = next(line for line in lines if line.startswith("  largest:"))
+    assert largest.count("_a_rather_long_class_name") == 8 and len(largest) > 80
+    assert f"roots {ROOT}" in lines
+    assert all(line.split()[0] in {"images", "processed", "processing", "labels", "largest:", "smallest:", "image",
+                                   "indexes", "roots", "last"} for line in lines), lines  # fmt: skip
+
+
+def test_stats_through_a_real_pipe(tmp_path: Path) -> None:
+    db = _catalog(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "dlindex", "stats", "--db", str(db), "--top", "8"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "COLUMNS": "80",
+                          "PYTHONPATH": str(Path(__file__).resolve().parents[1])})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert any(len(line) > 80 for line in done.stdout.splitlines())
+    assert f"roots {ROOT}\n" in done.stdout
+
+
+def test_quiet_silences_import_summaries(runner: CliRunner, tmp_path: Path) -> None:
+    db = _catalog(tmp_path)
+    trace = tmp_path / "trace.sql"
+    trace.write_text("SELECT id FROM image_metadata WHERE label_id = 1;\nVACUUM;\n")
+    quiet = runner.invoke(app, ["log", "import", str(trace), "--db", str(db), "-q"])
+    assert (quiet.exit_code, quiet.stdout) == (0, "")
+    assert quiet.stderr.startswith("line 2: skipped")  # warnings still print
+    loud = runner.invoke(app, ["log", "import", str(trace), "--db", str(db)])
+    assert loud.stdout.startswith("imported 1 statements")
+    vectors = tmp_path / "v.jsonl"
+    vectors.write_text("".join(f'{{"id": {i}, "vector": [1, {i}]}}\n' for i in range(1, 37)))
+    quiet = runner.invoke(app, ["features", "import", "--type", "t", str(vectors), "--db", str(db), "-q"])
+    assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", ""), quiet.output
