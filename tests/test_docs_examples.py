@@ -14,6 +14,7 @@ the examples name (made once per session, see `prepared`):
                                            train=0.9,val=0.1 --shuffle --shard-size 1` (one
                                            rank; 14 train shards)
     mds/, balanced/                        the same split as MDS; `--format parquet --per-label 4`
+    manifests/, csv/                       `--format jsonl`, `--format csv` (one split, train)
 
 A block that cannot run here (a GPU, a library that is not installed, a cluster) is fenced
 ```python no-run and must say why in its first line, as a comment; the test counts them.
@@ -109,6 +110,8 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
              "--shard-size", "1", "-q")  # fmt: skip
     _dlindex(root, "export", "mds/", "--db", "train.db", "--format", "mds", "--split", "train=0.9,val=0.1", "-q")
     _dlindex(root, "export", "balanced/", "--db", "train.db", "--format", "parquet", "--per-label", "4", "-q")
+    _dlindex(root, "export", "manifests/", "--db", "train.db", "--format", "jsonl", "-q")
+    _dlindex(root, "export", "csv/", "--db", "train.db", "--format", "csv", "-q")
     return root
 
 
