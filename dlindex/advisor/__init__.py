@@ -16,13 +16,14 @@ list), ``model`` (the results).
 """
 
 from .manage import apply_advice, list_indexes, revert_indexes
-from .model import Advice, Changes, Finding, Hint, IndexChange, IndexUsage, Rejected, Served, Suggestion
+from .model import Advice, Changes, Effect, Finding, Hint, IndexChange, IndexUsage, Rejected, Served, Suggestion
 from .suggest import suggest_indexes
 from .workload import Skipped
 
 __all__ = [
     "Advice",
     "Changes",
+    "Effect",
     "Finding",
     "Hint",
     "IndexChange",

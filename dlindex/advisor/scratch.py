@@ -14,7 +14,6 @@ import re
 import shutil
 import sqlite3
 import statistics
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
@@ -23,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .leftovers import make_scratch_dir, remove_leftovers
+from .replay import MEMORY_LIMIT, STEP, STATEMENT_DEADLINE_S, ReplayLimit, Timing, _bindable, deadline, limit_heap, time_read
 from .shapes import Constant, TableInfo, Value, parse, quote_identifier
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
-STATEMENT_DEADLINE_S = 10.0
 WRITE_ROWS = 10_000
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 _DENIED_FUNCTIONS = {"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit", "sqlite_offset"}
@@ -34,7 +34,9 @@ _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE
 _INDEXES = "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' ORDER BY tbl_name, name"
 _INDEX_SIZE = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
 _TABLE_SIZE = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
-_STAT1 = "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ?"
+# ANALYZE also writes a row with idx NULL (the table's row count) for a table without indexes
+_STAT1 = "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ? AND idx IS NOT NULL ORDER BY idx"
+_PARTIAL = "SELECT 1 FROM pragma_index_list(?) WHERE name = ? AND partial"
 _REFRESH = "SELECT 1 FROM sqlite_master LIMIT 1"
 
 
@@ -61,17 +63,6 @@ def guarded(path: str | os.PathLike[str], *, cache: bool = True) -> sqlite3.Conn
     return conn
 
 
-@contextmanager
-def deadline(conn: sqlite3.Connection, seconds: float) -> Iterator[None]:
-    """Interrupt whatever ``conn`` runs after ``seconds`` (sqlite3.OperationalError: interrupted)."""
-    end = time.monotonic() + seconds
-    conn.set_progress_handler(lambda: int(time.monotonic() > end), 10_000)
-    try:
-        yield
-    finally:
-        conn.set_progress_handler(None, 0)
-
-
 def explain(conn: sqlite3.Connection, sql: str, params: Any = ()) -> tuple[str, ...] | None:
     """EXPLAIN QUERY PLAN lines of one read, or None if SQLite refuses it."""
     try:
@@ -82,27 +73,6 @@ def explain(conn: sqlite3.Connection, sql: str, params: Any = ()) -> tuple[str, 
             return tuple(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, _bindable(sql, params)))
     except (sqlite3.Error, ValueError, OverflowError):
         return None
-
-
-def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int) -> float | None:
-    """Median ms of ``runs`` executions read to the end (after one warm-up), or None if it fails."""
-    bound = _bindable(sql, params)
-
-    def once() -> float:
-        started = time.perf_counter()
-        cursor = conn.execute(sql, bound)
-        while cursor.fetchmany(512):
-            pass
-        return (time.perf_counter() - started) * 1000.0
-
-    try:
-        with deadline(conn, STATEMENT_DEADLINE_S * (runs + 1)):
-            if once() > 1000.0:  # the warm-up; a slow statement gets fewer runs
-                runs = min(runs, 2)
-            times = [once() for _ in range(runs)]
-    except (sqlite3.Error, ValueError, OverflowError):
-        return None
-    return statistics.median(times) if times else None
 
 
 def index_names(plan: Sequence[str]) -> set[str]:
@@ -144,7 +114,8 @@ class Scratch:
     """A temporary copy of the catalog (or of a sample of it) to build and time indexes on."""
 
     def __init__(self, catalog: str | os.PathLike[str], sample_rows: int = SAMPLE_ROWS) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="dlindex-advisor-"))
+        remove_leftovers()  # of runs killed before they could clean up (kill -9)
+        self.dir = make_scratch_dir()
         self.path = self.dir / "scratch.db"
         self.sample = 1
         try:
@@ -216,6 +187,8 @@ class Scratch:
     def distinct(self, table: str, column: str) -> int:
         def count() -> int:
             for idx, stat in self.admin.execute(_STAT1, (table,)).fetchall() if self._has_stat1() else ():
+                if self.admin.execute(_PARTIAL, (table, idx)).fetchone():
+                    continue  # its counts cover only the rows of its WHERE
                 cols = self._index_columns(idx)
                 if cols[:1] == (column,) and stat:
                     parts = str(stat).split()
@@ -282,14 +255,22 @@ class Scratch:
     def analyze(self) -> None:
         self.admin.execute("ANALYZE")
 
-    def write_cost(self, table: str, info: TableInfo, columns: Sequence[str], runs: int = 3) -> tuple[float | None, float | None]:
-        """Fastest of ``runs`` (ms): inserting WRITE_ROWS rows, and updating ``columns`` of as many (rolled back)."""
+    def write_cost(self, table: str, info: TableInfo, columns: Sequence[str], runs: int = 3) -> tuple[Timing | None, Timing | None]:
+        """Fastest of ``runs``: inserting WRITE_ROWS rows, and updating ``columns`` of as many (rolled back)."""
         return self._fastest(lambda: self._insert(table, info), runs), self._fastest(lambda: self._update(table, columns), runs)
 
-    def _fastest(self, run: Any, runs: int) -> float | None:
+    def _fastest(self, run: Any, runs: int) -> Timing | None:
         times = []
-        for _ in range(runs):
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += STEP
+            return 0
+
+        for i in range(runs):
             self.admin.execute("BEGIN")
+            if i == 0:  # the count is the same every run: once is enough
+                self.admin.set_progress_handler(count, STEP)
             try:
                 started = time.perf_counter()
                 run()
@@ -297,8 +278,9 @@ class Scratch:
             except sqlite3.Error:
                 return None
             finally:
+                self.admin.set_progress_handler(None, 0)
                 self.admin.execute("ROLLBACK")
-        return min(times)  # the least disturbed run: other processes only ever add time
+        return Timing(min(times), steps[0])  # the least disturbed run: other processes only ever add time
 
     def _insert(self, table: str, info: TableInfo) -> None:
         """Copies of existing rows under new rowids, unique columns made unique again."""
@@ -403,23 +385,3 @@ def _partial_where(sql: str | None) -> tuple[tuple[Constant, ...] | None, bool]:
         else:
             return (Constant("?", "?"),), True  # a WHERE we do not model: matches no candidate
     return tuple(sorted(constants, key=Constant.key)), True
-
-
-_PARAMS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?(\d*)|[:@$]([A-Za-z_]\w*)")
-
-
-def _bindable(sql: str, params: Any) -> Any:
-    """Parameters as sqlite3 wants them; a template without a sample gets NULLs (plans only)."""
-    if params:
-        return params
-    names: dict[str, None] = {}
-    count = numbered = 0
-    for m in _PARAMS.finditer(sql):
-        if m.group(2):
-            names[m.group(0)[1:]] = None
-        elif m.group(0).startswith("?"):
-            count += 1
-            numbered = max(numbered, int(m.group(1) or 0))
-    if names:
-        return names
-    return (None,) * max(count, numbered)

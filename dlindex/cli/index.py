@@ -22,7 +22,9 @@ def index(
     revert: Annotated[bool, typer.Option("--revert", help="Undo the latest --apply / --drop-unused run.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List every index with how often logged statements used it.")] = False,
     log: Annotated[list[str] | None, typer.Option("--log", metavar="FILE", help="Also read SQL captured elsewhere (as `dlindex log import` reads it; never run); - is stdin. Repeatable.", show_default=False)] = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="How many of the heaviest read statements may earn an index.")] = 10,
+    top: Annotated[int, typer.Option("--top", min=1, max=1000, help="How many of the heaviest read statements may earn an index.")] = 10,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, max=3600, metavar="SECONDS", help="Stop replaying a logged statement after this long; it is reported as skipped.")] = 10.0,
+    memory_limit: Annotated[int, typer.Option("--memory-limit", min=16, max=1 << 20, metavar="MIB", help="SQLite heap limit while replaying; a statement needing more is reported as skipped.")] = 512,
     as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
@@ -43,9 +45,12 @@ def index(
         if revert or list_:
             (_advice.revert if revert else _advice.listing)(catalog, as_json)
             return
-        status = stderr_console.status("analysing the query log") if stderr_console.is_terminal else nullcontext()
-        with status as shown:
-            advice = _advice.suggest(catalog, logs, top, shown)
+        options = {"top": top}
+        advice = _advice.stored(catalog, logs, options) if apply or drop_unused else None
+        if advice is None:
+            status = stderr_console.status("analysing the query log") if stderr_console.is_terminal else nullcontext()
+            with status as shown:
+                advice = _advice.suggest(catalog, logs, options, shown, time_limit, memory_limit)
         _advice.report_skipped(advice)
         if not as_json:
             _advice.print_advice(advice)
