@@ -10,10 +10,11 @@ fails with SQLITE_NOMEM; either raises ``ReplayLimit`` and the advice reports it
 from __future__ import annotations
 
 import re
+import signal
 import sqlite3
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,36 @@ from typing import Any
 STATEMENT_DEADLINE_S = 10.0  # a replayed statement is interrupted after this long
 MEMORY_LIMIT = 512 * 2**20  # and fails past this much SQLite heap (the whole process)
 STEP = 100  # the progress handler's period, in VM instructions: the resolution of a step count
+
+
+_stop = [False]  # set by a signal; a replay inside SQLite notices it in the progress handler
+
+
+def stop_on_signals() -> Callable[[], None]:
+    """Ctrl-C and SIGTERM stop the advice, also in the middle of a replay; returns the restorer.
+
+    An exception raised in a progress handler is swallowed by sqlite3 (the statement is just
+    interrupted), so the handler also leaves a flag that the interrupted replay turns back
+    into KeyboardInterrupt.
+    """
+    _stop[0] = False
+
+    def handler(signum: int, frame: object) -> None:
+        _stop[0] = True
+        raise KeyboardInterrupt
+
+    previous = []
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous.append((sig, signal.signal(sig, handler)))
+    except ValueError:  # not the main thread: leave signals alone
+        return lambda: None
+
+    def restore() -> None:
+        for sig, old in previous:
+            signal.signal(sig, old)
+
+    return restore
 
 
 @dataclass(frozen=True)
@@ -40,9 +71,9 @@ def deadline(conn: sqlite3.Connection, seconds: float, count: Any = None) -> Ite
     """
     end = time.monotonic() + seconds
     if count is None:
-        conn.set_progress_handler(lambda: int(time.monotonic() > end), 10_000)
+        conn.set_progress_handler(lambda: int(_stop[0] or time.monotonic() > end), 10_000)
     else:
-        conn.set_progress_handler(lambda: count() or int(time.monotonic() > end), STEP)
+        conn.set_progress_handler(lambda: count() or int(_stop[0] or time.monotonic() > end), STEP)
     try:
         yield
     finally:
@@ -98,6 +129,8 @@ def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_
         limit = f"the {memory / 2**20:,.0f} MiB memory limit" if memory else "the memory SQLite may use"
         raise ReplayLimit(f"needed more than {limit}") from None
     except sqlite3.OperationalError as e:
+        if _stop[0]:
+            raise KeyboardInterrupt from None
         if "interrupted" in str(e):
             raise ReplayLimit(f"ran longer than the {limit_s:g} s limit per statement") from None
         raise ReplayLimit(f"SQLite could not run it: {e}") from None

@@ -36,6 +36,8 @@ _INDEX_SIZE = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
 _TABLE_SIZE = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
 # ANALYZE also writes a row with idx NULL (the table's row count) for a table without indexes
 _STAT1 = "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ? AND idx IS NOT NULL ORDER BY idx"
+_INDEX_STAT1 = "SELECT tbl, idx, stat FROM sqlite_stat1 WHERE idx = ?"
+_RESTORE_STAT1 = "INSERT INTO sqlite_stat1 (tbl, idx, stat) VALUES (?, ?, ?)"
 _PARTIAL = "SELECT 1 FROM pragma_index_list(?) WHERE name = ? AND partial"
 _REFRESH = "SELECT 1 FROM sqlite_master LIMIT 1"
 
@@ -251,6 +253,20 @@ class Scratch:
 
     def drop(self, name: str) -> None:
         self.admin.execute(f"DROP INDEX IF EXISTS {quote_identifier(name)}")
+
+    @contextmanager
+    def without(self, name: str, sql: str) -> Iterator[None]:
+        """The copy without index ``name`` for a while, then with it and its statistics as they were."""
+        saved = self.admin.execute(_INDEX_STAT1, (name,)).fetchall() if self._has_stat1() else []
+        self.drop(name)
+        try:
+            yield
+        finally:
+            self.admin.execute(sql)
+            if saved:
+                self.admin.executemany(_RESTORE_STAT1, saved)
+                self.admin.execute("ANALYZE sqlite_schema")  # reloads the statistics without computing any
+            self._stats.clear()
 
     def analyze(self) -> None:
         self.admin.execute("ANALYZE")
