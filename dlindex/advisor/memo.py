@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..logview import LineSource, iter_lines
 from .model import Advice, Effect, Finding, Hint, Rejected, Served, Suggestion
 from .scratch import guarded
 from .workload import Skipped
@@ -57,7 +58,7 @@ class State:
         return "; ".join(reasons) or "the stored advice is from another version of dlindex"
 
 
-def current_state(path: str | os.PathLike[str], logs: Iterable[tuple[str, str]], options: Mapping[str, Any]) -> State:
+def current_state(path: str | os.PathLike[str], logs: Iterable[tuple[str, LineSource]], options: Mapping[str, Any]) -> State:
     conn = guarded(path)
     try:
         schema = hashlib.sha256(json.dumps(conn.execute(_SCHEMA).fetchall()).encode()).hexdigest()
@@ -67,7 +68,11 @@ def current_state(path: str | os.PathLike[str], logs: Iterable[tuple[str, str]],
             samples.update(f"{len(sql)}:{sql}{len(params)}:{params}".encode())
     finally:
         conn.close()
-    inputs = hashlib.sha256(json.dumps([[n, t] for n, t in logs] + [sorted(options.items())], default=str).encode())
+    inputs = hashlib.sha256(json.dumps(sorted(options.items()), default=str).encode())
+    for name, source in logs:
+        inputs.update(f"\0{name}\0".encode())
+        for line in iter_lines(source):
+            inputs.update(line.encode("utf-8", "replace") + b"\n")
     return State(schema, (int(entries), int(last), int(calls)), samples.hexdigest(), inputs.hexdigest())
 
 

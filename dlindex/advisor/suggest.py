@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from .candidates import Candidate, candidates_for, existing_serves, merge
 from .hints import hints_for
 from ..errors import Interrupted
+from ..logview import LineSource
 from .model import Advice, Effect, Finding, Rejected, Served, Suggestion
 from .replay import MEMORY_LIMIT, STATEMENT_DEADLINE_S, STEP, ReplayLimit, Timing, limit_heap, stop_on_signals, time_read
 from .scratch import SAMPLE_ROWS, WRITE_ROWS, IndexDef, Scratch, explain, guarded, index_names
@@ -47,7 +48,7 @@ STEP_REGRESSION = 1.05  # so is one doing this much more work (VM steps)
 
 def suggest_indexes(
     catalog: Catalog,
-    logs: Iterable[tuple[str, str]] = (),
+    logs: Iterable[tuple[str, LineSource]] = (),
     *,
     top: int = 10,
     min_share: float = MIN_SHARE,
@@ -60,7 +61,8 @@ def suggest_indexes(
     """Verified index suggestions for the logged workload; the catalog is only read.
 
     Args:
-        logs: ``(name, text)`` of captured SQL (as ``dlindex log import`` reads it), never run.
+        logs: ``(name, text or logview.file_lines(path))`` of captured SQL (as ``dlindex log import``
+            reads it), never run.
         top: how many of the heaviest read fingerprints may earn an index.
         runs: timed runs per statement (median); default ``RUNS``.
         sample_rows: tables larger than this are sampled on the scratch copy.

@@ -18,10 +18,11 @@ from ..advisor import (
 )
 from ..advisor.memo import current_state, load_advice, save_advice
 from ..catalog import Catalog
+from ..logview import LineSource
 from ._shared import human_bytes, print_json, stderr_console, stdout_console
 
 
-def suggest(catalog: Catalog, logs: list[tuple[str, str]], options: dict[str, Any], status: Any, time_limit: float,
+def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any], status: Any, time_limit: float,
             memory_mib: int) -> Advice:  # fmt: skip
     """Compute the advice and keep it for a later --apply on the same state."""
     progress = (lambda line: status.update(line[:100])) if status is not None else None
@@ -32,7 +33,7 @@ def suggest(catalog: Catalog, logs: list[tuple[str, str]], options: dict[str, An
     return advice
 
 
-def stored(catalog: Catalog, logs: list[tuple[str, str]], options: dict[str, Any]) -> Advice | None:
+def stored(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any]) -> Advice | None:
     """The advice --suggest printed for this very state, or None after saying why it is recomputed."""
     advice, why = load_advice(catalog.path, current_state(catalog.path, logs, options))
     if advice is not None:

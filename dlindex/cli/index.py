@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..catalog import Catalog
-from ..errors import InputError
+from ..logview import LineSource, file_lines, spooled_lines
 from ._shared import DbOption, JsonFlag, handle_errors, print_json, stderr_console
 
 
@@ -64,11 +64,5 @@ def index(
         _advice.print_changes(changes)
 
 
-def _read(name: str) -> str:
-    try:
-        if name == "-":
-            return sys.stdin.buffer.read().decode("utf-8", "replace")
-        with open(name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError as e:
-        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+def _read(name: str) -> LineSource:
+    return spooled_lines(sys.stdin.buffer) if name == "-" else file_lines(name)
