@@ -10,7 +10,6 @@ deadline that interrupts a runaway statement.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sqlite3
 import statistics
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .leftovers import make_scratch_dir, remove_leftovers
-from .replay import MEMORY_LIMIT, STEP, STATEMENT_DEADLINE_S, ReplayLimit, Timing, _bindable, deadline, limit_heap, time_read
+from .replay import STATEMENT_DEADLINE_S, STEP, Timing, _bindable, deadline
 from .shapes import Constant, TableInfo, Value, parse, quote_identifier
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy

@@ -4,15 +4,17 @@
    least ``min_share`` of all read time) are *hot*. Rarer statements never earn an index.
 2. Derive candidates from the hot statements and merge them (``candidates``).
 3. Build each candidate alone on the scratch copy: EXPLAIN QUERY PLAN must use it, the
-   statements it serves are timed with their logged parameters (median of several runs),
-   and a 10,000-row insert and update are timed with and without it. It stays if the time
-   it saves over the logged workload exceeds the time it adds to the logged writes, and the
-   statements it serves get at least ``MIN_SPEEDUP`` faster.
-4. Build the survivors together with ANALYZE (what ``--apply`` does), re-plan every logged
-   read: an index no statement chooses is dropped, and so is one that makes a logged
-   statement slower by more than it saves.
+   statements it serves are replayed with their logged parameters, and a 10,000-row insert
+   and update are run with and without it. Every replay is timed and its VM steps counted
+   (``replay``); the decisions use the steps, which do not change from run to run: it stays
+   if SQLite does at most 1/MIN_SPEEDUP of the work for the statements it serves and the
+   steps it saves the logged reads exceed those it adds to the logged writes.
+4. Build the survivors together with ANALYZE (what ``--apply`` does) and replay every logged
+   read: an index no statement chooses is dropped, and so is any index in the plan of a read
+   that got slower than on the catalog as it is. Every statement is reported before/after.
 5. Existing indexes no logged statement uses are *unused*; one whose columns lead another
-   index is *redundant*. Statements no index can help get a rewrite hint.
+   index is *redundant*; one whose users are faster without it is *slower*. Statements no
+   index can help get a rewrite hint.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .candidates import Candidate, candidates_for, existing_serves, merge
+from .findings import findings as _findings
+from .findings import users as _users
 from .hints import hints_for
 from ..errors import Interrupted
 from ..logview import LineSource
@@ -448,67 +452,6 @@ def _combined_shape(r: Statement, tables: Mapping[str, TableInfo]) -> Shape:
         accesses.append(replace(access, constants=tuple(c for c in access.constants if c in common),
                                 equal=tuple(dict.fromkeys(access.equal + varying))))  # fmt: skip
     return Shape(tuple(accesses), first.notes)
-
-
-def _findings(
-    existing: Sequence[IndexDef], kept: Sequence[Candidate], before: Mapping[str, tuple[str, ...]],
-    after: Mapping[str, tuple[str, ...]], hot: set[str], reads: Mapping[str, Statement],
-) -> tuple[list[Finding], list[Finding]]:  # fmt: skip
-    """Existing indexes no logged statement uses, and those whose columns lead a better index."""
-    unused: list[Finding] = []
-    redundant: list[Finding] = []
-    users_before, users_after = _users(before), _users(after)
-    others = [(e.name, e.table, e.columns, _where_key(e.where, e.partial)) for e in existing]
-    others += [(c.name, c.table, c.columns, frozenset(w.sql() for w in c.where)) for c in kept]
-    for e in existing:
-        if e.constraint:
-            continue
-        dlindex = e.name.startswith("idx_dlindex_")
-        used_before, used_after = users_before.get(e.name, set()), users_after.get(e.name, set())
-        mine = _where_key(e.where, e.partial)
-        better = reason = None
-        strict = False
-        for name, table, columns, where in others:
-            if name == e.name or table != e.table or tuple(columns[: len(e.columns)]) != e.columns:
-                continue
-            if not where or where == mine:
-                strict = True
-                better = name
-                reason = f"duplicate of {name}" if len(columns) == len(e.columns) and where == mine else f"its columns lead {name}"
-                break
-            hot_users = {fp for fp in used_before if fp in hot}
-            if hot_users and all(name in index_names(after.get(fp, ())) for fp in hot_users):
-                rest = used_after
-                calls = sum(reads[fp].calls for fp in rest if fp in reads)
-                tail = f"; still chosen by {len(rest)} rarer statement(s), {calls:,} call(s)" if rest else ""
-                better = name
-                reason = f"its columns lead {name} (WHERE {' AND '.join(sorted(where))}), which serves the hot statements that used it{tail}"
-                break
-        drop = f"DROP INDEX {e.name}"
-        if better is not None and reason is not None:
-            redundant.append(Finding("redundant", e.name, e.table, e.sql or "", reason, better, dlindex,
-                                     dlindex and (strict or not used_after), drop))  # fmt: skip
-        elif not used_before:
-            unused.append(Finding("unused", e.name, e.table, e.sql or "", "no logged statement's plan uses it",
-                                  None, dlindex, dlindex, drop))  # fmt: skip
-        elif kept and not used_after:
-            unused.append(Finding("unused", e.name, e.table, e.sql or "",
-                                  "no logged statement's plan uses it once the suggestions exist", None, dlindex, dlindex, drop))  # fmt: skip
-    return unused, redundant
-
-
-def _where_key(where: Iterable[Any] | None, partial: bool) -> frozenset[str]:
-    if not partial:
-        return frozenset()
-    return frozenset(c.sql() for c in where or ()) or frozenset({"?"})
-
-
-def _users(plans: Mapping[str, tuple[str, ...]]) -> dict[str, set[str]]:
-    users: dict[str, set[str]] = {}
-    for fp, plan in plans.items():
-        for name in index_names(plan):
-            users.setdefault(name, set()).add(fp)
-    return users
 
 
 def _ratio(part: float, whole: float) -> str:

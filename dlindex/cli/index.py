@@ -16,7 +16,7 @@ from ._shared import DbOption, JsonFlag, handle_errors, print_json, stderr_conso
 @handle_errors
 def index(
     suggest: Annotated[bool, typer.Option("--suggest", help="Propose indexes, verified on a scratch copy (the default).")] = False,
-    apply: Annotated[bool, typer.Option("--apply", help="Create the suggested indexes and run ANALYZE, in one transaction.")] = False,
+    apply: Annotated[bool, typer.Option("--apply", help="Create what --suggest printed for this state (else the advice computed now) and run ANALYZE, in one transaction.")] = False,
     drop_unused: Annotated[bool, typer.Option("--drop-unused", help="Drop indexes dlindex created that the logged workload does not use or that make it slower.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before --drop-unused drops (required when stdin is not a terminal).")] = False,
     revert: Annotated[bool, typer.Option("--revert", help="Undo the latest --apply / --drop-unused run.")] = False,
