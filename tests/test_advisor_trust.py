@@ -222,3 +222,17 @@ def test_killed_in_the_middle_leaves_no_scratch_copy_for_good(db: Path, tmp_path
         quick = subprocess.run([*cmd[:5], "--time-limit", "0.2", "--db", str(db)], env=env, capture_output=True, timeout=300)
         assert quick.returncode == 0, quick.stderr
         assert not list(tmp.iterdir())  # ... the next run does
+
+
+def test_reads_through_json_each_replay_and_the_schema_stays_unwritable(db: Path) -> None:
+    from dlindex.advisor.scratch import guarded
+
+    conn = guarded(db)
+    try:
+        found = conn.execute("SELECT id FROM labels WHERE name IN (SELECT value FROM json_each(?))", ('["class_0001"]',))
+        assert found.fetchall() == [(1,)]  # Catalog.query(labels=[...]) reads like this
+        for sql in ("UPDATE sqlite_master SET name = 'x'", "UPDATE sqlite_master SET type = 1 WHERE 0"):
+            with pytest.raises(sqlite3.DatabaseError):
+                conn.execute(sql)
+    finally:
+        conn.close()

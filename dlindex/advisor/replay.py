@@ -21,6 +21,7 @@ from typing import Any
 
 STATEMENT_DEADLINE_S = 10.0  # a replayed statement is interrupted after this long
 MEMORY_LIMIT = 512 * 2**20  # and fails past this much SQLite heap (the whole process)
+_REFRESH = "SELECT 1 FROM sqlite_master LIMIT 1"
 STEP = 100  # the progress handler's period, in VM instructions: the resolution of a step count
 
 
@@ -99,8 +100,13 @@ def limit_heap(conn: sqlite3.Connection, limit_bytes: int | None) -> None:
 
 
 def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_s: float = STATEMENT_DEADLINE_S,
-              memory: int | None = None) -> Timing:  # fmt: skip
-    """Median ms of ``runs`` executions read to the end (after one counted warm-up), and its VM steps.
+              memory: int | None = None, counter: sqlite3.Connection | None = None) -> Timing:  # fmt: skip
+    """Median ms of ``runs`` executions read to the end (after a warm-up), and its VM steps.
+
+    Args:
+        counter: a connection that keeps no prepared statements, where the steps are counted:
+            a fresh statement counts from zero, so the count is exact (a cached one carries
+            the progress handler's phase over from its earlier runs); default ``conn``.
 
     Raises:
         ReplayLimit: an execution took longer than ``limit_s`` or ran out of SQLite's heap
@@ -113,18 +119,24 @@ def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_
         steps[0] += STEP
         return 0
 
-    def once(count: bool = False) -> float:
-        with deadline(conn, limit_s, counted if count else None):
+    def once(on: sqlite3.Connection, count: bool = False) -> float:
+        with deadline(on, limit_s, counted if count else None):
             started = time.perf_counter()
-            cursor = conn.execute(sql, bound)
+            cursor = on.execute(sql, bound)
             while cursor.fetchmany(512):
                 pass
             return (time.perf_counter() - started) * 1000.0
 
+    def count_steps() -> None:
+        on = counter or conn
+        on.execute(_REFRESH).fetchall()  # a schema reload runs statements of its own: not counted
+        once(on, count=True)
+
     try:
-        if once(count=True) > 1000.0:  # the warm-up; a slow statement gets fewer runs
+        if once(conn) > 1000.0:  # the warm-up; a slow statement gets fewer runs
             runs = min(runs, 2)
-        times = [once() for _ in range(runs)]
+        count_steps()
+        times = [once(conn) for _ in range(runs)]
     except MemoryError:
         limit = f"the {memory / 2**20:,.0f} MiB memory limit" if memory else "the memory SQLite may use"
         raise ReplayLimit(f"needed more than {limit}") from None
@@ -138,6 +150,8 @@ def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_
         raise ReplayLimit(f"SQLite could not run it: {e}") from None
     finally:
         conn.set_progress_handler(None, 0)
+        if counter is not None:
+            counter.set_progress_handler(None, 0)
     return Timing(statistics.median(times) if times else 0.0, steps[0])
 
 
