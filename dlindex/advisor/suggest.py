@@ -45,7 +45,7 @@ MIN_WEIGHT_MS = 1.0  # nor is one that took less than a millisecond in all
 MIN_SPEEDUP = 1.1  # a statement this much faster is "faster" in the report
 # The statements an index serves must need at most 1/this of the VM steps: a step saved is
 # worth less time than a step spent, so a 10% cut in steps is often no faster at all.
-MIN_STEP_SPEEDUP = 1.25
+MIN_STEP_SPEEDUP = 1.15
 RUNS = 5
 HINT_SHARE = 0.002  # statements below 0.2% of the logged read time get no rewrite hint
 REGRESSION = 1.25  # after > before x this + NOISE_MS, measured twice, is a slower statement
@@ -393,18 +393,17 @@ class _Advisor:
             writes = [w for w in self.workload.writes if w.table == table]
             columns = tuple(sorted({c for w in writes for col in (w.set_columns or ()) if (c := self.tables[table].canonical(col))}))
             self.scratch.pick_rows(table)
+            mine = [v.candidate for v in verdicts if v.candidate.table == table]
             with_set = self.scratch.write_cost(table, self.tables[table], columns)
-            for v in verdicts:
-                if v.candidate.table == table:
-                    self.scratch.drop(v.candidate.name)
-            without = self.scratch.write_cost(table, self.tables[table], columns)
-            for v in verdicts:
-                if v.candidate.table == table:
-                    self.scratch.create(v.candidate.name, v.candidate.sql(v.candidate.name))
+            for c in mine:
+                self.scratch.drop(c.name)
+            without = self.scratch.write_cost(table, self.tables[table], columns) if mine else with_set
+            for c in mine:
+                self.scratch.create(c.name, c.sql(c.name))
             for w in writes:
                 pick = 0 if w.set_columns is None else 1
                 b, a = without[pick], with_set[pick]
-                if not w.sql.lstrip()[:6].lower() in ("insert", "update", "replac") or b is None or a is None:
+                if w.sql.lstrip()[:6].lower() not in ("insert", "update", "replac") or b is None or a is None:
                     found.append(Effect(w.fingerprint, "write", w.sql, w.calls, None, None, "not measured (only INSERT and UPDATE are)"))
                     continue
                 # the measurement wrote WRITE_ROWS rows, or the whole table when it is smaller
