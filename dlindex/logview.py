@@ -6,14 +6,19 @@ Recording lives in ``querylog``; this module is loaded only by the commands that
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 import re
+import shutil
 import sqlite3
-from collections.abc import Iterable, Iterator
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
+from .errors import InputError
 from .querylog import _COMMENT, _STRING, fingerprint, table_of
 
 if TYPE_CHECKING:
@@ -69,6 +74,7 @@ class ParsedStatement:
     sql: str
     line: int  # where the statement starts in the input, 1-based
     duration_ms: float | None
+    too_long: bool = False  # over MAX_STATEMENT_CHARS: ``sql`` is only its start
 
 
 def statement_kind(sql: str) -> str | None:
@@ -87,28 +93,105 @@ def statement_kind(sql: str) -> str | None:
 
 
 _WRITE_IN_WITH = r"(?i)\b(?:insert\s+(?:or\s+\w+\s+)?into|replace\s+into|update\s+\S+\s+set|delete\s+from)\b"
-_DURATION = r"(?i)--\s*duration_ms\s*=\s*([0-9.]+(?:e[+-]?\d+)?)"
+_DURATION = r"(?i)--\s*duration_ms\s*=\s*([0-9]+(?:\.[0-9]*)?(?:e[+-]?[0-9]+)?)"
 
 
-def parse_statements(text: str) -> Iterator[ParsedStatement]:
+def _duration(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None  # 1e999 is no duration
+
+
+MAX_STATEMENT_CHARS = 1_000_000  # a longer statement is skipped (reported), never held whole
+LineSource = str | Callable[[], Iterable[str]]  # text, or what opens its lines anew on each call
+
+
+def iter_lines(source: LineSource) -> Iterator[str]:
+    """The lines of ``source`` without their ends; a line longer than MAX_STATEMENT_CHARS is cut just past it."""
+    if isinstance(source, str):
+        # as a file read with universal newlines splits: \n, \r\n, \r (not str.splitlines' \x1e, \u2028 ...)
+        lines = re.split(r"\r\n|\r|\n", source)
+        yield from lines[:-1] if lines[-1] == "" else lines
+        return
+    for line in source():
+        yield line.rstrip("\r\n")
+
+
+def file_lines(path: str | os.PathLike[str]) -> LineSource:
+    """A ``LineSource`` reading a file (UTF-8, bad bytes replaced) in bounded pieces, each time it is called.
+
+    Raises:
+        InputError: the file cannot be read.
+    """
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise InputError(f"cannot read {os.fspath(path)}: {e.strerror or e}") from None
+
+    def lines() -> Iterator[str]:
+        try:
+            with open(path, encoding="utf-8", errors="replace", newline=None) as f:
+                yield from _bounded(f)
+        except OSError as e:
+            raise InputError(f"cannot read {os.fspath(path)}: {e.strerror or e}") from None
+
+    return lines
+
+
+def spooled_lines(stream: BinaryIO) -> LineSource:
+    """A ``LineSource`` over a stream read once (stdin), kept in a temporary file rather than in memory."""
+    spool = tempfile.TemporaryFile()  # removed when closed or when the process ends
+    try:
+        shutil.copyfileobj(stream, spool, 1 << 20)
+    except OSError as e:
+        spool.close()
+        raise InputError(f"cannot read stdin: {e.strerror or e}") from None
+
+    def lines() -> Iterator[str]:
+        spool.seek(0)
+        text = io.TextIOWrapper(spool, encoding="utf-8", errors="replace", newline=None)
+        try:
+            yield from _bounded(text)
+        finally:
+            text.detach()  # the spool stays open for the next pass
+
+    return lines
+
+
+def _bounded(f: Any) -> Iterator[str]:
+    limit = MAX_STATEMENT_CHARS + 1
+    while True:
+        line = f.readline(limit)
+        if not line:
+            return
+        if len(line) == limit and not line.endswith("\n"):
+            while (rest := f.readline(limit)) and not rest.endswith("\n"):
+                pass  # the rest of an over-long line: it is skipped as too long anyway
+        yield line
+
+
+def parse_statements(source: LineSource) -> Iterator[ParsedStatement]:
     """Split captured SQL into statements: ``;``-separated, or one per line when no ``;`` ends any.
 
     Without semicolons, a line that does not begin (at its first column, outside parentheses)
     with a statement keyword continues the statement before it, so a multi-line statement
     dumped by ``set_trace_callback(print)`` stays whole. A ``-- duration_ms=N`` comment after a
     statement on its last line, or on its own line just before it, gives that statement's duration.
+    ``source`` is read twice (is any line ended by ``;``?), in bounded memory: a statement
+    longer than MAX_STATEMENT_CHARS comes back with ``too_long`` set and only its start.
     """
-    has_semicolons = any(_ends_statement(line) for line in text.splitlines())
+    has_semicolons = any(_ends_statement(line) for line in iter_lines(source))
     current: list[str] = []
+    size = depth = 0
     start = 0
     duration: float | None = None
     pending: float | None = None  # from a comment line before the next statement
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(iter_lines(source), start=1):
         code, comment = _split_comment(line)
         found = re.search(_DURATION, comment) if comment else None
         if not code.strip():
             if found:
-                pending = float(found.group(1))
+                pending = _duration(found.group(1))
             continue
         # Open parentheses continue a statement only into a subquery right after "(": a
         # garbage line with an unclosed "(" must not swallow the rest of the file.
@@ -116,20 +199,25 @@ def parse_statements(text: str) -> Iterator[ParsedStatement]:
             current
             and not has_semicolons
             and re.match(_STATEMENT_START, code)
-            and (_depth(current) == 0 or not current[-1].rstrip().endswith("("))
+            and (depth <= 0 or not current[-1].rstrip().endswith("("))
         ):
-            yield _statement(current, start, duration)
-            current = []
+            yield _statement(current, start, duration, size > MAX_STATEMENT_CHARS)
+            current, size, depth = [], 0, 0
         if not current:
             start, duration, pending = number, pending, None
-        current.append(code)
+        size += len(code) + 1
+        depth += _depth(code)
+        if size <= MAX_STATEMENT_CHARS:
+            current.append(code)
+        else:  # its start for the report; its last character says whether a subquery follows
+            current = [(current[0] if current else code)[:200], code[-1:]]
         if found:
-            duration = float(found.group(1))
+            duration = _duration(found.group(1))
         if has_semicolons and code.rstrip().endswith(";"):
-            yield _statement(current, start, duration)
-            current = []
+            yield _statement(current, start, duration, size > MAX_STATEMENT_CHARS)
+            current, size, depth = [], 0, 0
     if current:
-        yield _statement(current, start, duration)
+        yield _statement(current, start, duration, size > MAX_STATEMENT_CHARS)
 
 
 _STATEMENT_START = (
@@ -138,12 +226,15 @@ _STATEMENT_START = (
 )
 
 
-def _statement(lines: list[str], start: int, duration: float | None) -> ParsedStatement:
+def _statement(lines: list[str], start: int, duration: float | None, too_long: bool) -> ParsedStatement:
+    if too_long:
+        return ParsedStatement(lines[0].strip()[:200], start, duration, too_long=True)
     return ParsedStatement(" ".join(part.strip() for part in lines).strip().rstrip(";").strip(), start, duration)
 
 
-def _depth(lines: list[str]) -> int:
-    text = re.sub(_STRING, "", " ".join(lines))
+def _depth(line: str) -> int:
+    """Parentheses this line opens (strings on the line left out; counted line by line, in linear time)."""
+    text = re.sub(_STRING, "", line)
     return text.count("(") - text.count(")")
 
 
@@ -170,19 +261,26 @@ def import_statements(conn: sqlite3.Connection, statements: Iterable[ParsedState
 
     ``conn`` must be inside a write transaction.
     """
-    rows: list[tuple[Any, ...]] = []
     skipped: list[tuple[int, str]] = []
-    skip_count = 0
-    for statement in statements:
-        kind = statement_kind(statement.sql)
-        if kind is None or kind == "skip" or ";" in re.sub(_STRING, "", statement.sql):
-            skip_count += 1
-            if kind != "skip" and len(skipped) < 20:
-                skipped.append((statement.line, "not a single SELECT, INSERT, UPDATE or DELETE statement"))
-            continue
-        rows.append((kind, statement.sql, fingerprint(statement.sql), table_of(statement.sql), statement.duration_ms))
-    conn.executemany(_INSERT_IMPORTED, rows)
-    return ImportSummary(imported=len(rows), skipped=skip_count, skipped_lines=tuple(skipped))
+    counts = [0, 0]  # imported, skipped
+
+    def rows() -> Iterator[tuple[Any, ...]]:
+        for statement in statements:
+            kind = statement_kind(statement.sql)
+            if statement.too_long:
+                reason = f"longer than {MAX_STATEMENT_CHARS:,} characters"
+            elif kind is None or kind == "skip" or ";" in re.sub(_STRING, "", statement.sql):
+                reason = "not a single SELECT, INSERT, UPDATE or DELETE statement"
+            else:
+                counts[0] += 1
+                yield (kind, statement.sql, fingerprint(statement.sql), table_of(statement.sql), statement.duration_ms)
+                continue
+            counts[1] += 1
+            if (kind != "skip" or statement.too_long) and len(skipped) < 20:
+                skipped.append((statement.line, reason))
+
+    conn.executemany(_INSERT_IMPORTED, rows())  # streamed: a long trace is never held whole
+    return ImportSummary(imported=counts[0], skipped=counts[1], skipped_lines=tuple(skipped))
 
 
 def summarize(conn: sqlite3.Connection, top: int | None = 10) -> list[FingerprintStats]:
@@ -246,7 +344,7 @@ def log_summary(catalog: Catalog, top: int | None = 10) -> LogSummary:
     return LogSummary(entries=entries, fingerprints=tuple(summarize(catalog.conn, top)))
 
 
-def import_log(catalog: Catalog, text: str) -> ImportSummary:
+def import_log(catalog: Catalog, text: LineSource) -> ImportSummary:
     """Store the statements in captured SQL text (see ``parse_statements``); never run them."""
     with catalog.write_transaction(bookkeeping=True) as conn:
         return import_statements(conn, parse_statements(text))

@@ -215,7 +215,7 @@ def classify_plan(lines: Iterable[str]) -> str:
     return "scan" if scanned else "index" if searched else "none"
 
 
-_COMMENT = r"(?s)--[^\n]*|/\*.*?\*/"
+_COMMENT = r"(?s)--[^\n]*|/\*.*?(?:\*/|\Z)"  # unclosed, a comment runs to the end (as in SQLite): linear time
 _STRING = r"'(?:[^']|'')*'"
 _NUMBER = r"(?i)(?<![\w.])(?:0x[0-9a-f]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?)(?![\w])"
 _PARAM = r"(?:\?\d*|[:@$][A-Za-z_]\w*)"

@@ -24,6 +24,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def db(logged: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr("dlindex.advisor.suggest.RUNS", 2)  # keep the suite fast
+    monkeypatch.setenv("DLINDEX_CACHE_DIR", str(tmp_path / "cache"))  # where --suggest keeps its advice for --apply
     return copy_catalog(logged, tmp_path / "catalog.db")
 
 

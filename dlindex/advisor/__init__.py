@@ -11,18 +11,21 @@
 
 Modules: ``shapes`` (what a statement asks of each table, via sqlglot), ``workload`` (the
 log and captured files), ``candidates`` (derivation and merging), ``scratch`` (the copy and
-the guarded connections), ``suggest`` (verification), ``hints``, ``manage`` (apply, revert,
-list), ``model`` (the results).
+the guarded connections), ``replay`` (timed, step-counted replays under time and memory
+limits), ``leftovers`` (scratch directories of dead runs), ``suggest`` (verification),
+``findings``, ``hints``, ``memo`` (the advice ``--suggest`` printed, for ``--apply``),
+``manage`` (apply, revert, list), ``model`` (the results).
 """
 
 from .manage import apply_advice, list_indexes, revert_indexes
-from .model import Advice, Changes, Finding, Hint, IndexChange, IndexUsage, Rejected, Served, Suggestion
+from .model import Advice, Changes, Effect, Finding, Hint, IndexChange, IndexUsage, Rejected, Served, Suggestion
 from .suggest import suggest_indexes
 from .workload import Skipped
 
 __all__ = [
     "Advice",
     "Changes",
+    "Effect",
     "Finding",
     "Hint",
     "IndexChange",

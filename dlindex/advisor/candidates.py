@@ -109,6 +109,8 @@ def candidate_for(access: Access, fp: str, weight: float, info: TableInfo, stats
                     break
                 if column not in key:
                     key.append(column)
+    if not where and key and low(key[0]):
+        key = []  # an ORDER BY / GROUP BY on a flag: a full index it leads would be a promise broken
     include: list[str] = []
     needed: list[str] = []
     if access.columns is not None:

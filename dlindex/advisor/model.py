@@ -63,7 +63,7 @@ class Suggestion:
 class Finding:
     """An existing index that no logged statement needs."""
 
-    kind: str  # unused | redundant
+    kind: str  # unused | redundant | slower
     name: str
     table: str
     sql: str
@@ -84,6 +84,26 @@ class Hint:
     calls: int
     mean_ms: float | None
     hint: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One logged statement on the scratch copy: before (the catalog as it is) and after the suggestions.
+
+    Reads: median ms per call. Writes (INSERT, UPDATE): ms per call, from timing WRITE_ROWS rows
+    with and without the suggestions on their table.
+    """
+
+    fingerprint: str
+    kind: str  # read | write
+    sql: str
+    calls: int
+    before_ms: float | None  # None: not timed (see change)
+    after_ms: float | None
+    change: str  # faster | no faster | same plan | counted against the suggestions | unchanged | why not timed
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -117,9 +137,11 @@ class Advice:
     sample: int  # 1: measured on a full copy; k: on every k-th row of the large tables
     seconds: float
     lock_wait_ms: float = 0.0  # logged time spent waiting for the write lock
+    slower: tuple[Finding, ...] = ()  # existing indexes the logged statements that use them are faster without
+    statements: tuple[Effect, ...] = ()  # every logged statement, before and after the suggestions
 
     def droppable(self) -> tuple[Finding, ...]:
-        return tuple(f for f in (*self.unused, *self.redundant) if f.droppable)
+        return tuple(f for f in (*self.unused, *self.redundant, *self.slower) if f.droppable)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -127,6 +149,8 @@ class Advice:
             "suggestions": [s.as_dict() for s in self.suggestions],
             "unused": [f.as_dict() for f in self.unused],
             "redundant": [f.as_dict() for f in self.redundant],
+            "slower": [f.as_dict() for f in self.slower],
+            "statements": [e.as_dict() for e in self.statements],
             "hints": [h.as_dict() for h in self.hints],
             "rejected": [r.as_dict() for r in self.rejected],
             "skipped": [s.as_dict() for s in self.skipped],

@@ -10,11 +10,9 @@ deadline that interrupts a runaway statement.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sqlite3
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,10 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .leftovers import make_scratch_dir, remove_leftovers
+from .replay import STATEMENT_DEADLINE_S, STEP, Timing, _bindable, deadline
+
+# What writing a page costs, in VM steps: a changed page is journaled and written back, which
+# takes as long as some thousand instructions; with it a write's steps weigh like its time.
+PAGE_STEPS = 1000
 from .shapes import Constant, TableInfo, Value, parse, quote_identifier
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
-STATEMENT_DEADLINE_S = 10.0
 WRITE_ROWS = 10_000
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 _DENIED_FUNCTIONS = {"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit", "sqlite_offset"}
@@ -33,11 +36,19 @@ _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE
 _INDEXES = "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' ORDER BY tbl_name, name"
 _INDEX_SIZE = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
 _TABLE_SIZE = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"
-_STAT1 = "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ?"
+# ANALYZE also writes a row with idx NULL (the table's row count) for a table without indexes
+_STAT1 = "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ? AND idx IS NOT NULL ORDER BY idx"
+_INDEX_STAT1 = "SELECT tbl, idx, stat FROM sqlite_stat1 WHERE idx = ?"
+_RESTORE_STAT1 = "INSERT INTO sqlite_stat1 (tbl, idx, stat) VALUES (?, ?, ?)"
+_PARTIAL = "SELECT 1 FROM pragma_index_list(?) WHERE name = ? AND partial"
 _REFRESH = "SELECT 1 FROM sqlite_master LIMIT 1"
 
 
 def _authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None, _source: str | None) -> int:
+    if action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master" and _source is None:
+        # what SQLite asks while an eponymous virtual table (json_each) declares its columns;
+        # the connection is read-only with query_only on, so nothing can be written anyway
+        return sqlite3.SQLITE_OK
     if action not in _ALLOWED:
         return sqlite3.SQLITE_DENY
     if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
@@ -62,17 +73,6 @@ def guarded(path: str | os.PathLike[str], *, cache: bool = True) -> sqlite3.Conn
     return conn
 
 
-@contextmanager
-def deadline(conn: sqlite3.Connection, seconds: float) -> Iterator[None]:
-    """Interrupt whatever ``conn`` runs after ``seconds`` (sqlite3.OperationalError: interrupted)."""
-    end = time.monotonic() + seconds
-    conn.set_progress_handler(lambda: int(time.monotonic() > end), 10_000)
-    try:
-        yield
-    finally:
-        conn.set_progress_handler(None, 0)
-
-
 def explain(conn: sqlite3.Connection, sql: str, params: Any = ()) -> tuple[str, ...] | None:
     """EXPLAIN QUERY PLAN lines of one read, or None if SQLite refuses it."""
     try:
@@ -83,27 +83,6 @@ def explain(conn: sqlite3.Connection, sql: str, params: Any = ()) -> tuple[str, 
             return tuple(str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, _bindable(sql, params)))
     except (sqlite3.Error, ValueError, OverflowError):
         return None
-
-
-def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int) -> float | None:
-    """Median ms of ``runs`` executions read to the end (after one warm-up), or None if it fails."""
-    bound = _bindable(sql, params)
-
-    def once() -> float:
-        started = time.perf_counter()
-        cursor = conn.execute(sql, bound)
-        while cursor.fetchmany(512):
-            pass
-        return (time.perf_counter() - started) * 1000.0
-
-    try:
-        with deadline(conn, STATEMENT_DEADLINE_S * (runs + 1)):
-            if once() > 1000.0:  # the warm-up; a slow statement gets fewer runs
-                runs = min(runs, 2)
-            times = [once() for _ in range(runs)]
-    except (sqlite3.Error, ValueError, OverflowError):
-        return None
-    return statistics.median(times) if times else None
 
 
 def index_names(plan: Sequence[str]) -> set[str]:
@@ -145,7 +124,8 @@ class Scratch:
     """A temporary copy of the catalog (or of a sample of it) to build and time indexes on."""
 
     def __init__(self, catalog: str | os.PathLike[str], sample_rows: int = SAMPLE_ROWS) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="dlindex-advisor-"))
+        remove_leftovers()  # of runs killed before they could clean up (kill -9)
+        self.dir = make_scratch_dir()
         self.path = self.dir / "scratch.db"
         self.sample = 1
         try:
@@ -158,6 +138,7 @@ class Scratch:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
         self._stats: dict[tuple[str, str], Any] = {}
+        self._counted = 0
 
     def close(self) -> None:
         for conn in (getattr(self, "reader", None), getattr(self, "planner", None), getattr(self, "admin", None)):
@@ -217,6 +198,8 @@ class Scratch:
     def distinct(self, table: str, column: str) -> int:
         def count() -> int:
             for idx, stat in self.admin.execute(_STAT1, (table,)).fetchall() if self._has_stat1() else ():
+                if self.admin.execute(_PARTIAL, (table, idx)).fetchone():
+                    continue  # its counts cover only the rows of its WHERE
                 cols = self._index_columns(idx)
                 if cols[:1] == (column,) and stat:
                     parts = str(stat).split()
@@ -280,28 +263,70 @@ class Scratch:
     def drop(self, name: str) -> None:
         self.admin.execute(f"DROP INDEX IF EXISTS {quote_identifier(name)}")
 
+    @contextmanager
+    def without(self, name: str, sql: str) -> Iterator[None]:
+        """The copy without index ``name`` for a while, then with it and its statistics as they were."""
+        saved = self.admin.execute(_INDEX_STAT1, (name,)).fetchall() if self._has_stat1() else []
+        self.drop(name)
+        try:
+            yield
+        finally:
+            self.admin.execute(sql)
+            if saved:
+                self.admin.executemany(_RESTORE_STAT1, saved)
+                self.admin.execute("ANALYZE sqlite_schema")  # reloads the statistics without computing any
+            self._stats.clear()
+
     def analyze(self) -> None:
         self.admin.execute("ANALYZE")
 
-    def write_cost(self, table: str, info: TableInfo, columns: Sequence[str], runs: int = 3) -> tuple[float | None, float | None]:
-        """Fastest of ``runs`` (ms): inserting WRITE_ROWS rows, and updating ``columns`` of as many (rolled back)."""
-        return self._fastest(lambda: self._insert(table, info), runs), self._fastest(lambda: self._update(table, columns), runs)
+    def write_cost(self, table: str, info: TableInfo, columns: Sequence[str], runs: int = 3) -> tuple[Timing | None, Timing | None]:
+        """Fastest of ``runs``: inserting WRITE_ROWS rows, and updating ``columns`` of as many (rolled back)."""
+        return (self._fastest(lambda counted: self._insert(table, info, counted), runs),
+                self._fastest(lambda counted: self._update(table, columns, counted), runs))
 
-    def _fastest(self, run: Any, runs: int) -> float | None:
+    def _fastest(self, run: Any, runs: int) -> Timing | None:
         times = []
-        for _ in range(runs):
+        steps = [0]
+
+        def count() -> int:
+            steps[0] += STEP
+            return 0
+
+        for i in range(runs):
             self.admin.execute("BEGIN")
+            if i == runs - 1:  # the count is the same every run: once is enough
+                self.admin.set_progress_handler(count, STEP)
             try:
                 started = time.perf_counter()
-                run()
+                run(i == runs - 1)
                 times.append((time.perf_counter() - started) * 1000.0)
+                if i == runs - 1:
+                    steps[0] += PAGE_STEPS * self._journaled_pages()
             except sqlite3.Error:
                 return None
             finally:
+                self.admin.set_progress_handler(None, 0)
                 self.admin.execute("ROLLBACK")
-        return min(times)  # the least disturbed run: other processes only ever add time
+        return Timing(min(times), steps[0])  # the least disturbed run: other processes only ever add time
 
-    def _insert(self, table: str, info: TableInfo) -> None:
+    def _journaled_pages(self) -> int:
+        """Pages the open write transaction changed: each is copied to the rollback journal once."""
+        try:
+            size = os.path.getsize(str(self.path) + "-journal")
+        except OSError:
+            return 0
+        page = int(self.admin.execute("PRAGMA page_size").fetchone()[0])
+        return max(0, size - 512) // (page + 8)  # a header sector, then page number + page + checksum
+
+    def _fresh(self, sql: str, counted: bool) -> str:
+        """``sql``, as a statement never prepared before when its steps are counted (an exact count)."""
+        if not counted:
+            return sql
+        self._counted += 1
+        return f"{sql} /* dlindex count {self._counted} */"
+
+    def _insert(self, table: str, info: TableInfo, counted: bool = False) -> None:
         """Copies of existing rows under new rowids, unique columns made unique again."""
         unique: set[str] = set()
         for row in self.admin.execute(f"PRAGMA index_list({quote_identifier(table)})").fetchall():
@@ -321,9 +346,9 @@ class Scratch:
         cols = ", ".join(quote_identifier(c) for c in info.columns)
         sql = (f"INSERT INTO {quote_identifier(table)} ({cols}) SELECT {', '.join(values)} FROM {quote_identifier(table)} "  # noqa: S608
                f"ORDER BY rowid LIMIT {WRITE_ROWS}")  # fmt: skip
-        self.admin.execute(sql)
+        self.admin.execute(self._fresh(sql, counted))
 
-    def _update(self, table: str, columns: Sequence[str]) -> None:
+    def _update(self, table: str, columns: Sequence[str], counted: bool = False) -> None:
         """Flip each column between its two most frequent values on rows spread over the table."""
         if not columns:
             return
@@ -338,7 +363,7 @@ class Scratch:
                 sets.append(f"{q} = {q}")
         t = quote_identifier(table)
         sql = f"UPDATE {t} SET {', '.join(sets)} WHERE rowid IN (SELECT rowid FROM temp.dlindex_rows)"  # noqa: S608
-        self.admin.execute(sql, params)
+        self.admin.execute(self._fresh(sql, counted), params)
 
     def pick_rows(self, table: str) -> None:
         """The WRITE_ROWS rows, spread over ``table``, that update measurements change."""
@@ -406,23 +431,3 @@ def _partial_where(sql: str | None) -> tuple[tuple[Constant, ...] | None, bool]:
         else:
             return (Constant("?", "?"),), True  # a WHERE we do not model: matches no candidate
     return tuple(sorted(constants, key=Constant.key)), True
-
-
-_PARAMS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?(\d*)|[:@$]([A-Za-z_]\w*)")
-
-
-def _bindable(sql: str, params: Any) -> Any:
-    """Parameters as sqlite3 wants them; a template without a sample gets NULLs (plans only)."""
-    if params:
-        return params
-    names: dict[str, None] = {}
-    count = numbered = 0
-    for m in _PARAMS.finditer(sql):
-        if m.group(2):
-            names[m.group(0)[1:]] = None
-        elif m.group(0).startswith("?"):
-            count += 1
-            numbered = max(numbered, int(m.group(1) or 0))
-    if names:
-        return names
-    return (None,) * max(count, numbered)

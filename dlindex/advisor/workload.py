@@ -19,7 +19,7 @@ from typing import Any
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from ..logview import parse_statements, statement_kind
+from ..logview import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
 from ..querylog import fingerprint, table_of
 from .shapes import NOT_READ_ONLY, check_select, parse, write_columns
 
@@ -30,6 +30,7 @@ _TEMPLATE_SAMPLES = "SELECT sql, sample_params FROM query_log_templates"
 _LOCK_WAIT_SQL = "BEGIN IMMEDIATE"  # how the log records time spent waiting for the write lock
 MAX_SAMPLES = 3  # parameter sets (or literal variants) a read is explained and timed with
 MAX_VARIANTS = 8  # literal variants analysed to tell constants from values that vary
+MAX_ANALYZED_CHARS = 100_000  # a longer statement from a --log file is reported, not parsed
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class _Group:
     last: str | None = None
 
 
-def load_workload(conn: sqlite3.Connection, logs: Iterable[tuple[str, str]] = ()) -> Workload:
+def load_workload(conn: sqlite3.Connection, logs: Iterable[tuple[str, LineSource]] = ()) -> Workload:
     """Read the query log through ``conn`` (read-only is enough) and the captured ``(name, text)`` logs."""
     groups: dict[str, _Group] = {}
     skipped: list[Skipped] = []
@@ -111,6 +112,10 @@ def load_workload(conn: sqlite3.Connection, logs: Iterable[tuple[str, str]] = ()
         _add(groups, fp, kind, sql, int(calls or 0), int(timed or 0), float(total or 0.0), int(rows or 0), source, last)
     for name, text in logs:
         for statement in parse_statements(text):
+            if statement.too_long or len(statement.sql) > MAX_ANALYZED_CHARS:
+                limit = MAX_STATEMENT_CHARS if statement.too_long else MAX_ANALYZED_CHARS
+                skipped.append(Skipped(name, statement.line, f"longer than {limit:,} characters", _shorten(statement.sql)))
+                continue
             kind = statement_kind(statement.sql)
             if kind == "skip":
                 continue  # transaction control: neither a query nor a hazard

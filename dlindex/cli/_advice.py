@@ -16,13 +16,31 @@ from ..advisor import (
     revert_indexes,
     suggest_indexes,
 )
+from ..advisor.memo import current_state, load_advice, save_advice
 from ..catalog import Catalog
+from ..logview import LineSource
 from ._shared import human_bytes, print_json, stderr_console, stdout_console
 
 
-def suggest(catalog: Catalog, logs: list[tuple[str, str]], top: int, status: Any) -> Advice:
+def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any], status: Any, time_limit: float,
+            memory_mib: int) -> Advice:  # fmt: skip
+    """Compute the advice and keep it for a later --apply on the same state."""
     progress = (lambda line: status.update(line[:100])) if status is not None else None
-    return suggest_indexes(catalog, logs, top=top, progress=progress)
+    state = current_state(catalog.path, logs, options)
+    advice = suggest_indexes(catalog, logs, top=options["top"], progress=progress, time_limit_s=time_limit,
+                             memory_limit_bytes=memory_mib * 2**20)  # fmt: skip
+    save_advice(catalog.path, state, advice)
+    return advice
+
+
+def stored(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any]) -> Advice | None:
+    """The advice --suggest printed for this very state, or None after saying why it is recomputed."""
+    advice, why = load_advice(catalog.path, current_state(catalog.path, logs, options))
+    if advice is not None:
+        stderr_console.print("applying the advice `dlindex index --suggest` printed for this state", markup=False)
+    else:
+        stderr_console.print(f"computing the advice again: {why}", markup=False, highlight=False, soft_wrap=True)
+    return advice
 
 
 def report_skipped(advice: Advice) -> None:
@@ -50,6 +68,8 @@ def print_advice(a: Advice) -> None:
             out.print(line + _short(fp.sql, max(30, out.width - len(line))), markup=False, highlight=False, soft_wrap=True)
     _findings("unused indexes", a.unused)
     _findings("redundant indexes", a.redundant)
+    _findings("indexes that make logged statements slower", a.slower)
+    _effects(a)
     if a.hints:
         out.print("\nhints:", markup=False)
         for h in a.hints:
@@ -59,6 +79,17 @@ def print_advice(a: Advice) -> None:
         out.print("\nnot worth it:", markup=False)
         for r in a.rejected:
             out.print(f"  {r.sql}\n    {r.reason}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _effects(a: Advice) -> None:
+    if not a.statements or not a.suggestions:
+        return
+    out = stdout_console
+    out.print("\nevery logged statement, before -> after the suggestions (ms per call):", markup=False)
+    for e in a.statements:
+        figures = "not timed" if e.before_ms is None or e.after_ms is None else f"{e.before_ms:,.3f} -> {e.after_ms:,.3f}"
+        line = f"  {e.fingerprint} {e.kind:5} {e.calls:>7,} calls  {figures}  {e.change}  "
+        out.print(line + _short(e.sql, max(30, out.width - len(line))), markup=False, highlight=False, soft_wrap=True)
 
 
 def _findings(title: str, findings: Sequence[Finding]) -> None:

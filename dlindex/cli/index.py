@@ -9,20 +9,22 @@ from typing import Annotated
 import typer
 
 from ..catalog import Catalog
-from ..errors import InputError
+from ..logview import LineSource, file_lines, spooled_lines
 from ._shared import DbOption, JsonFlag, WaitOption, handle_errors, print_json, stderr_console
 
 
 @handle_errors
 def index(
     suggest: Annotated[bool, typer.Option("--suggest", help="Propose indexes, verified on a scratch copy (the default).")] = False,
-    apply: Annotated[bool, typer.Option("--apply", help="Create the suggested indexes and run ANALYZE, in one transaction.")] = False,
-    drop_unused: Annotated[bool, typer.Option("--drop-unused", help="Drop indexes dlindex created that no logged statement uses.")] = False,
+    apply: Annotated[bool, typer.Option("--apply", help="Create what --suggest printed for this state (else the advice computed now) and run ANALYZE, in one transaction.")] = False,
+    drop_unused: Annotated[bool, typer.Option("--drop-unused", help="Drop indexes dlindex created that the logged workload does not use or that make it slower.")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask before --drop-unused drops (required when stdin is not a terminal).")] = False,
     revert: Annotated[bool, typer.Option("--revert", help="Undo the latest --apply / --drop-unused run.")] = False,
     list_: Annotated[bool, typer.Option("--list", help="List every index with how often logged statements used it.")] = False,
     log: Annotated[list[str] | None, typer.Option("--log", metavar="FILE", help="Also read SQL captured elsewhere (as `dlindex log import` reads it; never run); - is stdin. Repeatable.", show_default=False)] = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="How many of the heaviest read statements may earn an index.")] = 10,
+    top: Annotated[int, typer.Option("--top", min=1, max=1000, help="How many of the heaviest read statements may earn an index.")] = 10,
+    time_limit: Annotated[float, typer.Option("--time-limit", min=0.01, max=3600, metavar="SECONDS", help="Stop replaying a logged statement after this long; it is reported as skipped.")] = 10.0,
+    memory_limit: Annotated[int, typer.Option("--memory-limit", min=16, max=1 << 20, metavar="MIB", help="SQLite heap limit while replaying; a statement needing more is reported as skipped.")] = 512,
     as_json: JsonFlag = False,
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
@@ -44,9 +46,12 @@ def index(
         if revert or list_:
             (_advice.revert if revert else _advice.listing)(catalog, as_json)
             return
-        status = stderr_console.status("analysing the query log") if stderr_console.is_terminal else nullcontext()
-        with status as shown:
-            advice = _advice.suggest(catalog, logs, top, shown)
+        options = {"top": top}
+        advice = _advice.stored(catalog, logs, options) if apply or drop_unused else None
+        if advice is None:
+            status = stderr_console.status("analysing the query log") if stderr_console.is_terminal else nullcontext()
+            with status as shown:
+                advice = _advice.suggest(catalog, logs, options, shown, time_limit, memory_limit)
         _advice.report_skipped(advice)
         if not as_json:
             _advice.print_advice(advice)
@@ -60,11 +65,5 @@ def index(
         _advice.print_changes(changes)
 
 
-def _read(name: str) -> str:
-    try:
-        if name == "-":
-            return sys.stdin.buffer.read().decode("utf-8", "replace")
-        with open(name, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError as e:
-        raise InputError(f"cannot read {name}: {e.strerror or e}") from None
+def _read(name: str) -> LineSource:
+    return spooled_lines(sys.stdin.buffer) if name == "-" else file_lines(name)

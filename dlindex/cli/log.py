@@ -10,8 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..catalog import Catalog
-from ..errors import InputError
-from ..logview import LogSummary, clear_log, import_log, log_summary
+from ..logview import LineSource, LogSummary, clear_log, file_lines, import_log, log_summary, spooled_lines
 from ._shared import (
     DbOption,
     JsonFlag,
@@ -92,14 +91,8 @@ def clear(
         stdout_console.print(f"removed {removed:,} log entries", markup=False)
 
 
-def _read(file: str) -> str:
-    try:
-        if file == "-":
-            return sys.stdin.buffer.read().decode("utf-8", "replace")
-        with open(file, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError as e:
-        raise InputError(f"cannot read {file}: {e.strerror or e}") from None
+def _read(file: str) -> LineSource:
+    return spooled_lines(sys.stdin.buffer) if file == "-" else file_lines(file)
 
 
 def _print(summary: LogSummary) -> None:

@@ -1,0 +1,72 @@
+"""Findings on existing indexes from plans: unused ones, and those whose columns lead a better index."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .candidates import Candidate
+from .model import Finding
+from .scratch import IndexDef, index_names
+from .workload import Statement
+
+
+def findings(
+    existing: Sequence[IndexDef], kept: Sequence[Candidate], before: Mapping[str, tuple[str, ...]],
+    after: Mapping[str, tuple[str, ...]], hot: set[str], reads: Mapping[str, Statement],
+) -> tuple[list[Finding], list[Finding]]:  # fmt: skip
+    """Existing indexes no logged statement uses, and those whose columns lead a better index."""
+    unused: list[Finding] = []
+    redundant: list[Finding] = []
+    users_before, users_after = users(before), users(after)
+    others = [(e.name, e.table, e.columns, where_key(e.where, e.partial)) for e in existing]
+    others += [(c.name, c.table, c.columns, frozenset(w.sql() for w in c.where)) for c in kept]
+    for e in existing:
+        if e.constraint:
+            continue
+        dlindex = e.name.startswith("idx_dlindex_")
+        used_before, used_after = users_before.get(e.name, set()), users_after.get(e.name, set())
+        mine = where_key(e.where, e.partial)
+        better = reason = None
+        strict = False
+        for name, table, columns, where in others:
+            if name == e.name or table != e.table or tuple(columns[: len(e.columns)]) != e.columns:
+                continue
+            if not where or where == mine:
+                strict = True
+                better = name
+                reason = f"duplicate of {name}" if len(columns) == len(e.columns) and where == mine else f"its columns lead {name}"
+                break
+            hot_users = {fp for fp in used_before if fp in hot}
+            if hot_users and all(name in index_names(after.get(fp, ())) for fp in hot_users):
+                rest = used_after
+                calls = sum(reads[fp].calls for fp in rest if fp in reads)
+                tail = f"; still chosen by {len(rest)} rarer statement(s), {calls:,} call(s)" if rest else ""
+                better = name
+                reason = f"its columns lead {name} (WHERE {' AND '.join(sorted(where))}), which serves the hot statements that used it{tail}"
+                break
+        drop = f"DROP INDEX {e.name}"
+        if better is not None and reason is not None:
+            redundant.append(Finding("redundant", e.name, e.table, e.sql or "", reason, better, dlindex,
+                                     dlindex and (strict or not used_after), drop))  # fmt: skip
+        elif not used_before:
+            unused.append(Finding("unused", e.name, e.table, e.sql or "", "no logged statement's plan uses it",
+                                  None, dlindex, dlindex, drop))  # fmt: skip
+        elif kept and not used_after:
+            unused.append(Finding("unused", e.name, e.table, e.sql or "",
+                                  "no logged statement's plan uses it once the suggestions exist", None, dlindex, dlindex, drop))  # fmt: skip
+    return unused, redundant
+
+
+def where_key(where: Iterable[Any] | None, partial: bool) -> frozenset[str]:
+    if not partial:
+        return frozenset()
+    return frozenset(c.sql() for c in where or ()) or frozenset({"?"})
+
+
+def users(plans: Mapping[str, tuple[str, ...]]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for fp, plan in plans.items():
+        for name in index_names(plan):
+            found.setdefault(name, set()).add(fp)
+    return found
