@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DlindexError
+from .export.confine import read_regular, real_inside, resolve_inside
 from .export.reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .export.tar import iter_members
+from .export.validate import listed_bytes
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -36,8 +39,6 @@ _METADATA = (
     "SELECT image_metadata.*, labels.name AS label FROM image_metadata "
     "JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = :id"
 )
-_BLOCK = 512
-_EMPTY = bytes(_BLOCK)
 
 
 class MetadataCache:
@@ -120,11 +121,15 @@ class ManifestDataset:
         self.paths: list[bytes] = []
         self.labels = array.array("l")
         self.ids = array.array("q")
+        self.sizes = array.array("q")  # -1: the manifest records no size
+        sizes = listed_bytes(listed_shards(self.index), [])
+        self.root = os.fsencode(self.index["file_root"])
         for name in files:
-            for row in manifest_rows(self.out_dir, name):
+            for row in manifest_rows(self.out_dir, name, max_bytes=sizes.get(name), classes=len(self.classes)):
                 self.paths.append(source_path(self.index, row["path"]))
                 self.labels.append(row["label_id"])
                 self.ids.append(row["id"])
+                self.sizes.append(-1 if row.get("bytes") is None else row["bytes"])
         self.transform = transform
         self.decode = decode
         self.mode = mode
@@ -134,8 +139,8 @@ class ManifestDataset:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        with open(self.paths[i], "rb", buffering=0) as f:
-            data = f.read()
+        size = self.sizes[i]
+        data = read_regular(real_inside(self.paths[i], self.root), None if size < 0 else size)
         image: Any = _decode(data, self.mode) if self.decode else data
         if self.transform is not None:
             image = self.transform(image)
@@ -146,47 +151,33 @@ class ManifestDataset:
         return self.cache.get(self.ids[i])
 
 
-def iter_tar(path: str | os.PathLike[str], keep: Callable[[int], bool] | None = None) -> Iterator[dict[str, Any]]:
+def iter_tar(
+    path: str | os.PathLike[str], keep: Callable[[int], bool] | None = None, *, max_bytes: int | None = None
+) -> Iterator[dict[str, Any]]:
     """Samples of a WebDataset tar: ``{"__key__": key, ext: bytes, ...}``, grouped by key.
 
     ``keep(n)`` decides whether the n-th sample of the file is read; others are seeked over.
+    The tar must be a regular file of at most ``max_bytes``; a damaged or truncated one
+    raises ExportError naming it (``dlindex.export.tar``).
     """
-    with open(path, "rb", buffering=1 << 20) as f:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger read-ahead
-        sample: dict[str, Any] = {}
-        key: bytes | None = None
-        n = -1
-        wanted = True
-        while True:
-            head = f.read(_BLOCK)
-            if len(head) < _BLOCK or head == _EMPTY:
-                break
-            size = int(head[124:136].strip(b"\0 ") or b"0", 8)
-            padded = size + (-size % _BLOCK)
-            name = head[:100].split(b"\0", 1)[0]
-            if head[257:262] == b"ustar" and head[345] != 0:
-                name = head[345:500].split(b"\0", 1)[0] + b"/" + name
-            if head[156] not in (0, 48):  # not a regular file (directories, pax headers)
-                f.seek(padded, 1)
-                continue
-            stem, dot, ext = name.rpartition(b"/")[2].partition(b".")
-            member_key = name[: len(name) - len(ext) - len(dot)]
-            if member_key != key:
-                if sample:
-                    yield sample
-                key, sample, n = member_key, {}, n + 1
-                wanted = keep is None or keep(n)
-                if wanted:
-                    sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
-            if not wanted:
-                f.seek(padded, 1)
-                continue
-            sample[ext.decode("utf-8", "surrogateescape")] = f.read(size)
-            if padded != size:
-                f.seek(padded - size, 1)
-        if sample:
-            yield sample
+    sample: dict[str, Any] = {}
+    key: bytes | None = None
+    n = -1
+    wanted = True
+    for name, read in iter_members(path, max_bytes):
+        stem, dot, ext = name.rpartition(b"/")[2].partition(b".")
+        member_key = name[: len(name) - len(ext) - len(dot)]
+        if member_key != key:
+            if sample:
+                yield sample
+            key, sample, n = member_key, {}, n + 1
+            wanted = keep is None or keep(n)
+            if wanted:
+                sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
+        if wanted:
+            sample[ext.decode("utf-8", "surrogateescape")] = read()
+    if sample:
+        yield sample
 
 
 class WdsDataset:
@@ -263,7 +254,8 @@ class WdsDataset:
             plan = [(s, workers) for s in shards]
         for shard, stride in plan:
             keep = None if stride is None else (lambda n, k=stride: n % k == worker)
-            for sample in iter_tar(self.out_dir / shard["file"], keep):
+            path = resolve_inside(os.fsencode(self.out_dir), shard["file"], what="shard")
+            for sample in iter_tar(path, keep, max_bytes=shard["bytes"]):
                 yield self._item(sample)
 
     def _item(self, sample: dict[str, Any]) -> Any:

@@ -32,6 +32,9 @@ from ._shared import (
 )  # fmt: skip
 
 
+MAX_WARNINGS = 20
+
+
 class ExportFormat(str, Enum):
     jsonl = "jsonl"
     csv = "csv"
@@ -102,8 +105,18 @@ def export(
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads,
     )  # fmt: skip
+    shown: list[str] = []
+
+    def warn(line: str) -> None:  # the first few by name; the rest are counted below
+        if len(shown) < MAX_WARNINGS:
+            shown.append(line)
+            typer.echo(f"warning: {line}", err=True)
+
     with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
-        summary = export_catalog(catalog, out_dir, options, progress=update)
+        summary = export_catalog(catalog, out_dir, options, progress=update, warn=warn)
+    if summary.skipped:
+        reasons = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in summary.skipped.items())
+        typer.echo(f"skipped {sum(summary.skipped.values())} source file(s), not packed: {reasons}", err=True)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:

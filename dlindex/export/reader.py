@@ -9,7 +9,18 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .confine import (
+    MAX_INDEX_BYTES,
+    ConfineError,
+    bounded_lines,
+    check_relative,
+    join_inside,
+    open_regular,
+    read_regular,
+    resolve_inside,
+)
 from .plan import ExportError
+from .validate import check_index, check_row
 
 INDEX = "index.json"
 INDEX_VERSION = 1
@@ -18,19 +29,28 @@ _INTS = ("id", "label_id", "width", "height", "bytes")
 
 
 def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """OUT_DIR/index.json as a dict; ExportError if OUT_DIR is not a dlindex export."""
+    """OUT_DIR/index.json as a dict, checked (validate.check_index); ExportError if OUT_DIR
+    is not a dlindex export, or its index.json is damaged (naming the line or the key)."""
     path = Path(out_dir) / INDEX
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_regular(path, MAX_INDEX_BYTES)
     except FileNotFoundError:
         raise ExportError(f"{out_dir} is not a dlindex export: no {INDEX}") from None
-    except (OSError, ValueError) as e:
-        raise ExportError(f"cannot read {path}: {e}") from None
-    if not isinstance(data, dict) or "dlindex_export" not in data:
-        raise ExportError(f"{path} is not a dlindex export index")
-    if data["dlindex_export"] > INDEX_VERSION:
-        raise ExportError(f"{path} has export version {data['dlindex_export']}; upgrade dlindex to read it")
-    return data
+    except OSError as e:
+        raise ExportError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}, line {e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ExportError(f"{path}: nested too deeply to be an export index") from None
+    try:
+        shards = listed_shards(data) if isinstance(data, dict) else None
+    except (KeyError, TypeError):
+        raise ExportError(f"{path} has no shard list; it is damaged, or not written by dlindex") from None
+    return check_index(data, str(path), shards)
 
 
 def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -47,39 +67,90 @@ def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int
     ]  # fmt: skip
 
 
-def manifest_rows(out_dir: str | os.PathLike[str], name: str) -> Iterator[dict[str, Any]]:
+def manifest_rows(
+    out_dir: str | os.PathLike[str], name: str, *, max_bytes: int | None = None, classes: int | None = None
+) -> Iterator[dict[str, Any]]:
     """The rows of one manifest shard as dicts; ``path`` is always ``str`` (surrogate escapes
-    for names that are not UTF-8: ``os.fsencode(row["path"])`` gives the exact bytes)."""
-    path = Path(out_dir) / name
-    if name.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                yield json.loads(line)
-    elif name.endswith(".csv"):
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            for row in csv.DictReader(f):
-                out: dict[str, Any] = dict(row)
-                for key in _INTS:
+    for names that are not UTF-8: ``os.fsencode(row["path"])`` gives the exact bytes).
+
+    The file must be a regular file inside OUT_DIR of at most ``max_bytes``; a damaged row
+    raises ExportError naming the file and line (the row number for parquet). With
+    ``classes``, each row is checked (validate.check_row) against that many classes.
+    """
+    try:
+        check_relative(os.fsencode(name), "manifest")
+        path = resolve_inside(os.fsencode(out_dir), os.fsencode(name), what="manifest")
+    except ConfineError as e:
+        raise ExportError(f"{out_dir}: {e}") from None
+    shown = os.path.join(os.fspath(out_dir), name)
+    try:
+        if name.endswith(".jsonl"):
+            for number, line in bounded_lines(path, max_bytes):
+                where = f"{shown}, line {number}"
+                try:
+                    row = json.loads(line)
+                except (ValueError, RecursionError) as e:
+                    raise ExportError(f"{where}: not a JSON object ({str(e).partition(': line')[0]})") from None
+                yield row if classes is None else check_row(row, where, classes)
+        elif name.endswith(".csv"):
+            text = (line.decode("utf-8", "surrogateescape") for _, line in bounded_lines(path, max_bytes))
+            reader = csv.DictReader(text)
+            for row in _csv_rows(reader, shown):
+                yield row if classes is None else check_row(row, f"{shown}, line {reader.line_num}", classes)
+        elif name.endswith(".parquet"):
+            for number, row in enumerate(_parquet_rows(path, max_bytes, shown), 1):
+                yield row if classes is None else check_row(row, f"{shown}, row {number}", classes)
+        else:
+            raise ExportError(f"{name} is not a manifest shard")
+    except FileNotFoundError:
+        raise ExportError(f"{shown}: missing") from None
+
+
+def _csv_rows(reader: csv.DictReader[str], shown: str) -> Iterator[dict[str, Any]]:
+    try:
+        for row in reader:
+            where = f"{shown}, line {reader.line_num}"
+            if None in row or None in row.values():
+                raise ExportError(f"{where}: {len(row)} fields where the header names {len(reader.fieldnames or ())}")
+            out: dict[str, Any] = dict(row)
+            for key in _INTS:
+                try:
                     out[key] = int(row[key]) if row.get(key) else None
-                if "feature" in out:
+                except ValueError:
+                    raise ExportError(f"{where}: {key!r} must be a whole number, not {row[key][:40]!r}") from None
+            if row.get("feature"):
+                try:
                     out["feature"] = json.loads(row["feature"])
-                yield out
-    elif name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        for row in pq.read_table(path).to_pylist():
-            raw = row.pop("path_bytes", None)
-            if raw is not None:
-                row["path"] = os.fsdecode(raw)
-            yield row
-    else:
-        raise ExportError(f"{name} is not a manifest shard")
+                except (ValueError, RecursionError):
+                    raise ExportError(f"{where}: 'feature' is not a JSON list") from None
+            yield out
+    except csv.Error as e:
+        raise ExportError(f"{shown}, line {reader.line_num}: {e}") from None
 
 
-def source_path(index: Mapping[str, Any], path: str) -> bytes:
-    """A manifest path as the absolute path of the source file, in bytes."""
-    raw = os.fsencode(path)
-    if raw.startswith(b"/"):
-        return raw
-    root = os.fsencode(index.get("file_root") or "/")
-    return root.rstrip(b"/") + b"/" + raw
+def _parquet_rows(path: bytes, max_bytes: int | None, shown: str) -> Iterator[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fd, _ = open_regular(path, max_bytes)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            table = pq.read_table(f)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise ExportError(f"{shown}: not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
+    for row in table.to_pylist():
+        raw = row.pop("path_bytes", None)
+        if isinstance(raw, bytes):
+            row["path"] = os.fsdecode(raw)
+        yield row
+
+
+def source_path(index: Mapping[str, Any], path: str, root: str | os.PathLike[str] | bytes | None = None) -> bytes:
+    """A manifest path as the absolute path of the source file, in bytes, confined to ``root``
+    (default: the export's ``file_root``) by its text: ConfineError for ``..`` or an absolute
+    path, which is accepted only in an export written with ``--absolute-paths`` and only under
+    the root. Readers then open it through ``confine.real_inside`` (symlinks that leave the root).
+    """
+    base = os.fsencode(root) if root is not None else os.fsencode(index.get("file_root") or "/")
+    absolute = bool(index.get("options", {}).get("absolute_paths", False))
+    return join_inside(base, os.fsencode(path), allow_absolute=absolute)
