@@ -140,7 +140,10 @@ class ManifestDataset:
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         size = self.sizes[i]
-        data = read_regular(real_inside(self.paths[i], self.root), None if size < 0 else size)
+        try:
+            data = read_regular(real_inside(self.paths[i], self.root), None if size < 0 else size)
+        except OSError as e:
+            raise DlindexError(f"{os.fsdecode(self.paths[i])}: {e.strerror}; the export's source is gone (see dlindex export --verify)") from None
         image: Any = _decode(data, self.mode) if self.decode else data
         if self.transform is not None:
             image = self.transform(image)

@@ -135,10 +135,11 @@ def _parquet_rows(path: bytes, max_bytes: int | None, shown: str) -> Iterator[di
     fd, _ = open_regular(path, max_bytes)
     with os.fdopen(fd, "rb") as f:
         try:
-            table = pq.read_table(f)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise ExportError(f"{shown}: not a readable parquet file ({str(e).splitlines()[0][:200]})") from None
-    for row in table.to_pylist():
+            rows = pq.read_table(f).to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
+            first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise ExportError(f"{shown}: not a readable parquet file ({first})") from None
+    for row in rows:
         raw = row.pop("path_bytes", None)
         if isinstance(raw, bytes):
             row["path"] = os.fsdecode(raw)
