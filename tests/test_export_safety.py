@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -429,5 +428,23 @@ def test_big_catalogs_export_every_sample_in_every_format(
         assert summary.samples == 6, (fmt, extra)
 
 
-def _walk(folder: Path) -> Iterator[Path]:
-    yield from folder.rglob("*")
+def test_features_export_removes_leftovers_of_killed_runs_only(scanned_db: Path, tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    from dlindex.features import export_features, import_features
+
+    np.savez(tmp_path / "in.npz", ids=np.arange(1, 4), vectors=np.ones((3, 2), np.float32))
+    with Catalog(scanned_db) as catalog:
+        import_features(catalog, "v", tmp_path / "in.npz")
+    start = "import os, sys, tempfile; from dlindex.export.outdir import temp_prefix\n"
+    make = "fd, t = tempfile.mkstemp(prefix=temp_prefix('v.npz'), suffix='.npz', dir='.'); print(t, flush=True)\n"
+    live = _in_child(start + make + "sys.stdin.read()", tmp_path)
+    live_tmp = os.path.basename(live.stdout.readline().decode().strip())  # type: ignore[union-attr]
+    _in_child(start + make + "os.kill(os.getpid(), 9)", tmp_path).wait(30)
+    try:
+        assert len([p for p in tmp_path.iterdir() if p.name.startswith(".v.npz.")]) == 2
+        with Catalog(scanned_db) as catalog:
+            export_features(catalog, "v", tmp_path / "v.npz")
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".v.npz.")] == [live_tmp]
+    finally:
+        live.kill()
+        live.wait()

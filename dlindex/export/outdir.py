@@ -7,8 +7,10 @@ home folder. The swap is one ``renameat2(RENAME_EXCHANGE)`` where Linux offers i
 always holds the old export or the new one; elsewhere the old one is moved aside first and
 put back by the next export if a crash came between the two renames.
 
-Temporary folders are named ``.{OUT_DIR}.dlindex-{host}-{pid}-{start}.{random}.tmp|.old``:
-the next export removes those of processes that are gone (never of a live one).
+Temporary folders are named ``.{OUT_DIR}.dlindex-{host}-{pid}-{start}.{random}.tmp|.old``
+(``features export`` names its temporary ``.npz`` files the same way): the next export
+removes those of processes on this host that are gone (never of a live one; a reused pid
+has another start time).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from .plan import ExportError
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _KNOWN_EXTRA = frozenset({".upper.part"})  # a jsonl export's second process, if it died mid-write
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.dlindex-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)\.[^.]+\.(?:tmp|old)$")
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.dlindex-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)\.[^.]+\.(?:tmp|old|npz)$")
 
 
 def _host() -> str:

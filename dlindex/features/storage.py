@@ -387,7 +387,10 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
             ids, vectors = read_all(catalog, ftype)
         finally:
             catalog.conn.execute("COMMIT")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".npz", dir=target.parent)
+    from ..export.outdir import remove_leftovers, temp_prefix
+
+    remove_leftovers(target.parent, target.name)  # of earlier exports killed mid-write (never a live one's)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(target.name), suffix=".npz", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, ids=ids, vectors=vectors)
