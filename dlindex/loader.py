@@ -29,7 +29,7 @@ from typing import Any
 
 from .errors import DlindexError
 from .export.confine import read_regular, real_inside, resolve_inside
-from .export.reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .export.reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
 from .export.tar import iter_members
 from .export.validate import listed_bytes
 
@@ -125,7 +125,10 @@ class ManifestDataset:
         sizes = listed_bytes(listed_shards(self.index), [])
         self.root = os.fsencode(self.index["file_root"])
         for name in files:
-            for row in manifest_rows(self.out_dir, name, max_bytes=sizes.get(name), classes=len(self.classes)):
+            for row in manifest_rows(
+                self.out_dir, name, max_bytes=sizes.get(name), classes=len(self.classes),
+                absolute_paths=absolute_paths(self.index),
+            ):
                 self.paths.append(source_path(self.index, row["path"]))
                 self.labels.append(row["label_id"])
                 self.ids.append(row["id"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -284,10 +285,10 @@ def test_manifest_paths_that_leave_the_root_are_refused(manifest_export: Path, p
     rows = _rows(manifest_export)
     rows[0]["path"] = path
     _write_rows(manifest_export, rows)
-    with pytest.raises(ExportError, match=message):
+    with pytest.raises(ExportError, match=r"all-000000\.jsonl, line 1: path .*" + message):
         ManifestDataset(manifest_export, decode=False)
     result = verify_export(manifest_export)
-    assert not result.ok and any(message.replace("\\", "") in p or "part" in p for p in result.problems)
+    assert not result.ok and any(re.search(r"all-000000\.jsonl, line 1: .*" + message, p) for p in result.problems)
 
 
 def test_symlinks_that_leave_the_root_are_refused(manifest_export: Path, image_tree: Path, tmp_path: Path) -> None:
@@ -369,7 +370,7 @@ def test_a_hand_edited_index_is_one_error_line(runner: CliRunner, manifest_expor
     edit(index)
     (manifest_export / "index.json").write_text(json.dumps(index))
     line = one_error_line(cli(runner, "--verify", str(manifest_export)))
-    assert "index.json" in line and __import__("re").search(message, line), line
+    assert "index.json" in line and re.search(message, line), line
     with pytest.raises(ExportError, match=message):
         ManifestDataset(manifest_export)
 

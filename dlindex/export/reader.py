@@ -68,14 +68,16 @@ def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int
 
 
 def manifest_rows(
-    out_dir: str | os.PathLike[str], name: str, *, max_bytes: int | None = None, classes: int | None = None
+    out_dir: str | os.PathLike[str], name: str, *, max_bytes: int | None = None, classes: int | None = None,
+    absolute_paths: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """The rows of one manifest shard as dicts; ``path`` is always ``str`` (surrogate escapes
     for names that are not UTF-8: ``os.fsencode(row["path"])`` gives the exact bytes).
 
     The file must be a regular file inside OUT_DIR of at most ``max_bytes``; a damaged row
     raises ExportError naming the file and line (the row number for parquet). With
-    ``classes``, each row is checked (validate.check_row) against that many classes.
+    ``classes``, each row is checked (validate.check_row) against that many classes, and its
+    path (absolute ones only with ``absolute_paths``).
     """
     try:
         check_relative(os.fsencode(name), "manifest")
@@ -91,15 +93,15 @@ def manifest_rows(
                     row = json.loads(line)
                 except (ValueError, RecursionError) as e:
                     raise ExportError(f"{where}: not a JSON object ({str(e).partition(': line')[0]})") from None
-                yield row if classes is None else check_row(row, where, classes)
+                yield row if classes is None else check_row(row, where, classes, absolute_paths)
         elif name.endswith(".csv"):
             text = (line.decode("utf-8", "surrogateescape") for _, line in bounded_lines(path, max_bytes))
             reader = csv.DictReader(text)
             for row in _csv_rows(reader, shown):
-                yield row if classes is None else check_row(row, f"{shown}, line {reader.line_num}", classes)
+                yield row if classes is None else check_row(row, f"{shown}, line {reader.line_num}", classes, absolute_paths)
         elif name.endswith(".parquet"):
             for number, row in enumerate(_parquet_rows(path, max_bytes, shown), 1):
-                yield row if classes is None else check_row(row, f"{shown}, row {number}", classes)
+                yield row if classes is None else check_row(row, f"{shown}, row {number}", classes, absolute_paths)
         else:
             raise ExportError(f"{name} is not a manifest shard")
     except FileNotFoundError:
@@ -146,6 +148,11 @@ def _parquet_rows(path: bytes, max_bytes: int | None, shown: str) -> Iterator[di
         yield row
 
 
+def absolute_paths(index: Mapping[str, Any]) -> bool:
+    """Whether the export was written with ``--absolute-paths`` (its rows may then be absolute)."""
+    return bool(index.get("options", {}).get("absolute_paths", False))
+
+
 def source_path(index: Mapping[str, Any], path: str, root: str | os.PathLike[str] | bytes | None = None) -> bytes:
     """A manifest path as the absolute path of the source file, in bytes, confined to ``root``
     (default: the export's ``file_root``) by its text: ConfineError for ``..`` or an absolute
@@ -153,5 +160,5 @@ def source_path(index: Mapping[str, Any], path: str, root: str | os.PathLike[str
     the root. Readers then open it through ``confine.real_inside`` (symlinks that leave the root).
     """
     base = os.fsencode(root) if root is not None else os.fsencode(index.get("file_root") or "/")
-    absolute = bool(index.get("options", {}).get("absolute_paths", False))
+    absolute = absolute_paths(index)
     return join_inside(base, os.fsencode(path), allow_absolute=absolute)

@@ -115,9 +115,10 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
     return data
 
 
-def check_row(row: Any, where: str, classes: int) -> dict[str, Any]:
-    """A manifest row as readers use it: ``path`` text, ``id`` and ``label_id`` whole numbers
-    (``label_id`` a class of the export), ``bytes`` a size or null; ExportError naming ``where``."""
+def check_row(row: Any, where: str, classes: int, absolute_paths: bool = False) -> dict[str, Any]:
+    """A manifest row as readers use it: ``path`` a plain relative path (absolute only in an
+    ``--absolute-paths`` export), ``id`` and ``label_id`` whole numbers (``label_id`` a class
+    of the export), ``bytes`` a size or null; ExportError naming ``where``."""
     if not isinstance(row, dict):
         raise ExportError(f"{where}: a row must be an object, not {_short(row)}")
     for key in ("id", "path", "label_id"):
@@ -125,6 +126,14 @@ def check_row(row: Any, where: str, classes: int) -> dict[str, Any]:
             raise ExportError(f"{where}: no {key!r}")
     if not isinstance(row["path"], str) or not row["path"]:
         raise ExportError(f"{where}: 'path' must be non-empty text, not {_short(row['path'])}")
+    raw = row["path"].encode("utf-8", "surrogateescape")
+    try:
+        if raw.startswith(b"/") and absolute_paths:
+            check_relative(raw.lstrip(b"/") or b".", "path")
+        else:
+            check_relative(raw, "path")
+    except ConfineError as e:
+        raise ExportError(f"{where}: {e}") from None
     _int(row["id"], where, "'id'", -MAX_COUNT - 1)
     _int(row["label_id"], where, "'label_id'", 0, max(classes - 1, 0))
     if classes == 0:

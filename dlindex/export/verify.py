@@ -18,7 +18,7 @@ import xxhash
 
 from .confine import hash_regular, read_regular, real_inside, resolve_inside
 from .plan import ExportError
-from .reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
 from .validate import listed_bytes
 
 MAX_PROBLEMS = 1000  # listed; all are counted
@@ -79,12 +79,13 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
     sizes = listed_bytes(listed_shards(index), index.get("files", []))
     file_root = os.fsencode(index["file_root"])
     classes = len(index["labels"])
+    absolute = absolute_paths(index)
     for name in manifest_files(index):
         if not (root / name).is_file():
             continue  # already reported
         seen: set[bytes] = set()
         try:
-            for row in manifest_rows(root, name, max_bytes=sizes.get(name), classes=classes):
+            for row in manifest_rows(root, name, max_bytes=sizes.get(name), classes=classes, absolute_paths=absolute):
                 try:
                     path = source_path(index, row["path"])
                 except ExportError as e:
