@@ -265,15 +265,25 @@ class WdsDataset:
                 yield self._item(sample)
 
     def _item(self, sample: dict[str, Any]) -> Any:
-        label = int(sample.pop("cls"))
-        meta = sample.pop("json", None)
         key = sample.pop("__key__")
-        data = next(v for k, v in sample.items() if k != "npy")
+        cls = sample.pop("cls", b"")
+        meta = sample.pop("json", None)
+        data = next((v for k, v in sample.items() if k != "npy"), None)
+        label = int(cls) if cls.isdigit() and len(cls) < 10 else -1
+        if data is None or not 0 <= label < len(self.classes):
+            raise DlindexError(f"{self.out_dir}: sample {key!r} has no image or no valid .cls member (see dlindex export --verify)")
+        info: dict[str, Any] = {}
+        if self.with_metadata and meta:
+            try:
+                info = json.loads(meta)
+            except (ValueError, RecursionError):
+                raise DlindexError(f"{self.out_dir}: sample {key!r} has a damaged .json member") from None
+            if not isinstance(info, dict):
+                raise DlindexError(f"{self.out_dir}: sample {key!r} has a .json member that is not an object")
         image: Any = _decode(data, self.mode) if self.decode else data
         if self.transform is not None:
             image = self.transform(image)
         if self.with_metadata:
-            info = json.loads(meta) if meta else {}
             info["__key__"] = key
             return image, label, info
         return image, label

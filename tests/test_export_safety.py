@@ -449,3 +449,16 @@ def test_features_export_removes_leftovers_of_killed_runs_only(scanned_db: Path,
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_symlinked_source_is_packed_like_the_scan_saw_it(tmp_path: Path) -> None:
+    make_png(tmp_path / "elsewhere" / "real.png", (9, 9))
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    make_png(tmp_path / "images" / "cat" / "plain.png")
+    (tmp_path / "images" / "cat" / "link.png").symlink_to(tmp_path / "elsewhere" / "real.png")
+    db = tmp_path / "c.db"
+    with Catalog(db, create=True) as catalog:
+        scan_tree(catalog, tmp_path / "images", ScanOptions(workers=1))
+        n = catalog.conn.execute("SELECT count(*) FROM image_metadata WHERE status = 'ok'").fetchone()[0]
+    summary = export(db, tmp_path / "w", format="wds")
+    assert (summary.samples, summary.skipped) == (n, {})

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from dlindex import Catalog, DlindexError, ScanOptions, scan_tree
 from dlindex.cli import app
 from dlindex.export import ExportOptions, export_catalog, load_index, verify_export
-from dlindex.loader import ManifestDataset, iter_tar
+from dlindex.loader import ManifestDataset, WdsDataset, iter_tar
 
 from .conftest import make_png
 
@@ -236,6 +236,10 @@ def test_fuzz_tar_headers(exports: dict[str, Path], data: st.DataObject) -> None
             if data.draw(st.booleans()):  # a valid checksum, so the other checks are reached
                 tar[at + 148 : at + 156] = b" " * 8
                 tar[at + 148 : at + 156] = b"%06o\0 " % sum(tar[at : at + 512])
+        if data.draw(st.booleans()):  # member contents too: .cls, .json
+            at = data.draw(st.integers(0, len(tar) - 1))
+            junk = data.draw(st.binary(min_size=1, max_size=8))
+            tar[at : at + len(junk)] = junk
         if data.draw(st.booleans()):
             tar = tar[: data.draw(st.integers(0, len(tar)))]
         rewrite(out, name, bytes(tar))
@@ -243,6 +247,10 @@ def test_fuzz_tar_headers(exports: dict[str, Path], data: st.DataObject) -> None
             try:
                 samples = list(iter_tar(out / name, max_bytes=len(tar)))
                 assert all(isinstance(v, (bytes, str)) for s in samples for v in s.values())
+            except DlindexError:
+                pass
+            try:
+                list(WdsDataset(out, decode=False, with_metadata=True))
             except DlindexError:
                 pass
         check_cli_verify(out)

@@ -14,6 +14,7 @@ and manifests) and for the packing of source images:
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import stat
@@ -23,7 +24,8 @@ import xxhash
 
 from .plan import ExportError
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 MAX_INDEX_BYTES = 256 << 20  # an index.json of a million shards is ~200 MB
 MAX_LINE_BYTES = 1 << 20  # one manifest row; real ones are a few hundred bytes
 
@@ -98,18 +100,21 @@ def resolve_inside(base: bytes | str, rel: bytes | str, *, allow_absolute: bool 
     return real_inside(join_inside(base, rel, allow_absolute=allow_absolute, what=what), base, what)
 
 
-def open_regular(path: bytes | str, max_bytes: int | None = None, *, exact: bool = False) -> tuple[int, int]:
-    """(fd, size) of a regular file opened read-only; never follows a final symlink, never blocks.
+def open_regular(
+    path: bytes | str, max_bytes: int | None = None, *, exact: bool = False, follow: bool = False
+) -> tuple[int, int]:
+    """(fd, size) of a regular file opened read-only; never blocks, never follows a final
+    symlink unless ``follow`` (source images: a scan follows symlinks too).
 
     Args:
         max_bytes: refuse a file larger than this (with ``exact``: of any other size).
     """
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS & ~_NOFOLLOW if follow else _OPEN_FLAGS)
     except FileNotFoundError:
         raise
     except OSError as e:
-        if e.errno == 40 or (os.path.islink(path)):  # ELOOP: the last part is a symlink
+        if not follow and (e.errno == errno.ELOOP or os.path.islink(path)):  # the last part is a symlink
             raise NotRegularError(f"{_shown(path)} is a symbolic link; an export opens only regular files") from None
         raise ConfineError(f"cannot read {_shown(path)}: {e.strerror}") from None
     try:
@@ -133,21 +138,22 @@ def kind(mode: int) -> str:
     return "not a regular file" if not stat.S_ISREG(mode) else "a regular file"
 
 
-def read_regular(path: bytes | str, max_bytes: int | None = None, *, exact: bool = False) -> bytes:
+def read_regular(path: bytes | str, max_bytes: int | None = None, *, exact: bool = False, follow: bool = False) -> bytes:
     """A regular file's content, at most ``max_bytes`` (a file that grows meanwhile is an error)."""
-    fd, size = open_regular(path, max_bytes, exact=exact)
+    fd, size = open_regular(path, max_bytes, exact=exact, follow=follow)
     try:
         limit = size if max_bytes is None else min(size, max_bytes)
         parts = []
         got = 0
         while True:
-            chunk = os.read(fd, min(limit - got + 1, 1 << 24))
-            if not chunk:
-                break
+            want = min(limit - got + 1, 1 << 24)
+            chunk = os.read(fd, want)
             parts.append(chunk)
             got += len(chunk)
             if got > limit:
                 raise SizeError(f"{_shown(path)} grew while being read (more than {limit} bytes)")
+            if len(chunk) < want:  # a short read of a regular file is its end: no extra read() per file
+                break
     finally:
         os.close(fd)
     data = b"".join(parts)

@@ -84,8 +84,8 @@ def read_exact(path: bytes, size: int | None) -> bytes:
     """A source file's whole content, of exactly its catalogued size (when known); only a
     regular file is opened, without blocking (a FIFO swapped in never hangs the export)."""
     if size is None or size < 0:
-        return read_regular(path)
-    return read_regular(path, size, exact=True)
+        return read_regular(path, follow=True)
+    return read_regular(path, size, exact=True, follow=True)
 
 
 def packable(
