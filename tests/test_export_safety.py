@@ -462,3 +462,19 @@ def test_a_symlinked_source_is_packed_like_the_scan_saw_it(tmp_path: Path) -> No
         n = catalog.conn.execute("SELECT count(*) FROM image_metadata WHERE status = 'ok'").fetchone()[0]
     summary = export(db, tmp_path / "w", format="wds")
     assert (summary.samples, summary.skipped) == (n, {})
+
+
+def test_sigterm_mid_export_removes_the_temporary_folder(scanned_db: Path, tmp_path: Path) -> None:
+    code = f"""
+import os, signal
+from pathlib import Path
+from dlindex import Catalog
+from dlindex.export import export_catalog, ExportOptions
+with Catalog({str(scanned_db)!r}) as c:
+    try:
+        export_catalog(c, Path('out'), ExportOptions(format='wds'), progress=lambda n: os.kill(os.getpid(), signal.SIGTERM))
+    except KeyboardInterrupt:
+        raise SystemExit(130)
+"""
+    assert _in_child(code, tmp_path).wait(60) == 130
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith((".out", "out"))] == []

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..query import QuerySpec
+from ..signals import sigterm_as_interrupt
 from .dali import write_dali
 from .files import hash_file, packable
 from .outdir import OutputDir
@@ -171,6 +172,7 @@ def export_catalog(
     # Before anything is read: OUT_DIR must be safe to write (and to replace, with --overwrite).
     output = OutputDir(target, options.overwrite, protected_files(catalog), [r for r, in catalog.read(_ROOTS, {})])
     skipped: Counter[str] = Counter()
+    restore = sigterm_as_interrupt()  # a SIGTERM removes the temporary folder, as Ctrl-C does
     try:
         features = feature_source(catalog, options.features) if options.features else None
         changes = catalog.changes()
@@ -217,6 +219,8 @@ def export_catalog(
     except BaseException:
         output.abort()  # never leave a half export that looks whole
         raise
+    finally:
+        restore()
     total = sum(s.bytes for s in shards) + sum(f["bytes"] for f in extra) + len(index)
     return ExportSummary(
         out_dir=str(target), format=fmt, samples=plan.samples, selected=selected, dropped=plan.dropped,

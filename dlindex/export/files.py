@@ -14,7 +14,6 @@ from typing import Any, BinaryIO
 import xxhash
 
 from .confine import NotRegularError, SizeError, kind, read_regular
-from .outdir import OutputDir as OutputDir  # where it lived before
 from .plan import BYTES, HASH, ID, ExportError, absolute_path
 
 
