@@ -216,6 +216,15 @@ class OutputDir:
         self.tmp = Path(tempfile.mkdtemp(prefix=self.prefix, suffix=".tmp", dir=parent))
 
     def commit(self) -> None:
+        """Put the complete export in place of OUT_DIR (ExportError if OUT_DIR changed meanwhile)."""
+        try:
+            self._commit()
+        except ExportError:
+            raise
+        except OSError as e:
+            raise ExportError(f"cannot put the export in place at {self.out_dir}: {e.strerror}") from None
+
+    def _commit(self) -> None:
         os.chmod(self.tmp, 0o755)  # mkdtemp makes 0700; an export is meant to be shared
         if not (self.out_dir.is_dir() and any(self.out_dir.iterdir())):
             try:
