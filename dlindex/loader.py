@@ -30,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DlindexError
-from .export.reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .export.confine import read_regular, real_inside, resolve_inside
+from .export.reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
 from .export.shards import exact_path
+from .export.tar import iter_members
+from .export.validate import listed_bytes
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -39,8 +42,6 @@ _METADATA = (
     "SELECT image_metadata.*, labels.name AS label FROM image_metadata "
     "LEFT JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = :id"
 )
-_BLOCK = 512
-_EMPTY = bytes(_BLOCK)
 
 
 class MetadataCache:
@@ -102,6 +103,10 @@ def _decode(data: bytes, mode: str | None) -> Any:
     return image.convert(mode) if mode else image
 
 
+class SourceMissingError(DlindexError, FileNotFoundError):
+    """A manifest's source file is not there (moved? pass ``root=``); also a FileNotFoundError."""
+
+
 class ManifestDataset:
     """Map-style dataset over a manifest export: ``dataset[i]`` -> ``(image, label)``.
 
@@ -121,7 +126,9 @@ class ManifestDataset:
     ) -> None:  # fmt: skip
         self.out_dir = Path(out_dir)
         self.index = load_index(out_dir)
-        self.root = _check_root(root)
+        # Every path is confined to this folder (its text, then its real path on open):
+        # root= when the tree moved, else index.json's file_root.
+        self.root = os.fsencode(_check_root(root) or self.index["file_root"])
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
         files = manifest_files(self.index, split, rank)
         if not files:
@@ -129,11 +136,17 @@ class ManifestDataset:
         self.paths: list[bytes] = []
         self.labels = array.array("l")
         self.ids = array.array("q")
+        self.sizes = array.array("q")  # -1: the manifest records no size
+        sizes = listed_bytes(listed_shards(self.index), [])
         for name in files:
-            for row in manifest_rows(self.out_dir, name):
+            for row in manifest_rows(
+                self.out_dir, name, max_bytes=sizes.get(name), classes=len(self.classes),
+                absolute_paths=absolute_paths(self.index),
+            ):
                 self.paths.append(source_path(self.index, row["path"], self.root))
                 self.labels.append(row["label_id"])
                 self.ids.append(row["id"])
+                self.sizes.append(-1 if row.get("bytes") is None else row["bytes"])
         self.transform = transform
         self.decode = decode
         self.mode = mode
@@ -144,8 +157,12 @@ class ManifestDataset:
         return len(self.paths)
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        with open(self.paths[i], "rb", buffering=0) as f:
-            data = f.read()
+        size = self.sizes[i]
+        try:
+            data = read_regular(real_inside(self.paths[i], self.root, folder_links=True), None if size < 0 else size)
+        except OSError as e:
+            kind = SourceMissingError if isinstance(e, FileNotFoundError) else DlindexError
+            raise kind(f"{os.fsdecode(self.paths[i])}: {e.strerror}; the export's source is gone (see dlindex export --verify)") from None
         image: Any = _decode(data, self.mode) if self.decode else data
         if self.transform is not None:
             image = self.transform(image)
@@ -167,51 +184,36 @@ class ManifestDataset:
 
 
 def iter_tar(
-    path: str | os.PathLike[str], keep: Callable[[int], bool] | None = None, stop: int | None = None
+    path: str | os.PathLike[str] | bytes, keep: Callable[[int], bool] | None = None, stop: int | None = None, *,
+    max_bytes: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Samples of a WebDataset tar: ``{"__key__": key, ext: bytes, ...}``, grouped by key.
 
     ``keep(n)`` decides whether the n-th sample of the file is read; others are seeked over.
     Reading ends before sample ``stop``.
+    The tar must be a regular file of at most ``max_bytes``; a damaged or truncated one
+    raises ExportError naming it (``dlindex.export.tar``).
     """
-    with open(path, "rb", buffering=1 << 20) as f:
-        if hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # larger read-ahead
-        sample: dict[str, Any] = {}
-        key: bytes | None = None
-        n = -1
-        wanted = True
-        while True:
-            head = f.read(_BLOCK)
-            if len(head) < _BLOCK or head == _EMPTY:
-                break
-            size = int(head[124:136].strip(b"\0 ") or b"0", 8)
-            padded = size + (-size % _BLOCK)
-            name = head[:100].split(b"\0", 1)[0]
-            if head[257:262] == b"ustar" and head[345] != 0:
-                name = head[345:500].split(b"\0", 1)[0] + b"/" + name
-            if head[156] not in (0, 48):  # not a regular file (directories, pax headers)
-                f.seek(padded, 1)
-                continue
-            stem, dot, ext = name.rpartition(b"/")[2].partition(b".")
-            member_key = name[: len(name) - len(ext) - len(dot)]
-            if member_key != key:
-                if sample:
-                    yield sample
-                key, sample, n = member_key, {}, n + 1
-                if stop is not None and n >= stop:
-                    return
-                wanted = keep is None or keep(n)
-                if wanted:
-                    sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
-            if not wanted:
-                f.seek(padded, 1)
-                continue
-            sample[ext.decode("utf-8", "surrogateescape")] = f.read(size)
-            if padded != size:
-                f.seek(padded - size, 1)
-        if sample:
-            yield sample
+    sample: dict[str, Any] = {}
+    key: bytes | None = None
+    n = -1
+    wanted = True
+    for name, read in iter_members(path, max_bytes):
+        stem, dot, ext = name.rpartition(b"/")[2].partition(b".")
+        member_key = name[: len(name) - len(ext) - len(dot)]
+        if member_key != key:
+            if sample:
+                yield sample
+            key, sample, n = member_key, {}, n + 1
+            if stop is not None and n >= stop:
+                return
+            wanted = keep is None or keep(n)
+            if wanted:
+                sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
+        if wanted:
+            sample[ext.decode("utf-8", "surrogateescape")] = read()
+    if sample:
+        yield sample
 
 
 class WdsDataset:
@@ -316,22 +318,34 @@ class WdsDataset:
             def keep(n: int, first: int = first, end: int = end, stride: int | None = stride) -> bool:
                 return first <= n < end and (stride is None or (n - first) % stride == worker)
 
-            for sample in iter_tar(self.out_dir / shard["file"], keep, stop=end):
+            path = resolve_inside(os.fsencode(self.out_dir), shard["file"], what="shard")
+            for sample in iter_tar(path, keep, stop=end, max_bytes=shard["bytes"]):
                 yield self._item(sample)
 
     def _item(self, sample: dict[str, Any]) -> Any:
-        label = int(sample.pop("cls"))
-        meta = sample.pop("json", None)
         key = sample.pop("__key__")
-        data = next(v for k, v in sample.items() if k != "npy")
+        cls = sample.pop("cls", b"")
+        meta = sample.pop("json", None)
+        data = next((v for k, v in sample.items() if k != "npy"), None)
+        label = int(cls) if cls.isdigit() and len(cls) < 10 else -1
+        if data is None or not 0 <= label < len(self.classes):
+            raise DlindexError(f"{self.out_dir}: sample {key!r} has no image or no valid .cls member (see dlindex export --verify)")
+        info: dict[str, Any] = {}
+        if self.with_metadata and meta:
+            try:
+                info = json.loads(meta)
+            except (ValueError, RecursionError):
+                raise DlindexError(f"{self.out_dir}: sample {key!r} has a damaged .json member") from None
+            if not isinstance(info, dict):
+                raise DlindexError(f"{self.out_dir}: sample {key!r} has a .json member that is not an object")
         image: Any = _decode(data, self.mode) if self.decode else data
         if self.transform is not None:
             image = self.transform(image)
         if self.with_metadata:
-            info = json.loads(meta) if meta else {}
             info["__key__"] = key
-            if "path" in info:
-                exact = exact_path(info["path"], info.get("path_b64"))
+            if isinstance(info.get("path"), str):
+                b64 = info.get("path_b64")
+                exact = exact_path(info["path"], b64 if isinstance(b64, str) else None)
                 info["file"] = os.fsdecode(source_path(self.index, exact, self.root))
             return image, label, info
         return image, label

@@ -103,5 +103,11 @@ def test_existing_output_needs_overwrite(runner: CliRunner, scanned_db: Path, tm
     result = runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db)])
     assert result.exit_code == 1 and "--overwrite" in result.stderr
     assert (tmp_path / "o" / "keep.txt").read_text() == "mine"
+    # --overwrite replaces only an export: a folder of the user's own files is refused, kept.
     result = runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "--overwrite", "-q"])
-    assert result.exit_code == 0 and not (tmp_path / "o" / "keep.txt").exists()
+    assert result.exit_code == 1 and "it has no index.json, so it is not a dlindex export" in result.stderr
+    assert (tmp_path / "o" / "keep.txt").read_text() == "mine"
+    (tmp_path / "o" / "keep.txt").unlink()
+    assert runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "-q"]).exit_code == 0
+    result = runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "--overwrite", "-q", "-f", "csv"])
+    assert result.exit_code == 0 and sorted(p.name for p in (tmp_path / "o").iterdir()) == ["index.json", "train-000000.csv"]

@@ -34,6 +34,9 @@ from ._shared import (
 )  # fmt: skip
 
 
+MAX_WARNINGS = 20
+
+
 class ExportFormat(str, Enum):
     jsonl = "jsonl"
     csv = "csv"
@@ -63,11 +66,11 @@ def export(
     shuffle: Annotated[bool, typer.Option("--shuffle", help="Seeded random sample order (else by id).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --shuffle and --per-label.")] = 0,
     split: Annotated[str | None, typer.Option("--split", metavar="NAME=FRACTION,...|tree|NAME,...", help="Stable splits by content hash, e.g. train=0.9,val=0.1; tree: the tree's split folders; val or train,val: only these split folders. [default: the split folders of a pre-split tree, else one split]", show_default=False)] = None,
-    world_size: Annotated[int, typer.Option("--world-size", min=1, help="Split each split into W equal rank shares.")] = 1,
+    world_size: Annotated[int, typer.Option("--world-size", min=1, help="Split each split into W equal rank shares (at most 65536).")] = 1,
     drop_last: Annotated[bool, typer.Option("--drop-last/--pad", help="Equal rank shares by dropping the remainder, or by repeating samples.")] = False,
     features: Annotated[str | None, typer.Option("--features", metavar="TYPE", help="Add this type's vectors from the feature cache.", show_default=False)] = None,
     absolute_paths: Annotated[bool, typer.Option("--absolute-paths", help="Absolute paths in manifests and metadata (else relative to file_root).")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing OUT_DIR (atomically).")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT_DIR if it holds a dlindex export and nothing else (atomically).")] = False,
     read_threads: Annotated[int, typer.Option("--read-threads", min=0, help="Read source images ahead with N threads (cold page cache; wds, mds).")] = 0,
     workers: Annotated[int, typer.Option("--workers", min=1, help="wds: at least N shards per rank (a multiple of N), so DataLoader(num_workers<=N) never starves a worker.")] = 8,
     verify: Annotated[bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")] = False,
@@ -106,8 +109,18 @@ def export(
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
     )  # fmt: skip
+    shown: list[str] = []
+
+    def warn(line: str) -> None:  # the first few by name; the rest are counted below
+        if len(shown) < MAX_WARNINGS:
+            shown.append(line)
+            typer.echo(f"warning: {line}", err=True)
+
     with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
-        summary = export_catalog(catalog, out_dir, options, progress=update)
+        summary = export_catalog(catalog, out_dir, options, progress=update, warn=warn)
+    if summary.skipped:
+        reasons = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in summary.skipped.items())
+        typer.echo(f"skipped {sum(summary.skipped.values())} source file(s), not packed: {reasons}", err=True)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:

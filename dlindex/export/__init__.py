@@ -22,14 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..classes import SPLITS, has_presplit_root
 from ..query import QuerySpec, split_counts
+from ..signals import sigterm_as_interrupt
 from .dali import write_dali
-from .files import OutputDir, hash_file
+from .files import hash_file, packable
+from .outdir import OutputDir
 from .manifest import _pyarrow, write_csv, write_jsonl, write_parquet
 from .mds import VERSION as MDS_VERSION
 from .mds import split_index, streaming_shards, write_mds
 from .plan import ExportError, Plan, make_plan, parse_split, select_halves, select_rows, tree_split_choice
 from .reader import INDEX_VERSION, SHARDS_KEY, index_name, load_index, manifest_files, manifest_rows, source_path
 from .shards import Context, ShardInfo
+from .validate import MAX_COUNT, MAX_WORLD_SIZE
 from .vectors import feature_source
 from .verify import VerifyResult, verify_export
 from .wds import DEFAULT_WORKERS, arrange, hf_features, image_key_spec, write_wds
@@ -44,6 +47,12 @@ WRITERS: dict[str, Callable[[Context, Any, int], list[ShardInfo]]] = {
 FORMATS = tuple(WRITERS)
 # Packed formats cut shards by size unless told otherwise (mds: streaming's own default).
 DEFAULT_SHARD_BYTES = {"wds": 256 << 20, "mds": 64 << 20}
+PACKED = ("wds", "mds")  # the formats that read and carry the image bytes
+MAX_SHARD_SAMPLES = 1 << 31
+MAX_SHARD_BYTES = 1 << 40
+MAX_READ_THREADS = 256
+MAX_WORKERS = 1024  # shards per rank: a DataLoader has far fewer workers
+_ROOTS = "SELECT path FROM roots"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.I)
 
 __all__ = [
@@ -95,6 +104,7 @@ class ExportSummary:
     shards: int
     bytes: int
     seconds: float
+    skipped: dict[str, int] = field(default_factory=dict)  # sources not packed, by reason
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -110,7 +120,34 @@ def parse_size(value: int | str | None) -> int | None:
     number, unit, binary, b = match.groups()
     power = "kmgt".index(unit.lower()) + 1 if unit else 0
     base = 1000 if (unit and b and not binary) else 1024
+    if len(number) > 20:  # float() of 400 digits is inf; no shard is that large anyway
+        raise ExportError(f"size {value!r} is larger than {MAX_SHARD_BYTES} bytes")
     return int(float(number) * base**power)
+
+
+def check_bounds(options: ExportOptions, shard_bytes: int | None) -> None:
+    """ExportError for an option outside what an export can honour, before anything is allocated."""
+    spec = options.query
+    bounds: list[tuple[str, Any, int, int]] = [
+        ("--shard-size", options.shard_size, 1, MAX_SHARD_SAMPLES),
+        ("--shard-bytes", shard_bytes, 1, MAX_SHARD_BYTES),
+        ("--world-size", options.world_size, 1, MAX_WORLD_SIZE),
+        ("--read-threads", options.read_threads, 0, MAX_READ_THREADS),
+        ("--workers", options.workers, 1, MAX_WORKERS),
+        ("--seed", options.seed, -MAX_COUNT - 1, MAX_COUNT),
+        ("--limit", spec.limit, 0, MAX_COUNT),
+        ("--per-label", spec.per_label, 0, MAX_COUNT),
+        ("--min-width", spec.min_width, 0, MAX_COUNT),
+        ("--min-height", spec.min_height, 0, MAX_COUNT),
+    ]  # fmt: skip
+    for name, value, low, high in bounds:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ExportError(f"{name} must be a whole number, not {value!r}")
+        if not low <= value <= high:
+            unit = " byte" if name == "--shard-bytes" else ""
+            raise ExportError(f"{name} must be at least {low}{unit} and at most {high}, not {value}")
 
 
 def export_catalog(
@@ -118,12 +155,15 @@ def export_catalog(
     out_dir: str | os.PathLike[str],
     options: ExportOptions | None = None,
     progress: Callable[[int], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> ExportSummary:
     """Write an export of the selected samples to ``out_dir``, atomically; raise ExportError
     (an InputError) before writing anything when an option or the selection is unusable.
 
     Args:
         progress: called with the number of samples written since the last call.
+        warn: called with one line for each source file skipped (wds, mds: not a regular
+            file, or not of its catalogued size); they are counted in ``skipped``.
     """
     options = options or ExportOptions()
     started = time.perf_counter()
@@ -135,43 +175,50 @@ def export_catalog(
     tree = tree_split_choice(options.split)
     split = None if tree is not None else parse_split(options.split)
     shard_bytes = parse_size(options.shard_bytes)
-    if options.shard_size is not None and options.shard_size < 1:
-        raise ExportError(f"--shard-size must be at least 1, not {options.shard_size}")
-    if shard_bytes is not None and shard_bytes < 1:
-        raise ExportError(f"--shard-bytes must be at least 1 byte, not {options.shard_bytes}")
+    check_bounds(options, shard_bytes)
     if options.shard_size is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES.get(fmt)
-    if options.world_size < 1:
-        raise ExportError(f"--world-size must be at least 1, not {options.world_size}")
-    if options.workers < 1:
-        raise ExportError(f"--workers must be at least 1, not {options.workers}")
-    features = feature_source(catalog, options.features) if options.features else None
-    changes = catalog.changes()
-    # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
-    # leaves such files out too.
-    query = replace(options.query, has_class=True, split=tree or options.query.split)
-    tree_names = _tree_splits(catalog, query, tree) if split is None else None
-    tree_rows = None
-    upper = None
-    if tree_names is not None:
-        tree_rows = {}
-        for name in tree_names:
-            part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
-            tree_rows[name] = list(part)
-        rows: Any = ()
-    else:
-        rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
-    plan = make_plan(
-        rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
-        class_list=prepared.class_list or "catalog", split=split, tree_splits=tree_rows,
-        world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
-        stream=fmt != "dali",
-    )  # fmt: skip
-    del rows, tree_rows
-    split_option: Any = "tree" if tree_names is not None else split
     target = Path(out_dir)
-    output = OutputDir(target, options.overwrite)
+    # Before anything is read: OUT_DIR must be safe to write (and to replace, with --overwrite).
+    output = OutputDir(target, options.overwrite, protected_files(catalog), [r for r, in catalog.read(_ROOTS, {})])
+    skipped: Counter[str] = Counter()
+    restore = sigterm_as_interrupt()  # a SIGTERM removes the temporary folder, as Ctrl-C does
     try:
+        features = feature_source(catalog, options.features) if options.features else None
+        changes = catalog.changes()
+        # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
+        # leaves such files out too.
+        query = replace(options.query, has_class=True, split=tree or options.query.split)
+        tree_names = _tree_splits(catalog, query, tree) if split is None else None
+        tree_rows: dict[str, list[tuple[Any, ...]]] | None = None
+        upper = None
+        if tree_names is not None:
+            tree_rows = {}
+            for name in tree_names:
+                part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
+                if fmt in PACKED:  # these read every source: only regular files of their catalogued size
+                    part = packable(part, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
+                tree_rows[name] = list(part)
+            rows: Any = ()
+        else:
+            # Only a plain single jsonl file is written in two halves (the writer appends the
+            # second process's part); every other export needs all the rows here.
+            halves = (fmt == "jsonl" and options.shard_size is None and shard_bytes is None and features is None
+                      and not split and options.world_size == 1)  # fmt: skip
+            if halves:
+                rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
+            else:
+                rows, prepared = select_rows(catalog, query, options.shuffle, options.seed)
+            if fmt in PACKED:  # these read every source: only regular files of their catalogued size
+                rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
+        plan = make_plan(
+            rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
+            class_list=prepared.class_list or "catalog", split=split, tree_splits=tree_rows,
+            world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
+            stream=fmt != "dali",
+        )  # fmt: skip
+        del rows, tree_rows
+        split_option: Any = "tree" if tree_names is not None else split
         ctx = Context.make(
             plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
             progress=progress, read_threads=options.read_threads, upper=upper if fmt == "jsonl" else None,
@@ -186,6 +233,8 @@ def export_catalog(
             shards = arrange(ctx.out, shards, plan.splits, options.world_size, options.workers)
         selected = plan.selected if plan.selected is not None else plan.samples
         if not selected:
+            if skipped:
+                raise ExportError(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
             raise ExportError("no samples match the filters; nothing exported")
         extra: list[dict[str, Any]] = []
         if fmt == "mds":
@@ -196,18 +245,20 @@ def export_catalog(
         clients = _client_keys(ctx, fmt, shards)
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
-            shards, extra, features, clients,
+            shards, extra, features, clients, skipped,
         )  # fmt: skip
         (output.tmp / index_name(fmt)).write_bytes(index)
         output.commit()
     except BaseException:
         output.abort()  # never leave a half export that looks whole
         raise
+    finally:
+        restore()
     total = sum(s.bytes for s in shards) + sum(f["bytes"] for f in extra) + len(index)
     return ExportSummary(
         out_dir=str(target), format=fmt, samples=plan.samples, selected=selected, dropped=plan.dropped,
         padded=plan.padded, splits=_split_counts(plan), shards=len(shards), bytes=total,
-        seconds=round(time.perf_counter() - started, 3),
+        skipped=dict(sorted(skipped.items())), seconds=round(time.perf_counter() - started, 3),
     )  # fmt: skip
 
 
@@ -215,6 +266,7 @@ def build_index(
     catalog: Catalog, options: ExportOptions, fmt: str, shard_bytes: int | None, changes: int, plan: Plan,
     selected: int, shards: list[ShardInfo], extra: list[dict[str, Any]], features: Any,
     clients: Mapping[str, Any] | None = None,
+    skipped: Mapping[str, int] | None = None,
 ) -> bytes:  # fmt: skip
     """index.json: the only file with a wall-clock time in it ($SOURCE_DATE_EPOCH fixes it)."""
     from .. import __version__
@@ -263,6 +315,7 @@ def build_index(
         "counts": {
             "samples": plan.samples, "selected": selected,
             "dropped": plan.dropped, "padded": plan.padded, "splits": counts,
+            "skipped": dict(sorted((skipped or {}).items())),
         },
         SHARDS_KEY: [s.as_dict() for s in shards],
         "files": extra,
@@ -310,6 +363,12 @@ def _client_keys(ctx: Context, fmt: str, shards: list[ShardInfo]) -> dict[str, A
             "hf_features": hf_features(ctx.seen, ctx.features),
         }}  # fmt: skip
     return {}
+
+
+def protected_files(catalog: Catalog) -> list[str]:
+    """The catalog file and its journals: no export may replace a folder that holds them."""
+    path = os.fspath(catalog.path)
+    return [path, *(path + suffix for suffix in ("-wal", "-journal", "-shm"))]
 
 
 def _created_at() -> str:

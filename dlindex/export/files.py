@@ -1,19 +1,20 @@
-"""Files an export reads and writes: source images checked against the catalog, hashed
-shard files, and the output folder that appears only when complete."""
+"""Files an export reads and writes: source images checked against the catalog, and hashed
+shard files (the output folder that appears only when complete is ``outdir.OutputDir``)."""
 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterable, Iterator
+import stat
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import xxhash
 
-from .plan import BYTES, HASH, ID, ExportError
+from .confine import NotRegularError, SizeError, kind, read_regular
+from .plan import BYTES, HASH, ID, ExportError, absolute_path
 
 
 class HashingFile:
@@ -79,21 +80,41 @@ def hash_file(path: str | os.PathLike[str] | bytes, chunk: int = 1 << 22) -> tup
 
 
 def read_exact(path: bytes, size: int | None) -> bytes:
-    """A source file's whole content (one read when its catalogued size is right)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        want = (size if size is not None and size >= 0 else 1 << 16) + 1
-        data = os.read(fd, want)
-        if len(data) < want:
-            return data
-        parts = [data]
-        while True:
-            more = os.read(fd, 1 << 20)
-            if not more:
-                return b"".join(parts)
-            parts.append(more)
-    finally:
-        os.close(fd)
+    """A source file's whole content, of exactly its catalogued size (when known); only a
+    regular file is opened, without blocking (a FIFO swapped in never hangs the export)."""
+    if size is None or size < 0:
+        return read_regular(path, follow=True)
+    return read_regular(path, size, exact=True, follow=True)
+
+
+def packable(
+    rows: Iterable[tuple[Any, ...]], roots: Mapping[int, bytes], skipped: Counter[str],
+    warn: Callable[[str], None] | None = None,
+) -> Iterator[tuple[Any, ...]]:  # fmt: skip
+    """The rows whose source is a regular file of its catalogued size; others are counted
+    in ``skipped`` by reason (``not_regular``, ``changed_size``), reported to ``warn``, never packed.
+    A file that is gone stops the export, as a catalog out of date should."""
+    for row in rows:
+        path = absolute_path(row, roots)
+        try:
+            info = os.stat(path)
+        except FileNotFoundError:
+            raise ExportError(
+                f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again"
+            ) from None
+        except OSError as e:
+            raise ExportError(f"cannot read {os.fsdecode(path)}: {e.strerror}") from None
+        if not stat.S_ISREG(info.st_mode):
+            skipped["not_regular"] += 1
+            if warn is not None:
+                warn(f"skipped {os.fsdecode(path)} (id {row[ID]}): it is {kind(info.st_mode)}, not a regular file")
+        elif row[BYTES] is not None and info.st_size != row[BYTES]:
+            skipped["changed_size"] += 1
+            if warn is not None:
+                warn(f"skipped {os.fsdecode(path)} (id {row[ID]}): {info.st_size} bytes, the catalog says {row[BYTES]}; "
+                     "run dlindex scan on its root")  # fmt: skip
+        else:
+            yield row
 
 
 def check_source(row: tuple[Any, ...], path: bytes, data: bytes) -> None:
@@ -135,6 +156,13 @@ def read_sources(
 def _read(row: tuple[Any, ...], path: bytes) -> bytes:
     try:
         data = read_exact(path, row[BYTES])
+    except (NotRegularError, SizeError):  # it was fine when packable() looked: changed meanwhile
+        raise ExportError(
+            f"{os.fsdecode(path)} (id {row[ID]}) changed since it was catalogued; "
+            "run dlindex scan on its root, then export again"
+        ) from None
+    except ExportError:
+        raise
     except FileNotFoundError:
         raise ExportError(
             f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again"
@@ -143,38 +171,3 @@ def _read(row: tuple[Any, ...], path: bytes) -> bytes:
         raise ExportError(f"cannot read {os.fsdecode(path)}: {e.strerror}") from None
     check_source(row, path, data)
     return data
-
-
-class OutputDir:
-    """A temporary folder next to OUT_DIR that becomes OUT_DIR only when the export is complete."""
-
-    def __init__(self, out_dir: Path, overwrite: bool) -> None:
-        self.out_dir = out_dir
-        self.overwrite = overwrite
-        parent = out_dir.parent
-        if out_dir.exists() and not out_dir.is_dir():
-            raise ExportError(f"{out_dir} exists and is not a folder")
-        if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-            raise ExportError(f"{out_dir} exists and is not empty; remove it, choose another, or pass --overwrite")
-        if not parent.is_dir():
-            raise ExportError(f"cannot write {out_dir}: folder {parent} does not exist")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ExportError(f"cannot write {out_dir}: folder {parent} is not writable")
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
-
-    def commit(self) -> None:
-        os.chmod(self.tmp, 0o755)  # mkdtemp makes 0700; an export is meant to be shared
-        old: Path | None = None
-        if self.out_dir.exists():
-            if any(self.out_dir.iterdir()):
-                # Move the old export aside first: rename() cannot replace a non-empty folder.
-                old = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}.", suffix=".old", dir=self.out_dir.parent))
-                os.rename(self.out_dir, old / "export")
-            else:
-                os.rmdir(self.out_dir)
-        os.rename(self.tmp, self.out_dir)  # readers see the old export or the complete new one
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -9,8 +9,19 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from .confine import (
+    MAX_INDEX_BYTES,
+    ConfineError,
+    bounded_lines,
+    check_relative,
+    join_inside,
+    open_regular,
+    read_regular,
+    resolve_inside,
+)
 from .plan import ExportError
 from .shards import PATH_B64, exact_path
+from .validate import check_index, check_row, check_version
 
 INDEX = "index.json"
 # pyarrow (and so pandas) read every file of a folder as parquet except names starting with
@@ -39,24 +50,31 @@ def index_path(out_dir: str | os.PathLike[str]) -> Path:
 
 
 def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """OUT_DIR's index.json as a dict; ExportError if OUT_DIR is not a dlindex export."""
+    """OUT_DIR's index (index.json, _index.json in a parquet export) as a dict, checked
+    (validate.check_index); ExportError if OUT_DIR is not a dlindex export, or its index is
+    damaged (naming the line or the key)."""
     path = index_path(out_dir)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = read_regular(path, MAX_INDEX_BYTES)
     except FileNotFoundError:
         raise ExportError(f"{out_dir} is not a dlindex export: no {INDEX}") from None
-    except (OSError, ValueError) as e:
-        raise ExportError(f"cannot read {path}: {e}") from None
-    if not isinstance(data, dict) or "dlindex_export" not in data:
-        raise ExportError(f"{path} is not a dlindex export index")
-    version = data["dlindex_export"]
-    if not isinstance(version, int) or version > INDEX_VERSION:
-        raise ExportError(f"{path} has export version {version!r}; upgrade dlindex to read it")
-    key = SHARDS_KEY if version >= 2 else "shards"
-    shards = data.get(key)
-    if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards):
-        raise ExportError(f"{path} lists no shards under {key!r}; re-run dlindex export")
-    return data
+    except OSError as e:
+        raise ExportError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ExportError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{path}, line {e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise ExportError(f"{path}: nested too deeply to be an export index") from None
+    check_version(data, str(path))  # before listed_shards, which picks the key by version
+    try:
+        shards = listed_shards(data)
+    except (KeyError, TypeError):
+        key = SHARDS_KEY if data["dlindex_export"] >= 2 else "shards"
+        raise ExportError(f"{path} lists no shards under {key!r}; it is damaged, or not written by dlindex") from None
+    return check_index(data, str(path), shards)
 
 
 def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -77,67 +95,122 @@ def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int
     ]  # fmt: skip
 
 
-def manifest_rows(out_dir: str | os.PathLike[str], name: str) -> Iterator[dict[str, Any]]:
+def manifest_rows(
+    out_dir: str | os.PathLike[str], name: str, *, max_bytes: int | None = None, classes: int | None = None,
+    absolute_paths: bool = False,
+) -> Iterator[dict[str, Any]]:
     """The rows of one manifest shard as dicts; ``path`` is always the exact name as ``str``
     (surrogate escapes for names that are not UTF-8: ``os.fsencode(row["path"])`` gives the
-    bytes), restored from ``path_b64`` / ``path_bytes`` where the file shows it escaped."""
-    path = Path(out_dir) / name
-    if name.endswith(".jsonl"):
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            for n, line in enumerate(f, 1):
+    bytes), restored from ``path_b64`` / ``path_bytes`` where the file shows it escaped.
+
+    The file must be a regular file inside OUT_DIR of at most ``max_bytes``; a damaged row
+    raises ExportError naming the file and line (the row number for parquet). With
+    ``classes``, each row is checked (validate.check_row) against that many classes, and its
+    path (absolute ones only with ``absolute_paths``).
+    """
+    try:
+        check_relative(os.fsencode(name), "manifest")
+        path = resolve_inside(os.fsencode(out_dir), os.fsencode(name), what="manifest")
+    except ConfineError as e:
+        raise ExportError(f"{out_dir}: {e}") from None
+    shown = os.path.join(os.fspath(out_dir), name)
+    try:
+        if name.endswith(".jsonl"):
+            for number, line in bounded_lines(path, max_bytes):
+                where = f"{shown}, line {number}"
                 try:
                     row = json.loads(line)
-                except ValueError:
-                    raise ExportError(f"{name}, line {n}: not a JSON object; the manifest is damaged") from None
-                if not isinstance(row, dict) or not isinstance(row.get("path"), str):
-                    raise ExportError(f"{name}, line {n}: no path; the manifest is damaged")
-                if PATH_B64 in row:
-                    row[PATH_B64] = row[PATH_B64] or None
-                    row["path"] = exact_path(row["path"], str(row[PATH_B64] or ""))
-                yield row
-    elif name.endswith(".csv"):
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            try:
-                for n, row in enumerate(csv.DictReader(f), 2):
-                    yield _csv_row(name, n, row)
-            except csv.Error as e:
-                raise ExportError(f"{name}: not a CSV manifest ({e})") from None
-    elif name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        for row in pq.read_table(path).to_pylist():
-            raw = row.pop("path_bytes", None)
-            if raw is not None:
-                row["path"] = os.fsdecode(raw)
-            yield row
-    else:
-        raise ExportError(f"{name} is not a manifest shard")
+                except (ValueError, RecursionError) as e:
+                    raise ExportError(f"{where}: not a JSON object ({str(e).partition(': line')[0]})") from None
+                row = _exact(row, where)
+                yield row if classes is None else check_row(row, where, classes, absolute_paths)
+        elif name.endswith(".csv"):
+            text = (line.decode("utf-8", "surrogateescape") for _, line in bounded_lines(path, max_bytes))
+            reader = csv.DictReader(text)
+            for row in _csv_rows(reader, shown):
+                where = f"{shown}, line {reader.line_num}"
+                row = _exact(row, where)
+                yield row if classes is None else check_row(row, where, classes, absolute_paths)
+        elif name.endswith(".parquet"):
+            for number, row in enumerate(_parquet_rows(path, max_bytes, shown), 1):
+                row = _exact(row, f"{shown}, row {number}")
+                yield row if classes is None else check_row(row, f"{shown}, row {number}", classes, absolute_paths)
+        else:
+            raise ExportError(f"{name} is not a manifest shard")
+    except FileNotFoundError:
+        raise ExportError(f"{shown}: missing") from None
 
 
-def _csv_row(name: str, n: int, row: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = dict(row)
-    if not isinstance(out.get("path"), str) or None in out:
-        raise ExportError(f"{name}, line {n}: not a row of the manifest's columns; the manifest is damaged")
+def _exact(row: Any, where: str) -> dict[str, Any]:
+    """A row with a text ``path``, its exact name restored from ``path_b64`` (where the
+    manifest shows a name that is not UTF-8 escaped); ExportError naming ``where``."""
+    if not isinstance(row, dict):
+        raise ExportError(f"{where}: a row must be an object, not {type(row).__name__}; the manifest is damaged")
+    if not isinstance(row.get("path"), str):
+        raise ExportError(f"{where}: no path; the manifest is damaged")
+    if PATH_B64 in row:
+        b64 = row[PATH_B64] or None
+        if b64 is not None and not isinstance(b64, str):
+            raise ExportError(f"{where}: 'path_b64' must be text; the manifest is damaged")
+        row[PATH_B64] = b64
+        try:
+            row["path"] = exact_path(row["path"], b64)
+        except ExportError as e:
+            raise ExportError(f"{where}: {e}") from None
+    return row
+
+
+def _csv_rows(reader: csv.DictReader[str], shown: str) -> Iterator[dict[str, Any]]:
     try:
-        for key in _INTS:
-            out[key] = int(row[key]) if row.get(key) else None
-        if out.get("feature"):
-            out["feature"] = json.loads(row["feature"])
-    except ValueError:
-        raise ExportError(f"{name}, line {n}: a number or feature column does not parse; the manifest is damaged") from None
-    if PATH_B64 in out:
-        out[PATH_B64] = out[PATH_B64] or None
-        out["path"] = exact_path(out["path"], out[PATH_B64])
-    return out
+        for row in reader:
+            where = f"{shown}, line {reader.line_num}"
+            if None in row or None in row.values():
+                raise ExportError(f"{where}: {len(row)} fields where the header names {len(reader.fieldnames or ())}")
+            out: dict[str, Any] = dict(row)
+            for key in _INTS:
+                try:
+                    out[key] = int(row[key]) if row.get(key) else None
+                except ValueError:
+                    raise ExportError(f"{where}: {key!r} must be a whole number, not {row[key][:40]!r}") from None
+            if row.get("feature"):
+                try:
+                    out["feature"] = json.loads(row["feature"])
+                except (ValueError, RecursionError):
+                    raise ExportError(f"{where}: 'feature' is not a JSON list") from None
+            yield out
+    except csv.Error as e:
+        raise ExportError(f"{shown}, line {reader.line_num}: {e}") from None
 
 
-def source_path(index: Mapping[str, Any], path: str, root: str | os.PathLike[str] | None = None) -> bytes:
-    """A manifest path as the absolute path of the source file, in bytes: relative paths are
-    relative to ``root`` when given (the tree moved since the export), else to index.json's file_root."""
-    raw = os.fsencode(path)
-    if raw.startswith(b"/"):
-        if root is not None:
-            raise ExportError("this export holds absolute paths (--absolute-paths); root= cannot move them, re-run dlindex export")
-        return raw
+def _parquet_rows(path: bytes, max_bytes: int | None, shown: str) -> Iterator[dict[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fd, _ = open_regular(path, max_bytes)
+    with os.fdopen(fd, "rb") as f:
+        try:
+            rows = pq.read_table(f).to_pylist()
+        except (pa.ArrowException, OSError, ValueError) as e:  # (UnicodeDecodeError is a ValueError)
+            first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+            raise ExportError(f"{shown}: not a readable parquet file ({first})") from None
+    for row in rows:
+        raw = row.pop("path_bytes", None)
+        if isinstance(raw, bytes):
+            row["path"] = os.fsdecode(raw)
+        yield row
+
+
+def absolute_paths(index: Mapping[str, Any]) -> bool:
+    """Whether the export was written with ``--absolute-paths`` (its rows may then be absolute)."""
+    return bool(index.get("options", {}).get("absolute_paths", False))
+
+
+def source_path(index: Mapping[str, Any], path: str, root: str | os.PathLike[str] | bytes | None = None) -> bytes:
+    """A manifest path as the absolute path of the source file, in bytes, confined to ``root``
+    (default: the export's ``file_root``) by its text: ConfineError for ``..`` or an absolute
+    path, which is accepted only in an export written with ``--absolute-paths`` and only under
+    the root. Readers then open it through ``confine.real_inside`` (symlinks that leave the root).
+    """
     base = os.fsencode(root) if root is not None else os.fsencode(index.get("file_root") or "/")
-    return base.rstrip(b"/") + b"/" + raw
+    absolute = absolute_paths(index)
+    return join_inside(base, os.fsencode(path), allow_absolute=absolute)

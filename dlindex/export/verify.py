@@ -16,8 +16,10 @@ from typing import Any
 
 import xxhash
 
-from .files import hash_file
-from .reader import listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .confine import hash_regular, read_regular, real_inside, resolve_inside
+from .plan import ExportError
+from .reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
+from .validate import listed_bytes
 
 MAX_PROBLEMS = 1000  # listed; all are counted
 
@@ -56,12 +58,15 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
             problems.append(text)
 
     listed = [*listed_shards(index), *index.get("files", [])]
+    base = os.fsencode(root)
     for entry in listed:
-        path = root / entry["file"]
         try:
-            size, digest = hash_file(path)
+            size, digest = hash_regular(resolve_inside(base, entry["file"], what="file"), entry["bytes"])
         except FileNotFoundError:
             problem(f"{entry['file']}: missing")
+            continue
+        except ExportError as e:  # outside the export, not a regular file, larger than listed
+            problem(f"{entry['file']}: {e}")
             continue
         except OSError as e:
             problem(f"{entry['file']}: cannot read: {e.strerror}")
@@ -71,29 +76,42 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
         elif digest != entry["xxh3_128"]:
             problem(f"{entry['file']}: checksum differs from index.json")
     samples = 0
+    sizes = listed_bytes(listed_shards(index), index.get("files", []))
+    file_root = os.fsencode(index["file_root"])
+    classes = len(index["labels"])
+    absolute = absolute_paths(index)
     for name in manifest_files(index):
         if not (root / name).is_file():
             continue  # already reported
         seen: set[bytes] = set()
-        for row in manifest_rows(root, name):
-            path = source_path(index, row["path"])
-            if path in seen:
-                continue  # a --pad repeat
-            seen.add(path)
-            samples += 1
-            _check_source(path, row, problem)
-            if progress is not None:
-                progress(1)
+        try:
+            for row in manifest_rows(root, name, max_bytes=sizes.get(name), classes=classes, absolute_paths=absolute):
+                try:
+                    path = source_path(index, row["path"])
+                except ExportError as e:
+                    problem(f"{name}: {e}")
+                    continue
+                if path in seen:
+                    continue  # a --pad repeat
+                seen.add(path)
+                samples += 1
+                _check_source(path, file_root, row, problem)
+                if progress is not None:
+                    progress(1)
+        except ExportError as e:
+            problem(str(e))
     return VerifyResult(str(out_dir), index.get("format", "?"), len(listed), samples, tuple(problems), count)
 
 
-def _check_source(path: bytes, row: dict[str, Any], problem: Callable[[str], None]) -> None:
+def _check_source(path: bytes, base: bytes, row: dict[str, Any], problem: Callable[[str], None]) -> None:
     shown = os.fsdecode(path)
     try:
-        with open(path, "rb", buffering=0) as f:
-            data = f.read()
+        data = read_regular(real_inside(path, base, folder_links=True), row.get("bytes"))
     except FileNotFoundError:
         problem(f"{shown}: missing (id {row.get('id')})")
+        return
+    except ExportError as e:
+        problem(f"{e} (id {row.get('id')})")
         return
     except OSError as e:
         problem(f"{shown}: cannot read: {e.strerror}")
