@@ -135,6 +135,14 @@ class Catalog:
     ) -> None:
         self.close()
 
+    def ensure_writable(self) -> None:
+        """Raise now, before any long work, what the first write would raise: the catalog is
+        read-only or damaged (a command that writes only at its end calls this first)."""
+        if self.readonly_reason is not None:
+            raise ReadOnlyCatalogError(f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed")
+        if not self._checked_for_write:
+            self._check_before_first_write()
+
     @contextmanager
     def write_transaction(self, *, bookkeeping: bool = False) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE ... COMMIT; the change counter moves, so cached query results expire.

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager

@@ -43,6 +43,8 @@ def index(
         raise typer.BadParameter("it asks before dropping and stdin is not a terminal; add --yes", param_hint="'--drop-unused'")
     logs = [(name, _read(name)) for name in log or ()]
     with Catalog(db, log=False) as catalog:
+        if apply or drop_unused or revert:
+            catalog.ensure_writable()  # before minutes of analysis, not after
         if revert or list_:
             (_advice.revert if revert else _advice.listing)(catalog, as_json)
             return
