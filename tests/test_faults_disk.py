@@ -289,3 +289,70 @@ def test_catalog_in_a_read_only_folder_of_another_user(request: pytest.FixtureRe
     assert proc.returncode == 1 and proc.stderr.startswith("Error: catalog") and "read-only" in proc.stderr, proc.stderr
     assert len(proc.stderr.splitlines()) == 1
     assert sorted(os.listdir(shared)) == ["c.db"]
+
+
+def test_features_compute_and_export_on_a_full_disk(namespace: None, tmp_path: Path, catalog: Path) -> None:
+    out = run_on_tmpfs(tmp_path, f"""
+cp '{catalog}' "$M/c.db"
+fill
+$DLX features compute --type colorhist --db "$M/c.db" -w 1 -q 2>"$OUT/err1"; echo rc1=$?
+cp "$M/c.db" "$OUT/after-fail.db"
+unfill
+$DLX features compute --type colorhist --db "$M/c.db" -w 1 -q 2>"$OUT/err2"; echo rc2=$?
+cp "$M/c.db" "$OUT/after-rerun.db"
+fill
+$DLX features export --type colorhist "$M/hist.npz" --db "$M/c.db" 2>"$OUT/err3"; echo rc3=$?
+ls -a "$M" | grep -c dlx | sed 's/^/temps=/'
+unfill
+$DLX features export --type colorhist "$M/hist.npz" --db "$M/c.db" >/dev/null 2>"$OUT/err4"; echo rc4=$?
+cp "$M/hist.npz" "$OUT/hist.npz"
+""")  # fmt: skip
+    assert out["rc1"] == "4", out
+    one_error_line(tmp_path / "err1", "disk full")
+    healthy(tmp_path / "after-fail.db")
+    assert out["rc2"] == "0", (tmp_path / "err2").read_text()
+    conn = sqlite3.connect(tmp_path / "after-rerun.db")
+    assert conn.execute("SELECT count(*) FROM image_features").fetchone()[0] == 40
+    conn.close()
+    assert out["rc3"] == "4", out
+    one_error_line(tmp_path / "err3", "disk full")
+    assert out["temps"] == "0", out  # no half-written temporary file left on the full disk
+    assert out["rc4"] == "0", (tmp_path / "err4").read_text()
+    assert np.load(tmp_path / "hist.npz")["vectors"].shape[0] == 40
+
+
+def test_index_apply_and_the_advisors_scratch_copy_on_a_full_disk(namespace: None, tmp_path: Path) -> None:
+    from .advisor_workload import make_catalog as make_logged, run_workload, snapshot
+
+    db = make_logged(tmp_path / "logged.db")
+    run_workload(db)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    before = snapshot(db)
+    out = run_on_tmpfs(tmp_path, f"""
+export DLINDEX_CACHE_DIR="$OUT/cache"
+cp '{db}' "$M/c.db"
+fill
+$DLX index --apply --db "$M/c.db" >/dev/null 2>"$OUT/err1"; echo rc1=$?
+cp "$M/c.db" "$OUT/after-fail.db"
+unfill
+$DLX index --apply --db "$M/c.db" --json >"$OUT/applied.json" 2>"$OUT/err2"; echo rc2=$?
+cp "$M/c.db" "$OUT/after-rerun.db"
+rm -f "$M/c.db"*
+fill
+TMPDIR="$M" SQLITE_TMPDIR="$M" $DLX index --suggest --db '{db}' >/dev/null 2>"$OUT/err3"; echo rc3=$?
+ls "$M" | grep -c dlindex-advisor | sed 's/^/scratch=/'
+""", size="64m")  # fmt: skip
+    assert out["rc1"] == "4", out
+    one_error_line(tmp_path / "err1", "disk full")
+    healthy(tmp_path / "after-fail.db")
+    assert snapshot(tmp_path / "after-fail.db")[0] == before[0]  # no index half-built
+    assert out["rc2"] == "0", (tmp_path / "err2").read_text()
+    created = json.loads((tmp_path / "applied.json").read_text())["applied"]
+    assert created, created
+    healthy(tmp_path / "after-rerun.db")
+    assert out["rc3"] == "4", out
+    one_error_line(tmp_path / "err3", "disk full", "TMPDIR")
+    assert out["scratch"] == "0", out
+    assert snapshot(db) == before
