@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import faults
 from .errors import CatalogBusyError, CatalogError, DlindexWarning, ReadOnlyCatalogError
 from .migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations, schema_version
+from .owners import pid_alive
 from .querylog import FLUSH_ENTRIES, QueryLog
 
 if TYPE_CHECKING:
@@ -555,21 +556,6 @@ def rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         with suppress(sqlite3.Error):
             conn.execute("ROLLBACK")
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this id runs on this machine (a scan row's ``pid``)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OverflowError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _check_before_open(db_path: Path, *, create: bool) -> None:

@@ -97,7 +97,8 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
         quick: ``PRAGMA quick_check`` (pages and records) instead of the full
             ``integrity_check`` (also every index entry); several times faster on large files.
     """
-    from .catalog import connect_readonly, pid_alive
+    from .catalog import connect_readonly
+    from .owners import pid_alive
 
     started = time.perf_counter()
     db = Path(path)

@@ -25,6 +25,7 @@ from . import worker
 from .catalog import Catalog
 from .errors import DlindexError, InputError, Interrupted
 from .links import LinkedFiles
+from .owners import pid_alive
 from .pool import WorkerPool
 from .probe import Probe, ProbeOptions
 from .signals import sigterm_as_interrupt
@@ -440,7 +441,7 @@ def _start_scan(catalog: Catalog, root_id: int, options: ScanOptions) -> int:
     recorded = {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
     with catalog.write_transaction() as conn:
         for scan_id, pid in conn.execute(_RUNNING_SCANS).fetchall():
-            if not _alive(pid):
+            if not pid_alive(pid):
                 conn.execute(_ABANDON_SCAN, (scan_id,))  # killed without a chance to say so
         cursor = conn.execute(_START_SCAN, (root_id, json.dumps(recorded), os.getpid()))
         return int(cursor.lastrowid or 0)
@@ -467,15 +468,3 @@ def _drop_unused_labels(catalog: Catalog) -> None:
 def _prune(catalog: Catalog, root_id: int) -> int:
     with catalog.write_transaction() as conn:
         return conn.execute(_PRUNE, (root_id,)).rowcount
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

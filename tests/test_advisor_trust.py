@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
-from dlindex.advisor.leftovers import PREFIX, process_start, remove_leftovers
+from dlindex.advisor.leftovers import PREFIX, remove_leftovers
+from dlindex.owners import process_start
 from dlindex.cli import app
 
 from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot

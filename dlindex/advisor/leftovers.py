@@ -15,42 +15,18 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..owners import pid_alive, process_start
+
 PREFIX = "dlindex-advisor-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[A-Za-z0-9_]+")
 # What a scratch directory may hold: the copy and SQLite's side files.
 _OURS = re.compile(r"scratch\.db(?:-journal|-wal|-shm)?")
 
 
-def process_start(pid: int) -> int:
-    """When ``pid`` started (clock ticks after boot), 0 where /proc cannot tell; -1 if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode("ascii", "replace")
-    except FileNotFoundError:
-        return -1 if os.path.isdir("/proc/self") else _exists(pid)
-    except OSError:
-        return 0
-    try:
-        # The command name (field 2) is parenthesised and may hold spaces: count after its ")".
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return 0
-
-
-def _exists(pid: int) -> int:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return -1
-    except OSError:
-        return 0
-    return 0
-
-
 def make_scratch_dir(base: str | os.PathLike[str] | None = None) -> Path:
     """A new private directory named after this process."""
     pid = os.getpid()
-    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{max(process_start(pid), 0)}-", dir=base))
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{process_start(pid)}-", dir=base))
 
 
 def owner_alive(name: str) -> bool:
@@ -58,11 +34,7 @@ def owner_alive(name: str) -> bool:
     m = _NAME.fullmatch(name)
     if m is None:
         return True
-    pid, start = int(m.group(1)), int(m.group(2))
-    now = process_start(pid)
-    if now < 0:
-        return False
-    return not (start and now and now != start)  # the pid now belongs to another process
+    return pid_alive(int(m.group(1)), int(m.group(2)))
 
 
 def remove_leftovers(base: str | os.PathLike[str] | None = None) -> list[Path]:

@@ -21,12 +21,12 @@ import errno
 import os
 import re
 import shutil
-import socket
 import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..owners import host_tag, pid_alive, process_start
 from .plan import ExportError
 
 _RENAME_EXCHANGE = 2
@@ -35,40 +35,9 @@ _KNOWN_EXTRA = frozenset({".upper.part"})  # a jsonl export's second process, if
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.dlindex-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)\.[^.]+\.(?:tmp|old)$")
 
 
-def _host() -> str:
-    import zlib
-
-    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
-
-
-def process_start(pid: int) -> int | None:
-    """A process's start time (clock ticks since boot, from /proc); None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:
-        return None
-    try:
-        return int(text[text.rindex(b")") + 2 :].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
-def is_alive(pid: int, start: int) -> bool:
-    """Whether the process that made a leftover (pid and start time) still runs."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process
-    now = process_start(pid)
-    return now is None or start == 0 or now == start  # a reused pid has another start time
-
-
 def temp_prefix(name: str) -> str:
     """The start of a temporary file or folder name beside ``name``, marked with this process."""
-    return f".{name}.dlindex-{_host()}-{os.getpid()}-{process_start(os.getpid()) or 0}."
+    return f".{name}.dlindex-{host_tag()}-{os.getpid()}-{process_start(os.getpid())}."
 
 
 def remove_leftovers(parent: Path, name: str, restore: Path | None = None) -> int:
@@ -76,7 +45,7 @@ def remove_leftovers(parent: Path, name: str, restore: Path | None = None) -> in
     behind; with ``restore`` absent, a dead process's ``.old`` folder (an export moved aside
     before the crash) is put back there instead. Returns how many were cleaned up."""
     cleaned = 0
-    host = _host()
+    host = host_tag()
     try:
         entries = sorted(os.listdir(parent))
     except OSError:
@@ -85,7 +54,7 @@ def remove_leftovers(parent: Path, name: str, restore: Path | None = None) -> in
         match = _LEFTOVER.match(entry)
         if not match or match["name"] != name or match["host"] != host:
             continue
-        if is_alive(int(match["pid"]), int(match["start"])):
+        if pid_alive(int(match["pid"]), int(match["start"])):
             continue
         path = parent / entry
         try:

@@ -11,53 +11,27 @@ exactly this form, are never touched.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import socket
 import stat
 import tempfile
 from pathlib import Path
 
+from ..owners import host_tag, pid_alive, process_start
+
 _PATTERN = re.compile(r"\.(?P<name>.+)\.dlx-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-(?P<start>[0-9]{1,20})-[A-Za-z0-9_]{1,16}\.tmp\Z")
-
-
-def _host() -> str:
-    return hashlib.blake2s(socket.gethostname().encode(), digest_size=4).hexdigest()
-
-
-def process_start(pid: int) -> int:
-    """The process's start time in clock ticks since boot (Linux), or 0 where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[19])  # field 22 of proc(5), counted after "pid (comm)"
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-def _alive(pid: int, start: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # someone else's process, but alive
-    if start and process_start(pid) not in (0, start):
-        return False  # that pid now belongs to another process
-    return True
 
 
 def create(target: Path) -> tuple[int, str]:
     """A new temporary file beside ``target``: (descriptor, path), like ``mkstemp``."""
-    prefix = f".{target.name}.dlx-{_host()}-{os.getpid()}-{process_start(os.getpid())}-"
+    prefix = f".{target.name}.dlx-{host_tag()}-{os.getpid()}-{process_start(os.getpid())}-"
     return tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=target.parent)
 
 
 def remove_leftovers(folder: Path) -> list[str]:
     """Delete the temporary files of dead dlindex processes in ``folder``; return their names."""
     removed = []
-    host = _host()
+    host = host_tag()
     try:
         names = os.listdir(folder)
     except OSError:
@@ -66,7 +40,7 @@ def remove_leftovers(folder: Path) -> list[str]:
         match = _PATTERN.match(name)
         if match is None or match["host"] != host:
             continue
-        if _alive(int(match["pid"]), int(match["start"])):
+        if pid_alive(int(match["pid"]), int(match["start"])):
             continue
         path = folder / name
         try:
