@@ -98,12 +98,8 @@ def packable(
         path = absolute_path(row, roots)
         try:
             info = os.stat(path)
-        except FileNotFoundError:
-            raise ExportError(
-                f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again"
-            ) from None
         except OSError as e:
-            raise ExportError(f"cannot read {os.fsdecode(path)}: {e.strerror}") from None
+            raise _unreadable(row, path, e) from None
         if not stat.S_ISREG(info.st_mode):
             skipped["not_regular"] += 1
             if warn is not None:
@@ -123,10 +119,19 @@ def check_source(row: tuple[Any, ...], path: bytes, data: bytes) -> None:
     if (row[BYTES] is not None and len(data) != row[BYTES]) or (
         expected and xxhash.xxh3_128_hexdigest(data) != expected
     ):
-        raise ExportError(
-            f"{os.fsdecode(path)} (id {row[ID]}) changed since it was catalogued; "
-            "run dlindex scan on its root, then export again"
-        )
+        raise _changed(row, path)
+
+
+def _changed(row: tuple[Any, ...], path: bytes) -> ExportError:
+    return ExportError(
+        f"{os.fsdecode(path)} (id {row[ID]}) changed since it was catalogued; run dlindex scan on its root, then export again"
+    )
+
+
+def _unreadable(row: tuple[Any, ...], path: bytes, e: OSError) -> ExportError:
+    if isinstance(e, FileNotFoundError):
+        return ExportError(f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again")
+    return ExportError(f"cannot read {os.fsdecode(path)}: {e.strerror}")
 
 
 def read_sources(
@@ -157,17 +162,10 @@ def _read(row: tuple[Any, ...], path: bytes) -> bytes:
     try:
         data = read_exact(path, row[BYTES])
     except (NotRegularError, SizeError):  # it was fine when packable() looked: changed meanwhile
-        raise ExportError(
-            f"{os.fsdecode(path)} (id {row[ID]}) changed since it was catalogued; "
-            "run dlindex scan on its root, then export again"
-        ) from None
+        raise _changed(row, path) from None
     except ExportError:
         raise
-    except FileNotFoundError:
-        raise ExportError(
-            f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again"
-        ) from None
     except OSError as e:
-        raise ExportError(f"cannot read {os.fsdecode(path)}: {e.strerror}") from None
+        raise _unreadable(row, path, e) from None
     check_source(row, path, data)
     return data
