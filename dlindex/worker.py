@@ -8,10 +8,8 @@ pool (reads release the GIL), then inspects the bytes sequentially.
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import sqlite3
-import urllib.parse
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,9 +50,9 @@ def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[Uni
     probe a unit's new and changed files right here when there are few enough."""
     reader = _state.get("reader")
     if reader is None:
-        path = str(_state["catalog_path"])
-        uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
-        reader = sqlite3.connect(uri, uri=True, timeout=30)
+        from .catalog import connect_readonly  # the one place that builds the read-only URI
+
+        reader = connect_readonly(str(_state["catalog_path"]), timeout=30)
         _state["reader"] = reader
         _state["labels"] = LabelIds(reader)
     assert isinstance(reader, sqlite3.Connection)
