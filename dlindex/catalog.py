@@ -476,6 +476,8 @@ def _connect(db_path: Path, *, create: bool, readonly: bool = False, wait_s: flo
         conn.execute("PRAGMA synchronous = NORMAL")
         conn.execute("PRAGMA foreign_keys = ON")
         apply_migrations(conn)
+    except UnicodeDecodeError as e:  # SQLite's message quoted garbage from a damaged schema
+        raise faults.damaged_error(db_path, faults.garbled_message(e)) from None
     except sqlite3.Error as e:
         if not existed:
             _remove_new_file(db_path)
@@ -513,6 +515,8 @@ def _connect_readonly(db_path: Path, wait_s: float) -> sqlite3.Connection:
         conn = connect_readonly(db_path, timeout=wait_s, isolation_level=None, check_same_thread=False, factory=_Connection)
         conn.execute(f"PRAGMA busy_timeout = {int(wait_s * 1000)}")
         version = schema_version(conn)
+    except UnicodeDecodeError as e:  # SQLite's message quoted garbage from a damaged schema
+        raise faults.damaged_error(db_path, faults.garbled_message(e)) from None
     except sqlite3.Error as e:
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
             raise CatalogBusyError(faults.busy_message(db_path, wait_s)) from None

@@ -69,8 +69,16 @@ def translate_error(
     return None
 
 
+def garbled_message(e: UnicodeDecodeError) -> str:
+    """SQLite's own error text when it held bytes that are not UTF-8 (sqlite3 fails to decode
+    it): names read from a damaged schema or page."""
+    raw = e.object if isinstance(e.object, bytes) else bytes(e.object)
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def damaged_error(catalog: str | os.PathLike[str] | None, detail: str) -> DamagedCatalogError:
     db = os.fspath(catalog) if catalog is not None else "dlindex.db"
+    detail = " ".join(detail.split())  # SQLite may quote a whole damaged CREATE statement: one line
     return DamagedCatalogError(
         f"catalog {db} is damaged ({detail}); nothing was written. Run: dlindex check --db {db} "
         "(recovery: docs/reliability.md)"

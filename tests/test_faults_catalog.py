@@ -137,6 +137,18 @@ def test_corrupt_page_is_reported_as_damaged_with_the_way_out(wide_catalog: Path
     one_line(proc.stderr, "damaged", "dlindex check")
 
 
+def test_a_schema_garbled_into_non_utf8_is_damage_not_a_traceback(wide_catalog: Path) -> None:
+    # SQLite quotes the garbled name in its error text, which sqlite3 then fails to decode.
+    data = bytearray(wide_catalog.read_bytes())
+    at = data.index(b"CHECK (status = 'ok'") + len(b"CHECK (")  # a column the CHECK names
+    data[at] = 0x80
+    wide_catalog.write_bytes(bytes(data))
+    for args in (("stats",), ("query", "--limit", "1"), ("mark", "--processed")):
+        proc = dlindex(*args, "--db", str(wide_catalog), stdin="1\n")
+        assert proc.returncode == ExitCode.DAMAGED, (args, proc.stderr)
+        one_line(proc.stderr, "damaged", "\\x80tatus")
+
+
 def test_check_reports_orphans_and_a_dead_running_scan(wide_catalog: Path) -> None:
     conn = sqlite3.connect(wide_catalog)
     conn.execute("INSERT INTO image_metadata (root_id, file_path, label_id) VALUES (99, 'x.png', 1)")
