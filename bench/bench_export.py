@@ -70,6 +70,7 @@ BUSY: list[float] = []  # CPU busy fraction seen just before each measured run
 
 def cpu_busy(interval: float = 0.5) -> float:
     """Fraction of all CPU time spent busy over ``interval`` (other processes: nothing of ours runs)."""
+
     def snap() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(x) for x in f.readline().split()[1:]]
@@ -255,7 +256,9 @@ def measure_read(kind: str, path: Path, decode: bool, cold: bool, limit: int, cg
     wait_idle()
     if cold:
         drop_caches()
-    argv = [PY, __file__, "--child-read", kind, "--path", str(path), "--limit", str(limit)] + (["--decode"] if decode else [])
+    argv = [PY, __file__, "--child-read", kind, "--path", str(path), "--limit", str(limit)] + (
+        ["--decode"] if decode else []
+    )
 
     def enter() -> None:  # runs in the child before exec: it and its DataLoader workers are throttled
         if cgroup is not None:
@@ -306,7 +309,22 @@ def case_pack(work: Path, reps: int, tree: Path, db: Path) -> list[dict]:
                     t_tar.append(sh(["tar", "cf", str(tar_out), "-C", str(tree.parent), tree.name]))
                 else:
                     threads = ["--read-threads", "16"] if cold else []
-                    t_wds.append(sh([*DLINDEX, "export", str(wds_out), "--db", str(db), "--format", "wds", "--quiet", "--no-log", *threads]))
+                    t_wds.append(
+                        sh(
+                            [
+                                *DLINDEX,
+                                "export",
+                                str(wds_out),
+                                "--db",
+                                str(db),
+                                "--format",
+                                "wds",
+                                "--quiet",
+                                "--no-log",
+                                *threads,
+                            ]
+                        )
+                    )
         tar_s, wds_s = median(t_tar), median(t_wds)
         rows.append({
             "case": f"pack wds vs tar cf ({'cold' if cold else 'warm'})", "files": files, "bytes": nbytes,
@@ -317,17 +335,24 @@ def case_pack(work: Path, reps: int, tree: Path, db: Path) -> list[dict]:
     return rows
 
 
-def case_read(work: Path, reps: int, tree: Path, db: Path, loose_limit: int, decode_limit: int, slow_limit: int) -> list[dict]:
+def case_read(
+    work: Path, reps: int, tree: Path, db: Path, loose_limit: int, decode_limit: int, slow_limit: int
+) -> list[dict]:
     shards = work / f"wds-read-{tree.name}"
     index = shards / "index.json"
     if not index.exists() or json.loads(index.read_text())["catalog"]["path"] != str(db):
         fresh(shards)
-        subprocess.run([*DLINDEX, "export", str(shards), "--db", str(db), "--format", "wds", "--shuffle", "--quiet", "--no-log"], check=True)
+        subprocess.run(
+            [*DLINDEX, "export", str(shards), "--db", str(db), "--format", "wds", "--shuffle", "--quiet", "--no-log"],
+            check=True,
+        )
     rows = []
     cgroup = slow_disk(tree)
     if cgroup is not None:
         for decode in (False, True):
-            r_wds = [measure_read("wds", shards, decode, True, decode_limit if decode else 0, cgroup) for _ in range(reps)]
+            r_wds = [
+                measure_read("wds", shards, decode, True, decode_limit if decode else 0, cgroup) for _ in range(reps)
+            ]
             r_loose = [measure_read("loose", tree, decode, True, slow_limit, cgroup) for _ in range(reps)]
             wds_rate = median([r["samples"] / r["seconds"] for r in r_wds])
             loose_rate = median([r["samples"] / r["seconds"] for r in r_loose])
@@ -343,7 +368,9 @@ def case_read(work: Path, reps: int, tree: Path, db: Path, loose_limit: int, dec
                 warm(tree)
                 warm(sorted(shards.glob("*.tar")))
             r_wds = [measure_read("wds", shards, decode, cold, decode_limit if decode else 0) for _ in range(reps)]
-            r_loose = [measure_read("loose", tree, decode, cold, decode_limit if decode else loose_limit) for _ in range(reps)]
+            r_loose = [
+                measure_read("loose", tree, decode, cold, decode_limit if decode else loose_limit) for _ in range(reps)
+            ]
             wds_rate = median([r["samples"] / r["seconds"] for r in r_wds])
             loose_rate = median([r["samples"] / r["seconds"] for r in r_loose])
             rows.append({
@@ -366,7 +393,9 @@ def render(results: list[dict], meta: dict) -> str:
         if r["case"].startswith("manifest"):
             target = "≥ 500,000 rows/s" if r["target"] else ""
             ok = ("pass" if r["rows_per_s"] >= r["target"] else "**FAIL**") if r["target"] else ""
-            lines.append(f"| {r['case']} ({r['rows']:,} rows) | {r['seconds']:.2f} s = {r['rows_per_s']:,.0f} rows/s | – | – | {target} {ok} |")
+            lines.append(
+                f"| {r['case']} ({r['rows']:,} rows) | {r['seconds']:.2f} s = {r['rows_per_s']:,.0f} rows/s | – | – | {target} {ok} |"
+            )
         elif r["case"].startswith("pack"):
             ok = ("pass" if r["ratio"] >= r["target"] else "**FAIL**") if r["target"] else ""
             lines.append(
@@ -391,7 +420,7 @@ def render(results: list[dict], meta: dict) -> str:
         "ImageFolder-style dataset of the loose files with `shuffle=True` (a training job's access pattern), each",
         "in a fresh process after `sync; echo 3 > /proc/sys/vm/drop_caches` (cold) or after reading everything",
         "once (warm). Loose cold reads are limited to a random subset (samples/s does not depend on how many are",
-        "read); decoded cases read a prefix with Pillow (`Image.open(...).load()` / `.convert(\"RGB\")`).",
+        'read); decoded cases read a prefix with Pillow (`Image.open(...).load()` / `.convert("RGB")`).',
         "*Emulated disk*: this VM's disk serves cold random reads at thousands of files/s (and 2 GB/s+",
         "sequentially), far beyond the ~300-500 small random reads/s and ~375 MB/s the 10x target assumes; the",
         "emulated rows run the reading process and its DataLoader workers in a cgroup-v1 blkio throttle of",
@@ -418,7 +447,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--docs", default=str(REPO / "docs" / "benchmarks.md"))
     ap.add_argument("--no-docs", action="store_true")
-    ap.add_argument("--max-wait-idle", type=float, default=60.0, help="wait up to S seconds for idle CPUs before each run")
+    ap.add_argument(
+        "--max-wait-idle", type=float, default=60.0, help="wait up to S seconds for idle CPUs before each run"
+    )
     ap.add_argument("--child-read", choices=("wds", "loose"), help=argparse.SUPPRESS)
     ap.add_argument("--path", help=argparse.SUPPRESS)
     ap.add_argument("--limit", type=int, default=0, help=argparse.SUPPRESS)
@@ -448,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(results[-2:], default=str)[:2000], file=sys.stderr)
         if "read" in cases:
             limit = 500 if a.quick else a.loose_limit
-            results += case_read(work, reps, tree, db, limit, 500 if a.quick else a.decode_limit, 100 if a.quick else a.slow_limit)
+            results += case_read(
+                work, reps, tree, db, limit, 500 if a.quick else a.decode_limit, 100 if a.quick else a.slow_limit
+            )
     meta = {
         "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}", "python": platform.python_version(),

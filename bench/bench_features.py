@@ -52,12 +52,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 import make_trees as mt  # noqa: E402
+from common import compile_sources, write_section  # noqa: E402
 
 from dlindex import Catalog, ScanOptions, scan_tree  # noqa: E402
-from dlindex.catalog import PAGE_SIZE  # noqa: E402
+from dlindex.catalog.sqlite import PAGE_SIZE  # noqa: E402
 from dlindex.features import nearest  # noqa: E402
-
-from common import compile_sources, write_section  # noqa: E402
 
 START, END = "<!-- bench_features:start -->", "<!-- bench_features:end -->"
 PY = sys.executable
@@ -169,9 +168,11 @@ class Quiet:
         if not self.during:
             return "no timed runs"
         busy = sum(1 for x in self.during if x > self.limit)
-        return (f"during the {len(self.during)} timed runs other processes used a median "
-                f"{statistics.median(self.during):.2f} and at most {max(self.during):.2f} CPUs; "
-                f"{self.repeated} disturbed run(s) were repeated, {busy} kept run(s) still saw > {self.limit} CPUs")
+        return (
+            f"during the {len(self.during)} timed runs other processes used a median "
+            f"{statistics.median(self.during):.2f} and at most {max(self.during):.2f} CPUs; "
+            f"{self.repeated} disturbed run(s) were repeated, {busy} kept run(s) still saw > {self.limit} CPUs"
+        )
 
 
 QUIET = Quiet()
@@ -196,7 +197,9 @@ def synthetic_catalog(db: Path, rows: int, labels: int = 1000) -> None:
     conn = sqlite3.connect(db)
     with conn:
         conn.execute("INSERT INTO roots (id, path) VALUES (1, '/data/train')")
-        conn.executemany("INSERT INTO labels (id, name) VALUES (?, ?)", [(i, f"class_{i:04d}") for i in range(1, labels + 1)])
+        conn.executemany(
+            "INSERT INTO labels (id, name) VALUES (?, ?)", [(i, f"class_{i:04d}") for i in range(1, labels + 1)]
+        )
         conn.execute(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?) "
             "INSERT INTO image_metadata (id, root_id, file_path, label_id, width, height, format, mode, bytes, "
@@ -249,7 +252,10 @@ class Bench:
             with Catalog(base, create=True) as catalog:
                 scan_tree(catalog, tree, ScanOptions(workers=2))
         conn = sqlite3.connect(base)
-        paths = [f"{tree}/{p}" for (p,) in conn.execute("SELECT file_path FROM image_metadata WHERE status = 'ok' ORDER BY id")]
+        paths = [
+            f"{tree}/{p}"
+            for (p,) in conn.execute("SELECT file_path FROM image_metadata WHERE status = 'ok' ORDER BY id")
+        ]
         conn.close()
         listing = self.work / "compute-paths.txt"
         listing.write_text("\n".join(paths) + "\n", encoding="utf-8", errors="surrogateescape")
@@ -281,8 +287,14 @@ class Bench:
         self.result(f"`features compute --extractor colorhist`, {n:,} images", f"{d:.1f} s ({n / d:,.0f} img/s)",
                     f"Pillow decode, 2 processes: {b:.1f} s ({n / b:,.0f} img/s)", f"{b / d:.3f}x throughput",
                     ">= 0.8x", b / d >= 0.8)  # fmt: skip
-        self.result("the same with an extractor that only decodes (the pipeline's own overhead)",
-                    f"{p:.1f} s ({n / p:,.0f} img/s)", f"the same: {b:.1f} s", f"{b / p:.2f}x throughput", "-", None)
+        self.result(
+            "the same with an extractor that only decodes (the pipeline's own overhead)",
+            f"{p:.1f} s ({n / p:,.0f} img/s)",
+            f"the same: {b:.1f} s",
+            f"{b / p:.2f}x throughput",
+            "-",
+            None,
+        )
         self.notes += [
             "",
             "`colorhist` decodes every pixel and takes Pillow's histogram of them. Plain JPEGs are decoded by",
@@ -399,7 +411,9 @@ class Bench:
         one.write_text(NUMPY_ONE)
         ours, theirs = [], []
         for q in queries[: max(3, self.reps * 2)]:
-            wall, done = timed([*DL, "similar", str(q), "--type", "emb", "-k", str(k), "--db", str(db), "--format", "jsonl"])
+            wall, done = timed(
+                [*DL, "similar", str(q), "--type", "emb", "-k", str(k), "--db", str(db), "--format", "jsonl"]
+            )
             got = [json.loads(line)["id"] for line in done.stdout.splitlines()]
             ours.append(wall)
             wall_b, done_b = timed([PY, str(one), str(npy), str(ids_npy), str(q)])
@@ -460,7 +474,10 @@ class Bench:
             "| case | dlindex | baseline (same run) | ratio | target | result |",
             "|---|---|---|---|---|---|",
         ]
-        lines += [f"| {r['case']} | {r['dlindex']} | {r['baseline']} | {r['ratio']} | {r['target']} | {r['result']} |" for r in self.rows]
+        lines += [
+            f"| {r['case']} | {r['dlindex']} | {r['baseline']} | {r['ratio']} | {r['target']} | {r['result']} |"
+            for r in self.rows
+        ]
         lines += ["", "Every answer of `similar` was checked against a float64 brute force (ties to the lower id).", "",
                   "Commands (fresh process each, page cache warm):", "", "```sh", *self.commands, "```", "",
                   f"Machine load: {QUIET.summary()}.", "",
@@ -492,7 +509,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="data folder (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--docs", default=str(REPO / "docs" / "benchmarks.md"))
     ap.add_argument("--no-docs", action="store_true")
-    ap.add_argument("--max-wait-idle", type=float, default=60, help="wait up to S seconds for other processes to go quiet before each timed run")
+    ap.add_argument(
+        "--max-wait-idle",
+        type=float,
+        default=60,
+        help="wait up to S seconds for other processes to go quiet before each timed run",
+    )
     a = ap.parse_args(argv)
     QUIET.max_wait = a.max_wait_idle
     bench = Bench(a)

@@ -59,11 +59,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from dlindex import Catalog, QuerySpec  # noqa: E402
-from dlindex.query import prepare  # noqa: E402
-from dlindex.querylog import classify_plan, fingerprint  # noqa: E402
-
 from common import compile_sources, write_section  # noqa: E402
+
+from dlindex import Catalog, QuerySpec, query_rows  # noqa: E402
+from dlindex.catalog.fingerprint import fingerprint  # noqa: E402
+from dlindex.catalog.recorder import classify_plan
+from dlindex.query.rows import prepare  # noqa: E402
 
 START, END = "<!-- bench_index:start -->", "<!-- bench_index:end -->"
 PY = sys.executable
@@ -108,7 +109,9 @@ HOSTILE = [
     "PRAGMA writable_schema = 1",
     "SELECT 1; DROP TABLE labels",
 ]
-GARBAGE = "this is not SQL at all"  # first in the trace: a line that does not start a statement continues the one before
+GARBAGE = (
+    "this is not SQL at all"  # first in the trace: a line that does not start a statement continues the one before
+)
 
 
 @dataclass
@@ -146,6 +149,7 @@ def checkpoint(path: Path) -> None:
 def patterns(db: Path, labels: int, rng: random.Random) -> list[Pattern]:
     """The workload, with three parameter sets per pattern for timing (the same on every copy)."""
     with Catalog(db, log=False) as catalog:
+
         def dl(spec: QuerySpec) -> tuple[str, Any]:
             p = prepare(catalog, spec)
             return p.sql, p.params
@@ -180,7 +184,7 @@ def run_workload(db: Path, ps: list[Pattern], labels: int, trace: Path, rng: ran
         for i in range(by["balanced"].calls):
             spec = QuerySpec(labels=(f"class_{rng.randint(1, labels):04d}",), per_label=32, processed=True, seed=i,
                              columns=("id", "path", "label"), cache=False)  # fmt: skip
-            for _ in catalog.query(spec):
+            for _ in query_rows(catalog, spec):
                 pass
         for _ in range(by["label_files"].calls):
             for _ in catalog.read(_LABEL_FILES, (rng.randint(1, labels),)):
@@ -196,7 +200,10 @@ def run_workload(db: Path, ps: list[Pattern], labels: int, trace: Path, rng: ran
             list(catalog.read(_REPORT))
         for _ in range(by["random"].calls):
             list(catalog.read(_RANDOM))
-        unprocessed = [r[0] for r in catalog.conn.execute("SELECT id FROM image_metadata WHERE processed = 0 ORDER BY id LIMIT 5000")]
+        unprocessed = [
+            r[0]
+            for r in catalog.conn.execute("SELECT id FROM image_metadata WHERE processed = 0 ORDER BY id LIMIT 5000")
+        ]
         with catalog.write_transaction() as conn:
             conn.executemany(_MARK, [(i,) for i in unprocessed])
         top = catalog.conn.execute("SELECT max(id) FROM image_metadata").fetchone()[0]
@@ -254,7 +261,9 @@ def expert_indexes(db: Path, statements: list[str]) -> list[str]:
     """`.expert`'s recommendations for each statement on its own (the sqlite3 CLI), deduplicated."""
     found: dict[str, str] = {}
     for sql in statements:
-        proc = subprocess.run([SQLITE3, str(db)], input=f".expert\n{sql};\n", capture_output=True, text=True, check=False)
+        proc = subprocess.run(
+            [SQLITE3, str(db)], input=f".expert\n{sql};\n", capture_output=True, text=True, check=False
+        )
         for line in proc.stdout.splitlines():
             if line.startswith("CREATE INDEX"):
                 name = line.split()[2]
@@ -329,7 +338,9 @@ def update_cost(db: Path, ids: list[int], reps: int) -> float:
 def indexes_of(db: Path) -> list[tuple[str, str]]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
-        return conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name").fetchall()
+        return conn.execute(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name"
+        ).fetchall()
     finally:
         conn.close()
 
@@ -386,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     unchanged = content_hash(base) == before_hash
     suggest_s = [r[0] for r in runs]
     answers = [sorted(s["sql"] for s in r[1]["suggestions"]) for r in runs]
-    findings = [sorted((f["kind"], f["name"]) for k in ("unused", "redundant", "slower") for f in r[1][k]) for r in runs]
+    findings = [
+        sorted((f["kind"], f["name"]) for k in ("unused", "redundant", "slower") for f in r[1][k]) for r in runs
+    ]
     advice, stderr = runs[0][1], runs[0][2]
     fps = {p.fingerprint for p in ps}
     reported = fps <= {e["fingerprint"] for e in advice["statements"]}

@@ -50,9 +50,12 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from dlindex import Catalog  # noqa: E402
-
 from common import compile_sources, write_section  # noqa: E402
+
+from dlindex import (
+    Catalog,  # noqa: E402
+    query_rows,
+)
 
 START, END = "<!-- bench_query:start -->", "<!-- bench_query:end -->"
 PY = sys.executable
@@ -126,7 +129,7 @@ def median_time(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
 
 def run_query(db: Path, options: dict[str, Any], *, log: bool, cache: bool) -> int:
     with Catalog(db, log=log) as catalog:
-        return sum(1 for _ in catalog.query(**options, cache=cache))
+        return sum(1 for _ in query_rows(catalog, **options, cache=cache))
 
 
 def bench_queries(db: Path, reps: int) -> list[dict[str, Any]]:
@@ -162,7 +165,9 @@ def bench_cli(db: Path, reps: int) -> dict[str, float]:
     started = time.perf_counter()
     subprocess.run([PY, "-c", "import dlindex.cli"], check=True)
     startup = time.perf_counter() - started
-    print(f"  CLI per-label: cold {cold * 1000:.0f} ms, cached {cached * 1000:.0f} ms (interpreter + import {startup * 1000:.0f} ms)")
+    print(
+        f"  CLI per-label: cold {cold * 1000:.0f} ms, cached {cached * 1000:.0f} ms (interpreter + import {startup * 1000:.0f} ms)"
+    )
     return {"cold_ms": cold * 1000, "cached_ms": cached * 1000, "startup_ms": startup * 1000}
 
 
@@ -186,7 +191,7 @@ def bench_log(db: Path, reps: int) -> dict[str, Any]:
             with Catalog(db, log=log) as catalog:
                 started = time.perf_counter()
                 for _ in range(calls):
-                    for _ in catalog.query(limit=10, columns="id,file_path", cache=False):
+                    for _ in query_rows(catalog, limit=10, columns="id,file_path", cache=False):
                         pass
                 catalog.close()  # the final flush counts
                 tiny[log].append((time.perf_counter() - started) / calls)
@@ -200,7 +205,7 @@ def bench_mark(db: Path, rows: int, reps: int, work: Path) -> dict[str, Any]:
     ids_file.write_text("".join(f"{i}\n" for i in range(1, rows + 1)))
     jsonl_file = work / "ids.jsonl"
     with Catalog(db, log=False) as catalog, open(jsonl_file, "w") as out:
-        for row in catalog.query(status=(), columns="id,path,label", cache=False):
+        for row in query_rows(catalog, status=(), columns="id,path,label", cache=False):
             out.write(json.dumps(row) + "\n")
 
     def reset(first: int, last: int) -> None:
@@ -242,7 +247,9 @@ def bench_mark(db: Path, rows: int, reps: int, work: Path) -> dict[str, Any]:
     naive_rate = statistics.median(naive(slice_ids, None) for _ in range(max(1, reps - 2)))
     naive_normal = statistics.median(naive(slice_ids, "NORMAL") for _ in range(max(1, reps - 2)))
     mark_rate = rows / mark_s
-    print(f"  mark {rows:,} ids: {mark_s:.2f} s, {mark_rate:,.0f} ids/s; JSON lines {json_s:.2f} s, {rows / json_s:,.0f}/s")
+    print(
+        f"  mark {rows:,} ids: {mark_s:.2f} s, {mark_rate:,.0f} ids/s; JSON lines {json_s:.2f} s, {rows / json_s:,.0f}/s"
+    )
     print(f"  naive loop ({slice_ids:,} ids): {naive_rate:,.0f} ids/s (synchronous=NORMAL: {naive_normal:,.0f}); "
           f"mark is {mark_rate / naive_rate:.0f}x")  # fmt: skip
     return {"ids": rows, "seconds": mark_s, "rate": mark_rate, "runs": ids_runs, "json_seconds": json_s,
@@ -274,7 +281,9 @@ def render(meta: dict[str, Any], queries: list[dict[str, Any]], cli: dict[str, f
     ]
     for q in queries:
         if q["stored"]:
-            lines.append(f"| {q['query']} | {q['rows']:,} | {q['cold_ms']:.0f} ms | {q['cached_ms']:.0f} ms | {q['speedup']:.1f}x |")
+            lines.append(
+                f"| {q['query']} | {q['rows']:,} | {q['cold_ms']:.0f} ms | {q['cached_ms']:.0f} ms | {q['speedup']:.1f}x |"
+            )
         else:  # the "cached" runs ran the query again: only noise tells them apart
             lines.append(f"| {q['query']} | {q['rows']:,} | {q['cold_ms']:.0f} ms | not stored (see below) | - |")
     lines += [
@@ -288,7 +297,7 @@ def render(meta: dict[str, Any], queries: list[dict[str, Any]], cli: dict[str, f
         "query took at least twice that long inside SQLite and returned at most 100,000 rows: class-balanced",
         "sampling (a sort of every candidate row) and narrow time windows gain; a filter returning 30% of",
         "the catalog would not, and is not stored. The 24-hour window is given as a fixed start time",
-        "(`since=` an ISO time computed once); `since=\"24h\"` resolves to a new second every second.",
+        '(`since=` an ISO time computed once); `since="24h"` resolves to a new second every second.',
         "",
         "### mark",
         "",

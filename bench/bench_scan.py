@@ -41,8 +41,8 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -122,9 +122,16 @@ def _pss_kb(pid: int) -> int:
     return 0
 
 
-def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | None = None,
-        timeout: float = 1800, sample_tree: bool = False, measured: bool = False,
-        prep: Callable[[], None] | None = None) -> Run:
+def run(
+    argv: list[str] | str,
+    *,
+    env: dict | None = None,
+    cwd: str | Path | None = None,
+    timeout: float = 1800,
+    sample_tree: bool = False,
+    measured: bool = False,
+    prep: Callable[[], None] | None = None,
+) -> Run:
     """Run one command in a fresh process; time it from the outside.
 
     measured: first wait for a quiet machine (QUIET); prep: then set the stage (caches), untimed.
@@ -146,12 +153,16 @@ def run(argv: list[str] | str, *, env: dict | None = None, cwd: str | Path | Non
             return r
         attempt += 1
         QUIET.repeated += 1
-        print(f"  (other processes used {r.bg_cpus:.2f} CPUs during a {r.wall:.2f}s run; repeating it)",
-              file=sys.stderr, flush=True)
+        print(
+            f"  (other processes used {r.bg_cpus:.2f} CPUs during a {r.wall:.2f}s run; repeating it)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
-def _run_once(argv: list[str] | str, *, env: dict | None, cwd: str | Path | None, timeout: float,
-              sample_tree: bool) -> Run:
+def _run_once(
+    argv: list[str] | str, *, env: dict | None, cwd: str | Path | None, timeout: float, sample_tree: bool
+) -> Run:
     r = Run(argv)
     # ru_maxrss from our own wait4() would be polluted: a child that this (big) process forks
     # inherits our RSS high-water mark until it execs.  /usr/bin/time forks from a tiny process.
@@ -163,9 +174,17 @@ def _run_once(argv: list[str] | str, *, env: dict | None, cwd: str | Path | None
     with out_f, err_f:
         busy0, _ = _cpu_busy()
         t0 = time.perf_counter()
-        p = subprocess.Popen(argv, shell=isinstance(argv, str), stdin=subprocess.DEVNULL, stdout=out_f,
-                             stderr=err_f, env=env, cwd=cwd, start_new_session=True,
-                             executable="/bin/bash" if isinstance(argv, str) else None)
+        p = subprocess.Popen(
+            argv,
+            shell=isinstance(argv, str),
+            stdin=subprocess.DEVNULL,
+            stdout=out_f,
+            stderr=err_f,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            executable="/bin/bash" if isinstance(argv, str) else None,
+        )
         stop = threading.Event()
 
         def killer() -> None:
@@ -268,12 +287,18 @@ class Quiet:
         if not self.during:
             return "no measured runs"
         busy = [x for x in self.during if x > self.limit]
-        before = (f"before each run waited up to {self.max_wait:.0f} s for them to go below {self.limit} CPUs "
-                  f"(total wait {self.waited:.0f} s); " if self.max_wait > 0 else "")
-        return (f"{before}during the {len(self.during)} measured runs other processes used a median "
-                f"{statistics.median(self.during):.2f} and at most {max(self.during):.2f} CPUs; "
-                f"{self.repeated} disturbed run(s) were repeated, {len(busy)} kept run(s) still saw "
-                f"> {self.limit} CPUs of other load")
+        before = (
+            f"before each run waited up to {self.max_wait:.0f} s for them to go below {self.limit} CPUs "
+            f"(total wait {self.waited:.0f} s); "
+            if self.max_wait > 0
+            else ""
+        )
+        return (
+            f"{before}during the {len(self.during)} measured runs other processes used a median "
+            f"{statistics.median(self.during):.2f} and at most {max(self.during):.2f} CPUs; "
+            f"{self.repeated} disturbed run(s) were repeated, {len(busy)} kept run(s) still saw "
+            f"> {self.limit} CPUs of other load"
+        )
 
 
 QUIET = Quiet(0)
@@ -327,8 +352,15 @@ class Row:
             b = f"{self.b_s:.2f} s ({self.n / self.b_s:,.0f} files/s)" if self.b_s and self.n else "-"
         ratio = f"{self.ratio:.2f}x" if self.ratio is not None else "-"
         res = {True: "PASS", False: "**FAIL**", None: "info"}[self.ok]
-        return [self.label, d, self.base or "-", b, ratio + (f" ({self.ratio_kind})" if self.ratio_kind else ""),
-                self.target or "-", res]
+        return [
+            self.label,
+            d,
+            self.base or "-",
+            b,
+            ratio + (f" ({self.ratio_kind})" if self.ratio_kind else ""),
+            self.target or "-",
+            res,
+        ]
 
 
 HEAD = ["case", "dlindex median", "baseline", "baseline median", "ratio", "target", "result"]
@@ -382,8 +414,18 @@ class Bench:
     def scan_argv(self, root: Path, db: Path) -> list[str]:
         return [*self.dl, "scan", str(root), "--db", str(db), "--json", *self.scan_extra]
 
-    def dl_scan(self, case: str, root: Path, db: Path, *, fresh: bool, sample_tree: bool = False,
-                expect: dict | None = None, measured: bool = True, prep: Callable[[], None] | None = None) -> Run:
+    def dl_scan(
+        self,
+        case: str,
+        root: Path,
+        db: Path,
+        *,
+        fresh: bool,
+        sample_tree: bool = False,
+        expect: dict | None = None,
+        measured: bool = True,
+        prep: Callable[[], None] | None = None,
+    ) -> Run:
         if fresh:
             rm_db(db)
             outer = prep
@@ -392,18 +434,33 @@ class Bench:
                 rm_db(db)
                 if outer is not None:
                     outer()
+
         argv = self.scan_argv(root, db)
         self.note_cmd(case, shlex.join(argv))
-        r = run(argv, env=self.dl_env, cwd=REPO, sample_tree=sample_tree, timeout=self.a.timeout,
-                measured=measured, prep=prep).check()
+        r = run(
+            argv,
+            env=self.dl_env,
+            cwd=REPO,
+            sample_tree=sample_tree,
+            timeout=self.a.timeout,
+            measured=measured,
+            prep=prep,
+        ).check()
         out = r.json
         for k, v in (expect or {}).items():
             if out.get(k) != v:
                 raise RuntimeError(f"dlindex scan reported {k}={out.get(k)!r}, expected {v!r}: {out}")
         return r
 
-    def py(self, case: str, script: str, *args: str | Path, env: dict | None = None, measured: bool = True,
-           prep: Callable[[], None] | None = None) -> Run:
+    def py(
+        self,
+        case: str,
+        script: str,
+        *args: str | Path,
+        env: dict | None = None,
+        measured: bool = True,
+        prep: Callable[[], None] | None = None,
+    ) -> Run:
         argv = [PY, str(BASE / script), *map(str, args)]
         self.note_cmd(case, shlex.join(["python", f"bench/baselines/{script}", *map(str, args)]))
         return run(argv, env=env, timeout=self.a.timeout, measured=measured, prep=prep).check()
@@ -434,8 +491,9 @@ class Bench:
             con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
             try:
                 marks = ",".join("?" * len(digests))
-                found = con.execute(f"SELECT count(*) FROM image_metadata WHERE xxh3_128 IN ({marks})",
-                                    digests).fetchone()[0]
+                found = con.execute(
+                    f"SELECT count(*) FROM image_metadata WHERE xxh3_128 IN ({marks})", digests
+                ).fetchone()[0]
             finally:
                 con.close()
         except sqlite3.Error as e:
@@ -480,15 +538,31 @@ class Bench:
         for i in range(self.reps):
             for f in self.rotated(i, [dl, a, b]):
                 f()
-            self.say(f"warm rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  read_all {ts['read_all'][-1]:.2f}s  "
-                     f"find|xargs cat {ts['xargs_cat'][-1]:.2f}s")
+            self.say(
+                f"warm rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  read_all {ts['read_all'][-1]:.2f}s  "
+                f"find|xargs cat {ts['xargs_cat'][-1]:.2f}s"
+            )
         d, a_, b_ = med(ts["dlindex"]), med(ts["read_all"]), med(ts["xargs_cat"])
         self.warm_scan_med = (d, n)
         lab = f"warm first scan, {n:,} files"
-        self.rows.append(Row("warm", lab, d, n, "(a) os.open/read/close loop, 1 process", a_, a_ / d,
-                             "throughput vs (a)", ">= 0.40x", a_ / d >= 0.4, samples=ts))
-        self.rows.append(Row("warm", lab, d, n, "(b) find | xargs cat", b_, b_ / d,
-                             "throughput vs (b)", ">= 1.50x", b_ / d >= 1.5))
+        self.rows.append(
+            Row(
+                "warm",
+                lab,
+                d,
+                n,
+                "(a) os.open/read/close loop, 1 process",
+                a_,
+                a_ / d,
+                "throughput vs (a)",
+                ">= 0.40x",
+                a_ / d >= 0.4,
+                samples=ts,
+            )
+        )
+        self.rows.append(
+            Row("warm", lab, d, n, "(b) find | xargs cat", b_, b_ / d, "throughput vs (b)", ">= 1.50x", b_ / d >= 1.5)
+        )
 
     def case_cold(self) -> None:
         root, n = self.tree("subset"), self.spec.subset
@@ -521,6 +595,7 @@ class Bench:
                 r = self.py("cold", "parallel_read.py", root, t, prep=prep)
                 assert r.json["files"] == n, r.json
                 ts[f"read{t}"].append(r.wall)
+
             return go
 
         for i in range(self.reps):
@@ -531,18 +606,41 @@ class Bench:
         best_t = min(threads, key=lambda t: med(ts[f"read{t}"]))
         b = med(ts[f"read{best_t}"])
         others = ", ".join(f"{t} thr {med(ts[f'read{t}']):.2f} s" for t in threads)
-        self.rows.append(Row("cold", f"cold first scan, {n:,} files", d, n,
-                             f"best raw parallel read ({best_t} threads; {others})", b, b / d,
-                             "throughput vs baseline", ">= 0.80x", b / d >= 0.8, samples=ts))
+        self.rows.append(
+            Row(
+                "cold",
+                f"cold first scan, {n:,} files",
+                d,
+                n,
+                f"best raw parallel read ({best_t} threads; {others})",
+                b,
+                b / d,
+                "throughput vs baseline",
+                ">= 0.80x",
+                b / d >= 0.8,
+                samples=ts,
+            )
+        )
         dc = med(ts["dlindex_cold_start"])
-        self.rows.append(Row("cold", "cold first scan incl. cold interpreter/imports", dc, n,
-                             f"same ({best_t} threads)", b, b / dc, "throughput vs baseline", "", None))
+        self.rows.append(
+            Row(
+                "cold",
+                "cold first scan incl. cold interpreter/imports",
+                dc,
+                n,
+                f"same ({best_t} threads)",
+                b,
+                b / dc,
+                "throughput vs baseline",
+                "",
+                None,
+            )
+        )
 
     def case_rescan(self) -> None:
         root, n = self.tree("small"), self.spec.small
         db = self.dbdir / "rescan.db"
-        first = self.dl_scan("rescan", root, db, fresh=True, expect={"seen": n, "new": n},
-                             prep=lambda: warm_data(root))
+        first = self.dl_scan("rescan", root, db, fresh=True, expect={"seen": n, "new": n}, prep=lambda: warm_data(root))
         self.say(f"rescan: first scan of {n} files {first.wall:.2f}s {first.json}")
         ts: dict[str, list[float]] = {"dlindex": [], "find": [], "first_scan": [first.wall]}
         find = f"find {q(root)} -type f -printf '%s %T@\\n' > /dev/null"
@@ -564,41 +662,109 @@ class Bench:
             self.say(f"rescan rep {i + 1}: dlindex {ts['dlindex'][-1]:.2f}s  find {ts['find'][-1]:.2f}s")
         rm_db(db)
         d, b = med(ts["dlindex"]), med(ts["find"])
-        self.rows.append(Row("rescan", f"unchanged rescan, {n:,} files", d, n,
-                             "find -type f -printf '%s %T@\\n'", b, d / b, "time / baseline time",
-                             "<= 2.00x", d / b <= 2.0, samples=ts))
-        self.rows.append(Row("rescan", f"(first scan of the same {n:,} tiny files, warm, 1 run)", first.wall, n,
-                             "", None, None, "", "", None))
+        self.rows.append(
+            Row(
+                "rescan",
+                f"unchanged rescan, {n:,} files",
+                d,
+                n,
+                "find -type f -printf '%s %T@\\n'",
+                b,
+                d / b,
+                "time / baseline time",
+                "<= 2.00x",
+                d / b <= 2.0,
+                samples=ts,
+            )
+        )
+        self.rows.append(
+            Row(
+                "rescan",
+                f"(first scan of the same {n:,} tiny files, warm, 1 run)",
+                first.wall,
+                n,
+                "",
+                None,
+                None,
+                "",
+                "",
+                None,
+            )
+        )
 
     def case_rss(self) -> None:
         trees = [(k, p) for k, p in sorted(self.tree("links").items())] + [(self.spec.small, self.tree("small"))]
         res: dict[int, dict] = {}
         for n, root in trees:
             db = self.dbdir / f"rss{n}.db"
-            r1 = self.dl_scan("rss", root, db, fresh=True, sample_tree=True, expect={"seen": n, "new": n},
-                              prep=lambda: warm_data(root))  # noqa: B023
-            r2 = self.dl_scan("rss", root, db, fresh=False, sample_tree=True, expect={"seen": n, "unchanged": n},
-                              prep=lambda: warm_meta(root))  # noqa: B023
+            r1 = self.dl_scan(
+                "rss",
+                root,
+                db,
+                fresh=True,
+                sample_tree=True,
+                expect={"seen": n, "new": n},
+                prep=lambda: warm_data(root),
+            )  # noqa: B023
+            r2 = self.dl_scan(
+                "rss",
+                root,
+                db,
+                fresh=False,
+                sample_tree=True,
+                expect={"seen": n, "unchanged": n},
+                prep=lambda: warm_meta(root),
+            )  # noqa: B023
             rm_db(db)
-            res[n] = {"scan_maxrss_mb": r1.maxrss_kb * 1024 / MB, "scan_tree_pss_mb": r1.tree_peak_kb * 1024 / MB,
-                      "rescan_maxrss_mb": r2.maxrss_kb * 1024 / MB, "rescan_tree_pss_mb": r2.tree_peak_kb * 1024 / MB,
-                      "scan_s": r1.wall, "rescan_s": r2.wall}
+            res[n] = {
+                "scan_maxrss_mb": r1.maxrss_kb * 1024 / MB,
+                "scan_tree_pss_mb": r1.tree_peak_kb * 1024 / MB,
+                "rescan_maxrss_mb": r2.maxrss_kb * 1024 / MB,
+                "rescan_tree_pss_mb": r2.tree_peak_kb * 1024 / MB,
+                "scan_s": r1.wall,
+                "rescan_s": r2.wall,
+            }
             self.say(f"rss {n}: " + ", ".join(f"{k} {v:.1f}" for k, v in res[n].items()))
         top = max(res)
         for what in ("scan", "rescan"):
             for n in sorted(res):
                 m, t = res[n][f"{what}_maxrss_mb"], res[n][f"{what}_tree_pss_mb"]
                 big = n == top
-                self.rows.append(Row("rss", f"peak RSS, {'first scan' if what == 'scan' else 'unchanged rescan'}, {n:,} files",
-                                     m, n, "sampled PSS sum of the process tree", t, None, "", "<= 200 MB" if big else "",
-                                     (m <= 200 and t <= 200) if big else None, unit="MB", samples=res[n]))
+                self.rows.append(
+                    Row(
+                        "rss",
+                        f"peak RSS, {'first scan' if what == 'scan' else 'unchanged rescan'}, {n:,} files",
+                        m,
+                        n,
+                        "sampled PSS sum of the process tree",
+                        t,
+                        None,
+                        "",
+                        "<= 200 MB" if big else "",
+                        (m <= 200 and t <= 200) if big else None,
+                        unit="MB",
+                        samples=res[n],
+                    )
+                )
             lo, hi = min(res), max(res)
             if lo != hi:
                 growth = res[hi][f"{what}_maxrss_mb"] / res[lo][f"{what}_maxrss_mb"]
                 per_file = (res[hi][f"{what}_maxrss_mb"] - res[lo][f"{what}_maxrss_mb"]) * MB / (hi - lo)
-                self.rows.append(Row("rss", f"RSS growth {lo:,} -> {hi:,} files ({what})", None, None,
-                                     f"linear would be {hi / lo:.1f}x", None, growth, f"{per_file:.0f} B per extra file",
-                                     f"< {hi / lo:.1f}x (sub-linear)", growth < hi / lo, unit="MB"))
+                self.rows.append(
+                    Row(
+                        "rss",
+                        f"RSS growth {lo:,} -> {hi:,} files ({what})",
+                        None,
+                        None,
+                        f"linear would be {hi / lo:.1f}x",
+                        None,
+                        growth,
+                        f"{per_file:.0f} B per extra file",
+                        f"< {hi / lo:.1f}x (sub-linear)",
+                        growth < hi / lo,
+                        unit="MB",
+                    )
+                )
 
     def _warm_dlindex(self) -> tuple[float, int]:
         if self.warm_scan_med is None:  # warm case not run: warm scans of our own
@@ -606,8 +772,9 @@ class Bench:
             db = self.dbdir / "warm1.db"
             ts = []
             for _ in range(self.reps):
-                ts.append(self.dl_scan("naive", root, db, fresh=True, expect={"seen": n},
-                                       prep=lambda: warm_data(root)).wall)
+                ts.append(
+                    self.dl_scan("naive", root, db, fresh=True, expect={"seen": n}, prep=lambda: warm_data(root)).wall
+                )
                 rm_db(db)
             self.warm_scan_med = (med(ts), n)
         return self.warm_scan_med
@@ -629,9 +796,22 @@ class Bench:
         d, _ = self._warm_dlindex()
         b = n / med(rates)  # time for the whole tree (extrapolated if the run was capped)
         note = f"{self.a.slow_reps} run(s)" + ("" if complete else f"; capped at {self.a.naive_max_s}s, extrapolated")
-        self.rows.append(Row("naive", f"speed-up over naive 1-process indexer, {n:,} files, warm", d, n,
-                             "os.walk+stat+read+xxh3_128+Image.open+INSERT/commit per file", b, b / d,
-                             "speed-up", "report", None, note=note, samples={"naive": ts}))
+        self.rows.append(
+            Row(
+                "naive",
+                f"speed-up over naive 1-process indexer, {n:,} files, warm",
+                d,
+                n,
+                "os.walk+stat+read+xxh3_128+Image.open+INSERT/commit per file",
+                b,
+                b / d,
+                "speed-up",
+                "report",
+                None,
+                note=note,
+                samples={"naive": ts},
+            )
+        )
 
     def case_hf(self) -> None:
         root, n = self.tree("big"), self.spec.big
@@ -649,8 +829,14 @@ class Bench:
                 cache.mkdir()
                 warm_data(root)
 
-            env = dict(os.environ, HF_HOME=str(cache / "home"), HF_DATASETS_CACHE=str(cache / "datasets"),
-                       HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+            env = dict(
+                os.environ,
+                HF_HOME=str(cache / "home"),
+                HF_DATASETS_CACHE=str(cache / "datasets"),
+                HF_DATASETS_OFFLINE="1",
+                HF_HUB_OFFLINE="1",
+                HF_HUB_DISABLE_TELEMETRY="1",
+            )
             for _ in range(self.a.slow_reps):
                 r = self.py("hf", "hf_imagefolder.py", root, cache, env=env, prep=prep)
                 shutil.rmtree(cache, ignore_errors=True)
@@ -660,17 +846,45 @@ class Bench:
                 ts.append(r.wall)
                 self.say(f"hf: {r.wall:.2f}s {info}")
         except Exception as e:  # report, don't fail the whole benchmark
-            self.rows.append(Row("hf", "speed-up over HF datasets imagefolder", None, n, "HF datasets",
-                                 None, None, "", "report", None, note=f"could not run: {str(e).splitlines()[0][:200]}"))
+            self.rows.append(
+                Row(
+                    "hf",
+                    "speed-up over HF datasets imagefolder",
+                    None,
+                    n,
+                    "HF datasets",
+                    None,
+                    None,
+                    "",
+                    "report",
+                    None,
+                    note=f"could not run: {str(e).splitlines()[0][:200]}",
+                )
+            )
             return
         d, _ = self._warm_dlindex()
         b = med(ts)
-        emb = "reads and embeds image bytes" if info.get("embedded_bytes") else \
-            "lists the files and stores their paths; it does not read image bytes"
-        self.rows.append(Row("hf", f"speed-up over HF datasets imagefolder, {n:,} files, warm", d, n,
-                             f"load_dataset('imagefolder') (datasets {info.get('datasets')})", b, b / d,
-                             "speed-up", "report", None, note=f"{self.a.slow_reps} run(s); HF {emb}",
-                             samples={"hf": ts}))
+        emb = (
+            "reads and embeds image bytes"
+            if info.get("embedded_bytes")
+            else "lists the files and stores their paths; it does not read image bytes"
+        )
+        self.rows.append(
+            Row(
+                "hf",
+                f"speed-up over HF datasets imagefolder, {n:,} files, warm",
+                d,
+                n,
+                f"load_dataset('imagefolder') (datasets {info.get('datasets')})",
+                b,
+                b / d,
+                "speed-up",
+                "report",
+                None,
+                note=f"{self.a.slow_reps} run(s); HF {emb}",
+                samples={"hf": ts},
+            )
+        )
 
     def tiny_tree(self) -> Path:
         """3 images, to re-warm interpreter and code after drop_caches."""
@@ -712,16 +926,20 @@ class Bench:
         self.total = time.perf_counter() - self.t0
         self.fp_end = source_fingerprint()
         if self.fp_end != self.fp_start:
-            self.say("WARNING: dlindex/ sources changed during the run; the figures mix versions: "
-                     + ", ".join(changed_files(self.fp_start, self.fp_end)))
+            self.say(
+                "WARNING: dlindex/ sources changed during the run; the figures mix versions: "
+                + ", ".join(changed_files(self.fp_start, self.fp_end))
+            )
 
 
 def source_fingerprint() -> dict[str, str]:
     """sha256 (12 hex) of each of dlindex's sources, to notice when they change during a run."""
     import hashlib
 
-    return {str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest()[:12]
-            for f in sorted((REPO / "dlindex").rglob("*.py"))}
+    return {
+        str(f.relative_to(REPO)): hashlib.sha256(f.read_bytes()).hexdigest()[:12]
+        for f in sorted((REPO / "dlindex").rglob("*.py"))
+    }
 
 
 def fingerprint_text(fp: dict[str, str]) -> str:
@@ -754,7 +972,9 @@ def machine_info(b: Bench) -> dict:
     fs = cmd(f"df -T {q(b.work)} | awk 'NR==2 {{print $2}}'")
     rev = cmd(f"git -C {q(REPO)} rev-parse --short HEAD 2>/dev/null") or "uncommitted"
     dirty = cmd(f"git -C {q(REPO)} status --porcelain 2>/dev/null | head -1")
-    ver = cmd(f"cd {q(REPO)} && PYTHONPATH={q(REPO)} {q(PY)} -c 'import importlib.metadata as m; print(m.version(\"dlindex\"))' 2>/dev/null")
+    ver = cmd(
+        f"cd {q(REPO)} && PYTHONPATH={q(REPO)} {q(PY)} -c 'import importlib.metadata as m; print(m.version(\"dlindex\"))' 2>/dev/null"
+    )
     return {
         "date": b.started.strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": os.cpu_count(),
@@ -818,9 +1038,12 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
     lines += [f"- Check: {c}." for c in b.checks]
     if b.fp_end != b.fp_start:
         ch = changed_files(b.fp_start, b.fp_end)
-        lines.append(f"- **WARNING: {len(ch)} dlindex source file(s) changed during this run** ("
-                     + ", ".join(ch[:6]) + (f" and {len(ch) - 6} more" if len(ch) > 6 else "")
-                     + "); the figures may mix versions.")
+        lines.append(
+            f"- **WARNING: {len(ch)} dlindex source file(s) changed during this run** ("
+            + ", ".join(ch[:6])
+            + (f" and {len(ch) - 6} more" if len(ch) > 6 else "")
+            + "); the figures may mix versions."
+        )
     else:
         lines.append(f"- dlindex sources fingerprint (sha256 over dlindex/**/*.py): {fingerprint_text(b.fp_start)}.")
     notes = [f"- {r.label}: {r.note}" for r in b.rows if r.note]
@@ -829,14 +1052,23 @@ def render(b: Bench, info: dict, argv: list[str]) -> str:
     for r in b.rows:  # every sample, so the spread behind each median is visible
         if r.unit == "s" and r.samples and id(r.samples) not in shown:
             shown.add(id(r.samples))
-            parts = [f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in r.samples.items()
-                     if isinstance(v, list) and v]
+            parts = [
+                f"{k} " + " ".join(f"{x:.2f}" for x in v) for k, v in r.samples.items() if isinstance(v, list) and v
+            ]
             lines.append(f"- Samples (s), {r.case}: " + "; ".join(parts) + ".")
-    lines += ["", "Reproduce (as root, from the repository root, in the venv):", "", "```sh",
-              ". .venv/bin/activate && pip install -e . datasets   # datasets: benchmark-only",
-              "python bench/make_trees.py" + (" --quick" if b.a.quick else "") + "   # once; reused while complete",
-              ("python bench/bench_scan.py " + shlex.join(argv)).rstrip(), "```", "",
-              "Exact commands of each case (`$W` = " + str(b.work) + "):", ""]
+    lines += [
+        "",
+        "Reproduce (as root, from the repository root, in the venv):",
+        "",
+        "```sh",
+        ". .venv/bin/activate && pip install -e . datasets   # datasets: benchmark-only",
+        "python bench/make_trees.py" + (" --quick" if b.a.quick else "") + "   # once; reused while complete",
+        ("python bench/bench_scan.py " + shlex.join(argv)).rstrip(),
+        "```",
+        "",
+        "Exact commands of each case (`$W` = " + str(b.work) + "):",
+        "",
+    ]
     for c, cmds in b.commands.items():
         lines.append(f"- {c}: " + "; ".join(f"`{x}`" for x in cmds))
     lines += ["", f"Wall time of this run: {b.total / 60:.1f} min ({', '.join(b.log)}).", END]
@@ -859,10 +1091,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, help="pass --workers N to dlindex scan (default: dlindex's own)")
     ap.add_argument("--cold-threads", default="8,32,64", help="thread counts for the cold raw-read baseline")
     ap.add_argument("--naive-max-s", type=float, default=600, help="cap the naive run, extrapolate (0: no cap)")
-    ap.add_argument("--max-wait-idle", type=float, default=30,
-                    help="before each measured run wait up to this many s for other processes to go quiet (0: don't)")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="repeat a run (< 20 s) during which other processes used > 0.15 CPUs, up to N times")
+    ap.add_argument(
+        "--max-wait-idle",
+        type=float,
+        default=30,
+        help="before each measured run wait up to this many s for other processes to go quiet (0: don't)",
+    )
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="repeat a run (< 20 s) during which other processes used > 0.15 CPUs, up to N times",
+    )
     ap.add_argument("--timeout", type=float, default=1800, help="per-command timeout, s")
     ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--docs", help="markdown file to update (default docs/benchmarks.md; --quick: none)")
@@ -884,9 +1124,21 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + section)
     stamp = b.started.strftime("%Y%m%d-%H%M%S")
     raw = b.work / f"bench_scan-{stamp}.json"
-    raw.write_text(json.dumps({"info": info, "argv": argv, "rows": [r.__dict__ for r in b.rows],
-                               "commands": b.commands, "dlindex_sources": {"start": b.fp_start, "end": b.fp_end},
-                               "load_before": QUIET.loads, "load_during": QUIET.during}, indent=1, default=str))
+    raw.write_text(
+        json.dumps(
+            {
+                "info": info,
+                "argv": argv,
+                "rows": [r.__dict__ for r in b.rows],
+                "commands": b.commands,
+                "dlindex_sources": {"start": b.fp_start, "end": b.fp_end},
+                "load_before": QUIET.loads,
+                "load_during": QUIET.during,
+            },
+            indent=1,
+            default=str,
+        )
+    )
     b.say(f"raw results: {raw}")
     docs = None if a.no_docs else (Path(a.docs) if a.docs else (None if a.quick else REPO / "docs" / "benchmarks.md"))
     if docs:

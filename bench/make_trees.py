@@ -224,7 +224,7 @@ def _generate(tree: Path, kind: str, n: int, n_classes: int, seed: int, pool_siz
         picks = rng.integers(0, len(pool), k)
         jobs.append((f"{prefix}{c:05d}", [(i, int(p)) for i, p in enumerate(picks)]))
     tree.mkdir(parents=True)
-    chunks = [jobs[i::procs * 4] for i in range(procs * 4)]
+    chunks = [jobs[i :: procs * 4] for i in range(procs * 4)]
     with ProcessPoolExecutor(procs, initializer=_init_writer, initargs=(pool,)) as ex:
         res = list(ex.map(_write_classes, [(str(tree), tree.name, ch) for ch in chunks]))
     files, nbytes = sum(r[0] for r in res), sum(r[1] for r in res)
@@ -351,7 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     spec = QUICK if a.quick else FULL
     t0 = time.perf_counter()
     out = ensure_all(spec, Path(a.work) if a.work else None, set(a.only.split(",")), a.force)
-    print(json.dumps({k: str(v) if not isinstance(v, dict) else {n: str(p) for n, p in v.items()} for k, v in out.items()}, indent=1))
+    print(
+        json.dumps(
+            {k: str(v) if not isinstance(v, dict) else {n: str(p) for n, p in v.items()} for k, v in out.items()},
+            indent=1,
+        )
+    )
     print(f"done in {time.perf_counter() - t0:.1f}s; spec {asdict(spec)}", file=sys.stderr)
     return 0
 

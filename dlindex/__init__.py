@@ -1,8 +1,9 @@
 """dlindex: an SQLite catalog for deep-learning image datasets.
 
-    from dlindex import Catalog, scan_tree
+    from dlindex import Catalog, query_rows, scan_tree
     with Catalog("train.db", create=True) as catalog:
         summary = scan_tree(catalog, "data/train")
+        rows = list(query_rows(catalog, per_label=32, seed=0))
 
 Names are imported from their modules on first use, so `import dlindex` (and every CLI
 command's start-up) pays only for what it touches.
@@ -12,54 +13,90 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._lazy import lazy_exports
+from dlindex._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# public name -> module that defines it
+__all__ = [
+    "Catalog",
+    "CatalogBusyError",
+    "CatalogError",
+    "CatalogStats",
+    "CheckReport",
+    "DamagedCatalogError",
+    "DiskFullError",
+    "DlindexError",
+    "DlindexWarning",
+    "ExitCode",
+    "InputError",
+    "Interrupted",
+    "MarkResult",
+    "Probe",
+    "ProbeOptions",
+    "QuerySpec",
+    "ReadOnlyCatalogError",
+    "ScanOptions",
+    "ScanSummary",
+    "catalog_stats",
+    "check_catalog",
+    "clear_log",
+    "feature_vectors",
+    "import_log",
+    "log_summary",
+    "mark_samples",
+    "open_catalog",
+    "probe_file",
+    "query_rows",
+    "recover_catalog",
+    "sample_ids",
+    "scan_tree",
+    "sniff_header",
+]
+
+# public name -> module that defines it (tests/test_api.py checks it against __all__)
 _EXPORTS = {
-    "Catalog": "catalog",
-    "open_catalog": "catalog",
-    "CatalogError": "errors",
+    "CheckReport": "catalog.check",
+    "check_catalog": "catalog.check",
+    "recover_catalog": "catalog.check",
+    "Catalog": "catalog.connection",
+    "open_catalog": "catalog.connection",
     "CatalogBusyError": "errors",
+    "CatalogError": "errors",
     "DamagedCatalogError": "errors",
     "DiskFullError": "errors",
-    "DlindexWarning": "errors",
-    "ReadOnlyCatalogError": "errors",
-    "CheckReport": "check",
-    "check_catalog": "check",
-    "recover_catalog": "check",
     "DlindexError": "errors",
+    "DlindexWarning": "errors",
     "ExitCode": "errors",
     "InputError": "errors",
     "Interrupted": "errors",
-    "MarkResult": "mark",
-    "mark_samples": "mark",
-    "Probe": "probe",
-    "ProbeOptions": "probe",
-    "probe_file": "probe",
-    "sniff_header": "probe",
-    "QuerySpec": "query",
-    "clear_log": "logview",
-    "import_log": "logview",
-    "log_summary": "logview",
-    "ScanOptions": "scan",
-    "ScanSummary": "scan",
-    "scan_tree": "scan",
+    "ReadOnlyCatalogError": "errors",
+    "feature_vectors": "features.storage",
+    "MarkResult": "query.mark",
+    "mark_samples": "query.mark",
+    "QuerySpec": "query.rows",
+    "query_rows": "query.rows",
+    "sample_ids": "query.rows",
+    "clear_log": "querylog.views",
+    "import_log": "querylog.views",
+    "log_summary": "querylog.views",
+    "Probe": "scan.probe",
+    "ProbeOptions": "scan.probe",
+    "probe_file": "scan.probe",
+    "sniff_header": "scan.probe",
+    "ScanOptions": "scan.run",
+    "ScanSummary": "scan.run",
+    "scan_tree": "scan.run",
     "CatalogStats": "stats",
     "catalog_stats": "stats",
 }
-
-__all__ = sorted(_EXPORTS)
-
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
-    from .catalog import Catalog, open_catalog
-    from .check import CheckReport, check_catalog, recover_catalog
-    from .errors import (
+    from dlindex.catalog.check import CheckReport, check_catalog, recover_catalog
+    from dlindex.catalog.connection import Catalog, open_catalog
+    from dlindex.errors import (
         CatalogBusyError,
         CatalogError,
         DamagedCatalogError,
@@ -71,9 +108,10 @@ if TYPE_CHECKING:
         Interrupted,
         ReadOnlyCatalogError,
     )
-    from .mark import MarkResult, mark_samples
-    from .probe import Probe, ProbeOptions, probe_file, sniff_header
-    from .query import QuerySpec
-    from .logview import clear_log, import_log, log_summary
-    from .scan import ScanOptions, ScanSummary, scan_tree
-    from .stats import CatalogStats, catalog_stats
+    from dlindex.features.storage import feature_vectors
+    from dlindex.query.mark import MarkResult, mark_samples
+    from dlindex.query.rows import QuerySpec, query_rows, sample_ids
+    from dlindex.querylog.views import clear_log, import_log, log_summary
+    from dlindex.scan.probe import Probe, ProbeOptions, probe_file, sniff_header
+    from dlindex.scan.run import ScanOptions, ScanSummary, scan_tree
+    from dlindex.stats import CatalogStats, catalog_stats

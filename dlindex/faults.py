@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import CatalogBusyError, DamagedCatalogError, DiskFullError, DlindexError, ReadOnlyCatalogError
+from dlindex.errors import CatalogBusyError, DamagedCatalogError, DiskFullError, DlindexError, ReadOnlyCatalogError
 
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # SQLite's PENDING byte and the RESERVED byte after it (rollback-journal writers), and the
@@ -165,8 +165,10 @@ def busy_message(db_path: Path, waited_s: float | None) -> str:
     """Say that another process holds the write lock, which one if the OS tells us, and what to do."""
     waited = f" for {waited_s:.3g} s" if waited_s is not None else ""
     holder = lock_holder(db_path)
-    who = f"another dlindex process ({holder})" if holder and "dlindex" in holder else (
-        f"another process ({holder})" if holder else "another dlindex process"
+    who = (
+        f"another dlindex process ({holder})"
+        if holder and "dlindex" in holder
+        else (f"another process ({holder})" if holder else "another dlindex process")
     )
     return (
         f"catalog {db_path} stayed locked{waited} by {who}; "
@@ -178,7 +180,10 @@ def lock_holder(db_path: Path) -> str | None:
     """``pid N: command line`` of the process holding SQLite's write lock on ``db_path`` (Linux
     /proc/locks; None elsewhere or when nobody holds it). No file of the catalog is opened."""
     targets: dict[int, set[int]] = {}
-    for path, offsets in ((os.fspath(db_path) + "-shm", {_WAL_WRITE_LOCK}), (os.fspath(db_path), {_PENDING_BYTE, _PENDING_BYTE + 1})):
+    for path, offsets in (
+        (os.fspath(db_path) + "-shm", {_WAL_WRITE_LOCK}),
+        (os.fspath(db_path), {_PENDING_BYTE, _PENDING_BYTE + 1}),
+    ):
         try:
             targets[os.stat(path).st_ino] = offsets
         except OSError:

@@ -24,17 +24,17 @@ import sys
 import warnings
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate
 from functools import lru_cache
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
-from .errors import DlindexError
-from .export.confine import read_regular, real_inside, resolve_inside
-from .export.reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
-from .export.shards import exact_path
-from .export.tar import iter_members
-from .export.validate import listed_bytes
+from dlindex.errors import DlindexError
+from dlindex.export.confine import read_regular, real_inside, resolve_inside
+from dlindex.export.reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
+from dlindex.export.shards import exact_path
+from dlindex.export.tar import iter_members
+from dlindex.export.validate import listed_bytes
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -59,7 +59,7 @@ class MetadataCache:
 
     def _lookup(self, sample_id: int) -> dict[str, Any] | None:
         if self._conn is None or self._pid != os.getpid():
-            from .catalog import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+            from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
 
             uri = readonly_uri(self.catalog)
             try:
@@ -132,7 +132,9 @@ class ManifestDataset:
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
         files = manifest_files(self.index, split, rank)
         if not files:
-            raise DlindexError(f"{out_dir}: no manifest shards for split {split!r}, rank {rank!r} (a wds or mds export? use WdsDataset)")
+            raise DlindexError(
+                f"{out_dir}: no manifest shards for split {split!r}, rank {rank!r} (a wds or mds export? use WdsDataset)"
+            )
         self.paths: list[bytes] = []
         self.labels = array.array("l")
         self.ids = array.array("q")
@@ -140,7 +142,10 @@ class ManifestDataset:
         sizes = listed_bytes(listed_shards(self.index), [])
         for name in files:
             for row in manifest_rows(
-                self.out_dir, name, max_bytes=sizes.get(name), classes=len(self.classes),
+                self.out_dir,
+                name,
+                max_bytes=sizes.get(name),
+                classes=len(self.classes),
                 absolute_paths=absolute_paths(self.index),
             ):
                 self.paths.append(source_path(self.index, row["path"], self.root))
@@ -162,7 +167,9 @@ class ManifestDataset:
             data = read_regular(real_inside(self.paths[i], self.root, folder_links=True), None if size < 0 else size)
         except OSError as e:
             kind = SourceMissingError if isinstance(e, FileNotFoundError) else DlindexError
-            raise kind(f"{os.fsdecode(self.paths[i])}: {e.strerror}; the export's source is gone (see dlindex export --verify)") from None
+            raise kind(
+                f"{os.fsdecode(self.paths[i])}: {e.strerror}; the export's source is gone (see dlindex export --verify)"
+            ) from None
         image: Any = _decode(data, self.mode) if self.decode else data
         if self.transform is not None:
             image = self.transform(image)
@@ -184,7 +191,10 @@ class ManifestDataset:
 
 
 def iter_tar(
-    path: str | os.PathLike[str] | bytes, keep: Callable[[int], bool] | None = None, stop: int | None = None, *,
+    path: str | os.PathLike[str] | bytes,
+    keep: Callable[[int], bool] | None = None,
+    stop: int | None = None,
+    *,
     max_bytes: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Samples of a WebDataset tar: ``{"__key__": key, ext: bytes, ...}``, grouped by key.
@@ -315,6 +325,7 @@ class WdsDataset:
         else:
             plan = [(seg, workers) for seg in segments]
         for (shard, first, end), stride in plan:
+
             def keep(n: int, first: int = first, end: int = end, stride: int | None = stride) -> bool:
                 return first <= n < end and (stride is None or (n - first) % stride == worker)
 
@@ -329,7 +340,9 @@ class WdsDataset:
         data = next((v for k, v in sample.items() if k != "npy"), None)
         label = int(cls) if cls.isdigit() and len(cls) < 10 else -1
         if data is None or not 0 <= label < len(self.classes):
-            raise DlindexError(f"{self.out_dir}: sample {key!r} has no image or no valid .cls member (see dlindex export --verify)")
+            raise DlindexError(
+                f"{self.out_dir}: sample {key!r} has no image or no valid .cls member (see dlindex export --verify)"
+            )
         info: dict[str, Any] = {}
         if self.with_metadata and meta:
             try:
@@ -362,7 +375,9 @@ def _share(total: int, world: int, drop_last: bool) -> tuple[int, str]:
     return per, f"{per * world - total} repeated to pad, {why}"
 
 
-def _block(shards: Sequence[dict[str, Any]], world: int, rank: int, drop_last: bool) -> list[tuple[dict[str, Any], int, int]]:
+def _block(
+    shards: Sequence[dict[str, Any]], world: int, rank: int, drop_last: bool
+) -> list[tuple[dict[str, Any], int, int]]:
     """Rank ``rank``'s contiguous block of the shards' samples, as (shard, first, end) ranges;
     positions past the end wrap around to the first samples (padding)."""
     total = sum(s["samples"] for s in shards)

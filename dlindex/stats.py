@@ -6,8 +6,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .catalog import Catalog
-from .classes import SPLITS, catalog_classes
+from dlindex.catalog.classes import SPLITS, catalog_classes
+from dlindex.catalog.connection import Catalog
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
 _PROCESSED = "SELECT processed, count(*) FROM image_metadata WHERE status != 'missing' GROUP BY processed"
@@ -51,7 +51,7 @@ class CatalogStats:
     unprocessed: int
     processing_status: dict[str, int]
     labels: int  # labels with an ok image
-    classes: int  # the catalog's class list: label_id runs from 0 to classes - 1 (dlindex.classes)
+    classes: int  # the catalog's class list: label_id runs from 0 to classes - 1 (dlindex.catalog.classes)
     without_class: int  # ok images directly under ROOT (or a split folder): no label, no label_id
     splits: dict[str, int]  # ok images per split folder of pre-split trees
     largest_labels: list[LabelCount]
@@ -146,8 +146,8 @@ def slow_queries(catalog: Catalog, top: int = 5) -> SlowReport:
     """
     import json
 
-    from .advisor.scratch import explain, guarded
-    from .advisor.shapes import check_select
+    from dlindex.advisor.scratch import explain, guarded
+    from dlindex.advisor.shapes import check_select
 
     conn = guarded(catalog.path)
     plain = guarded(catalog.path)

@@ -44,7 +44,10 @@ def seeds(work: Path) -> dict[str, tuple[str, bytes]]:
     buffer = io.BytesIO()
     np.save(buffer, vectors.astype(np.float16))
     out["npy"] = (".npy", buffer.getvalue())
-    out["jsonl"] = (".jsonl", "".join(json.dumps({"id": int(i), "vector": v.tolist()}) + "\n" for i, v in zip(ids, vectors)).encode())
+    out["jsonl"] = (
+        ".jsonl",
+        "".join(json.dumps({"id": int(i), "vector": v.tolist()}) + "\n" for i, v in zip(ids, vectors)).encode(),
+    )
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq

@@ -164,7 +164,9 @@ def test_no_candidate_for_rowid_lookups_and_unfiltered_scans() -> None:
 def test_covering_only_for_small_select_lists() -> None:
     c = candidate("SELECT * FROM image_metadata WHERE label_id = ?")
     assert c is not None and c.include == ()
-    c = candidate("SELECT id, root_id, file_path, width, height, format, bytes, xxh3_128 FROM image_metadata WHERE label_id = ?")
+    c = candidate(
+        "SELECT id, root_id, file_path, width, height, format, bytes, xxh3_128 FROM image_metadata WHERE label_id = ?"
+    )
     assert c is not None and c.include == ()  # seven extra columns: not a small list
     c = candidate("SELECT count(*) FROM image_metadata WHERE processing_status = 'failed'")
     assert c is not None and c.free and c.key == ("processing_status",)
@@ -173,7 +175,12 @@ def test_covering_only_for_small_select_lists() -> None:
 def test_names_are_stable_and_marked() -> None:
     a = candidate("SELECT file_path FROM image_metadata WHERE label_id = ? AND processed = 1")
     b = candidate("SELECT file_path FROM image_metadata WHERE label_id = :x AND processed = 1", fp="other")
-    assert a is not None and b is not None and a.name == b.name and a.name.startswith("idx_dlindex_image_metadata_label_id_")
+    assert (
+        a is not None
+        and b is not None
+        and a.name == b.name
+        and a.name.startswith("idx_dlindex_image_metadata_label_id_")
+    )
 
 
 # --- merging -----------------------------------------------------------------------------------
@@ -193,8 +200,13 @@ def test_partial_wheres_relax_to_what_they_share() -> None:
     b = candidate("SELECT file_path FROM image_metadata WHERE label_id = ? AND status = 'ok' AND processed = 1", "b")
     assert a is not None and b is not None
     (m,) = merge([a, b], STATS)
-    assert m.where_sql() == "processed = 1" and m.key == ("label_id",) and "status" in m.include  # 99% ok: filtered in the index
-    c = candidate("SELECT file_path FROM image_metadata WHERE label_id = ? AND processing_status = 'failed' AND processed = 1", "c")
+    assert (
+        m.where_sql() == "processed = 1" and m.key == ("label_id",) and "status" in m.include
+    )  # 99% ok: filtered in the index
+    c = candidate(
+        "SELECT file_path FROM image_metadata WHERE label_id = ? AND processing_status = 'failed' AND processed = 1",
+        "c",
+    )
     assert c is not None
     (m,) = merge([a, c], STATS)
     assert m.key == ("label_id", "processing_status") and m.where_sql() == "processed = 1"  # 1% failed: seekable
@@ -209,7 +221,9 @@ def test_different_partial_wheres_or_tables_never_merge() -> None:
 
 def test_a_count_joins_any_index_over_its_rows() -> None:
     a = candidate("SELECT count(*) FROM image_metadata WHERE processing_status = 'failed'", "count")
-    b = candidate("SELECT id, file_path, error FROM image_metadata WHERE processing_status = 'failed' ORDER BY id", "list")
+    b = candidate(
+        "SELECT id, file_path, error FROM image_metadata WHERE processing_status = 'failed' ORDER BY id", "list"
+    )
     assert a is not None and b is not None
     (m,) = merge([a, b], STATS)
     assert m.key == ("id",) and m.fingerprints == ("count", "list")
@@ -219,7 +233,9 @@ def test_an_existing_index_that_already_serves_a_candidate_is_enough() -> None:
     c = candidate("SELECT id FROM image_metadata WHERE label_id = ? AND processed = 1")
     assert c is not None
     served = IndexDef("idx_dlindex_x", "image_metadata", c.sql("idx_dlindex_x"), c.columns, c.where, True)
-    plain = IndexDef("by_label", "image_metadata", "CREATE INDEX by_label ON image_metadata (label_id)", ("label_id",), None, False)
+    plain = IndexDef(
+        "by_label", "image_metadata", "CREATE INDEX by_label ON image_metadata (label_id)", ("label_id",), None, False
+    )
     assert existing_serves(served, c) and not existing_serves(plain, c)  # plain does not cover processed
 
 
@@ -228,14 +244,24 @@ def test_an_existing_index_that_already_serves_a_candidate_is_enough() -> None:
 
 def test_unused_and_redundant_indexes() -> None:
     existing = [
-        IndexDef("wh", "image_metadata", "CREATE INDEX wh ON image_metadata (width, height)", ("width", "height"), None, False),
+        IndexDef(
+            "wh",
+            "image_metadata",
+            "CREATE INDEX wh ON image_metadata (width, height)",
+            ("width", "height"),
+            None,
+            False,
+        ),
         IndexDef("w", "image_metadata", "CREATE INDEX w ON image_metadata (width)", ("width",), None, False),
         IndexDef("lab", "image_metadata", "CREATE INDEX lab ON image_metadata (label_id)", ("label_id",), None, False),
         IndexDef("sqlite_autoindex_image_metadata_1", "image_metadata", None, ("root_id", "file_path"), None, False),
     ]
     kept = candidate("SELECT file_path FROM image_metadata WHERE label_id = ? AND processed = 1", "hot")
     assert kept is not None
-    before = {"hot": ("SEARCH image_metadata USING INDEX lab (label_id=?)",), "rare": ("SCAN image_metadata USING INDEX w",)}
+    before = {
+        "hot": ("SEARCH image_metadata USING INDEX lab (label_id=?)",),
+        "rare": ("SCAN image_metadata USING INDEX w",),
+    }
     after = {"hot": (f"SEARCH image_metadata USING COVERING INDEX {kept.name} (label_id=?)",),
              "rare": ("SCAN image_metadata USING INDEX w",)}  # fmt: skip
     reads = {fp: Statement(fp, "read", "", 1, 1, 1.0, 0, ("dlindex",)) for fp in ("hot", "rare")}
@@ -246,4 +272,10 @@ def test_unused_and_redundant_indexes() -> None:
 
 
 def test_index_names_read_from_plans() -> None:
-    assert index_names(["SEARCH t USING COVERING INDEX a (x=?)", "SCAN t USING INDEX b", "SEARCH t USING INTEGER PRIMARY KEY (rowid=?)"]) == {"a", "b"}
+    assert index_names(
+        [
+            "SEARCH t USING COVERING INDEX a (x=?)",
+            "SCAN t USING INDEX b",
+            "SEARCH t USING INTEGER PRIMARY KEY (rowid=?)",
+        ]
+    ) == {"a", "b"}

@@ -17,14 +17,16 @@ from typer.testing import CliRunner
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
 from dlindex.advisor.leftovers import PREFIX, remove_leftovers
-from dlindex.owners import process_start
 from dlindex.cli import app
+from dlindex.procs import process_start
 
 from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot
 from .conftest import rows
 
 REPO = Path(__file__).resolve().parents[1]
-COUNT_FOREVER = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000000000) SELECT count(*) FROM n"
+COUNT_FOREVER = (
+    "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000000000) SELECT count(*) FROM n"
+)
 CROSS_JOIN = "SELECT count(*) FROM image_metadata AS a, image_metadata AS b, image_metadata AS c WHERE a.width + b.width > c.height"
 HUGE_STRING = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400000) "
                "SELECT length(group_concat(hex(randomblob(1000)))) FROM n")  # fmt: skip
@@ -38,7 +40,10 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = make_catalog(tmp_path_factory.mktemp("trust") / "logged.db", {"planted_wh": "width, height", "planted_processed": "processed"})
+    path = make_catalog(
+        tmp_path_factory.mktemp("trust") / "logged.db",
+        {"planted_wh": "width, height", "planted_processed": "processed"},
+    )
     run_workload(path)
     return path
 
@@ -96,12 +101,20 @@ def test_same_catalog_same_log_same_advice(db: Path, runner: CliRunner) -> None:
     code2, out2, _ = cli(runner, "index", "--suggest", "--json", "--db", str(db))
     assert (code, code2) == (0, 0)
     one, two = json.loads(out1), json.loads(out2)
-    assert [s["sql"] for s in one["suggestions"]] == [s["sql"] for s in two["suggestions"]] == [s.sql for s in first.suggestions]
+    assert (
+        [s["sql"] for s in one["suggestions"]]
+        == [s["sql"] for s in two["suggestions"]]
+        == [s.sql for s in first.suggestions]
+    )
 
 
 def test_apply_builds_what_suggest_printed_or_says_why_not(db: Path, runner: CliRunner) -> None:
     code, out, _ = cli(runner, "index", "--suggest", "--db", str(db))
-    printed = [line.split(" ", 1)[1].rstrip(";") for line in out.splitlines() if line[:1].isdigit() and ". CREATE INDEX" in line]
+    printed = [
+        line.split(" ", 1)[1].rstrip(";")
+        for line in out.splitlines()
+        if line[:1].isdigit() and ". CREATE INDEX" in line
+    ]
     assert code == 0 and printed
     code, out, err = cli(runner, "index", "--apply", "--db", str(db))
     assert code == 0 and "applying the advice `dlindex index --suggest` printed for this state" in err
@@ -162,7 +175,9 @@ def test_a_runaway_statement_is_skipped_and_the_advice_goes_on(db: Path) -> None
         advice = suggest_indexes(catalog, [("trace.sql", f"{COUNT_FOREVER}\n{CROSS_JOIN}\n")], runs=2, time_limit_s=0.5)
     assert time.monotonic() - started < 60
     replays = {s.text: s.reason for s in advice.skipped if s.source == "replay"}
-    assert len(replays) == 2 and all("ran longer than the 0.5 s limit per statement" in r for r in replays.values()), advice.skipped
+    assert len(replays) == 2 and all("ran longer than the 0.5 s limit per statement" in r for r in replays.values()), (
+        advice.skipped
+    )
     assert any(s.where == "processed = 1" for s in advice.suggestions)  # the rest is advised as before
     assert snapshot(db) == before
 
@@ -207,7 +222,19 @@ def test_killed_in_the_middle_leaves_no_scratch_copy_for_good(db: Path, tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp)}
     slow = tmp_path / "slow.sql"
     slow.write_text(COUNT_FOREVER + "\n")  # keeps the run busy on its scratch copy for the time limit
-    cmd = [sys.executable, "-m", "dlindex", "index", "--suggest", "--log", str(slow), "--time-limit", "30", "--db", str(db)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dlindex",
+        "index",
+        "--suggest",
+        "--log",
+        str(slow),
+        "--time-limit",
+        "30",
+        "--db",
+        str(db),
+    ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list(tmp.glob(f"{PREFIX}*/scratch.db")):
@@ -220,7 +247,9 @@ def test_killed_in_the_middle_leaves_no_scratch_copy_for_good(db: Path, tmp_path
         assert not list(tmp.iterdir())
     else:
         assert list(tmp.glob(f"{PREFIX}*"))  # kill -9 gives no chance to clean up ...
-        quick = subprocess.run([*cmd[:5], "--time-limit", "0.2", "--db", str(db)], env=env, capture_output=True, timeout=300)
+        quick = subprocess.run(
+            [*cmd[:5], "--time-limit", "0.2", "--db", str(db)], env=env, capture_output=True, timeout=300
+        )
         assert quick.returncode == 0, quick.stderr
         assert not list(tmp.iterdir())  # ... the next run does
 
@@ -230,7 +259,9 @@ def test_reads_through_json_each_replay_and_the_schema_stays_unwritable(db: Path
 
     conn = guarded(db)
     try:
-        found = conn.execute("SELECT id FROM labels WHERE name IN (SELECT value FROM json_each(?))", ('["class_0001"]',))
+        found = conn.execute(
+            "SELECT id FROM labels WHERE name IN (SELECT value FROM json_each(?))", ('["class_0001"]',)
+        )
         assert found.fetchall() == [(1,)]  # Catalog.query(labels=[...]) reads like this
         for sql in ("UPDATE sqlite_master SET name = 'x'", "UPDATE sqlite_master SET type = 1 WHERE 0"):
             with pytest.raises(sqlite3.DatabaseError):

@@ -12,10 +12,20 @@ import pytest
 from dlindex import Catalog, InputError
 from dlindex.advisor import Advice, apply_advice, list_indexes, revert_indexes, suggest_indexes
 from dlindex.advisor.scratch import guarded
-from dlindex.querylog import fingerprint
+from dlindex.catalog.fingerprint import fingerprint
 from dlindex.stats import slow_queries
 
-from .advisor_workload import FAILED, HOURLY, LABEL_FILES, MARK, RANDOM, copy_catalog, make_catalog, run_workload, snapshot
+from .advisor_workload import (
+    FAILED,
+    HOURLY,
+    LABEL_FILES,
+    MARK,
+    RANDOM,
+    copy_catalog,
+    make_catalog,
+    run_workload,
+    snapshot,
+)
 from .conftest import rows
 
 PLANTED = {"planted_wh": "width, height"}
@@ -69,7 +79,9 @@ def test_an_index_no_logged_statement_uses_is_reported(advice: Advice) -> None:
     assert set(advice.as_dict()) >= {"suggestions", "unused", "redundant", "hints", "skipped", "workload"}
 
 
-def test_suggest_reads_the_catalog_and_changes_nothing(catalog_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_suggest_reads_the_catalog_and_changes_nothing(
+    catalog_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
@@ -129,7 +141,9 @@ def test_apply_is_idempotent_and_revert_undoes_exactly_it(advice: Advice, catalo
         undone = revert_indexes(catalog)
         nothing = revert_indexes(catalog)
     assert set(undone.dropped) == names and nothing.run is None
-    remaining = {r[0] for r in rows(catalog_copy, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")}
+    remaining = {
+        r[0] for r in rows(catalog_copy, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+    }
     assert remaining == {"planted_wh"}
 
 

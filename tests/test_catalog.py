@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, CatalogError
-from dlindex.migrations import APPLICATION_ID, LATEST_VERSION
+from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION
 
 
 def test_create_makes_schema_with_version_and_wal(db_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_reopening_does_not_migrate_again(db_path: Path) -> None:
 
 
 def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(tmp_path: Path) -> None:
-    from dlindex.migrations import MIGRATIONS
+    from dlindex.catalog.migrations import MIGRATIONS
 
     db = tmp_path / "v4.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -118,7 +118,9 @@ def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(t
     conn.execute("PRAGMA user_version = 4")
     conn.execute("INSERT INTO roots (path) VALUES ('/r')")
     conn.execute("INSERT INTO labels (name) VALUES ('a')")
-    conn.execute("INSERT INTO image_metadata (root_id, file_path, label_id, processing_status) VALUES (1, 'a/1.png', 1, 'queued')")
+    conn.execute(
+        "INSERT INTO image_metadata (root_id, file_path, label_id, processing_status) VALUES (1, 'a/1.png', 1, 'queued')"
+    )
     conn.execute("INSERT INTO feature_types (name, dim, extractor) VALUES ('f', 1, 'x')")
     conn.execute("INSERT INTO image_features (image_id, feature_type, vector) VALUES (1, 'f', x'0000803f')")
     conn.execute("CREATE INDEX user_made ON image_metadata (status)")
@@ -141,7 +143,7 @@ def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(t
 
 
 def test_version_4_catalog_with_edited_constraints_is_migrated_without_the_rewrite(tmp_path: Path) -> None:
-    from dlindex.migrations import MIGRATIONS
+    from dlindex.catalog.migrations import MIGRATIONS
 
     db = tmp_path / "v4-edited.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -170,7 +172,7 @@ def test_version_4_catalog_with_edited_constraints_is_migrated_without_the_rewri
 def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> None:
     import threading
 
-    from dlindex.catalog import _Writeback
+    from dlindex.catalog.sqlite import Writeback as _Writeback
 
     with Catalog(scanned_db) as catalog:
         flusher = _Writeback(catalog.path, interval_s=0.01)

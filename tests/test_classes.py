@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlindex import Catalog, DlindexError, ScanOptions, scan_tree
-from dlindex.classes import SPLITS, canonical_splits, folder_split
+from dlindex import Catalog, DlindexError, ScanOptions, query_rows, scan_tree
+from dlindex.catalog.classes import SPLITS, canonical_splits, folder_split
 from dlindex.cli import app
 from dlindex.export import ExportOptions, export_catalog, load_index, manifest_files, manifest_rows, parse_split
 from dlindex.export.plan import tree_split_choice
-from dlindex.query import QuerySpec
+from dlindex.query.rows import QuerySpec
 
 from .conftest import make_png
 
@@ -34,7 +34,7 @@ def scan(db: Path, root: Path, options: ScanOptions = ONE) -> Any:
 def query(db: Path, **spec: Any) -> list[dict[str, Any]]:
     spec.setdefault("columns", ("path", "label", "label_id", "split"))
     with Catalog(db) as catalog:
-        return list(catalog.query(QuerySpec(**spec)))
+        return list(query_rows(catalog, QuerySpec(**spec)))
 
 
 def class_tree(root: Path) -> Path:
@@ -103,7 +103,7 @@ def test_documented_differences_from_imagefolder(tmp_path: Path) -> None:
     db = tmp_path / "c.db"
     scan(db, root)
     with Catalog(db) as catalog:
-        from dlindex.classes import catalog_classes
+        from dlindex.catalog.classes import catalog_classes
 
         assert catalog_classes(catalog) == ("cat", "gifs")
     assert imagefolder(root, allow_empty=True).classes == [".ipynb_checkpoints", "cat", "empty", "gifs"]
@@ -126,7 +126,7 @@ def test_query_label_id_is_the_index_in_index_json_classes_and_the_loader_label(
         spec = QuerySpec(labels=labels, classes=classes, columns=("id", "label_id"))
         with Catalog(db) as catalog:
             export_catalog(catalog, out, ExportOptions(query=spec))
-            by_id = {r["id"]: r["label_id"] for r in catalog.query(spec) if r["label_id"] is not None}
+            by_id = {r["id"]: r["label_id"] for r in query_rows(catalog, spec) if r["label_id"] is not None}
         index = load_index(out)
         assert index["class_list"] == ("labels" if labels and classes == "selected" else "catalog")
         assert index["filters"]["classes"] == classes
@@ -155,7 +155,10 @@ def test_cli_query_label_id_and_classes(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["query", "--db", str(db), "-c", "label,label_id", "--label", "b", "--label", "apple"])
     assert result.exit_code == 0, result.output
-    assert {(r["label"], r["label_id"]) for r in map(json.loads, result.stdout.splitlines())} == {("apple", 0), ("b", 1)}
+    assert {(r["label"], r["label_id"]) for r in map(json.loads, result.stdout.splitlines())} == {
+        ("apple", 0),
+        ("b", 1),
+    }
     result = runner.invoke(
         app, ["query", "--db", str(db), "-c", "label,label_id", "--label", "b", "--classes", "catalog"]
     )
@@ -182,7 +185,12 @@ def test_presplit_tree_class_is_the_folder_under_the_split(tmp_path: Path, optio
     train = imagefolder(root / "train")
     assert {r["label"]: r["label_id"] for r in found if r["label"]} == train.class_to_idx
     assert {(r["split"], r["label"]) for r in found} == {
-        ("train", "cat"), ("train", "dog"), ("train", "emu"), ("train", None), ("validation", "cat"), ("validation", "dog"),
+        ("train", "cat"),
+        ("train", "dog"),
+        ("train", "emu"),
+        ("train", None),
+        ("validation", "cat"),
+        ("validation", "dog"),
     }
     # val's numbering is the catalog's (train's), which a lone ImageFolder(val) would not give for a missing class
     val = query(db, split="val")
@@ -212,8 +220,13 @@ def test_presplit_tree_of_links_keeps_splits_classes_and_one_row_per_file(tmp_pa
     first = scan(db, root, ScanOptions(workers=workers))
     found = query(db)
     assert {(r["split"], r["label"]) for r in found} == {
-        ("train", "cat"), ("train", "dog"), ("train", "emu"), ("train", "owl"), ("train", None),
-        ("validation", "cat"), ("validation", "dog"),
+        ("train", "cat"),
+        ("train", "dog"),
+        ("train", "emu"),
+        ("train", "owl"),
+        ("train", None),
+        ("validation", "cat"),
+        ("validation", "dog"),
     }
     paths = [r["path"] for r in found]
     assert len(paths) == len(set(paths)) == 13 and not any("owl2" in p for p in paths)
@@ -255,7 +268,7 @@ def test_presplit_detection_can_be_turned_off_and_rescans_relabel(tmp_path: Path
     assert (summary.new, summary.changed, summary.relabeled) == (0, 0, 11)
     assert {r["label"] for r in query(db)} == {"cat", "dog", "emu", None}
     with Catalog(db) as catalog:
-        from dlindex.classes import catalog_classes
+        from dlindex.catalog.classes import catalog_classes
 
         assert catalog_classes(catalog) == ("cat", "dog", "emu")  # "train", "val" have no files left
 
@@ -282,7 +295,9 @@ def test_export_refuses_to_mix_split_and_unsplit_trees(tmp_path: Path) -> None:
         with pytest.raises(DlindexError, match="not in a split folder"):
             export_catalog(catalog, tmp_path / "mixed", ExportOptions(split="tree"))
         assert export_catalog(catalog, tmp_path / "train", ExportOptions(split="train")).splits == {"train": 6}
-        assert export_catalog(catalog, tmp_path / "all", ExportOptions(split="everything=1")).splits == {"everything": 11}
+        assert export_catalog(catalog, tmp_path / "all", ExportOptions(split="everything=1")).splits == {
+            "everything": 11
+        }
     assert not (tmp_path / "mixed").exists()
 
 
@@ -304,7 +319,7 @@ def test_old_catalog_rows_with_the_empty_label_lose_it_on_rescan(tmp_path: Path)
 
 
 def test_migration_makes_label_id_nullable_and_adds_split_keeping_everything(tmp_path: Path) -> None:
-    from dlindex.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, m006_classes
+    from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, m006_classes
 
     db = tmp_path / "v5.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -332,7 +347,9 @@ def test_migration_makes_label_id_nullable_and_adds_split_keeping_everything(tmp
         assert catalog.conn.execute("SELECT count(*) FROM image_features").fetchone() == (1,)
         assert catalog.conn.execute("SELECT name FROM sqlite_master WHERE name = 'user_made'").fetchone()
         assert catalog.conn.execute("SELECT label_id, split FROM image_metadata").fetchall() == [(1, None)]
-    reader.execute("INSERT INTO image_metadata (root_id, file_path, label_id, split) VALUES (1, 'x.png', NULL, 'train')")
+    reader.execute(
+        "INSERT INTO image_metadata (root_id, file_path, label_id, split) VALUES (1, 'x.png', NULL, 'train')"
+    )
     with pytest.raises(sqlite3.IntegrityError):  # the foreign key still holds
         reader.execute("PRAGMA foreign_keys = ON")
         reader.execute("INSERT INTO image_metadata (root_id, file_path, label_id) VALUES (1, 'y.png', 99)")
@@ -391,13 +408,14 @@ def test_cli_split_options(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["scan", str(root), "--db", str(db), "--no-split-folders", "-w", "1", "-q"])
     assert result.exit_code == 0, result.output
-    assert {json.loads(line)["label"] for line in runner.invoke(app, ["query", "--db", str(db)]).stdout.splitlines()} == {
-        "train", "val"
-    }
+    assert {
+        json.loads(line)["label"] for line in runner.invoke(app, ["query", "--db", str(db)]).stdout.splitlines()
+    } == {"train", "val"}
     runner.invoke(app, ["scan", str(root), "--db", str(db), "-w", "1", "-q"])
     result = runner.invoke(app, ["query", "--db", str(db), "--split", "validation", "-c", "split,label"])
     assert {(r["split"], r["label"]) for r in map(json.loads, result.stdout.splitlines())} == {
-        ("validation", "cat"), ("validation", "dog")
+        ("validation", "cat"),
+        ("validation", "dog"),
     }
     result = runner.invoke(app, ["query", "--db", str(db), "--split", "holdout"])
     assert result.exit_code == 1 and result.stderr.startswith("Error: unknown split 'holdout'")
@@ -411,7 +429,7 @@ def test_cli_split_options(tmp_path: Path) -> None:
 def test_labels_no_file_has_leave_the_class_list(tmp_path: Path) -> None:
     import shutil
 
-    from dlindex.classes import catalog_classes
+    from dlindex.catalog.classes import catalog_classes
 
     root = class_tree(tmp_path / "tree")
     db = tmp_path / "c.db"
@@ -430,7 +448,7 @@ def test_labels_no_file_has_leave_the_class_list(tmp_path: Path) -> None:
 
 
 def test_presplit_flag_follows_the_last_scan(tmp_path: Path) -> None:
-    from dlindex.classes import has_presplit_root
+    from dlindex.catalog.classes import has_presplit_root
 
     root = presplit_tree(tmp_path / "tree")
     db = tmp_path / "c.db"
@@ -444,9 +462,11 @@ def test_presplit_flag_follows_the_last_scan(tmp_path: Path) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(max_size=200) | st.text(max_size=120).map(lambda t: ("path,label\n" + t).encode("utf-8", "surrogatepass")))
+@given(
+    st.binary(max_size=200) | st.text(max_size=120).map(lambda t: ("path,label\n" + t).encode("utf-8", "surrogatepass"))
+)
 def test_labels_csv_is_read_or_refused(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
-    from dlindex.scan import _read_labels_file
+    from dlindex.scan.run import _read_labels_file
 
     path = tmp_path_factory.mktemp("csv") / "labels.csv"
     path.write_bytes(data)

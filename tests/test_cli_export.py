@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dlindex.cli import app
-from dlindex.export.reader import listed_shards
 from dlindex.export import load_index
+from dlindex.export.reader import listed_shards
 
 from .conftest import make_png
 
@@ -109,5 +109,10 @@ def test_existing_output_needs_overwrite(runner: CliRunner, scanned_db: Path, tm
     assert (tmp_path / "o" / "keep.txt").read_text() == "mine"
     (tmp_path / "o" / "keep.txt").unlink()
     assert runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "-q"]).exit_code == 0
-    result = runner.invoke(app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "--overwrite", "-q", "-f", "csv"])
-    assert result.exit_code == 0 and sorted(p.name for p in (tmp_path / "o").iterdir()) == ["index.json", "train-000000.csv"]
+    result = runner.invoke(
+        app, ["export", str(tmp_path / "o"), "--db", str(scanned_db), "--overwrite", "-q", "-f", "csv"]
+    )
+    assert result.exit_code == 0 and sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "index.json",
+        "train-000000.csv",
+    ]

@@ -48,7 +48,16 @@ def test_json_is_one_object(runner: CliRunner, db: Path) -> None:
     data = json.loads(out)
     assert code == 0 and set(data) >= {"suggestions", "unused", "redundant", "hints", "rejected", "skipped", "workload"}
     first = data["suggestions"][0]
-    assert set(first) >= {"sql", "served", "before_ms", "after_ms", "speedup", "size_bytes", "insert_10k_ms", "update_10k_ms"}
+    assert set(first) >= {
+        "sql",
+        "served",
+        "before_ms",
+        "after_ms",
+        "speedup",
+        "size_bytes",
+        "insert_10k_ms",
+        "update_10k_ms",
+    }
     assert len(data["workload"]["hot"]) <= 5
 
 

@@ -40,7 +40,9 @@ def test_log_show_import_clear(runner: CliRunner, db: Path, tmp_path: Path) -> N
     assert top["sql"] == "SELECT id FROM image_metadata WHERE processed = 1" and top["total_ms"] == 500.0
     kinds = {(f["kind"], f["plan"]) for f in data["fingerprints"]}
     assert ("read", "scan") in kinds and ("write", "none") in kinds
-    assert any(f["sql"].startswith("UPDATE image_metadata SET processed") and f["rows"] == 1 for f in data["fingerprints"])
+    assert any(
+        f["sql"].startswith("UPDATE image_metadata SET processed") and f["rows"] == 1 for f in data["fingerprints"]
+    )
     human = runner.invoke(app, ["log", "show", "--db", str(db), "--top", "2"])
     assert human.exit_code == 0 and "fingerprint" in human.stdout and "log entries" in human.stdout
 

@@ -37,7 +37,9 @@ def test_cli_mark_stdin(runner: CliRunner, cats: Path) -> None:
 
 
 def test_cli_mark_json_and_strict(runner: CliRunner, cats: Path) -> None:
-    result = runner.invoke(app, ["mark", "-", "--status", "queued", "--json", "--strict", "--db", str(cats)], input="3\n42\n")
+    result = runner.invoke(
+        app, ["mark", "-", "--status", "queued", "--json", "--strict", "--db", str(cats)], input="3\n42\n"
+    )
     assert result.exit_code == 3
     data = json.loads(result.stdout)
     assert {k: data[k] for k in ("inputs", "matched", "updated", "unknown", "unknown_examples")} == {
@@ -79,7 +81,9 @@ def _shell(command: str) -> subprocess.CompletedProcess[str]:
 
 def test_pipeline_query_jsonl_into_mark(cats: Path) -> None:
     db = shlex.quote(str(cats))
-    done = _shell(f"set -o pipefail; {DLINDEX} query --db {db} --label cat --format jsonl | {DLINDEX} mark --processed - --db {db}")
+    done = _shell(
+        f"set -o pipefail; {DLINDEX} query --db {db} --label cat --format jsonl | {DLINDEX} mark --processed - --db {db}"
+    )
     assert done.returncode == 0, done.stderr
     assert "matched 4  updated 4  unknown 0" in done.stdout
     assert processed(cats) == [1, 2, 3, 4]
@@ -93,9 +97,9 @@ def test_pipeline_paths_and_nul_paths_into_mark(cats: Path) -> None:
                    f" | {DLINDEX} mark --by path --status completed - --db {db} --json")  # fmt: skip
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout)["updated"] == 2
-    nul = _shell(f"set -o pipefail; {DLINDEX} query --db {db} --label cat -0 | {DLINDEX} mark -0 --by path --processed --db {db}")
+    nul = _shell(
+        f"set -o pipefail; {DLINDEX} query --db {db} --label cat -0 | {DLINDEX} mark -0 --by path --processed --db {db}"
+    )
     assert nul.returncode == 0, nul.stderr
     assert processed(cats) == [1, 2, 3, 4]
     assert rows(cats, "SELECT id FROM image_metadata WHERE processing_status = 'completed'") == [(5,), (6,)]
-
-

@@ -23,7 +23,13 @@ from .synthetic import ROOT, Row, make_catalog
 def db(tmp_path: Path) -> Path:
     return make_catalog(
         tmp_path / "c.db",
-        [Row("cat", processed=1, width=64), Row("cat"), Row("dog", processed=1), Row("dog", status="corrupt"), Row("bird")],
+        [
+            Row("cat", processed=1, width=64),
+            Row("cat"),
+            Row("dog", processed=1),
+            Row("dog", status="corrupt"),
+            Row("bird"),
+        ],
     )
 
 
@@ -152,7 +158,9 @@ def test_no_log_and_no_cache(runner: CliRunner, db: Path) -> None:
     assert rows(db, "SELECT count(*), sum(cached) FROM query_log WHERE sql LIKE '%ROW_NUMBER%'") == [(2, 0)]
     assert runner.invoke(app, ["query", "--db", str(db), "--per-label", "1", "--no-log"]).exit_code == 0
     assert rows(db, "SELECT count(*) FROM query_log WHERE sql LIKE '%ROW_NUMBER%'") == [(2,)]
-    assert runner.invoke(app, ["query", "--db", str(db), "--per-label", "1"], env={"DLINDEX_NO_LOG": "1"}).exit_code == 0
+    assert (
+        runner.invoke(app, ["query", "--db", str(db), "--per-label", "1"], env={"DLINDEX_NO_LOG": "1"}).exit_code == 0
+    )
     assert rows(db, "SELECT count(*) FROM query_log WHERE sql LIKE '%ROW_NUMBER%'") == [(2,)]
 
 
@@ -167,7 +175,9 @@ def test_query_into_head_exits_quietly(db: Path) -> None:
 
 def test_offset_pages_through_a_stable_order(runner: CliRunner, db: Path) -> None:
     def ids(*args: str) -> list[int]:
-        result = runner.invoke(app, ["query", "--db", str(db), "-c", "id", "--status", "ok", "--status", "corrupt", *args])
+        result = runner.invoke(
+            app, ["query", "--db", str(db), "-c", "id", "--status", "ok", "--status", "corrupt", *args]
+        )
         assert result.exit_code == 0, result.output
         return [json.loads(line)["id"] for line in result.stdout.splitlines()]
 

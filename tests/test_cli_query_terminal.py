@@ -32,12 +32,16 @@ LONG_ROOT = "/data/imagenet/train/with/a/rather/long/root"
 
 @pytest.fixture
 def big(tmp_path: Path) -> Path:
-    return make_catalog(tmp_path / "big.db", [Row(label) for label in ("cat", "dog") for _ in range(125)], root=LONG_ROOT)
+    return make_catalog(
+        tmp_path / "big.db", [Row(label) for label in ("cat", "dog") for _ in range(125)], root=LONG_ROOT
+    )
 
 
 def terminal(monkeypatch: pytest.MonkeyPatch, width: int = 80) -> io.StringIO:
     out = io.StringIO()
-    monkeypatch.setattr(_output, "stdout_console", Console(file=out, force_terminal=True, width=width, color_system=None))
+    monkeypatch.setattr(
+        _output, "stdout_console", Console(file=out, force_terminal=True, width=width, color_system=None)
+    )
     return out
 
 
@@ -58,7 +62,9 @@ def test_a_terminal_gets_the_first_100_rows_and_a_line_saying_how_many_more(
     assert max(cell_len(line) for line in lines) <= 80
 
 
-def test_paths_are_shortened_in_the_middle_to_the_width(runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_paths_are_shortened_in_the_middle_to_the_width(
+    runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for width in (50, 70, 120):
         out = terminal(monkeypatch, width)
         result = runner.invoke(app, ["query", "--db", str(big), "-c", "id,path,label,width", "--max-rows", "3"])
@@ -73,8 +79,13 @@ def test_paths_are_shortened_in_the_middle_to_the_width(runner: CliRunner, big: 
 
 @pytest.mark.parametrize(
     ("args", "rows", "more"),
-    [(["--all"], 250, 0), (["--limit", "120"], 120, 0), (["--max-rows", "5"], 5, 245), (["--max-rows", "5", "--all"], 250, 0),
-     (["--label", "cat", "--max-rows", "125"], 125, 0)],  # fmt: skip
+    [
+        (["--all"], 250, 0),
+        (["--limit", "120"], 120, 0),
+        (["--max-rows", "5"], 5, 245),
+        (["--max-rows", "5", "--all"], 250, 0),
+        (["--label", "cat", "--max-rows", "125"], 125, 0),
+    ],  # fmt: skip
 )
 def test_the_cap_and_how_to_lift_it(
     runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], rows: int, more: int
@@ -83,7 +94,9 @@ def test_the_cap_and_how_to_lift_it(
     result = runner.invoke(app, ["query", "--db", str(big), "-c", "id,label", *args])
     assert result.exit_code == 0, result.output
     assert len(table_lines(out.getvalue())) == 2 + rows
-    assert result.stderr == (f"… {more} more rows; use --all or --limit N to print them, or --format jsonl\n" if more else "")
+    assert result.stderr == (
+        f"… {more} more rows; use --all or --limit N to print them, or --format jsonl\n" if more else ""
+    )
 
 
 def test_off_a_terminal_every_row_is_written_as_before(runner: CliRunner, big: Path) -> None:

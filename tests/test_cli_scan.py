@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from dlindex.catalog.migrations import LATEST_VERSION
 from dlindex.cli import app
-from dlindex.migrations import LATEST_VERSION
 
 SUMMARY_KEYS = {"seen", "new", "changed", "unchanged", "missing", "corrupt", "errors", "seconds", "skipped"}
 
@@ -46,7 +46,11 @@ def test_db_from_environment(runner: CliRunner, image_tree: Path, db_path: Path)
     ],
 )
 def test_bad_root_is_one_line_and_creates_no_catalog(
-    runner: CliRunner, tmp_path: Path, db_path: Path, make_root, message: str  # type: ignore[no-untyped-def]
+    runner: CliRunner,
+    tmp_path: Path,
+    db_path: Path,
+    make_root,
+    message: str,  # type: ignore[no-untyped-def]
 ) -> None:
     result = runner.invoke(app, ["scan", str(make_root(tmp_path)), "--db", str(db_path)])
     assert result.exit_code == 1
@@ -109,7 +113,9 @@ def test_unknown_option_is_a_usage_error(runner: CliRunner, image_tree: Path) ->
     assert result.exit_code == 2
 
 
-def test_strict_exits_3_on_errors(runner: CliRunner, image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_strict_exits_3_on_errors(
+    runner: CliRunner, image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     real_open = os.open
@@ -177,22 +183,33 @@ def test_scan_json_start_up_imports_neither_rich_nor_tqdm_nor_pydantic(image_tre
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "print([m for m in ('rich.console', 'tqdm', 'pydantic') if m in sys.modules], file=sys.stderr)"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(image_tree), str(tmp_path / "c.db")], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(image_tree), str(tmp_path / "c.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.stderr.strip().splitlines()[-1] == "[]", done.stderr
     assert json.loads(done.stdout)["seen"] == 7
 
 
-def test_labels_paths_matching_no_image_are_reported_on_stderr(runner: CliRunner, image_tree: Path, db_path: Path, tmp_path: Path) -> None:
+def test_labels_paths_matching_no_image_are_reported_on_stderr(
+    runner: CliRunner, image_tree: Path, db_path: Path, tmp_path: Path
+) -> None:
     labels = tmp_path / "fixes.csv"
     labels.write_text("path,label\ncat/000.png,tiger\n" + "".join(f"cat/{i:03d}.jpg,x\n" for i in range(7)))
-    result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--labels", str(labels), "-q"])
+    result = runner.invoke(
+        app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--labels", str(labels), "-q"]
+    )
     assert result.exit_code == 0, result.output
     assert result.stdout == ""  # -q: no summary
     assert result.stderr == (
         f"7 path(s) in {labels} match no image under {image_tree}: "
         "cat/000.jpg, cat/001.jpg, cat/002.jpg, cat/003.jpg, cat/004.jpg, ...\n"
     )
-    as_json = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--labels", str(labels), "--json"])
+    as_json = runner.invoke(
+        app, ["scan", str(image_tree), "--db", str(db_path), "--workers", "1", "--labels", str(labels), "--json"]
+    )
     assert json.loads(as_json.stdout)["unknown_label_paths"] == 7
 
 

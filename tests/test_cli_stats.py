@@ -17,7 +17,9 @@ ROOT = "/data/" + "/".join(f"level_{i:02d}" for i in range(12))  # a 107-charact
 
 def _catalog(tmp_path: Path) -> Path:
     labels = [f"n0{i:07d}_a_rather_long_class_name" for i in range(8)]
-    return make_catalog(tmp_path / "s.db", [Row(label) for n, label in enumerate(labels) for _ in range(n + 1)], root=ROOT)
+    return make_catalog(
+        tmp_path / "s.db", [Row(label) for n, label in enumerate(labels) for _ in range(n + 1)], root=ROOT
+    )
 
 
 def test_piped_stats_lines_are_not_wrapped(runner: CliRunner, tmp_path: Path) -> None:

@@ -54,7 +54,9 @@ def test_verify_scan_agrees_with_pillow_full_decode(tmp_path: Path) -> None:
     found = dict(rows(tmp_path / "v.db", "SELECT file_path, status FROM image_metadata"))
     disagreements = {n: (e["status"], found[n]) for n, e in expected.items() if e["status"] != found[n]}
     assert disagreements == {}
-    headers = rows(tmp_path / "v.db", "SELECT file_path, format, width, height, mode FROM image_metadata WHERE status = 'ok'")
+    headers = rows(
+        tmp_path / "v.db", "SELECT file_path, format, width, height, mode FROM image_metadata WHERE status = 'ok'"
+    )
     for name, fmt, width, height, mode in headers:
         exp = expected[str(name)]
         assert (fmt, width, height, mode) == (exp["format"], exp["width"], exp["height"], exp["mode"]), name

@@ -76,7 +76,9 @@ def _free_port() -> int:
 
 def _dlindex(cwd: Path, *args: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), DLINDEX_NO_LOG="")
-    done = subprocess.run([sys.executable, "-m", "dlindex", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "dlindex", *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -88,7 +90,9 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for label, shade in (("cat", 40), ("dog", 200)):
         for i in range(1, 9):
             (root / "data" / "train" / label).mkdir(parents=True, exist_ok=True)
-            Image.new("RGB", (48 + i, 40), (shade, 10 * i, 90)).save(root / "data" / "train" / label / f"{i}.jpg", quality=90)
+            Image.new("RGB", (48 + i, 40), (shade, 10 * i, 90)).save(
+                root / "data" / "train" / label / f"{i}.jpg", quality=90
+            )
     Image.new("RGBA", (20, 10), (1, 2, 3, 4)).save(root / "x.png")
     _dlindex(root, "scan", "data/train", "--db", "train.db", "--workers", "1", "-q")
     _dlindex(root, "query", "--db", "train.db", "--label", "cat", "--format", "paths")

@@ -82,7 +82,17 @@ def test_manifests_hold_every_ok_sample(mixed_db: Path, tmp_path: Path, fmt: str
 
         table = pq.read_table(out / listed_shards(index)[0]["file"])
         got = table.to_pylist()
-        assert table.column_names[:9] == ["id", "path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128"]
+        assert table.column_names[:9] == [
+            "id",
+            "path",
+            "label",
+            "label_id",
+            "width",
+            "height",
+            "format",
+            "bytes",
+            "xxh3_128",
+        ]
     else:
         got = list(manifest_rows(out, listed_shards(index)[0]["file"]))
     assert {r["path"]: (r["id"], r["label"], r["bytes"], r["xxh3_128"]) for r in got} == expected
@@ -143,7 +153,9 @@ def test_wds_reads_back_with_hf_datasets(mixed_db: Path, tmp_path: Path) -> None
 def test_wds_single_format_loads_in_hf_without_features(scanned_db: Path, tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
     export(scanned_db, tmp_path / "w", format="wds")
-    loaded = datasets.load_dataset("webdataset", data_files=str(tmp_path / "w" / "train-*.tar"), cache_dir=str(tmp_path / "hf"))
+    loaded = datasets.load_dataset(
+        "webdataset", data_files=str(tmp_path / "w" / "train-*.tar"), cache_dir=str(tmp_path / "hf")
+    )
     assert sorted(loaded["train"]["cls"]) == [0, 0, 0, 1, 1, 1]
 
 
@@ -218,7 +230,11 @@ def test_shuffle_depends_on_the_seed_only(mixed_db: Path, tmp_path: Path) -> Non
 
     plain = order("plain")
     assert plain == sorted(plain)
-    one, again, other = order("s1", shuffle=True, seed=1), order("s1b", shuffle=True, seed=1), order("s2", shuffle=True, seed=2)
+    one, again, other = (
+        order("s1", shuffle=True, seed=1),
+        order("s1b", shuffle=True, seed=1),
+        order("s2", shuffle=True, seed=2),
+    )
     assert one == again and sorted(one) == plain and one != plain and one != other
 
 
@@ -247,13 +263,18 @@ def test_splits_are_stable_as_the_catalog_grows(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("drop_last", (False, True))
 def test_every_rank_gets_the_same_number_of_samples(mixed_db: Path, tmp_path: Path, drop_last: bool) -> None:
-    summary = export(mixed_db, tmp_path / "r", format="wds", world_size=3, drop_last=drop_last, split="train=0.6,val=0.4")
+    summary = export(
+        mixed_db, tmp_path / "r", format="wds", world_size=3, drop_last=drop_last, split="train=0.6,val=0.4"
+    )
     index = load_index(tmp_path / "r")
     total = 0
     for split, counts in index["counts"]["splits"].items():
         ranks = counts["ranks"]
         assert len(ranks) == 3 and len(set(ranks)) == 1, (split, ranks)
-        per_rank = {r: sum(s["samples"] for s in listed_shards(index) if s["split"] == split and s["rank"] == r) for r in range(3)}
+        per_rank = {
+            r: sum(s["samples"] for s in listed_shards(index) if s["split"] == split and s["rank"] == r)
+            for r in range(3)
+        }
         assert list(per_rank.values()) == ranks
         total += sum(ranks)
     assert total == summary.samples == 20 + summary.padded - summary.dropped
@@ -368,7 +389,9 @@ def test_a_vanished_source_fails_the_export(mixed_db: Path, tmp_path: Path) -> N
         ({"features": "clip"}, "no feature (cache|type 'clip')"),
     ],
 )
-def test_bad_options_raise_before_writing(mixed_db: Path, tmp_path: Path, options: dict[str, Any], message: str) -> None:
+def test_bad_options_raise_before_writing(
+    mixed_db: Path, tmp_path: Path, options: dict[str, Any], message: str
+) -> None:
     with pytest.raises(InputError, match=message):  # ExportError is an InputError
         export(mixed_db, tmp_path / "o", **options)
     assert _leftovers(tmp_path, "o") == []
@@ -390,7 +413,7 @@ def test_an_existing_export_is_kept_unless_overwrite(mixed_db: Path, tmp_path: P
 @pytest.fixture
 def hostile_db(tmp_path: Path) -> Path:
     root = tmp_path / "hostile"
-    names = ["a b.png", "-rf.png", "ünï.png", '"q,\'.png', "back\\slash.png", "dots..png", "x.tar.png"]
+    names = ["a b.png", "-rf.png", "ünï.png", "\"q,'.png", "back\\slash.png", "dots..png", "x.tar.png"]
     (root / "we ird").mkdir(parents=True)
     for i, name in enumerate(names):
         Image.new("RGB", (9 + i, 9), (i * 20, 0, 0)).save(root / "we ird" / name, "PNG")
@@ -451,7 +474,10 @@ def test_several_roots_share_a_common_file_root(tmp_path: Path) -> None:
     export(db, tmp_path / "o")
     index = load_index(tmp_path / "o")
     assert index["file_root"] == str(tmp_path / "data")
-    assert sorted(r["path"] for r in manifest_rows(tmp_path / "o", "train-000000.jsonl")) == ["one/x/a.png", "two/x/a.png"]
+    assert sorted(r["path"] for r in manifest_rows(tmp_path / "o", "train-000000.jsonl")) == [
+        "one/x/a.png",
+        "two/x/a.png",
+    ]
     assert verify_export(tmp_path / "o").ok
 
 
@@ -476,11 +502,15 @@ def _feature_cache(db: Path, dim: int = 4) -> dict[int, list[float]]:
     vectors = {}
     try:
         with conn:
-            conn.execute("INSERT INTO feature_types (name, dim, dtype, extractor) VALUES ('tiny', ?, 'float32', 'test')", (dim,))
+            conn.execute(
+                "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES ('tiny', ?, 'float32', 'test')", (dim,)
+            )
             for (ident,) in conn.execute("SELECT id FROM image_metadata WHERE status = 'ok'").fetchall():
                 vectors[ident] = [ident + k / 4 for k in range(dim)]
                 blob = array.array("f", vectors[ident]).tobytes()
-                conn.execute("INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, 'tiny', ?)", (ident, blob))
+                conn.execute(
+                    "INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, 'tiny', ?)", (ident, blob)
+                )
     finally:
         conn.close()
     return vectors
@@ -546,7 +576,9 @@ def test_a_catalog_without_a_feature_cache(mixed_db: Path, tmp_path: Path) -> No
         Catalog(mixed_db)
 
 
-def test_a_big_jsonl_manifest_written_by_two_processes_is_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_big_jsonl_manifest_written_by_two_processes_is_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dlindex.export import plan as export_plan
 
     from .synthetic import Row, make_catalog

@@ -117,7 +117,9 @@ def test_split_by_node_gives_each_rank_its_samples(
 ) -> None:
     torch = pytest.importorskip("torch")
     wds = pytest.importorskip("webdataset")
-    out = export(formats_db, tmp_path / "w", format="wds", world_size=world, drop_last=drop_last, workers=2, shuffle=True, seed=4)
+    out = export(
+        formats_db, tmp_path / "w", format="wds", world_size=world, drop_last=drop_last, workers=2, shuffle=True, seed=4
+    )
     index = load_index(out)
     urls = [str(out / name) for name in index["wds"]["urls"]["train"]]
     assert urls == sorted(urls) and index["wds"]["shards_per_rank"]["train"] % 2 == 0
@@ -163,7 +165,7 @@ def test_hf_webdataset_reads_every_image_by_the_docs_recipe(formats_db: Path, tm
     index = load_index(out)
     # The recipe in docs/commands/export.md: the features index.json carries, so HF does not
     # infer the columns from the first samples (all JPEG here: png, gif, ... would vanish).
-    assert "Features.from_dict(index[\"wds\"][\"hf_features\"])" in (DOCS / "commands" / "export.md").read_text()
+    assert 'Features.from_dict(index["wds"]["hf_features"])' in (DOCS / "commands" / "export.md").read_text()
     features = datasets.Features.from_dict(index["wds"]["hf_features"])
     files = {split: [str(out / u) for u in urls] for split, urls in index["wds"]["urls"].items()}
     loaded = datasets.load_dataset("webdataset", data_files=files, features=features, cache_dir=str(tmp_path / "hf"))
@@ -196,7 +198,9 @@ def test_wds_dataset_with_another_world_size(
 ) -> None:
     out = export(formats_db, tmp_path / "w", format="wds", world_size=export_world, drop_last=drop_last, workers=2)
     with pytest.warns(UserWarning, match=f"exported for world size {export_world}, read with {read_world}") as caught:
-        datasets = [WdsDataset(out, rank=r, world_size=read_world, decode=False, with_metadata=True) for r in range(read_world)]
+        datasets = [
+            WdsDataset(out, rank=r, world_size=read_world, decode=False, with_metadata=True) for r in range(read_world)
+        ]
     assert len(caught) == read_world  # once per dataset made, none per DataLoader worker
     counts = [len(list(d)) for d in datasets]
     assert counts == [per_rank] * read_world == [len(d) for d in datasets]
@@ -310,8 +314,12 @@ _JSON = st.recursive(
     shards=_JSON | st.lists(st.fixed_dictionaries({"file": st.text(max_size=5)}), max_size=3),
     raw=st.none() | st.binary(max_size=60),
 )
-def test_a_damaged_index_raises_export_error(tmp_path: Path, version: Any, key: str, shards: Any, raw: bytes | None) -> None:
-    (tmp_path / "index.json").write_bytes(raw if raw is not None else json.dumps({"dlindex_export": version, key: shards}).encode())
+def test_a_damaged_index_raises_export_error(
+    tmp_path: Path, version: Any, key: str, shards: Any, raw: bytes | None
+) -> None:
+    (tmp_path / "index.json").write_bytes(
+        raw if raw is not None else json.dumps({"dlindex_export": version, key: shards}).encode()
+    )
     try:
         index = load_index(tmp_path)
     except ExportError:
@@ -329,7 +337,9 @@ def test_cli_workers_option(formats_db: Path, tmp_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["shards"] == 3 and load_index(tmp_path / "w")["options"]["workers"] == 3
-    bad = runner.invoke(app, ["export", str(tmp_path / "x"), "--format", "wds", "--workers", "0", "--db", str(formats_db)])
+    bad = runner.invoke(
+        app, ["export", str(tmp_path / "x"), "--format", "wds", "--workers", "0", "--db", str(formats_db)]
+    )
     assert bad.exit_code == 2
     reserved = runner.invoke(app, ["export", str(tmp_path / "y"), "--split", "all=1", "--db", str(formats_db)])
     assert reserved.exit_code == 1 and reserved.stderr.startswith("Error: ") and "reserved" in reserved.stderr

@@ -15,7 +15,9 @@ __all__ = ["mixed_db"]
 
 
 @pytest.mark.parametrize("split", [None, "train=0.5,val=0.5"])
-def test_missing_count_spans_every_batch(mixed_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str | None) -> None:  # noqa: F811
+def test_missing_count_spans_every_batch(
+    mixed_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str | None
+) -> None:  # noqa: F811
     _feature_cache(mixed_db)
     monkeypatch.setattr("dlindex.export.manifest._BATCH", 3)  # 20 samples: seven batches
     with sqlite3.connect(mixed_db) as conn:

@@ -18,8 +18,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog, ScanOptions, scan_tree
 from dlindex.cli import app
-from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, verify_export
-from dlindex.export import outdir
+from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, outdir, verify_export
 from dlindex.export.reader import index_path
 from dlindex.loader import ManifestDataset, WdsDataset, iter_tar
 
@@ -71,7 +70,9 @@ def test_overwrite_refuses_a_folder_of_user_files(runner: CliRunner, scanned_db:
     assert snapshot(mine) == {"notes.txt": b"precious"}
 
 
-def test_overwrite_refuses_an_export_with_a_stranger_inside(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:
+def test_overwrite_refuses_an_export_with_a_stranger_inside(
+    runner: CliRunner, scanned_db: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     export(scanned_db, out)
     (out / "notes.txt").write_text("mine")
@@ -110,7 +111,9 @@ def test_overwrite_refuses_the_catalog_folder(runner: CliRunner, image_tree: Pat
     assert db.exists()
 
 
-def test_overwrite_refuses_a_scanned_root_and_its_parents(runner: CliRunner, scanned_db: Path, image_tree: Path) -> None:
+def test_overwrite_refuses_a_scanned_root_and_its_parents(
+    runner: CliRunner, scanned_db: Path, image_tree: Path
+) -> None:
     before = snapshot(image_tree)
     assert "is the scanned root" in one_error_line(cli(runner, str(image_tree), "--db", str(scanned_db), "--overwrite"))
     # the parent holds the catalog too; a folder above the root but not the catalog:
@@ -192,12 +195,18 @@ def _in_child(code: str, tmp_path: Path) -> subprocess.Popen[bytes]:
 
 def test_leftovers_of_a_killed_export_are_removed_and_a_live_ones_kept(scanned_db: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    start = "from pathlib import Path; import os, sys, tempfile; from dlindex.export.outdir import OutputDir, temp_prefix\n"
-    live = _in_child(start + "o = OutputDir(Path('out'), False); print(o.tmp.name, flush=True); sys.stdin.read()", tmp_path)
+    start = (
+        "from pathlib import Path; import os, sys, tempfile; from dlindex.export.outdir import OutputDir, temp_prefix\n"
+    )
+    live = _in_child(
+        start + "o = OutputDir(Path('out'), False); print(o.tmp.name, flush=True); sys.stdin.read()", tmp_path
+    )
     live_tmp = live.stdout.readline().decode().strip()  # type: ignore[union-attr]
     # Two exports that die mid-write (as OutputDir names its folder), by kill -9 and SIGTERM:
     for sig in (signal.SIGKILL, signal.SIGTERM):
-        make = "t = tempfile.mkdtemp(prefix=temp_prefix('out'), suffix='.tmp', dir='.'); open(t + '/x', 'wb').write(b'1')"
+        make = (
+            "t = tempfile.mkdtemp(prefix=temp_prefix('out'), suffix='.tmp', dir='.'); open(t + '/x', 'wb').write(b'1')"
+        )
         _in_child(start + make + f"\nos.kill(os.getpid(), {int(sig)})", tmp_path).wait(30)
     try:
         assert len([p for p in tmp_path.iterdir() if p.name.startswith(".out.")]) == 3
@@ -280,7 +289,12 @@ def _write_rows(out: Path, rows: list[dict[str, Any]]) -> None:
 
 @pytest.mark.parametrize(
     ("path", "message"),
-    [("../../etc/passwd", r"'\.\.' part"), ("/etc/passwd", "is absolute"), ("cat/\0x", "NUL"), ("cat//000.png", "empty")],
+    [
+        ("../../etc/passwd", r"'\.\.' part"),
+        ("/etc/passwd", "is absolute"),
+        ("cat/\0x", "NUL"),
+        ("cat//000.png", "empty"),
+    ],
 )
 def test_manifest_paths_that_leave_the_root_are_refused(manifest_export: Path, path: str, message: str) -> None:
     rows = _rows(manifest_export)
@@ -305,7 +319,9 @@ def test_symlinks_that_leave_the_root_are_refused(manifest_export: Path, image_t
     assert any("leads out of" in p for p in verify_export(manifest_export).problems)
 
 
-def test_absolute_paths_only_in_an_absolute_export_and_under_its_root(scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
+def test_absolute_paths_only_in_an_absolute_export_and_under_its_root(
+    scanned_db: Path, image_tree: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "abs"
     export(scanned_db, out, absolute_paths=True)
     assert len(ManifestDataset(out, decode=False)) == 6
@@ -366,7 +382,9 @@ def test_a_truncated_or_lying_tar_names_the_shard(scanned_db: Path, tmp_path: Pa
         (lambda i: i.update(dlindex_export=99), "upgrade dlindex"),
     ],
 )
-def test_a_hand_edited_index_is_one_error_line(runner: CliRunner, manifest_export: Path, edit: Any, message: str) -> None:
+def test_a_hand_edited_index_is_one_error_line(
+    runner: CliRunner, manifest_export: Path, edit: Any, message: str
+) -> None:
     index = json.loads((manifest_export / "index.json").read_text())
     edit(index)
     (manifest_export / "index.json").write_text(json.dumps(index))

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dlindex import Catalog, ExitCode
-from dlindex.check import check_catalog
+from dlindex.catalog.check import check_catalog
+from dlindex.catalog.migrations import LATEST_VERSION
 from dlindex.cli import app
 from dlindex.errors import DiskFullError
 from dlindex.faults import translate_error
-from dlindex.migrations import LATEST_VERSION
 
 from .conftest import make_png
 from .synthetic import Row, make_catalog
@@ -84,7 +84,12 @@ DAMAGE = {
     "zero length": lambda db: db.write_bytes(b""),
     "newer schema": _newer,
 }
-WRITES = (["mark", "--processed", "-"], ["features", "import", "--type", "t", "{npz}"], ["log", "clear"], ["index", "--apply"])
+WRITES = (
+    ["mark", "--processed", "-"],
+    ["features", "import", "--type", "t", "{npz}"],
+    ["log", "clear"],
+    ["index", "--apply"],
+)
 READS = (["stats"], ["query"], ["features", "list"], ["log", "show"], ["export", "{out}"])
 
 
@@ -350,9 +355,13 @@ def test_kill_9_during_each_write_command_then_integrity_and_rerun(tree: Path, t
     assert dlindex("mark", "--processed", "--db", str(db), stdin=ids.decode()[:20000]).returncode == 0
 
     np.savez(tmp_path / "v.npz", ids=np.arange(1, 1501), vectors=np.ones((1500, 512), dtype=np.float32))
-    killed.append(_kill_at([*py, "features", "import", "--type", "emb", str(tmp_path / "v.npz"), "--db", str(db)], db, delay))
+    killed.append(
+        _kill_at([*py, "features", "import", "--type", "emb", str(tmp_path / "v.npz"), "--db", str(db)], db, delay)
+    )
     assert check_catalog(db).healthy
-    killed.append(_kill_at([*py, "features", "compute", "--type", "hist", "--extractor", "colorhist", "--db", str(db)], db, delay))
+    killed.append(
+        _kill_at([*py, "features", "compute", "--type", "hist", "--extractor", "colorhist", "--db", str(db)], db, delay)
+    )
     assert check_catalog(db).healthy
     killed.append(_kill_at([*py, "export", str(tmp_path / "out"), "--format", "wds", "--db", str(db), "-q"], db, delay))
     assert check_catalog(db).healthy

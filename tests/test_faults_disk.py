@@ -53,7 +53,9 @@ def namespace(tmp_path_factory: pytest.TempPathFactory) -> None:
         pytest.skip(reason)
 
 
-def run_on_tmpfs(tmp_path: Path, script: str, *, size: str = "16m", env: dict[str, str] | None = None) -> dict[str, str]:
+def run_on_tmpfs(
+    tmp_path: Path, script: str, *, size: str = "16m", env: dict[str, str] | None = None
+) -> dict[str, str]:
     """Run bash ``script`` with a fresh tmpfs of ``size`` at ``$M``; ``fill`` fills it up,
     ``unfill`` frees it. Lines ``key=value`` it prints come back as a dict; stderr of each
     command should go to files under ``$OUT`` (on the normal disk)."""
@@ -71,7 +73,9 @@ unfill() {{ rm -f "$M/filler"; }}
     )
     assert proc.returncode != 97, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
-    found = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line and " " not in line.split("=")[0])
+    found = dict(
+        line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line and " " not in line.split("=")[0]
+    )
     found["_stderr"] = proc.stderr
     return found
 
@@ -88,7 +92,7 @@ def one_error_line(path: Path, *words: str) -> str:
 
 
 def healthy(db: Path) -> dict[str, object]:
-    from dlindex.check import check_catalog
+    from dlindex.catalog.check import check_catalog
 
     report = check_catalog(db)
     assert report.healthy, report.problems
@@ -162,7 +166,9 @@ cp "$M/c.db" "$OUT/after-rerun.db"
 
 
 def test_features_import_and_log_import_on_a_full_disk(namespace: None, tmp_path: Path, catalog: Path) -> None:
-    np.savez(tmp_path / "v.npz", ids=np.arange(1, 41), vectors=np.random.default_rng(0).random((40, 256), dtype=np.float32))
+    np.savez(
+        tmp_path / "v.npz", ids=np.arange(1, 41), vectors=np.random.default_rng(0).random((40, 256), dtype=np.float32)
+    )
     (tmp_path / "trace.sql").write_text("SELECT * FROM image_metadata WHERE label_id = 1;\n" * 50)
     out = run_on_tmpfs(tmp_path, f"""
 cp '{catalog}' "$M/c.db"
@@ -236,7 +242,7 @@ def test_read_only_mount_every_read_works_and_writes_say_read_only(
         "mark": 'mark --processed "$OUT/ids"', "scan": "scan '{}' -q -w 1".format(tmp_path / "tree"),
         "log_clear": "log clear", "features_import": 'features import --type emb "$OUT/v.npz"',
     }  # fmt: skip
-    lines = [f'cp \'{catalog}\' "$M/c.db"', 'mount -o remount,ro "$M"']
+    lines = [f"cp '{catalog}' \"$M/c.db\"", 'mount -o remount,ro "$M"']
     for name, cmd in {**reads, **writes}.items():
         lines.append(f'$DLX {cmd} --db "$M/c.db" >"$OUT/{name}.out" 2>"$OUT/{name}.err"; echo {name}=$?')
     lines.append('ls "$M" | tr "\\n" " " | sed "s/^/files=/"; echo')
@@ -280,7 +286,7 @@ def test_catalog_in_a_read_only_folder_of_another_user(request: pytest.FixtureRe
     code = (
         "import warnings, dlindex; warnings.simplefilter('error', dlindex.DlindexWarning)\n"
         f"c = dlindex.Catalog({str(shared / 'c.db')!r}, log=False)\n"
-        "print(c.readonly_reason, sum(1 for _ in c.query()))"
+        "print(c.readonly_reason, sum(1 for _ in dlindex.query_rows(c)))"
     )
     lib = subprocess.run([*nobody, sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert lib.returncode == 0 and lib.stdout.split()[-1] == "40", lib.stderr
@@ -322,7 +328,8 @@ cp "$M/hist.npz" "$OUT/hist.npz"
 
 
 def test_index_apply_and_the_advisors_scratch_copy_on_a_full_disk(namespace: None, tmp_path: Path) -> None:
-    from .advisor_workload import make_catalog as make_logged, run_workload, snapshot
+    from .advisor_workload import make_catalog as make_logged
+    from .advisor_workload import run_workload, snapshot
 
     db = make_logged(tmp_path / "logged.db")
     run_workload(db)

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dlindex import Catalog, InputError, ScanOptions, scan_tree
+from dlindex import Catalog, InputError, ScanOptions, feature_vectors, scan_tree
 from dlindex.features import (
     check_name,
-    get_type,
     drop_feature_type,
     export_features,
+    get_type,
     import_features,
     list_feature_types,
     load_matrix,
@@ -53,12 +53,12 @@ def test_features_returns_vectors_in_the_order_of_ids(cats: Path) -> None:
     vectors = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
     store(cats, "v", vectors)
     with Catalog(cats) as catalog:
-        got = catalog.features([5, 1, 5, 8], "v")
+        got = feature_vectors(catalog, [5, 1, 5, 8], "v")
         assert got.dtype == np.float32 and got.shape == (4, 3)
         assert np.array_equal(got, vectors[[4, 0, 4, 7]])
-        assert catalog.features([], "v").shape == (0, 3)
+        assert feature_vectors(catalog, [], "v").shape == (0, 3)
         load_matrix(catalog, "v")  # the memory-mapped path answers the same
-        assert np.array_equal(catalog.features([5, 1, 5, 8], "v"), vectors[[4, 0, 4, 7]])
+        assert np.array_equal(feature_vectors(catalog, [5, 1, 5, 8], "v"), vectors[[4, 0, 4, 7]])
 
 
 def test_features_float16_round_trip(cats: Path) -> None:
@@ -67,23 +67,26 @@ def test_features_float16_round_trip(cats: Path) -> None:
     assert rows(cats, "SELECT dtype, dim, length(vector) FROM feature_types JOIN image_features "
                       "ON feature_type = name LIMIT 1") == [("float16", 4, 8)]  # fmt: skip
     with Catalog(cats) as catalog:
-        got = catalog.features([2, 3], "half")
+        got = feature_vectors(catalog, [2, 3], "half")
         assert got.dtype == np.float16 and np.array_equal(got, vectors[[1, 2]].astype(np.float16))
 
 
 def test_unknown_feature_type_lists_the_known_ones(cats: Path) -> None:
     with Catalog(cats) as catalog, pytest.raises(InputError, match="unknown feature type 'nope'.*none yet"):
-        catalog.features([1], "nope")
+        feature_vectors(catalog, [1], "nope")
     store(cats, "beta", np.ones((8, 2), np.float32))
     store(cats, "alpha", np.ones((8, 2), np.float32))
-    with Catalog(cats) as catalog, pytest.raises(InputError, match="unknown feature type 'nope'; known types: alpha, beta"):
-        catalog.features([1], "nope")
+    with (
+        Catalog(cats) as catalog,
+        pytest.raises(InputError, match="unknown feature type 'nope'; known types: alpha, beta"),
+    ):
+        feature_vectors(catalog, [1], "nope")
 
 
 def test_features_of_ids_without_vectors_is_an_error(cats: Path) -> None:
     store(cats, "v", np.ones((2, 2), np.float32), ids=[1, 2])
     with Catalog(cats) as catalog, pytest.raises(InputError, match=r"2 id\(s\) have no 'v' vector: 3, 99"):
-        catalog.features([1, 3, 99], "v")
+        feature_vectors(catalog, [1, 3, 99], "v")
 
 
 def test_a_vector_of_the_wrong_size_is_refused_on_write_and_reported_on_read(cats: Path) -> None:
@@ -99,7 +102,7 @@ def test_a_vector_of_the_wrong_size_is_refused_on_write_and_reported_on_read(cat
     conn.close()
     with Catalog(cats) as catalog:
         with pytest.raises(InputError, match="'v' vector of sample 3 has 1 bytes, not 8"):
-            catalog.features([3], "v")
+            feature_vectors(catalog, [3], "v")
         with pytest.raises(InputError, match="'v' vector of sample 3 has 1 bytes, not 8"):
             load_matrix(catalog, "v")
 
@@ -108,7 +111,14 @@ def test_list_show_drop(cats: Path) -> None:
     store(cats, "v", np.arange(16, dtype=np.float32).reshape(8, 2))
     with Catalog(cats) as catalog:
         (info,) = list_feature_types(catalog)
-        assert (info.name, info.dim, info.dtype, info.extractor, info.vectors, info.failed) == ("v", 2, "float32", "import", 8, 0)
+        assert (info.name, info.dim, info.dtype, info.extractor, info.vectors, info.failed) == (
+            "v",
+            2,
+            "float32",
+            "import",
+            8,
+            0,
+        )
         shown = show_features(catalog, 2)
         assert shown.vectors["v"]["vector"] == [2.0, 3.0] and shown.label == "cat"
         with pytest.raises(InputError, match="no sample with id 99"):

@@ -32,14 +32,19 @@ def test_compute_with_filters_and_strict(runner: CliRunner, scanned_db: Path) ->
     result = invoke(runner, scanned_db, "compute", "--type", "colorhist", "-w", "1", "--status", "corrupt", "--strict")
     assert result.exit_code == 3
     assert "failed: id" in result.stderr and "UnidentifiedImageError" in result.stderr
-    label = invoke(runner, scanned_db, "compute", "--type", "colorhist", "-w", "1", "--label", "cat", "--limit", "2", "--json")
+    label = invoke(
+        runner, scanned_db, "compute", "--type", "colorhist", "-w", "1", "--label", "cat", "--limit", "2", "--json"
+    )
     assert json.loads(label.stdout)["computed"] == 2
 
 
 def test_compute_errors_are_one_line(runner: CliRunner, scanned_db: Path) -> None:
     result = invoke(runner, scanned_db, "compute", "--type", "mine", "--extractor", "not_a_module_q:fn")
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: cannot import extractor 'not_a_module_q:fn'") and result.stderr.count("\n") == 1
+    assert (
+        result.stderr.startswith("Error: cannot import extractor 'not_a_module_q:fn'")
+        and result.stderr.count("\n") == 1
+    )
     bad = invoke(runner, scanned_db, "compute", "--type", "no-good", "--extractor", "colorhist")
     assert bad.exit_code == 1 and bad.stderr.startswith("Error: invalid feature type name 'no-good'")
     dtype = invoke(runner, scanned_db, "compute", "--type", "x", "--extractor", "colorhist", "--dtype", "float64")
@@ -51,10 +56,31 @@ def test_import_export_list_show_drop(runner: CliRunner, scanned_db: Path, tmp_p
     np.save(tmp_path / "v.npy", np.arange(12, dtype=np.float64).reshape(6, 2))
     ids = [int(i) for (i,) in rows(scanned_db, "SELECT id FROM image_metadata WHERE status = 'ok' ORDER BY id")]
     (tmp_path / "ids.txt").write_text("\n".join(map(str, ids)) + "\n")
-    result = invoke(runner, scanned_db, "import", str(tmp_path / "v.npy"), "--type", "emb", "--ids", str(tmp_path / "ids.txt"), "--json")
+    result = invoke(
+        runner,
+        scanned_db,
+        "import",
+        str(tmp_path / "v.npy"),
+        "--type",
+        "emb",
+        "--ids",
+        str(tmp_path / "ids.txt"),
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["imported"] == 6
-    again = invoke(runner, scanned_db, "import", str(tmp_path / "v.npy"), "--type", "emb", "--ids", str(tmp_path / "ids.txt"), "--concurrent", "--json")
+    again = invoke(
+        runner,
+        scanned_db,
+        "import",
+        str(tmp_path / "v.npy"),
+        "--type",
+        "emb",
+        "--ids",
+        str(tmp_path / "ids.txt"),
+        "--concurrent",
+        "--json",
+    )
     assert (json.loads(again.stdout)["imported"], json.loads(again.stdout)["journal"]) == (6, "wal")
     listed = invoke(runner, scanned_db, "list", "--format", "jsonl")
     (entry,) = [json.loads(line) for line in listed.stdout.splitlines()]
@@ -73,7 +99,11 @@ def test_import_export_list_show_drop(runner: CliRunner, scanned_db: Path, tmp_p
     dropped = invoke(runner, scanned_db, "drop", "--type", "emb", "--json")
     assert json.loads(dropped.stdout) == {"feature_type": "emb", "vectors": 6, "failed": 0}
     gone = invoke(runner, scanned_db, "drop", "--type", "emb")
-    assert gone.exit_code == 1 and gone.stderr == "Error: unknown feature type 'emb': the catalog has none yet; run dlindex features compute --type emb --extractor colorhist (or features import)\n"
+    assert (
+        gone.exit_code == 1
+        and gone.stderr
+        == "Error: unknown feature type 'emb': the catalog has none yet; run dlindex features compute --type emb --extractor colorhist (or features import)\n"
+    )
 
 
 def test_import_bad_input_exit_1(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:

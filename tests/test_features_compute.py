@@ -14,7 +14,18 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dlindex import Catalog, DlindexError, InputError, Interrupted, QuerySpec, ScanOptions, scan_tree
+from dlindex import (
+    Catalog,
+    DlindexError,
+    InputError,
+    Interrupted,
+    QuerySpec,
+    ScanOptions,
+    feature_vectors,
+    query_rows,
+    sample_ids,
+    scan_tree,
+)
 from dlindex.features import ComputeOptions, compute_features
 from dlindex.features.extractors import colorhist, dhash, thumb
 
@@ -36,12 +47,14 @@ def extractor_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
 def test_builtin_colorhist_on_every_ok_sample(scanned_db: Path) -> None:
     summary = compute(scanned_db, "colorhist")
     assert (summary.selected, summary.computed, summary.failed, summary.dim) == (6, 6, 0, 96)
-    assert rows(scanned_db, "SELECT DISTINCT processing_status, error FROM image_metadata WHERE status = 'ok'") == [(None, None)]
+    assert rows(scanned_db, "SELECT DISTINCT processing_status, error FROM image_metadata WHERE status = 'ok'") == [
+        (None, None)
+    ]
     assert rows(scanned_db, "SELECT count(*) FROM feature_state") == [(0,)]  # done: the vector says so
     with Catalog(scanned_db) as catalog:
-        (path,) = [r["path"] for r in catalog.query(labels=["cat"], columns=["path"], limit=1)]
-        ids = catalog.sample_ids(labels=["cat"], limit=1)
-        got = catalog.features(ids, "colorhist")[0]
+        (path,) = [r["path"] for r in query_rows(catalog, labels=["cat"], columns=["path"], limit=1)]
+        ids = sample_ids(catalog, labels=["cat"], limit=1)
+        got = feature_vectors(catalog, ids, "colorhist")[0]
     with Image.open(path) as image:
         assert np.allclose(got, colorhist(image))
     assert np.allclose(got.reshape(3, 32).sum(axis=1), 1.0)
@@ -65,7 +78,10 @@ def test_filters_select_what_is_computed(scanned_db: Path) -> None:
 def test_user_extractor_failures_are_recorded_and_the_run_goes_on(
     scanned_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    module = extractor_module(tmp_path, monkeypatch, """
+    module = extractor_module(
+        tmp_path,
+        monkeypatch,
+        """
         import numpy as np
         def fn(image):
             w, h = image.size
@@ -78,14 +94,18 @@ def test_user_extractor_failures_are_recorded_and_the_run_goes_on(
             return [float("nan"), 1.0]
         def two_d(image):
             return np.zeros((2, 2))
-    """)
+    """,
+    )
     summary = compute(scanned_db, "size", extractor=f"{module}:fn")
     assert (summary.computed, summary.failed, summary.dim) == (2, 4, 2)
     errors = dict(rows(scanned_db, "SELECT image_id, error FROM feature_state WHERE state = 'failed'"))
     assert sorted(errors.values()) == sorted(
         ["RuntimeError: no 17s"] * 2 + ["extractor returned 3 values; feature type 'size' has dim 2"] * 2
     )
-    assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE processing_status IS NOT NULL OR error IS NOT NULL AND status = 'ok'") == [(0,)]
+    assert rows(
+        scanned_db,
+        "SELECT count(*) FROM image_metadata WHERE processing_status IS NOT NULL OR error IS NOT NULL AND status = 'ok'",
+    ) == [(0,)]
     # failed samples are skipped on a rerun, retried with retry_failed
     assert compute(scanned_db, "size").skipped_failed == 4
     again = compute(scanned_db, "size", retry_failed=True)
@@ -102,7 +122,9 @@ def test_extractor_from_a_file_path(scanned_db: Path, tmp_path: Path, monkeypatc
     monkeypatch.chdir(tmp_path)
     summary = compute(scanned_db, "width", extractor="feat_file.py:width")
     assert summary.computed == 6
-    assert rows(scanned_db, "SELECT extractor FROM feature_types") == [(f"{script}:width",)]  # absolute: reruns work anywhere
+    assert rows(scanned_db, "SELECT extractor FROM feature_types") == [
+        (f"{script}:width",)
+    ]  # absolute: reruns work anywhere
     monkeypatch.chdir("/")
     assert compute(scanned_db, "width", extractor=f"{script}:width").already_done == 6
     assert sorted(v for (v,) in rows(scanned_db, "SELECT vector FROM image_features")) == sorted(
@@ -140,14 +162,21 @@ def test_new_type_needs_an_extractor_and_an_existing_one_keeps_its_own(scanned_d
         compute(scanned_db, "bad-name", extractor="colorhist")
 
 
-def test_a_crashing_extractor_fails_only_its_image(scanned_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    module = extractor_module(tmp_path, monkeypatch, """
+def test_a_crashing_extractor_fails_only_its_image(
+    scanned_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = extractor_module(
+        tmp_path,
+        monkeypatch,
+        """
         import os
         def fn(image):
             if image.size[0] == 17:
                 os._exit(3)  # like a segfault in a C extension
             return [1.0]
-    """, name="crashy")
+    """,
+        name="crashy",
+    )
     summary = compute(scanned_db, "c", extractor=f"{module}:fn")
     assert (summary.computed, summary.failed) == (4, 2)
     assert {e for _, e in summary.error_samples} == {"the extractor crashed the worker process on this image"}
@@ -157,7 +186,9 @@ def test_corrupt_image_fails_when_selected(scanned_db: Path) -> None:
     summary = compute(scanned_db, "colorhist", QuerySpec(status=("corrupt",)))
     assert (summary.computed, summary.failed) == (0, 1)
     assert "UnidentifiedImageError" in summary.error_samples[0][1]
-    assert rows(scanned_db, "SELECT status, processing_status FROM image_metadata WHERE status = 'corrupt'") == [("corrupt", None)]
+    assert rows(scanned_db, "SELECT status, processing_status FROM image_metadata WHERE status = 'corrupt'") == [
+        ("corrupt", None)
+    ]
     assert rows(scanned_db, "SELECT state FROM feature_state") == [("failed",)]
 
 
@@ -187,7 +218,12 @@ def many(tmp_path: Path) -> Path:
 def _run_cli(db: Path, tmp_path: Path, slow: float) -> subprocess.Popen[bytes]:
     (tmp_path / "slowfeat.py").write_text(SLOW)
     repo = Path(__file__).resolve().parents[1]  # this checkout's dlindex, not an installed one
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}", "PIDS_FILE": str(tmp_path / "pids"), "SLOW_S": str(slow)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tmp_path}{os.pathsep}{repo}",
+        "PIDS_FILE": str(tmp_path / "pids"),
+        "SLOW_S": str(slow),
+    }
     return subprocess.Popen(
         [sys.executable, "-m", "dlindex", "features", "compute", "--type", "slow", "--extractor", "slowfeat:fn",
          "--workers", "2", "--db", str(db), "--json"],
@@ -243,8 +279,8 @@ def test_kill_9_during_compute_then_resume_loses_and_duplicates_nothing(many: Pa
     assert rows(many, "SELECT count(*) FROM feature_state") == [(0,)]
     assert rows(many, "SELECT DISTINCT processing_status FROM image_metadata") == [(None,)]
     with Catalog(many) as catalog:
-        got = {r["id"]: r["path"] for r in catalog.query(columns=["id", "path"])}
-        vectors = catalog.features(list(got), "slow")
+        got = {r["id"]: r["path"] for r in query_rows(catalog, columns=["id", "path"])}
+        vectors = feature_vectors(catalog, list(got), "slow")
     for vector, path in zip(vectors, got.values()):
         with Image.open(path) as image:
             assert vector.tolist() == [*image.getpixel((0, 0)), image.size[0]]
@@ -281,9 +317,9 @@ def test_torch_model_from_a_local_file(scanned_db: Path, tmp_path: Path) -> None
     summary = compute(scanned_db, "tiny", extractor=f"torch:{tmp_path / 'tiny.pt2'}", workers=2)
     assert (summary.computed, summary.failed, summary.dim) == (6, 0, 4)
     with Catalog(scanned_db) as catalog:
-        ids = catalog.sample_ids(limit=1)
-        (path,) = [r["path"] for r in catalog.query(limit=1, columns=["path"])]
-        got = catalog.features(ids, "tiny")[0]
+        ids = sample_ids(catalog, limit=1)
+        (path,) = [r["path"] for r in query_rows(catalog, limit=1, columns=["path"])]
+        got = feature_vectors(catalog, ids, "tiny")[0]
     with Image.open(path) as image:
         rgb = np.asarray(image.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR), dtype=np.float32) / 255
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])

@@ -35,7 +35,9 @@ def stored(db: Path, name: str = "emb") -> dict[int, list[float]]:
 
 
 def nothing_written(db: Path) -> bool:
-    return rows(db, "SELECT count(*) FROM image_features") == [(0,)] and rows(db, "SELECT count(*) FROM feature_types") == [(0,)]
+    return rows(db, "SELECT count(*) FROM image_features") == [(0,)] and rows(
+        db, "SELECT count(*) FROM feature_types"
+    ) == [(0,)]
 
 
 VECTORS = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -90,22 +92,48 @@ def test_jsonl_by_id_and_by_file_path(cats: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, 2], [3, 4]], dtype=np.int64)), "dtype int64; expected float"),
-        (lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, np.nan], [3, 4]])), r"row 1 \(id 1\) has NaN or infinite"),
-        (lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, 2], [np.inf, 4]])), r"row 2 \(id 2\) has NaN"),
-        (lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, 2], [1e39, 4]])), "infinite values as float32"),
-        (lambda d: np.savez(d / "x.npz", ids=[1, 2, 99, 100], vectors=np.ones((4, 2))), r"2 unknown id\(s\): 99, 100; nothing"),
+        (
+            lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, 2], [3, 4]], dtype=np.int64)),
+            "dtype int64; expected float",
+        ),
+        (
+            lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, np.nan], [3, 4]])),
+            r"row 1 \(id 1\) has NaN or infinite",
+        ),
+        (
+            lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, 2], [np.inf, 4]])),
+            r"row 2 \(id 2\) has NaN",
+        ),
+        (
+            lambda d: np.savez(d / "x.npz", ids=[1, 2], vectors=np.array([[1, 2], [1e39, 4]])),
+            "infinite values as float32",
+        ),
+        (
+            lambda d: np.savez(d / "x.npz", ids=[1, 2, 99, 100], vectors=np.ones((4, 2))),
+            r"2 unknown id\(s\): 99, 100; nothing",
+        ),
         (lambda d: np.savez(d / "x.npz", ids=[1, 1], vectors=np.ones((2, 2))), "id 1 appears more than once"),
         (lambda d: np.savez(d / "x.npz", ids=[1, 2, 3], vectors=np.ones((2, 2))), "3 ids for 2 vectors"),
         (lambda d: np.savez(d / "x.npz", ids=[1], vectors=np.ones((1, 2, 2))), "must be a 2-D array"),
         (lambda d: np.savez(d / "x.npz", ids=np.zeros(0, np.int64), vectors=np.ones((0, 2))), "holds no vectors"),
         (lambda d: np.savez(d / "x.npz", idz=[1], vectors=np.ones((1, 2))), "arrays named 'ids' and 'vectors'"),
-        (lambda d: (d / "x.jsonl").write_text('{"id": 1, "vector": [1, 2]}\n{"id": 2, "vector": [1]}\n'), "line 2: 1 values, line 1 has 2"),
+        (
+            lambda d: (d / "x.jsonl").write_text('{"id": 1, "vector": [1, 2]}\n{"id": 2, "vector": [1]}\n'),
+            "line 2: 1 values, line 1 has 2",
+        ),
         (lambda d: (d / "x.jsonl").write_text('{"id": 1, "vector": [1, "a"]}\n'), "must be a list of numbers"),
         (lambda d: (d / "x.jsonl").write_text('{"id": 1, "vector": [1, NaN]}\n'), "NaN or infinite"),
         (lambda d: (d / "x.jsonl").write_text('{"id": 1, "vector": [1, 2]\n'), "line 1: not valid JSON"),
-        (lambda d: (d / "x.jsonl").write_text('{"file_path": "cat/9999.png", "vector": [1, 2]}\n'), r"1 path\(s\) not in the catalog"),
-        (lambda d: (d / "x.jsonl").write_text('{"id": 1, "vector": [1, 2]}\n{"file_path": "cat/0001.png", "vector": [1, 2]}\n'), "mixes"),
+        (
+            lambda d: (d / "x.jsonl").write_text('{"file_path": "cat/9999.png", "vector": [1, 2]}\n'),
+            r"1 path\(s\) not in the catalog",
+        ),
+        (
+            lambda d: (d / "x.jsonl").write_text(
+                '{"id": 1, "vector": [1, 2]}\n{"file_path": "cat/0001.png", "vector": [1, 2]}\n'
+            ),
+            "mixes",
+        ),
         (lambda d: (d / "x.csv").write_text("id,vector\n"), "expected one of .npy, .npz, .parquet, .jsonl"),
         (lambda d: np.save(d / "x.npy", np.ones((2, 2))), "give --ids FILE"),
     ],
@@ -159,7 +187,9 @@ def test_a_large_import_alone_uses_a_rollback_journal_then_wal_again(cats: Path,
     assert rows(cats, "PRAGMA integrity_check") == [("ok",)]
 
 
-def test_a_large_import_keeps_wal_when_another_process_has_the_catalog_open(cats: Path, tmp_path: Path, bulk: None) -> None:
+def test_a_large_import_keeps_wal_when_another_process_has_the_catalog_open(
+    cats: Path, tmp_path: Path, bulk: None
+) -> None:
     np.savez(tmp_path / "a.npz", ids=[1, 2, 3, 4], vectors=VECTORS)
     reader = sqlite3.connect(cats)
     try:
@@ -218,7 +248,7 @@ def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monk
     try:
         holder.execute("PRAGMA journal_mode = DELETE")
         holder.execute("BEGIN EXCLUSIVE")  # as a rollback-journal import does once it spills
-        monkeypatch.setattr("dlindex.catalog.BUSY_TIMEOUT_S", 0.2)
+        monkeypatch.setattr("dlindex.catalog.sqlite.BUSY_TIMEOUT_S", 0.2)
         with pytest.raises(CatalogError, match="stayed locked .* by another process"):
             Catalog(cats)
     finally:

@@ -98,7 +98,12 @@ def test_decompression_bomb_is_refused_before_inflating(cats: Path, tmp_path: Pa
     big = npy_bytes("<f4", (n, dim), bytes(n * dim * 4))
     (tmp_path / "bomb.npz").write_bytes(npz_of({"ids.npy": IDS, "vectors.npy": big}, zipfile.ZIP_DEFLATED))
     assert (tmp_path / "bomb.npz").stat().st_size < 64 << 10
-    refused(cats, tmp_path / "bomb.npz", "inflates to 4,194,432 bytes, over the import limit of 1,048,576", max_bytes=1 << 20)
+    refused(
+        cats,
+        tmp_path / "bomb.npz",
+        "inflates to 4,194,432 bytes, over the import limit of 1,048,576",
+        max_bytes=1 << 20,
+    )
     # A tiny member whose header claims 40 GB is refused on the claim.
     claim = npy_bytes("<f4", (10**7, 1000), b"\0" * 64)
     (tmp_path / "claim.npz").write_bytes(npz_of({"ids.npy": IDS, "vectors.npy": claim}, zipfile.ZIP_DEFLATED))
@@ -167,15 +172,22 @@ def test_parquet_over_the_cap(cats: Path, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"id": list(range(1, 9)), "vector": [[0.0] * 10_000] * 8}), tmp_path / "p.parquet")
-    refused(cats, tmp_path / "p.parquet", "decodes to 640,128 bytes or more, over the import limit of 100,000", max_bytes=100_000)
+    refused(
+        cats,
+        tmp_path / "p.parquet",
+        "decodes to 640,128 bytes or more, over the import limit of 100,000",
+        max_bytes=100_000,
+    )
 
 
 def test_jsonl_bounds(cats: Path, tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text(json.dumps({"id": 2**64, "vector": [1.0]}) + "\n")
-    refused(cats, tmp_path / "a.jsonl", "\"id\" must be a 64-bit integer")
+    refused(cats, tmp_path / "a.jsonl", '"id" must be a 64-bit integer')
     (tmp_path / "b.jsonl").write_text('{"id": 1, "vector": [1' + "0" * 400 + "]}\n")
     refused(cats, tmp_path / "b.jsonl", "too large")
-    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"id": i, "vector": [0.5] * 1000}) + "\n" for i in range(1, 9)))
+    (tmp_path / "c.jsonl").write_text(
+        "".join(json.dumps({"id": i, "vector": [0.5] * 1000}) + "\n" for i in range(1, 9))
+    )
     refused(cats, tmp_path / "c.jsonl", "more than the import limit of 20,000 bytes", max_bytes=20_000)
     (tmp_path / "d.jsonl").write_text("[" * 100_000 + "\n")
     refused(cats, tmp_path / "d.jsonl", "not valid JSON")
@@ -186,10 +198,17 @@ def test_jsonl_bounds(cats: Path, tmp_path: Path) -> None:
 def test_cli_max_bytes(cats: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "v.npz", ids=np.array([1, 2]), vectors=np.ones((2, 300), np.float32))
     runner = CliRunner()
-    small = runner.invoke(app, ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "1KiB", "--db", str(cats)])
+    small = runner.invoke(
+        app, ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "1KiB", "--db", str(cats)]
+    )
     assert small.exit_code == 1 and small.stderr.count("\n") == 1, small.output
     assert "over the import limit of 1,024 bytes in all; raise it with --max-bytes" in small.stderr
-    bad = runner.invoke(app, ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "lots", "--db", str(cats)])
+    bad = runner.invoke(
+        app, ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "lots", "--db", str(cats)]
+    )
     assert bad.exit_code == 1 and bad.stderr.startswith("Error: size 'lots'")
-    ok = runner.invoke(app, ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "1MB", "--db", str(cats), "--json"])
+    ok = runner.invoke(
+        app,
+        ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "1MB", "--db", str(cats), "--json"],
+    )
     assert ok.exit_code == 0 and json.loads(ok.stdout)["imported"] == 2

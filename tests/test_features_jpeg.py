@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dlindex import Catalog, QuerySpec
+from dlindex import Catalog, QuerySpec, query_rows
 from dlindex.features import ComputeOptions, compute_features, jpeg
 from dlindex.features.extractors import colorhist, colorhist_file
 
@@ -22,7 +22,9 @@ pytestmark = pytest.mark.skipif(not jpeg.available(), reason="simplejpeg is not 
 def _noise(size: tuple[int, int], seed: int) -> Image.Image:
     rng = np.random.default_rng(seed)
     w, h = size
-    smooth = Image.fromarray(rng.integers(0, 256, (h // 8 + 2, w // 8 + 2, 3), dtype=np.uint8)).resize(size, Image.BICUBIC)
+    smooth = Image.fromarray(rng.integers(0, 256, (h // 8 + 2, w // 8 + 2, 3), dtype=np.uint8)).resize(
+        size, Image.BICUBIC
+    )
     grain = rng.integers(-20, 21, (h, w, 3))
     return Image.fromarray(np.clip(np.asarray(smooth, dtype=np.int16) + grain, 0, 255).astype(np.uint8))
 
@@ -148,7 +150,7 @@ def test_corpus_jpegs_same_vector_or_same_failure() -> None:
 
 def test_a_fifo_in_place_of_an_image_fails_that_sample_without_hanging(scanned_db: Path) -> None:
     with Catalog(scanned_db) as catalog:
-        (full,) = [r["path"] for r in catalog.query(columns=["path"], limit=1)]
+        (full,) = [r["path"] for r in query_rows(catalog, columns=["path"], limit=1)]
     os.unlink(full)
     os.mkfifo(full)  # opening it for reading would block until a writer came
     with Catalog(scanned_db) as catalog:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dlindex import Catalog, InputError, QuerySpec, mark_samples
+from dlindex import Catalog, InputError, QuerySpec, mark_samples, sample_ids
+from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS
 from dlindex.cli import app
 from dlindex.features import ComputeOptions, compute_features, import_features, list_feature_types, show_features
-from dlindex.migrations import APPLICATION_ID, MIGRATIONS
 
 from .conftest import rows
 
@@ -33,14 +33,16 @@ def test_compute_leaves_what_mark_recorded_untouched(scanned_db: Path) -> None:
         mark_samples(catalog, ["1"], processing_status="failed", error="annotator: blurry")
         mark_samples(catalog, ["2"], processed=True, processing_status="completed")
         mark_samples(catalog, ["3"], processing_status="queued")
-        corrupt = catalog.sample_ids(status=["corrupt"])
+        corrupt = sample_ids(catalog, status=["corrupt"])
     before = marks(scanned_db)
     summary = compute(scanned_db, "colorhist", QuerySpec(status=("ok", "corrupt")))
     assert (summary.computed, summary.failed) == (6, 1)
     assert marks(scanned_db) == before  # statuses, flags and error texts: all as the user set them
     assert before[1] == (0, "failed", "annotator: blurry")
     # compute's own state, per type
-    assert rows(scanned_db, "SELECT image_id, feature_type, state FROM feature_state") == [(corrupt[0], "colorhist", "failed")]
+    assert rows(scanned_db, "SELECT image_id, feature_type, state FROM feature_state") == [
+        (corrupt[0], "colorhist", "failed")
+    ]
     # a second type, failing everywhere, still does not touch them
     compute(scanned_db, "thumb", QuerySpec(status=("corrupt",)), retry_failed=True)
     assert marks(scanned_db) == before
@@ -55,7 +57,7 @@ def test_compute_leaves_what_mark_recorded_untouched(scanned_db: Path) -> None:
 
 def test_retry_failed_and_a_new_vector_clear_compute_state_only(scanned_db: Path, tmp_path: Path) -> None:
     with Catalog(scanned_db) as catalog:
-        corrupt = catalog.sample_ids(status=["corrupt"])[0]
+        corrupt = sample_ids(catalog, status=["corrupt"])[0]
         mark_samples(catalog, [str(corrupt)], processing_status="failed", error="user: ignore this one")
     compute(scanned_db, "colorhist", QuerySpec(status=("corrupt",)))
     again = compute(scanned_db, "colorhist", QuerySpec(status=("corrupt",)), retry_failed=True)
@@ -108,7 +110,9 @@ def test_failures_command_lists_errors_and_queued(scanned_db: Path) -> None:
     (row,) = [json.loads(line) for line in result.stdout.splitlines()]
     assert row["state"] == "failed" and "UnidentifiedImageError" in row["error"]
     assert row["path"].endswith("dog/broken.jpg") and row["label"] == "dog"
-    queued = runner.invoke(app, ["features", "failures", "-t", "colorhist", "--state", "queued", "--db", str(scanned_db)])
+    queued = runner.invoke(
+        app, ["features", "failures", "-t", "colorhist", "--state", "queued", "--db", str(scanned_db)]
+    )
     assert (queued.exit_code, queued.stdout) == (0, "")
     unknown = runner.invoke(app, ["features", "failures", "--type", "nope", "--db", str(scanned_db)])
     assert unknown.exit_code == 1 and unknown.stderr.startswith("Error: unknown feature type 'nope'")
@@ -119,9 +123,13 @@ def test_import_into_a_computed_type_is_refused(scanned_db: Path, tmp_path: Path
     np.savez(tmp_path / "v.npz", ids=np.array([1]), vectors=np.zeros((1, 96), np.float32))
     with Catalog(scanned_db) as catalog, pytest.raises(InputError, match="is computed by extractor 'colorhist'"):
         import_features(catalog, "colorhist", tmp_path / "v.npz")
-    result = CliRunner().invoke(app, ["features", "import", "--type", "colorhist", str(tmp_path / "v.npz"), "--db", str(scanned_db)])
+    result = CliRunner().invoke(
+        app, ["features", "import", "--type", "colorhist", str(tmp_path / "v.npz"), "--db", str(scanned_db)]
+    )
     assert result.exit_code == 1 and result.stderr.count("\n") == 1 and "type of its own" in result.stderr
-    assert rows(scanned_db, "SELECT count(*) FROM image_features WHERE vector = ?", (np.zeros(96, np.float32).tobytes(),)) == [(0,)]
+    assert rows(
+        scanned_db, "SELECT count(*) FROM image_features WHERE vector = ?", (np.zeros(96, np.float32).tobytes(),)
+    ) == [(0,)]
 
 
 def test_migration_moves_failures_and_clears_only_what_compute_wrote(tmp_path: Path) -> None:
@@ -151,7 +159,9 @@ def test_migration_moves_failures_and_clears_only_what_compute_wrote(tmp_path: P
     conn.execute("INSERT INTO feature_types (name, dim, extractor) VALUES ('f', 1, 'colorhist')")
     conn.execute("INSERT INTO image_features (image_id, feature_type, vector) VALUES (3, 'f', x'0000803f')")
     for image_id, error in ((1, "OSError: broken data stream"), (2, "other error"), (5, "UnidentifiedImageError: x")):
-        conn.execute("INSERT INTO feature_failures (image_id, feature_type, error) VALUES (?, 'f', ?)", (image_id, error))
+        conn.execute(
+            "INSERT INTO feature_failures (image_id, feature_type, error) VALUES (?, 'f', ?)", (image_id, error)
+        )
     conn.close()
 
     with Catalog(db) as catalog:
@@ -179,7 +189,9 @@ def test_mark_then_compute_through_the_cli(scanned_db: Path) -> None:
     db = ["--db", str(scanned_db)]
     marked = runner.invoke(app, ["mark", "--status", "failed", "--error", "labeller: occluded", "-", *db], input="2\n")
     assert marked.exit_code == 0, marked.output
-    computed = runner.invoke(app, ["features", "compute", "-t", "colorhist", "-w", "1", "--status", "ok", "--status", "corrupt", *db])
+    computed = runner.invoke(
+        app, ["features", "compute", "-t", "colorhist", "-w", "1", "--status", "ok", "--status", "corrupt", *db]
+    )
     assert computed.exit_code == 0, computed.output
     query = runner.invoke(app, ["query", "--processing-status", "failed", "-c", "id,error", "--format", "jsonl", *db])
     assert [json.loads(line) for line in query.stdout.splitlines()] == [{"id": 2, "error": "labeller: occluded"}]

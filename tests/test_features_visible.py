@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw
 
-from dlindex import Catalog, ScanOptions, scan_tree
+from dlindex import Catalog, ScanOptions, query_rows, sample_ids, scan_tree
 from dlindex.features import ComputeOptions, compute_features, nearest
 from dlindex.features.extractors import colorhist, dhash, thumb
 from dlindex.features.visible import BACKGROUND
@@ -153,9 +153,12 @@ def test_opaque_images_give_the_vectors_they_always_did(mode: str) -> None:
     rgb = image.convert("RGB")
     counts = np.asarray(rgb.histogram(), dtype=np.float64).reshape(3, 32, 8).sum(axis=2).reshape(-1) / (20 * 30)
     assert colorhist(image).tobytes() == counts.astype(np.float32).tobytes()
-    assert thumb(image).tobytes() == (
-        np.asarray(image.convert("L").resize((16, 16), Image.Resampling.BOX), dtype=np.float32).reshape(-1) / 255.0
-    ).tobytes()
+    assert (
+        thumb(image).tobytes()
+        == (
+            np.asarray(image.convert("L").resize((16, 16), Image.Resampling.BOX), dtype=np.float32).reshape(-1) / 255.0
+        ).tobytes()
+    )
 
 
 def test_pipeline_neighbours_on_a_transparent_tree(tmp_path: Path) -> None:
@@ -168,8 +171,8 @@ def test_pipeline_neighbours_on_a_transparent_tree(tmp_path: Path) -> None:
         scan_tree(catalog, root, ScanOptions(workers=1))
         for name in ("colorhist", "thumb", "dhash"):
             assert compute_features(catalog, name, None, ComputeOptions(workers=1)).computed == 12
-        ids = catalog.sample_ids()
-        labels = {r["id"]: r["label"] for r in catalog.query(columns=["id", "label"])}
+        ids = sample_ids(catalog)
+        labels = {r["id"]: r["label"] for r in query_rows(catalog, columns=["id", "label"])}
         for name in ("colorhist", "thumb"):
             for answer in nearest(catalog, ids, name, k=3):
                 assert {labels[n.id] for n in answer} == {labels[answer[0].query]}, name
@@ -185,8 +188,9 @@ def test_weighted_histogram_matches_its_definition(monkeypatch: pytest.MonkeyPat
     if not soft:
         pixels[..., 3] = np.where(pixels[..., 3] > 100, 255, 0)
     w = pixels[..., 3].reshape(-1).astype(np.float64)
-    expected = np.concatenate(
-        [np.bincount(pixels[..., c].reshape(-1) >> 3, weights=w, minlength=32) for c in range(3)]
-    ) / w.sum()
+    expected = (
+        np.concatenate([np.bincount(pixels[..., c].reshape(-1) >> 3, weights=w, minlength=32) for c in range(3)])
+        / w.sum()
+    )
     got = visible.weighted_histogram(Image.fromarray(pixels, "RGBA"))
     assert np.allclose(got, expected, atol=1e-6)

@@ -138,7 +138,13 @@ def test_fuzz_index_json_values(exports: dict[str, Path], keys: list[str], data:
         for key in keys:
             target: Any = index
             shards = index.get("dlindex_shards")
-            if key == "dlindex_shards" and isinstance(shards, list) and shards and isinstance(shards[0], dict) and data.draw(st.booleans()):
+            if (
+                key == "dlindex_shards"
+                and isinstance(shards, list)
+                and shards
+                and isinstance(shards[0], dict)
+                and data.draw(st.booleans())
+            ):
                 target = shards[0]  # one field of one shard entry
                 key = data.draw(st.sampled_from(["file", "split", "rank", "samples", "bytes", "xxh3_128"]))
             elif key == "options" and isinstance(index.get("options"), dict) and data.draw(st.booleans()):
@@ -154,8 +160,11 @@ def test_fuzz_index_json_values(exports: dict[str, Path], keys: list[str], data:
 jsonl_rows = st.lists(
     st.one_of(
         st.fixed_dictionaries(
-            {"id": st.integers(-(2**70), 2**70) | json_values, "path": st.sampled_from(["cat/0.png", "dog/1.png", "../x", "/etc/hostname", "", "a//b"]) | json_values,
-             "label_id": st.integers(-3, 3) | json_values},  # fmt: skip
+            {
+                "id": st.integers(-(2**70), 2**70) | json_values,
+                "path": st.sampled_from(["cat/0.png", "dog/1.png", "../x", "/etc/hostname", "", "a//b"]) | json_values,
+                "label_id": st.integers(-3, 3) | json_values,
+            },  # fmt: skip
             optional={"bytes": st.integers(-1, 2**70) | json_values, "xxh3_128": st.text(max_size=40) | json_values},
         ),
         json_values,
@@ -208,7 +217,9 @@ def test_fuzz_parquet_rows(exports: dict[str, Path], data: st.DataObject) -> Non
             "null": st.none(), "binary": st.binary(max_size=10),
         }  # fmt: skip
         if kind != "missing":
-            columns[key] = pa.array([data.draw(values[kind]) for _ in range(n)], type=None if kind != "null" else pa.null())
+            columns[key] = pa.array(
+                [data.draw(values[kind]) for _ in range(n)], type=None if kind != "null" else pa.null()
+            )
     with copy_of(exports["parquet"]) as out:
         name = "train-000000.parquet"
         if data.draw(st.booleans()):

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dlindex.advisor.scratch import guarded
 from dlindex.advisor.workload import load_workload
 from dlindex.cli import app
-from dlindex.logview import MAX_STATEMENT_CHARS, file_lines, parse_statements, statement_kind
+from dlindex.querylog.views import MAX_STATEMENT_CHARS, file_lines, parse_statements, statement_kind
 
 from .conftest import rows
 from .synthetic import Row, make_catalog
@@ -51,12 +51,16 @@ def expected(text: str) -> tuple[int, int]:
 @given(text=SQLISH)
 def test_log_import_stores_what_it_parses_or_says_why_not(runner: CliRunner, db: Path, text: str) -> None:
     before = rows(db, "SELECT count(*) FROM query_log")[0][0]
-    result = runner.invoke(app, ["log", "import", "-", "--json", "--db", str(db)], input=text.encode("utf-8", "surrogatepass"))
+    result = runner.invoke(
+        app, ["log", "import", "-", "--json", "--db", str(db)], input=text.encode("utf-8", "surrogatepass")
+    )
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     if result.exit_code == 0:
         data = json.loads(result.stdout)
         # what stdin delivers, decoded as the command decodes it (bad UTF-8 replaced, newlines universal)
-        decoded = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        decoded = (
+            text.encode("utf-8", "surrogatepass").decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+        )
         assert (data["imported"], data["skipped"]) == expected(decoded)
         assert rows(db, "SELECT count(*) FROM query_log")[0][0] == before + data["imported"]
         assert rows(db, "SELECT count(*) FROM labels")[0][0] == 2  # nothing was run
@@ -97,7 +101,9 @@ def test_the_advisor_workload_reads_any_log(db: Path, text: str) -> None:
     ],
     ids=["comments", "quotes", "lines", "long-line", "huge-duration"],
 )
-def test_adversarial_logs_finish_quickly_in_bounded_memory(runner: CliRunner, db: Path, tmp_path: Path, text: str) -> None:
+def test_adversarial_logs_finish_quickly_in_bounded_memory(
+    runner: CliRunner, db: Path, tmp_path: Path, text: str
+) -> None:
     trace = tmp_path / "trace.sql"
     trace.write_text(text)
     started = time.monotonic()
@@ -107,7 +113,11 @@ def test_adversarial_logs_finish_quickly_in_bounded_memory(runner: CliRunner, db
     data = json.loads(result.stdout)
     assert data["imported"] + data["skipped"] >= 1
     if text.startswith("SELECT x"):
-        assert data == {"imported": 1, "skipped": 1, "skipped_lines": [{"line": 1, "reason": f"longer than {MAX_STATEMENT_CHARS:,} characters"}]}
+        assert data == {
+            "imported": 1,
+            "skipped": 1,
+            "skipped_lines": [{"line": 1, "reason": f"longer than {MAX_STATEMENT_CHARS:,} characters"}],
+        }
     stored = rows(db, "SELECT max(length(sql)), max(duration_ms) FROM query_log WHERE source = 'import'")[0]
     assert stored[0] is None or stored[0] <= MAX_STATEMENT_CHARS
     if text.startswith("select 1 -- duration_ms="):

@@ -48,17 +48,35 @@ def good_record(draw: st.DrawFn, by: str) -> tuple[str, int | None]:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["id", "path", "file_path", "x"]), inner, max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["id", "path", "file_path", "x"]), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 bad_record = st.one_of(
     st.binary(max_size=40).filter(lambda b: b"\n" not in b and b"\0" not in b),
     json_values.map(lambda v: json.dumps(v)),
-    st.sampled_from([
-        "{" * 5000, "[" * 100000, '{"id": ' + "9" * 5000 + "}", "9" * 5000, '{"path": "\\ud800"}',
-        '{"id": 1e999}', '{"id": NaN}', '{"id": 18446744073709551616}', "1_0", '{"path": "a\\u0000b"}',
-        '{"id": "3"}', '{"path": 7}', '{"path": ["x"]}', "\udcff\udcfe", "+", "-0x10",
-    ]),  # fmt: skip
+    st.sampled_from(
+        [
+            "{" * 5000,
+            "[" * 100000,
+            '{"id": ' + "9" * 5000 + "}",
+            "9" * 5000,
+            '{"path": "\\ud800"}',
+            '{"id": 1e999}',
+            '{"id": NaN}',
+            '{"id": 18446744073709551616}',
+            "1_0",
+            '{"path": "a\\u0000b"}',
+            '{"id": "3"}',
+            '{"path": 7}',
+            '{"path": ["x"]}',
+            "\udcff\udcfe",
+            "+",
+            "-0x10",
+        ]
+    ),  # fmt: skip
 )
 
 
@@ -132,7 +150,7 @@ def test_any_input_is_a_result_or_one_error_line(fuzz_db: Path, by: str, null: b
     [
         ("[" * 100000, "is not a sample id"),
         ('{"x": ' + "[" * 100000 + "}", "JSON nested more than 32 levels deep"),
-        ('{"path": "\\ud800"}', 'holds a lone surrogate'),
+        ('{"path": "\\ud800"}', "holds a lone surrogate"),
         ('{"id": ' + "9" * 5000 + "}", "not a usable JSON value"),
         ("9" * 5000, "is outside the 64-bit range"),
         ('{"id": 1e999}', '"id" must be a 64-bit integer, not inf'),
@@ -151,7 +169,7 @@ def test_hostile_lines_are_one_clear_line(fuzz_db: Path, line: str, message: str
 
 
 def test_an_endless_line_is_refused_without_reading_it_whole(fuzz_db: Path) -> None:
-    from dlindex.mark import MAX_RECORD_BYTES
+    from dlindex.query.mark import MAX_RECORD_BYTES
 
     for null in (False, True):
         code, _, err = _run(fuzz_db, (b"1\0" if null else b"1\n") + b"7" * (MAX_RECORD_BYTES + 10), "id", null)

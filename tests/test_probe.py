@@ -12,8 +12,8 @@ import pytest
 import xxhash
 from PIL import Image
 
-from dlindex import probe
-from dlindex.probe import ProbeOptions, probe_file, sniff_header
+from dlindex.scan import probe
+from dlindex.scan.probe import ProbeOptions, probe_file, sniff_header
 
 from .conftest import CORPUS, CORPUS_EXPECTED
 
@@ -148,7 +148,9 @@ def test_verify_catches_what_structure_cannot(tmp_path: Path) -> None:
 def _png_with_size(width: int, height: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))  # noqa: E731
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 10)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\x00" * 10)) + chunk(b"IEND", b"")
+    )
 
 
 def test_decompression_bomb_header_is_corrupt_and_not_decoded(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dlindex import Catalog, InputError, QuerySpec, mark_samples
-from dlindex.query import COLUMNS, explain, parse_when, prepare
+from dlindex import Catalog, InputError, QuerySpec, mark_samples, query_rows, sample_ids
+from dlindex.query.rows import COLUMNS, explain, parse_when, prepare
 
 from .conftest import rows
 from .synthetic import ROOT, Row, balanced, make_catalog
@@ -34,7 +34,7 @@ def mixed(tmp_path: Path) -> Path:
 
 def ids(db: Path, **options: object) -> list[int]:
     with Catalog(db) as catalog:
-        return catalog.sample_ids(**options)
+        return sample_ids(catalog, **options)
 
 
 def test_default_is_status_ok_in_id_order(mixed: Path) -> None:
@@ -128,12 +128,12 @@ def test_bad_options_are_input_errors(mixed: Path, options: dict[str, object], m
 @pytest.mark.parametrize(("columns", "message"), [("id,nope", "unknown column 'nope'"), ((), "no columns")])
 def test_bad_columns_are_input_errors(mixed: Path, columns: object, message: str) -> None:
     with Catalog(mixed) as catalog, pytest.raises(InputError, match=message):
-        catalog.query(columns=columns)
+        query_rows(catalog, columns=columns)
 
 
 def test_errors_are_raised_when_called_not_when_iterated(mixed: Path) -> None:
     with Catalog(mixed) as catalog, pytest.raises(InputError):
-        catalog.query(columns="id,bogus")
+        query_rows(catalog, columns="id,bogus")
 
 
 def test_empty_catalog_gives_an_empty_result(db_path: Path) -> None:
@@ -146,18 +146,28 @@ def test_empty_catalog_gives_an_empty_result(db_path: Path) -> None:
 
 def test_columns_are_selected_in_order_with_derived_path_and_label(mixed: Path) -> None:
     with Catalog(mixed) as catalog:
-        row = next(catalog.query(columns="label,path,id,root,file_path,processed", labels="dog"))
+        row = next(query_rows(catalog, columns="label,path,id,root,file_path,processed", labels="dog"))
     assert row == {"label": "dog", "path": f"{ROOT}/dog/0001.png", "id": 4, "root": ROOT,
                    "file_path": "dog/0001.png", "processed": 1}  # fmt: skip
     with Catalog(mixed) as catalog:
-        full = next(catalog.query(columns=COLUMNS))
+        full = next(query_rows(catalog, columns=COLUMNS))
     assert list(full) == list(COLUMNS)
 
 
 def test_default_columns(mixed: Path) -> None:
     with Catalog(mixed) as catalog:
-        row = next(catalog.query())
-    assert list(row) == ["id", "path", "label", "width", "height", "status", "processed", "processing_status", "created_at"]
+        row = next(query_rows(catalog))
+    assert list(row) == [
+        "id",
+        "path",
+        "label",
+        "width",
+        "height",
+        "status",
+        "processed",
+        "processing_status",
+        "created_at",
+    ]
 
 
 def test_select_names_only_the_columns_asked_for(mixed: Path) -> None:
@@ -184,7 +194,7 @@ def test_paths_of_non_utf8_names_round_trip_to_the_exact_bytes(tmp_path: Path) -
                      ("cat/caf\\xe9.png", b"cat/caf\xe9.png"))  # fmt: skip
     conn.close()
     with Catalog(db) as catalog:
-        row = next(catalog.query(columns="path,file_path"))
+        row = next(query_rows(catalog, columns="path,file_path"))
     assert os.fsencode(row["path"]) == ROOT.encode() + b"/cat/caf\xe9.png"
     assert row["file_path"] == "cat/caf\\xe9.png"
 
@@ -195,7 +205,7 @@ def test_per_label_caps_each_label_and_is_deterministic(tmp_path: Path) -> None:
     assert first == ids(db, per_label=5, seed=1)
     assert first == sorted(first)
     with Catalog(db) as catalog:
-        labels = Counter(r["label"] for r in catalog.query(per_label=5, seed=1, columns="label"))
+        labels = Counter(r["label"] for r in query_rows(catalog, per_label=5, seed=1, columns="label"))
     assert labels == {"a": 5, "b": 5, "c": 3}
     assert ids(db, per_label=5, seed=2) != first
     assert ids(db, per_label=100, seed=3) == list(range(1, 74))
@@ -216,8 +226,14 @@ def test_per_label_with_filters_and_random_order(tmp_path: Path) -> None:
         [Row("a", processed=i % 2) for i in range(40)] + [Row("b", processed=i % 2) for i in range(40)],
     )
     with Catalog(db) as catalog:
-        got = list(catalog.query(per_label=4, processed=True, order="random", seed=9, columns="id,label,processed"))
-        again = list(catalog.query(per_label=4, processed=True, order="random", seed=9, columns="id,label,processed", cache=False))
+        got = list(
+            query_rows(catalog, per_label=4, processed=True, order="random", seed=9, columns="id,label,processed")
+        )
+        again = list(
+            query_rows(
+                catalog, per_label=4, processed=True, order="random", seed=9, columns="id,label,processed", cache=False
+            )
+        )
     assert got == again
     assert Counter(r["label"] for r in got) == {"a": 4, "b": 4}
     assert all(r["processed"] == 1 for r in got)
@@ -237,7 +253,7 @@ def test_random_order_is_a_seeded_permutation(tmp_path: Path) -> None:
 def test_query_is_lazy(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 3000})
     with Catalog(db) as catalog:
-        rows_iter = catalog.query(columns="id", cache=False)
+        rows_iter = query_rows(catalog, columns="id", cache=False)
         assert next(rows_iter) == {"id": 1}
         rows_iter.close()  # type: ignore[attr-defined]
 
@@ -253,7 +269,7 @@ def test_explain_shows_the_plan(mixed: Path) -> None:
 @pytest.fixture
 def always_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     """Store every result: tiny test catalogs answer faster than the cache's break-even."""
-    monkeypatch.setattr("dlindex.cache.FETCH_S", 0.0)
+    monkeypatch.setattr("dlindex.query.cache.FETCH_S", 0.0)
 
 
 def _cached_calls(db: Path) -> int:
@@ -268,7 +284,7 @@ def test_repeated_query_is_served_from_the_cache_until_a_write(tmp_path: Path) -
     assert ids(db, per_label=4, seed=3) == first
     assert _cached_calls(db) == 1
     with Catalog(db) as catalog:  # other columns, same selection: still cached
-        full = list(catalog.query(per_label=4, seed=3, columns="id,label,path"))
+        full = list(query_rows(catalog, per_label=4, seed=3, columns="id,label,path"))
     assert [r["id"] for r in full] == first and _cached_calls(db) == 2
     with Catalog(db) as catalog:
         mark_samples(catalog, [str(first[0])], processed=True)
@@ -287,12 +303,14 @@ def test_cache_sees_changes_to_what_it_selected(tmp_path: Path) -> None:
     assert ids(db, processed=False) == [1, 2, 5, 6, 7, 8, 9, 10]
 
 
-def test_a_result_cheaper_to_recompute_than_to_fetch_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_result_cheaper_to_recompute_than_to_fetch_is_not_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = balanced(tmp_path / "b.db", {"a": 50})
-    monkeypatch.setattr("dlindex.cache.FETCH_S", 1.0)
+    monkeypatch.setattr("dlindex.query.cache.FETCH_S", 1.0)
     assert len(ids(db, per_label=5)) == 5
     assert rows(db, "SELECT count(*) FROM query_cache") == [(0,)]
-    monkeypatch.setattr("dlindex.cache.FETCH_S", 0.0)
+    monkeypatch.setattr("dlindex.query.cache.FETCH_S", 0.0)
     assert len(ids(db, per_label=5)) == 5
     assert rows(db, "SELECT count(*), max(rows) FROM query_cache") == [(1, 5)]
 
@@ -301,7 +319,7 @@ def test_a_result_cheaper_to_recompute_than_to_fetch_is_not_cached(tmp_path: Pat
 def test_a_half_read_result_is_not_cached(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 1000})
     with Catalog(db) as catalog:
-        it = catalog.query(columns="id")
+        it = query_rows(catalog, columns="id")
         next(it)
         it.close()  # type: ignore[attr-defined]
     assert rows(db, "SELECT count(*) FROM query_cache") == [(0,)]
@@ -311,7 +329,7 @@ def test_change_counter_moves_with_writes_only(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 3})
     with Catalog(db) as catalog:
         before = catalog.changes()
-        list(catalog.query())
+        list(query_rows(catalog))
         assert catalog.changes() == before
         with catalog.write_transaction(bookkeeping=True):
             pass

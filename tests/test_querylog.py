@@ -8,17 +8,31 @@ from pathlib import Path
 
 import pytest
 
-from dlindex import Catalog, ScanOptions, catalog_stats, clear_log, import_log, log_summary, mark_samples, scan_tree
-from dlindex.logview import parse_statements, statement_kind
-from dlindex.migrations import APPLICATION_ID, LATEST_VERSION, m001_initial
-from dlindex.querylog import RESERVOIR_SIZE, classify_plan, fingerprint, normalize, table_of
+from dlindex import (
+    Catalog,
+    ScanOptions,
+    catalog_stats,
+    clear_log,
+    import_log,
+    log_summary,
+    mark_samples,
+    query_rows,
+    sample_ids,
+    scan_tree,
+)
+from dlindex.catalog.fingerprint import fingerprint, normalize, table_of
+from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, m001_initial
+from dlindex.catalog.recorder import RESERVOIR_SIZE, classify_plan
+from dlindex.querylog.views import parse_statements, statement_kind
 
 from .conftest import rows
 from .synthetic import balanced
 
 
 def log_rows(db: Path, where: str = "1") -> list[tuple[object, ...]]:
-    return rows(db, f"SELECT kind, source, sql, rows, plan, cached, calls, duration_ms FROM query_log WHERE {where} ORDER BY id")
+    return rows(
+        db, f"SELECT kind, source, sql, rows, plan, cached, calls, duration_ms FROM query_log WHERE {where} ORDER BY id"
+    )
 
 
 def test_fingerprint_folds_literals_placeholders_lists_and_spacing() -> None:
@@ -28,7 +42,10 @@ def test_fingerprint_folds_literals_placeholders_lists_and_spacing() -> None:
         "SELECT id FROM image_metadata WHERE label_id = 12 AND status = 'it''s'  -- a comment",
     ]
     assert len({fingerprint(s) for s in same}) == 1
-    assert normalize("SELECT * FROM t WHERE id IN (1, 2, 3) AND x = -- c\n 4.5") == "select * from t where id in (?) and x = ?"
+    assert (
+        normalize("SELECT * FROM t WHERE id IN (1, 2, 3) AND x = -- c\n 4.5")
+        == "select * from t where id in (?) and x = ?"
+    )
     assert normalize("INSERT INTO t VALUES (1, 'a'), (2, 'b')") == "insert into t values (?)"
     assert fingerprint("SELECT a FROM t") != fingerprint("SELECT b FROM t")
     assert normalize("SELECT class_0001 FROM t2") == "select class_0001 from t2"
@@ -59,7 +76,7 @@ def test_classify_plan() -> None:
 def test_a_query_records_its_template_duration_rows_and_plan(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 5, "b": 5})
     with Catalog(db) as catalog:
-        got = list(catalog.query(labels="a", processed=False, columns="id,file_path", cache=False))
+        got = list(query_rows(catalog, labels="a", processed=False, columns="id,file_path", cache=False))
     assert len(got) == 5
     entries = log_rows(db, "sql LIKE 'SELECT image_metadata.id%'")
     assert len(entries) == 1
@@ -71,32 +88,34 @@ def test_a_query_records_its_template_duration_rows_and_plan(tmp_path: Path) -> 
         "ORDER BY image_metadata.id"
     )
     assert isinstance(duration, float) and duration >= 0
-    (template,) = rows(db, "SELECT fingerprint, plan_detail, offered, sample_params FROM query_log_templates WHERE sql = ?", (sql,))
+    (template,) = rows(
+        db, "SELECT fingerprint, plan_detail, offered, sample_params FROM query_log_templates WHERE sql = ?", (sql,)
+    )
     assert template[0] == fingerprint(str(sql)) and "SCAN image_metadata" in str(template[1])
     assert template[2] == 1 and json.loads(str(template[3])) == [{"label_id": 1}]
 
 
 def test_cached_answers_are_logged_as_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dlindex.cache.FETCH_S", 0.0)  # cache even a tiny result
+    monkeypatch.setattr("dlindex.query.cache.FETCH_S", 0.0)  # cache even a tiny result
     db = balanced(tmp_path / "b.db", {"a": 5})
     for _ in range(3):
         with Catalog(db) as catalog:
-            list(catalog.query(per_label=2))
+            list(query_rows(catalog, per_label=2))
     assert [e[5] for e in log_rows(db, "sql LIKE '%ROW_NUMBER%'")] == [0, 1, 1]
 
 
 def test_no_log_and_env_switch_logging_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     db = balanced(tmp_path / "b.db", {"a": 5})
     with Catalog(db, log=False) as catalog:
-        list(catalog.query())
+        list(query_rows(catalog))
         mark_samples(catalog, ["1"], processed=True)
     monkeypatch.setenv("DLINDEX_NO_LOG", "1")
     with Catalog(db) as catalog:
-        list(catalog.query(per_label=1, columns="id"))
+        list(query_rows(catalog, per_label=1, columns="id"))
     assert log_rows(db) == []
     monkeypatch.setenv("DLINDEX_NO_LOG", "0")
     with Catalog(db) as catalog:
-        list(catalog.query(per_label=1, columns="id"))
+        list(query_rows(catalog, per_label=1, columns="id"))
     assert len(log_rows(db)) == 1
 
 
@@ -111,14 +130,16 @@ def test_stats_reads_are_logged(scanned_db: Path) -> None:
 def test_scan_writes_are_counted_per_statement_shape(image_tree: Path, db_path: Path) -> None:
     with Catalog(db_path, create=True) as catalog:
         scan_tree(catalog, image_tree, ScanOptions(workers=1))
-    writes = rows(db_path, "SELECT table_name, sum(calls), sum(rows) FROM query_log WHERE kind = 'write' GROUP BY fingerprint")
+    writes = rows(
+        db_path, "SELECT table_name, sum(calls), sum(rows) FROM query_log WHERE kind = 'write' GROUP BY fingerprint"
+    )
     assert ("image_metadata", 7, 7) in writes  # six PNGs and the broken file, in one upsert shape
     assert ("labels", 2, 2) in writes
     assert all(table in ("image_metadata", "labels", "roots", "scans") for table, _, _ in writes)
 
 
 def test_write_counts_are_batched_not_one_row_per_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dlindex.querylog.FLUSH_SECONDS", 3600.0)  # a slow machine must not flush mid-loop
+    monkeypatch.setattr("dlindex.catalog.recorder.FLUSH_SECONDS", 3600.0)  # a slow machine must not flush mid-loop
     db = balanced(tmp_path / "b.db", {"a": 100})
     with Catalog(db) as catalog:
         for i in range(1, 51):
@@ -134,8 +155,10 @@ def test_reservoir_keeps_a_bounded_sample_of_parameters(tmp_path: Path) -> None:
     for round_ in range(3):
         with Catalog(db) as catalog:
             for width in range(20):
-                list(catalog.query(min_width=round_ * 100 + width, columns="id"))
-    (offered, params), = rows(db, "SELECT offered, sample_params FROM query_log_templates WHERE sql LIKE '%min_width%'")
+                list(query_rows(catalog, min_width=round_ * 100 + width, columns="id"))
+    ((offered, params),) = rows(
+        db, "SELECT offered, sample_params FROM query_log_templates WHERE sql LIKE '%min_width%'"
+    )
     samples = json.loads(str(params))
     assert offered == 60 and len(samples) == RESERVOIR_SIZE
     assert all(set(s) == {"min_width"} for s in samples)
@@ -166,7 +189,9 @@ def test_parse_a_set_trace_callback_dump(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     conn.set_trace_callback(captured.append)
     conn.execute("SELECT id FROM image_metadata WHERE label_id = ? AND processed = 1", (1,)).fetchall()
-    conn.execute("SELECT id,\n  (SELECT name FROM labels\nWHERE labels.id = label_id)\n  FROM image_metadata").fetchall()
+    conn.execute(
+        "SELECT id,\n  (SELECT name FROM labels\nWHERE labels.id = label_id)\n  FROM image_metadata"
+    ).fetchall()
     conn.close()
     parsed = list(parse_statements("\n".join(captured) + "\n"))
     assert [p.sql for p in parsed] == [
@@ -178,17 +203,19 @@ def test_parse_a_set_trace_callback_dump(tmp_path: Path) -> None:
 
 def test_import_stores_statements_and_never_runs_them(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 3})
-    text = "\n".join([
-        "SELECT id FROM image_metadata WHERE label_id = 1; -- duration_ms=4",
-        "SELECT id FROM image_metadata WHERE label_id = 2; -- duration_ms=6",
-        "DROP TABLE image_metadata;",
-        "PRAGMA writable_schema = 1;",
-        "ATTACH DATABASE 'x.db' AS x;",
-        "UPDATE image_metadata SET processed = 1 WHERE id = 1;",
-        "DELETE FROM image_metadata WHERE 1; SELECT 1;",
-        "BEGIN;",
-        "this is not sql;",
-    ])
+    text = "\n".join(
+        [
+            "SELECT id FROM image_metadata WHERE label_id = 1; -- duration_ms=4",
+            "SELECT id FROM image_metadata WHERE label_id = 2; -- duration_ms=6",
+            "DROP TABLE image_metadata;",
+            "PRAGMA writable_schema = 1;",
+            "ATTACH DATABASE 'x.db' AS x;",
+            "UPDATE image_metadata SET processed = 1 WHERE id = 1;",
+            "DELETE FROM image_metadata WHERE 1; SELECT 1;",
+            "BEGIN;",
+            "this is not sql;",
+        ]
+    )
     with Catalog(db) as catalog:
         summary = import_log(catalog, text)
     assert (summary.imported, summary.skipped) == (3, 6)
@@ -220,7 +247,7 @@ def test_summary_ranks_by_total_time_with_p95(tmp_path: Path) -> None:
 def test_clear_empties_the_log(tmp_path: Path) -> None:
     db = balanced(tmp_path / "b.db", {"a": 3})
     with Catalog(db) as catalog:
-        list(catalog.query())
+        list(query_rows(catalog))
     with Catalog(db) as catalog:
         catalog.flush_log()
         assert clear_log(catalog) >= 1
@@ -235,7 +262,7 @@ def test_a_busy_catalog_never_fails_a_read_for_its_log(tmp_path: Path) -> None:
     blocker.execute("BEGIN IMMEDIATE")
     try:
         catalog.querylog.last_flush -= 100  # make a mid-run flush due
-        assert len(list(catalog.query(cache=False))) == 3
+        assert len(list(query_rows(catalog, cache=False))) == 3
         assert catalog.querylog.has_entries()  # kept for later: the read did not wait
     finally:
         blocker.execute("ROLLBACK")
@@ -255,13 +282,13 @@ def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
     conn.execute("INSERT INTO image_metadata (root_id, file_path, label_id) VALUES (1, 'a/1.png', 1)")
     conn.close()
     with Catalog(db) as catalog:
-        assert catalog.sample_ids() == [1]
+        assert sample_ids(catalog) == [1]
         assert catalog.changes() == 0
     assert rows(db, "PRAGMA user_version") == [(LATEST_VERSION,)]
 
 
 def test_garbage_with_an_unclosed_parenthesis_does_not_swallow_the_rest() -> None:
-    from dlindex.logview import parse_statements
+    from dlindex.querylog.views import parse_statements
 
     text = (
         "SELECT broken FROM image_metadata WHERE (\n"

@@ -11,14 +11,16 @@ import pytest
 from typer.testing import CliRunner
 
 from dlindex import Catalog, InputError, ScanOptions, scan_tree
+from dlindex.catalog.roots import list_roots, move_root
 from dlindex.cli import app
 from dlindex.export import ExportOptions, export_catalog, verify_export
-from dlindex.roots import list_roots, move_root
 
 from .conftest import rows
 
 
-def test_move_a_root_then_scan_and_export_from_the_new_place(scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
+def test_move_a_root_then_scan_and_export_from_the_new_place(
+    scanned_db: Path, image_tree: Path, tmp_path: Path
+) -> None:
     ids_before = rows(scanned_db, "SELECT id, file_path FROM image_metadata ORDER BY id")
     new = tmp_path / "moved"
     shutil.copytree(image_tree, new, copy_function=shutil.copy2)  # like rsync -a: sizes and mtimes kept

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, InputError, ScanOptions, scan_tree
-from dlindex import worker as worker_module
+from dlindex.scan import tasks as worker_module
 
 from .conftest import make_jpeg, make_png, rows
 
@@ -34,7 +34,15 @@ def test_first_scan_records_every_file(image_tree: Path, db_path: Path) -> None:
     summary = scan(db_path, image_tree)
     assert (summary.seen, summary.new, summary.corrupt, summary.errors) == (7, 7, 1, 0)
     found = by_path(db_path)
-    assert sorted(found) == ["cat/000.png", "cat/001.png", "cat/002.png", "dog/000.png", "dog/001.png", "dog/002.png", "dog/broken.jpg"]
+    assert sorted(found) == [
+        "cat/000.png",
+        "cat/001.png",
+        "cat/002.png",
+        "dog/000.png",
+        "dog/001.png",
+        "dog/002.png",
+        "dog/broken.jpg",
+    ]
     assert found["cat/001.png"][1:6] == ("cat", "ok", 17, 16, "PNG")
     assert found["dog/broken.jpg"][2] == "corrupt"
     assert "cannot identify" in str(found["dog/broken.jpg"][8])
@@ -99,7 +107,7 @@ def test_rows_written_by_a_racing_scan_are_updated_not_duplicated(
 ) -> None:
     """New files go in with a plain INSERT; if another scan inserted the same key after our walk,
     the batch falls back to the upsert: ids and flags stay, nothing is duplicated or lost."""
-    from dlindex import treediff
+    from dlindex.scan import diff as treediff
 
     scan(db_path, image_tree)
     before = by_path(db_path)
@@ -169,7 +177,7 @@ def test_non_utf8_names_are_stored_losslessly(tmp_path: Path, db_path: Path) -> 
     make_png(root / "ok" / "plain.png")
     summary = scan(db_path, root)
     assert (summary.new, summary.errors) == (2, 0)
-    (display, raw, label), = rows(
+    ((display, raw, label),) = rows(
         db_path,
         "SELECT file_path, file_path_bytes, labels.name FROM image_metadata JOIN labels ON labels.id = label_id "
         "WHERE file_path_bytes IS NOT NULL",
@@ -177,7 +185,7 @@ def test_non_utf8_names_are_stored_losslessly(tmp_path: Path, db_path: Path) -> 
     assert raw == b"caf\xe9/\xff\xfeimg.png"
     assert display == "caf\\xe9/\\xff\\xfeimg.png"
     assert label == "caf\\xe9"
-    root_path, = rows(db_path, "SELECT path FROM roots")[0]
+    (root_path,) = rows(db_path, "SELECT path FROM roots")[0]
     with open(os.path.join(os.fsencode(str(root_path)), raw), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert scan(db_path, root).unchanged == 2
@@ -366,8 +374,8 @@ def test_two_roots_in_one_catalog(image_tree: Path, db_path: Path, tmp_path: Pat
 def test_unit_diffs_cross_the_pipe_as_plain_tuples_and_come_back_typed() -> None:
     import pickle
 
-    from dlindex.probe import Probe
-    from dlindex.treediff import ToProbe, UnitDiff
+    from dlindex.scan.diff import ToProbe, UnitDiff
+    from dlindex.scan.probe import Probe
 
     probe = Probe("cat/a.jpg", "ok", 10, 5, "ab" * 16, 2, 3, "JPEG", "RGB")
     item = ToProbe(b"/r/cat/a.jpg", "cat/a.jpg", "cat", None, 7)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.walk import display_name
+from dlindex.scan.walk import display_name
 
 from .conftest import make_png, rows
 
@@ -141,4 +141,6 @@ def test_a_sample_named_by_its_real_name_or_by_its_stand_in(tmp_path: Path, db_p
         # the real name wins: a file literally named \xff.png exists
         assert resolve_sample(catalog, "cat/\\xff.png") == found[("cat/\\x5cxff.png", b"cat/\\xff.png")]
         # a stand-in that is no real name is taken as the key it is (copied from file_path)
-        assert resolve_sample(catalog, "cat/\\xff\\x5cxff.png") == found[("cat/\\xff\\x5cxff.png", b"cat/\xff\\xff.png")]
+        assert (
+            resolve_sample(catalog, "cat/\\xff\\x5cxff.png") == found[("cat/\\xff\\x5cxff.png", b"cat/\xff\\xff.png")]
+        )

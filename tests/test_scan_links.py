@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.walk import SKIP_REASONS
+from dlindex.scan.walk import SKIP_REASONS
 
 from .conftest import make_png, rows
 
@@ -163,7 +163,9 @@ def test_every_entry_without_a_row_is_counted_by_reason(image_tree: Path, tmp_pa
     assert summary.seen == 7
 
 
-def test_unreadable_folder_and_file_are_counted(image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreadable_folder_and_file_are_counted(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     locked = image_tree / "locked"
     make_png(locked / "a.png")
     unreadable = image_tree / "cat" / "000.png"
@@ -193,7 +195,8 @@ def test_unreadable_folder_and_file_are_counted(image_tree: Path, db_path: Path,
     assert summary.skipped_by_reason == {"unreadable": 2}
     assert summary.errors == 2
     assert sorted(message for _, message in summary.error_samples) == [
-        "cannot list folder: Permission denied", "cannot open: Permission denied"
+        "cannot list folder: Permission denied",
+        "cannot open: Permission denied",
     ]
 
 

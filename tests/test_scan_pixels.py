@@ -50,14 +50,19 @@ def test_verify_records_the_limit_it_did_not_decode_under(tmp_path: Path, db_pat
     scan(db_path, root, max_pixels=5_000_000, verify=True)
     _, status, _, limit = row(db_path, "big/3000.png")
     assert (status, limit) == ("ok", 5_000_000)
-    assert "not decoded" in str(rows(db_path, "SELECT warning FROM image_metadata WHERE file_path = 'big/3000.png'")[0][0])
+    assert "not decoded" in str(
+        rows(db_path, "SELECT warning FROM image_metadata WHERE file_path = 'big/3000.png'")[0][0]
+    )
     again = scan(db_path, root, max_pixels=10_000_000, verify=True)
     assert again.changed == 1
-    assert rows(db_path, "SELECT warning, pixel_limit FROM image_metadata WHERE file_path = 'big/3000.png'")[0] == (None, None)
+    assert rows(db_path, "SELECT warning, pixel_limit FROM image_metadata WHERE file_path = 'big/3000.png'")[0] == (
+        None,
+        None,
+    )
 
 
 def test_rows_judged_before_the_column_existed_are_probed_once(tmp_path: Path, db_path: Path) -> None:
-    from dlindex.migrations import APPLICATION_ID, MIGRATIONS, m008_pixel_limit
+    from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS, m008_pixel_limit
 
     root = big_png(tmp_path / "images")
     before = MIGRATIONS.index(m008_pixel_limit)

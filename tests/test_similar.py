@@ -171,7 +171,9 @@ def test_cli_batch_mode(runner: CliRunner, cli_db: tuple[Path, np.ndarray, list[
     for q in (1, 5, 9):
         mine = [(r["id"], r["distance"]) for r in got if r["query"] == q]
         assert mine == brute_force(vectors, labels, q, 4, "cosine", allowed)
-    stdin = runner.invoke(app, ["similar", "--type", "v", "--ids", "-", "-k", "4", "--format", "csv", "--db", str(db)], input="3\n")
+    stdin = runner.invoke(
+        app, ["similar", "--type", "v", "--ids", "-", "-k", "4", "--format", "csv", "--db", str(db)], input="3\n"
+    )
     assert stdin.exit_code == 0 and stdin.stdout.splitlines()[0] == "query,rank,id,distance,label,path"
 
 
@@ -186,7 +188,9 @@ def test_cli_batch_mode(runner: CliRunner, cli_db: tuple[Path, np.ndarray, list[
         (["2", "--type", "v", "--metric", "dot"], 2, "--metric"),
     ],
 )
-def test_cli_errors(runner: CliRunner, cli_db: tuple[Path, np.ndarray, list[str]], args: list[str], code: int, message: str) -> None:
+def test_cli_errors(
+    runner: CliRunner, cli_db: tuple[Path, np.ndarray, list[str]], args: list[str], code: int, message: str
+) -> None:
     result = runner.invoke(app, ["similar", *args, "--db", str(cli_db[0])])
     assert result.exit_code == code and message in result.stderr, result.output
     assert "Traceback" not in result.output

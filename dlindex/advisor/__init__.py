@@ -17,10 +17,21 @@ limits), ``leftovers`` (scratch directories of dead runs), ``suggest`` (verifica
 ``manage`` (apply, revert, list), ``model`` (the results).
 """
 
-from .manage import apply_advice, list_indexes, revert_indexes
-from .model import Advice, Changes, Effect, Finding, Hint, IndexChange, IndexUsage, Rejected, Served, Suggestion
-from .suggest import suggest_indexes
-from .workload import Skipped
+from dlindex.advisor.manage import apply_advice, list_indexes, revert_indexes
+from dlindex.advisor.model import (
+    Advice,
+    Changes,
+    Effect,
+    Finding,
+    Hint,
+    IndexChange,
+    IndexUsage,
+    Rejected,
+    Served,
+    Suggestion,
+)
+from dlindex.advisor.suggest import suggest_indexes
+from dlindex.advisor.workload import Skipped
 
 __all__ = [
     "Advice",

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from .scratch import IndexDef
-from .shapes import Access, Constant, TableInfo, quote_identifier
+from dlindex.advisor.scratch import IndexDef
+from dlindex.advisor.shapes import Access, Constant, TableInfo, quote_identifier
 
 LOW_CARDINALITY = 20  # at most this many distinct values: a flag or status, never a full index's lead
 UNSELECTIVE = 0.5  # a relaxed constant matching at least this share of rows filters inside the index
@@ -77,6 +77,7 @@ def candidate_for(access: Access, fp: str, weight: float, info: TableInfo, stats
     table, rowid = access.table, info.rowid or "rowid"
     if rowid in access.equal or rowid in access.in_lists or any(c.column == rowid for c in access.constants):
         return None  # already a primary-key lookup
+
     def low(column: str) -> bool:
         return low_cardinality(stats, table, column)
 
@@ -212,7 +213,10 @@ def existing_serves(index: IndexDef, c: Candidate) -> bool:
 
 
 def candidates_for(
-    accesses: Mapping[str, Sequence[Access]], weights: Mapping[str, float], tables: Mapping[str, TableInfo], stats: Stats
+    accesses: Mapping[str, Sequence[Access]],
+    weights: Mapping[str, float],
+    tables: Mapping[str, TableInfo],
+    stats: Stats,
 ) -> list[Candidate]:
     """One candidate per (fingerprint, access) that wants an index, duplicates folded."""
     found: dict[tuple[object, ...], Candidate] = {}
@@ -228,7 +232,9 @@ def candidates_for(
             if slot in found:
                 old = found[slot]
                 fps = tuple(sorted(set(old.fingerprints) | {fp}))
-                found[slot] = replace(old, fingerprints=fps, weight=old.weight + (weights[fp] if fp not in old.fingerprints else 0))
+                found[slot] = replace(
+                    old, fingerprints=fps, weight=old.weight + (weights[fp] if fp not in old.fingerprints else 0)
+                )
             else:
                 found[slot] = c
     return list(found.values())

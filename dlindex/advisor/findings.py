@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .candidates import Candidate
-from .model import Finding
-from .scratch import IndexDef, index_names
-from .workload import Statement
+from dlindex.advisor.candidates import Candidate
+from dlindex.advisor.model import Finding
+from dlindex.advisor.scratch import IndexDef, index_names
+from dlindex.advisor.workload import Statement
 
 
 def findings(
@@ -35,7 +35,11 @@ def findings(
             if not where or where == mine:
                 strict = True
                 better = name
-                reason = f"duplicate of {name}" if len(columns) == len(e.columns) and where == mine else f"its columns lead {name}"
+                reason = (
+                    f"duplicate of {name}"
+                    if len(columns) == len(e.columns) and where == mine
+                    else f"its columns lead {name}"
+                )
                 break
             hot_users = {fp for fp in used_before if fp in hot}
             if hot_users and all(name in index_names(after.get(fp, ())) for fp in hot_users):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from .candidates import Candidate, Stats, low_cardinality
-from .model import Hint, Rejected
-from .scratch import improvable
-from .shapes import Shape, TableInfo
-from .workload import Statement
+from dlindex.advisor.candidates import Candidate, Stats, low_cardinality
+from dlindex.advisor.model import Hint, Rejected
+from dlindex.advisor.scratch import improvable
+from dlindex.advisor.shapes import Shape, TableInfo
+from dlindex.advisor.workload import Statement
 
 
 def hints_for(

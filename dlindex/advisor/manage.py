@@ -7,13 +7,13 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
-from .model import Advice, Changes, Finding, IndexChange, IndexUsage
-from .scratch import explain, guarded, index_names
-from .shapes import check_select, quote_identifier, where_as_select
+from dlindex.advisor.model import Advice, Changes, Finding, IndexChange, IndexUsage
+from dlindex.advisor.scratch import explain, guarded, index_names
+from dlindex.advisor.shapes import check_select, quote_identifier, where_as_select
+from dlindex.errors import InputError
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 PREFIX = "idx_dlindex_"
 _NEXT_RUN = "SELECT coalesce(max(run), 0) + 1 FROM index_changes"

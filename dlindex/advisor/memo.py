@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..logview import LineSource, iter_lines
-from .model import Advice, Effect, Finding, Hint, Rejected, Served, Suggestion
-from .scratch import guarded
-from .workload import Skipped
+from dlindex.advisor.model import Advice, Effect, Finding, Hint, Rejected, Served, Suggestion
+from dlindex.advisor.scratch import guarded
+from dlindex.advisor.workload import Skipped
+from dlindex.querylog.views import LineSource, iter_lines
 
 _SCHEMA = "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master ORDER BY type, name"
 _LOG = "SELECT count(*), coalesce(max(id), 0), coalesce(sum(calls), 0) FROM query_log"
@@ -58,7 +58,9 @@ class State:
         return "; ".join(reasons) or "the stored advice is from another version of dlindex"
 
 
-def current_state(path: str | os.PathLike[str], logs: Iterable[tuple[str, LineSource]], options: Mapping[str, Any]) -> State:
+def current_state(
+    path: str | os.PathLike[str], logs: Iterable[tuple[str, LineSource]], options: Mapping[str, Any]
+) -> State:
     conn = guarded(path)
     try:
         schema = hashlib.sha256(json.dumps(conn.execute(_SCHEMA).fetchall()).encode()).hexdigest()
@@ -147,4 +149,3 @@ def advice_from_dict(d: Mapping[str, Any]) -> Advice:
         read_ms=w["read_ms"], sample=d["sample"], seconds=d["seconds"], lock_wait_ms=w.get("lock_wait_ms", 0.0),
         slower=tuple(map(finding, d.get("slower", ()))), statements=tuple(Effect(**e) for e in d.get("statements", ())),
     )  # fmt: skip
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .workload import Skipped
+from dlindex.advisor.workload import Skipped
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,13 @@ class Advice:
             "hints": [h.as_dict() for h in self.hints],
             "rejected": [r.as_dict() for r in self.rejected],
             "skipped": [s.as_dict() for s in self.skipped],
-            "workload": {"reads": self.reads, "writes": self.writes, "hot": list(self.hot), "read_ms": self.read_ms,
-                         "lock_wait_ms": self.lock_wait_ms},  # fmt: skip
+            "workload": {
+                "reads": self.reads,
+                "writes": self.writes,
+                "hot": list(self.hot),
+                "read_ms": self.read_ms,
+                "lock_wait_ms": self.lock_wait_ms,
+            },  # fmt: skip
             "sample": self.sample,
             "seconds": self.seconds,
         }

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .leftovers import make_scratch_dir, remove_leftovers
-from .replay import STATEMENT_DEADLINE_S, STEP, Timing, _bindable, deadline
+from dlindex.advisor.leftovers import make_scratch_dir, remove_leftovers
+from dlindex.advisor.replay import STATEMENT_DEADLINE_S, STEP, Timing, _bindable, deadline
 
 # What writing a page costs, in VM steps: a changed page is journaled and written back, which
 # takes as long as some thousand instructions; with it a write's steps weigh like its time.
 PAGE_STEPS = 1000
-from .shapes import Constant, TableInfo, Value, parse, quote_identifier
+from dlindex.advisor.shapes import Constant, TableInfo, Value, parse, quote_identifier
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
 WRITE_ROWS = 10_000
@@ -62,7 +62,7 @@ def guarded(path: str | os.PathLike[str], *, cache: bool = True) -> sqlite3.Conn
         cache: keep prepared statements; a connection that explains must not, as a cached
             EXPLAIN keeps the plan it was prepared with after another connection adds an index.
     """
-    from ..catalog import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+    from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
 
     uri = readonly_uri(path)
     conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30.0,
@@ -98,7 +98,7 @@ def index_names(plan: Sequence[str]) -> set[str]:
 
 def improvable(plan: Sequence[str]) -> bool:
     """The plan reads a table in full or sorts in a temporary B-tree."""
-    from ..querylog import classify_plan
+    from dlindex.catalog.recorder import classify_plan
 
     return classify_plan(plan) == "scan" or any("TEMP B-TREE" in line or "AUTOMATIC" in line for line in plan)
 
@@ -184,7 +184,9 @@ class Scratch:
     def indexes(self) -> list[IndexDef]:
         found: list[IndexDef] = []
         for name, table, sql in self.admin.execute(_INDEXES).fetchall():
-            cols = tuple(r[2] for r in self.admin.execute(f"PRAGMA index_xinfo({quote_identifier(name)})") if r[5] and r[2])
+            cols = tuple(
+                r[2] for r in self.admin.execute(f"PRAGMA index_xinfo({quote_identifier(name)})") if r[5] and r[2]
+            )
             where, partial = _partial_where(sql)
             found.append(IndexDef(name, table, sql, cols, where, partial))
         return found
@@ -192,7 +194,11 @@ class Scratch:
     # --- statistics (measured on the copy) --------------------------------------------------
 
     def rows(self, table: str) -> int:
-        return int(self._cached(table, "", lambda: self.admin.execute(f"SELECT count(*) FROM {quote_identifier(table)}").fetchone()[0]))  # noqa: S608
+        return int(
+            self._cached(
+                table, "", lambda: self.admin.execute(f"SELECT count(*) FROM {quote_identifier(table)}").fetchone()[0]
+            )
+        )  # noqa: S608
 
     def distinct(self, table: str, column: str) -> int:
         def count() -> int:
@@ -279,10 +285,14 @@ class Scratch:
     def analyze(self) -> None:
         self.admin.execute("ANALYZE")
 
-    def write_cost(self, table: str, info: TableInfo, columns: Sequence[str], runs: int = 3) -> tuple[Timing | None, Timing | None]:
+    def write_cost(
+        self, table: str, info: TableInfo, columns: Sequence[str], runs: int = 3
+    ) -> tuple[Timing | None, Timing | None]:
         """Fastest of ``runs``: inserting WRITE_ROWS rows, and updating ``columns`` of as many (rolled back)."""
-        return (self._fastest(lambda counted: self._insert(table, info, counted), runs),
-                self._fastest(lambda counted: self._update(table, columns, counted), runs))
+        return (
+            self._fastest(lambda counted: self._insert(table, info, counted), runs),
+            self._fastest(lambda counted: self._update(table, columns, counted), runs),
+        )
 
     def _fastest(self, run: Any, runs: int) -> Timing | None:
         times = []
@@ -369,17 +379,21 @@ class Scratch:
         step = max(1, self.rows(table) // WRITE_ROWS)
         t = quote_identifier(table)
         self.admin.execute("DROP TABLE IF EXISTS temp.dlindex_rows")
-        self.admin.execute(f"CREATE TEMP TABLE dlindex_rows AS SELECT rowid AS rowid FROM {t} WHERE rowid % {step} = 0 LIMIT {WRITE_ROWS}")  # noqa: S608
+        self.admin.execute(
+            f"CREATE TEMP TABLE dlindex_rows AS SELECT rowid AS rowid FROM {t} WHERE rowid % {step} = 0 LIMIT {WRITE_ROWS}"
+        )  # noqa: S608
 
 
 def _sampled_copy(source: sqlite3.Connection, target: sqlite3.Connection, catalog: Path, k: int, rows: int) -> None:
     """The schema, small tables whole, large ones every k-th rowid; then the indexes and fresh statistics."""
-    schema = source.execute("SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'").fetchall()
+    schema = source.execute(
+        "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
+    ).fetchall()
     for kind, _name, sql in schema:
         if kind == "table":
             target.execute(sql)
     target.commit()
-    from ..catalog import readonly_uri
+    from dlindex.catalog.sqlite import readonly_uri
 
     target.execute("ATTACH DATABASE ? AS src", (readonly_uri(catalog),))
     for kind, name, _sql in schema:
@@ -412,7 +426,7 @@ def _partial_where(sql: str | None) -> tuple[tuple[Constant, ...] | None, bool]:
     from sqlglot import exp
     from sqlglot.errors import SqlglotError
 
-    from .shapes import _conjuncts, _literal
+    from dlindex.advisor.shapes import _conjuncts, _literal
 
     try:
         (statement,) = parse(sql)

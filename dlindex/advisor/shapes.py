@@ -143,7 +143,9 @@ def check_select(sql: str) -> str | None:
     if not isinstance(statement, _READS) or any(isinstance(node, _FORBIDDEN) for node in statement.walk()):
         return NOT_READ_ONLY
     for func in statement.find_all(exp.Func):
-        if func.sql_name().lower() in _DENIED_FUNCTIONS or (isinstance(func, exp.Anonymous) and func.name.lower() in _DENIED_FUNCTIONS):
+        if func.sql_name().lower() in _DENIED_FUNCTIONS or (
+            isinstance(func, exp.Anonymous) and func.name.lower() in _DENIED_FUNCTIONS
+        ):
             return NOT_READ_ONLY + f" (calls {func.name or func.sql_name().lower()})"
     return None
 
@@ -161,7 +163,9 @@ def write_columns(sql: str) -> tuple[str | None, tuple[str, ...] | None]:
     table = target if isinstance(target, exp.Table) else target.find(exp.Table)
     name = table.name if table is not None else None
     if isinstance(statement, exp.Update):
-        cols = tuple(e.this.name for e in statement.expressions if isinstance(e, exp.EQ) and isinstance(e.this, exp.Column))
+        cols = tuple(
+            e.this.name for e in statement.expressions if isinstance(e, exp.EQ) and isinstance(e.this, exp.Column)
+        )
         return name, cols
     return name, None
 
@@ -375,7 +379,9 @@ def _predicate(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]
     if isinstance(node, exp.Or):
         refs = {resolve(c) for c in node.find_all(exp.Column)} - {None}
         for alias, column in sorted(r for r in refs if r is not None):
-            builders[alias].notes.append(f"OR on {column}: each branch needs its own index; consider UNION ALL or IN (...)")
+            builders[alias].notes.append(
+                f"OR on {column}: each branch needs its own index; consider UNION ALL or IN (...)"
+            )
         return
     _function_note(node, resolve, builders)
 

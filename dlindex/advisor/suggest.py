@@ -25,20 +25,29 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from .candidates import Candidate, candidates_for, existing_serves, merge
-from .findings import findings as _findings
-from .findings import users as _users
-from .hints import hints_for
-from ..errors import Interrupted
-from ..logview import LineSource
-from .model import Advice, Effect, Finding, Rejected, Served, Suggestion
-from .replay import MEMORY_LIMIT, STATEMENT_DEADLINE_S, STEP, ReplayLimit, Timing, limit_heap, stop_on_signals, time_read
-from .scratch import SAMPLE_ROWS, WRITE_ROWS, IndexDef, Scratch, explain, guarded, index_names
-from .shapes import Access, Shape, TableInfo, analyze, where_as_select
-from .workload import Skipped, Statement, Workload, load_workload
+from dlindex.advisor.candidates import Candidate, candidates_for, existing_serves, merge
+from dlindex.advisor.findings import findings as _findings
+from dlindex.advisor.findings import users as _users
+from dlindex.advisor.hints import hints_for
+from dlindex.advisor.model import Advice, Effect, Finding, Rejected, Served, Suggestion
+from dlindex.advisor.replay import (
+    MEMORY_LIMIT,
+    STATEMENT_DEADLINE_S,
+    STEP,
+    ReplayLimit,
+    Timing,
+    limit_heap,
+    stop_on_signals,
+    time_read,
+)
+from dlindex.advisor.scratch import SAMPLE_ROWS, WRITE_ROWS, IndexDef, Scratch, explain, guarded, index_names
+from dlindex.advisor.shapes import Access, Shape, TableInfo, analyze, where_as_select
+from dlindex.advisor.workload import Skipped, Statement, Workload, load_workload
+from dlindex.errors import Interrupted
+from dlindex.querylog.views import LineSource
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 MIN_SHARE = 0.01  # a fingerprint below 1% of the logged read time is not hot
 MIN_WEIGHT_MS = 1.0  # nor is one that took less than a millisecond in all
@@ -139,7 +148,9 @@ class _Advisor:
 
     def plan(self, r: Statement) -> tuple[str, ...]:
         sample = r.samples[0] if r.samples else None
-        lines = explain(self.scratch.planner, sample.sql, sample.params) if sample else explain(self.scratch.planner, r.sql)
+        lines = (
+            explain(self.scratch.planner, sample.sql, sample.params) if sample else explain(self.scratch.planner, r.sql)
+        )
         return lines or ()
 
     def time(self, r: Statement, runs: int) -> Timing | None:
@@ -197,7 +208,10 @@ class _Advisor:
         self.scratch.analyze()
         for fp in timed_hot:
             self.baseline[fp] = self.time(self.reads[fp], self.runs) or self.before[fp]
-        candidates = merge(candidates_for({fp: shapes[fp].accesses for fp in timed_hot}, weights, self.tables, self.scratch), self.scratch)
+        candidates = merge(
+            candidates_for({fp: shapes[fp].accesses for fp in timed_hot}, weights, self.tables, self.scratch),
+            self.scratch,
+        )
         rejected: list[Rejected] = []
         # An index that exists already (one --apply made, say) is not suggested again.
         to_test = [c for c in candidates if not any(existing_serves(e, c) for e in existing)]
@@ -215,7 +229,9 @@ class _Advisor:
         verdicts.sort(key=lambda v: (-v.saved_steps, v.candidate.sql()))  # steps: the same order on every run
         suggestions = [self.suggestion(v, after, plans_after) for v in verdicts]
         effects = self.effects(verdicts, plans_before, plans_after, after)
-        unused, redundant = _findings(existing, [v.candidate for v in verdicts], plans_before, plans_after, set(hot), self.reads)
+        unused, redundant = _findings(
+            existing, [v.candidate for v in verdicts], plans_before, plans_after, set(hot), self.reads
+        )
         flagged = {f.name for f in slower}  # "faster without it" says more than "unused once the suggestions exist"
         unused = [f for f in unused if f.name not in flagged]
         redundant = [f for f in redundant if f.name not in flagged]
@@ -252,7 +268,9 @@ class _Advisor:
             used = [fp for fp in c.fingerprints if name in index_names(self.plan(self.reads[fp]))]
             if not used:
                 return None, "SQLite's planner does not choose it for the statements it was made for"
-            after = {fp: t for fp in used if fp in self.baseline and (t := self.time(self.reads[fp], self.runs)) is not None}
+            after = {
+                fp: t for fp in used if fp in self.baseline and (t := self.time(self.reads[fp], self.runs)) is not None
+            }
             size = self.scratch.index_size(name)
             measured = self.scratch.write_cost(c.table, self.tables[c.table], columns)
         finally:
@@ -266,7 +284,9 @@ class _Advisor:
         saved = sum(calls[fp] * (b.ms - a.ms) for fp, (b, a) in served.items())
         before_steps = sum(calls[fp] * b.steps for fp, (b, _) in served.items())
         after_steps = sum(calls[fp] * a.steps for fp, (_, a) in served.items())
-        verdict = _Verdict(c, served, saved, write_ms, before_steps - after_steps, write_steps, size, d_insert, d_update, columns)
+        verdict = _Verdict(
+            c, served, saved, write_ms, before_steps - after_steps, write_steps, size, d_insert, d_update, columns
+        )
         if not served or after_steps * MIN_STEP_SPEEDUP > before_steps:
             return None, (f"SQLite does {_ratio(after_steps, before_steps)} of the work for the statements it serves "
                           f"(needs {1 / MIN_STEP_SPEEDUP:.2f}x or less)")  # fmt: skip
@@ -279,7 +299,9 @@ class _Advisor:
         """The columns the logged updates of its table set; else its WHERE and first key column."""
         info = self.tables[c.table]
         logged = [w for w in self.workload.writes if w.table == c.table]
-        columns = tuple(sorted({name for w in logged for col in (w.set_columns or ()) if (name := info.canonical(col))}))
+        columns = tuple(
+            sorted({name for w in logged for col in (w.set_columns or ()) if (name := info.canonical(col))})
+        )
         return columns or tuple(dict.fromkeys([*(w.column for w in c.where), c.key[0]]))
 
     def logged_write_cost(self, c: Candidate, d_insert: Timing | None, d_update: Timing | None) -> tuple[float, int]:
@@ -291,7 +313,13 @@ class _Advisor:
             if w.table != c.table:
                 continue
             rows = w.rows or w.calls
-            delta = d_insert if w.set_columns is None else d_update if touched & {info.canonical(col) for col in w.set_columns} else None
+            delta = (
+                d_insert
+                if w.set_columns is None
+                else d_update
+                if touched & {info.canonical(col) for col in w.set_columns}
+                else None
+            )
             if delta is not None:
                 ms += rows * delta.ms / WRITE_ROWS
                 steps += -(-rows * delta.steps // WRITE_ROWS)
@@ -326,7 +354,11 @@ class _Advisor:
             names = {v.candidate.name for v in verdicts}
             for fp, r in self.reads.items():
                 wanted = any(fp in v.candidate.fingerprints for v in verdicts)
-                if fp not in self.before or not r.samples or (plans_after.get(fp) == plans_before.get(fp) and not wanted):
+                if (
+                    fp not in self.before
+                    or not r.samples
+                    or (plans_after.get(fp) == plans_before.get(fp) and not wanted)
+                ):
                     continue
                 measured = self.time(r, self.runs)
                 if measured is None:
@@ -391,7 +423,9 @@ class _Advisor:
             found.append(Effect(fp, "read", r.sql, r.calls, round(b.ms, 3), round(a.ms, 3), note))
         for table in sorted({w.table for w in self.workload.writes if w.table in self.tables}):
             writes = [w for w in self.workload.writes if w.table == table]
-            columns = tuple(sorted({c for w in writes for col in (w.set_columns or ()) if (c := self.tables[table].canonical(col))}))
+            columns = tuple(
+                sorted({c for w in writes for col in (w.set_columns or ()) if (c := self.tables[table].canonical(col))})
+            )
             self.scratch.pick_rows(table)
             mine = [v.candidate for v in verdicts if v.candidate.table == table]
             with_set = self.scratch.write_cost(table, self.tables[table], columns)
@@ -404,7 +438,17 @@ class _Advisor:
                 pick = 0 if w.set_columns is None else 1
                 b, a = without[pick], with_set[pick]
                 if w.sql.lstrip()[:6].lower() not in ("insert", "update", "replac") or b is None or a is None:
-                    found.append(Effect(w.fingerprint, "write", w.sql, w.calls, None, None, "not measured (only INSERT and UPDATE are)"))
+                    found.append(
+                        Effect(
+                            w.fingerprint,
+                            "write",
+                            w.sql,
+                            w.calls,
+                            None,
+                            None,
+                            "not measured (only INSERT and UPDATE are)",
+                        )
+                    )
                     continue
                 # the measurement wrote WRITE_ROWS rows, or the whole table when it is smaller
                 per_call = (w.rows or w.calls) / max(w.calls, 1) / max(1, min(WRITE_ROWS, self.scratch.rows(table)))

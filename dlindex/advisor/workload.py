@@ -19,9 +19,9 @@ from typing import Any
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from ..logview import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
-from ..querylog import fingerprint, table_of
-from .shapes import NOT_READ_ONLY, check_select, parse, write_columns
+from dlindex.advisor.shapes import NOT_READ_ONLY, check_select, parse, write_columns
+from dlindex.catalog.fingerprint import fingerprint, table_of
+from dlindex.querylog.views import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
 
 _LOG_GROUPS = """SELECT fingerprint, kind, source, sql, count(*), sum(calls),
         sum(CASE WHEN duration_ms IS NOT NULL THEN calls ELSE 0 END), sum(duration_ms), sum(rows), max(logged_at)
@@ -114,7 +114,9 @@ def load_workload(conn: sqlite3.Connection, logs: Iterable[tuple[str, LineSource
         for statement in parse_statements(text):
             if statement.too_long or len(statement.sql) > MAX_ANALYZED_CHARS:
                 limit = MAX_STATEMENT_CHARS if statement.too_long else MAX_ANALYZED_CHARS
-                skipped.append(Skipped(name, statement.line, f"longer than {limit:,} characters", _shorten(statement.sql)))
+                skipped.append(
+                    Skipped(name, statement.line, f"longer than {limit:,} characters", _shorten(statement.sql))
+                )
                 continue
             kind = statement_kind(statement.sql)
             if kind == "skip":

@@ -46,7 +46,9 @@ def build_app(only: str | None = None) -> typer.Typer:
     def _group(
         version: Annotated[
             bool,
-            typer.Option("--version", is_eager=True, callback=_print_version, help="Print the dlindex version and exit."),
+            typer.Option(
+                "--version", is_eager=True, callback=_print_version, help="Print the dlindex version and exit."
+            ),
         ] = False,
     ) -> None:
         """An SQLite catalog for deep-learning image datasets."""
@@ -64,7 +66,7 @@ def build_app(only: str | None = None) -> typer.Typer:
 
 def _print_version(value: bool) -> None:
     if value:
-        from .. import __version__
+        from dlindex import __version__
 
         typer.echo(f"dlindex {__version__}")
         raise typer.Exit()

@@ -7,19 +7,11 @@ from typing import Any
 
 import typer
 
-from ..advisor import (
-    Advice,
-    Changes,
-    Finding,
-    apply_advice,
-    list_indexes,
-    revert_indexes,
-    suggest_indexes,
-)
-from ..advisor.memo import current_state, load_advice, save_advice
-from ..catalog import Catalog
-from ..logview import LineSource
-from ._shared import human_bytes, print_json, stderr_console, stdout_console
+from dlindex.advisor import Advice, Changes, Finding, apply_advice, list_indexes, revert_indexes, suggest_indexes
+from dlindex.advisor.memo import current_state, load_advice, save_advice
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._shared import human_bytes, print_json, stderr_console, stdout_console
+from dlindex.querylog.views import LineSource
 
 
 def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any], status: Any, time_limit: float,
@@ -65,7 +57,9 @@ def print_advice(a: Advice) -> None:
                   f"update of {', '.join(s.update_columns) or '-'} +{_ms(s.update_10k_ms)}", markup=False, soft_wrap=True)  # fmt: skip
         for fp in s.served:
             line = f"     {fp.fingerprint}  {fp.calls:,} calls  {fp.before_ms:,.3f} -> {fp.after_ms:,.3f} ms  "
-            out.print(line + _short(fp.sql, max(30, out.width - len(line))), markup=False, highlight=False, soft_wrap=True)
+            out.print(
+                line + _short(fp.sql, max(30, out.width - len(line))), markup=False, highlight=False, soft_wrap=True
+            )
     _findings("unused indexes", a.unused)
     _findings("redundant indexes", a.redundant)
     _findings("indexes that make logged statements slower", a.slower)
@@ -87,7 +81,9 @@ def _effects(a: Advice) -> None:
     out = stdout_console
     out.print("\nevery logged statement, before -> after the suggestions (ms per call):", markup=False)
     for e in a.statements:
-        figures = "not timed" if e.before_ms is None or e.after_ms is None else f"{e.before_ms:,.3f} -> {e.after_ms:,.3f}"
+        figures = (
+            "not timed" if e.before_ms is None or e.after_ms is None else f"{e.before_ms:,.3f} -> {e.after_ms:,.3f}"
+        )
         line = f"  {e.fingerprint} {e.kind:5} {e.calls:>7,} calls  {figures}  {e.change}  "
         out.print(line + _short(e.sql, max(30, out.width - len(line))), markup=False, highlight=False, soft_wrap=True)
 
@@ -98,7 +94,9 @@ def _findings(title: str, findings: Sequence[Finding]) -> None:
     stdout_console.print(f"\n{title}:", markup=False)
     for f in findings:
         owner = "" if f.dlindex else "  (not created by dlindex: --drop-unused leaves it; " + f.drop_sql + ")"
-        stdout_console.print(f"  {f.name} on {f.table}: {f.reason}{owner}", markup=False, highlight=False, soft_wrap=True)
+        stdout_console.print(
+            f"  {f.name} on {f.table}: {f.reason}{owner}", markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def confirm_drops(drops: Sequence[Finding]) -> bool:
@@ -128,7 +126,9 @@ def revert(catalog: Catalog, as_json: bool) -> None:
         stdout_console.print("nothing to revert", markup=False)
     else:
         for change in changes.changes:
-            stdout_console.print(f"{'recreated' if change.action == 'create' else 'dropped'} {change.name}", markup=False)
+            stdout_console.print(
+                f"{'recreated' if change.action == 'create' else 'dropped'} {change.name}", markup=False
+            )
         stdout_console.print(f"reverted run {changes.run}", markup=False)
 
 

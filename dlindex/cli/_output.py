@@ -11,7 +11,8 @@ from enum import Enum
 from typing import Annotated, Any, TextIO
 
 import typer
-from ._shared import stderr_console, stdout_console
+
+from dlindex.cli._shared import stderr_console, stdout_console
 
 ELLIPSIS = "…"
 
@@ -34,7 +35,9 @@ FormatOption = Annotated[
         show_default=False,
     ),
 ]
-NullFlag = Annotated[bool, typer.Option("-0", "--null", help="With --format paths: end each path with NUL, not newline.")]
+NullFlag = Annotated[
+    bool, typer.Option("-0", "--null", help="With --format paths: end each path with NUL, not newline.")
+]
 
 
 def at_terminal() -> bool:
@@ -46,7 +49,11 @@ def resolve_format(fmt: OutputFormat | None) -> OutputFormat:
 
 
 def emit_rows(
-    rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool = False, max_rows: int | None = None
+    rows: Iterable[dict[str, Any]],
+    fmt: OutputFormat,
+    columns: Sequence[str],
+    null: bool = False,
+    max_rows: int | None = None,
 ) -> int:
     """Write rows to stdout in ``fmt``; return how many were written.
 
@@ -62,7 +69,9 @@ def emit_rows(
         raise SystemExit(141) from None
 
 
-def _emit(rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool, max_rows: int | None) -> int:
+def _emit(
+    rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool, max_rows: int | None
+) -> int:
     if fmt is OutputFormat.table:
         return _table(rows, columns, max_rows)
     if fmt is OutputFormat.paths:
@@ -118,7 +127,7 @@ def _paths(rows: Iterable[dict[str, Any]], end: bytes) -> int:
 
 
 def _table(rows: Iterable[dict[str, Any]], columns: Sequence[str], max_rows: int | None) -> int:
-    from ._table import stream_table
+    from dlindex.cli._table import stream_table
 
     result = stream_table(stdout_console, rows, columns, max_rows)
     if result.more:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
-from ..errors import DlindexError, DlindexWarning
+from dlindex.errors import DlindexError, DlindexWarning
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,11 +31,13 @@ DbOption = Annotated[
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
-QuietFlag = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (errors and warnings still print).")]
+QuietFlag = Annotated[
+    bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (errors and warnings still print).")
+]
 
 
 def _set_wait(seconds: float | None) -> float | None:
-    from ..catalog import set_default_wait  # catalogs opened by this command wait this long
+    from dlindex.catalog.sqlite import set_default_wait  # catalogs opened by this command wait this long
 
     set_default_wait(seconds)
     return seconds
@@ -84,7 +86,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)  # typer reads the signature through __wrapped__
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        from .. import faults
+        from dlindex import faults
 
         with warnings.catch_warnings():
             warnings.simplefilter("default", DlindexWarning)
@@ -113,7 +115,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                 typer.echo(f"Error: {error}", err=True)
                 raise typer.Exit(error.exit_code) from None
             finally:
-                from ..catalog import set_default_wait
+                from dlindex.catalog.sqlite import set_default_wait
 
                 set_default_wait(None, write_command=False)  # what --wait set lasts one command
 
@@ -157,7 +159,9 @@ def human_bytes(n: int | float) -> str:
 
 NoLogFlag = Annotated[
     bool,
-    typer.Option("--no-log", envvar="DLINDEX_NO_LOG", help="Do not record this command's reads and writes in the query log."),
+    typer.Option(
+        "--no-log", envvar="DLINDEX_NO_LOG", help="Do not record this command's reads and writes in the query log."
+    ),
 ]
 
 
@@ -174,29 +178,78 @@ class ProcessingStatus(str, Enum):
     failed = "failed"
 
 
-LabelOption = Annotated[list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)]
-StatusOption = Annotated[list[Status] | None, typer.Option("--status", help="Only this status (repeatable). [default: ok]", show_default=False)]
-ProcessedOption = Annotated[bool | None, typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False)]
-ProcessingStatusOption = Annotated[list[ProcessingStatus] | None, typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False)]
-SinceOption = Annotated[str | None, typer.Option("--since", help="Created at or after WHEN: ISO date-time (UTC unless given) or a duration back from now: 30m, 24h, 7d.", metavar="WHEN", show_default=False)]
-UntilOption = Annotated[str | None, typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False)]
-MinWidthOption = Annotated[int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)]
-MinHeightOption = Annotated[int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)]
+LabelOption = Annotated[
+    list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)
+]
+StatusOption = Annotated[
+    list[Status] | None,
+    typer.Option("--status", help="Only this status (repeatable). [default: ok]", show_default=False),
+]
+ProcessedOption = Annotated[
+    bool | None,
+    typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False),
+]
+ProcessingStatusOption = Annotated[
+    list[ProcessingStatus] | None,
+    typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False),
+]
+SinceOption = Annotated[
+    str | None,
+    typer.Option(
+        "--since",
+        help="Created at or after WHEN: ISO date-time (UTC unless given) or a duration back from now: 30m, 24h, 7d.",
+        metavar="WHEN",
+        show_default=False,
+    ),
+]
+UntilOption = Annotated[
+    str | None,
+    typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False),
+]
+MinWidthOption = Annotated[
+    int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)
+]
+MinHeightOption = Annotated[
+    int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)
+]
+
+
 class ClassList(str, Enum):
     selected = "selected"
     catalog = "catalog"
 
 
-ClassesOption = Annotated[ClassList, typer.Option("--classes", help="Which class list label_id indexes: selected (the --label names, else all the catalog's classes) or catalog (always all).")]
-PerLabelOption = Annotated[int | None, typer.Option("--per-label", min=1, help="Class balance: at most N random samples per label (deterministic for a --seed).", show_default=False)]
+ClassesOption = Annotated[
+    ClassList,
+    typer.Option(
+        "--classes",
+        help="Which class list label_id indexes: selected (the --label names, else all the catalog's classes) or catalog (always all).",
+    ),
+]
+PerLabelOption = Annotated[
+    int | None,
+    typer.Option(
+        "--per-label",
+        min=1,
+        help="Class balance: at most N random samples per label (deterministic for a --seed).",
+        show_default=False,
+    ),
+]
 
 
 def selection(
-    label: list[str] | None, status: list[Any] | None, processed: bool | None, processing_status: list[Any] | None,
-    since: str | None, until: str | None, min_width: int | None, min_height: int | None, **more: Any,
+    label: list[str] | None,
+    status: list[Any] | None,
+    processed: bool | None,
+    processing_status: list[Any] | None,
+    since: str | None,
+    until: str | None,
+    min_width: int | None,
+    min_height: int | None,
+    **more: Any,
 ) -> Any:
     """The QuerySpec of the shared selection options, as every selecting command builds it."""
-    from ..query import QuerySpec  # on use: scan and stats never select
+    from dlindex.query.rows import QuerySpec  # on use: scan and stats never select
 
     return QuerySpec(
         labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),

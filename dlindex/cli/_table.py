@@ -27,7 +27,9 @@ class TableResult:
     more: int  # rows past max_rows, counted without being kept
 
 
-def stream_table(console: Any, rows: Iterable[dict[str, Any]], columns: Sequence[str], max_rows: int | None = None) -> TableResult:
+def stream_table(
+    console: Any, rows: Iterable[dict[str, Any]], columns: Sequence[str], max_rows: int | None = None
+) -> TableResult:
     """Print up to ``max_rows`` rows (all when None) on ``console``; count the rest."""
     from rich import box
     from rich.table import Table

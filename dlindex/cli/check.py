@@ -7,21 +7,32 @@ from typing import Annotated
 
 import typer
 
-from ..check import CheckReport, check_catalog, recover_catalog
-from ..errors import ExitCode
-from ._shared import DbOption, JsonFlag, handle_errors, print_json
+from dlindex.catalog.check import CheckReport, check_catalog, recover_catalog
+from dlindex.cli._shared import DbOption, JsonFlag, handle_errors, print_json
+from dlindex.errors import ExitCode
 
 
 @handle_errors
 def check(
-    quick: Annotated[bool, typer.Option("--quick", help="PRAGMA quick_check (pages and records) instead of the full integrity_check.")] = False,
-    recover_to: Annotated[Path | None, typer.Option("--recover-to", metavar="NEW", help="Copy every row still readable into the new catalog file NEW, then check that.", show_default=False)] = None,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="PRAGMA quick_check (pages and records) instead of the full integrity_check."),
+    ] = False,
+    recover_to: Annotated[
+        Path | None,
+        typer.Option(
+            "--recover-to",
+            metavar="NEW",
+            help="Copy every row still readable into the new catalog file NEW, then check that.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
     """Check a catalog is whole (read-only); exit 1 if anything is wrong.
 
-        dlindex check --db train.db || dlindex check --db train.db --recover-to recovered.db
+    dlindex check --db train.db || dlindex check --db train.db --recover-to recovered.db
     """
     path = db if db is not None else _default_db()
     if recover_to is not None:
@@ -40,7 +51,7 @@ def check(
 
 
 def _default_db() -> str:
-    from ..catalog import DEFAULT_DB
+    from dlindex.catalog.sqlite import DEFAULT_DB
 
     return DEFAULT_DB
 

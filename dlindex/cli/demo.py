@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import open_catalog
-from ..scan import ScanOptions, scan_tree
-from ..stats import catalog_stats
-from . import scan as scan_command
-from . import stats as stats_command
-from ._shared import handle_errors, stderr_console, stdout_console
+from dlindex.catalog.connection import open_catalog
+from dlindex.cli import scan as scan_command
+from dlindex.cli import stats as stats_command
+from dlindex.cli._shared import handle_errors, stderr_console, stdout_console
+from dlindex.scan.run import ScanOptions, scan_tree
+from dlindex.stats import catalog_stats
 
 
 @handle_errors
@@ -23,11 +23,9 @@ def demo(
 ) -> None:
     """Generate a synthetic image tree and run scan -> stats on it, showing each step.
 
-        dlindex demo /tmp/demo --images 5000
+    dlindex demo /tmp/demo --images 5000
     """
-    from ..demo import (
-        make_demo_tree,  # Pillow's drawing code, needed by this command only
-    )
+    from dlindex.demo import make_demo_tree
 
     root = folder / "images"
     db = folder / "catalog.db"
@@ -47,9 +45,11 @@ def demo(
     with open_catalog(db) as catalog:
         stats_command._print(catalog_stats(catalog))
     shards = folder / "shards"
-    say(f"[bold]5. $ dlindex export {shlex.quote(str(shards))} --format wds --split train=0.9,val=0.1 --shuffle --db {shlex.quote(str(db))}[/]")
-    from ..export import ExportOptions, export_catalog
-    from ..loader import WdsDataset
+    say(
+        f"[bold]5. $ dlindex export {shlex.quote(str(shards))} --format wds --split train=0.9,val=0.1 --shuffle --db {shlex.quote(str(db))}[/]"
+    )
+    from dlindex.export import ExportOptions, export_catalog
+    from dlindex.loader import WdsDataset
 
     with open_catalog(db) as catalog:
         exported = export_catalog(
@@ -59,5 +59,7 @@ def demo(
     say("[bold]6. one batch back through dlindex.loader.WdsDataset[/] (what a DataLoader would get)")
     dataset = WdsDataset(shards, split="train", decode=True)
     batch = [item for _, item in zip(range(8), dataset)]
-    stdout_console.print("  " + ", ".join(f"{dataset.classes[label]} {image.size[0]}x{image.size[1]}" for image, label in batch))
+    stdout_console.print(
+        "  " + ", ".join(f"{dataset.classes[label]} {image.size[0]}x{image.size[1]}" for image, label in batch)
+    )
     say(f"done. Try: dlindex stats --db {shlex.quote(str(db))} --json")

@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import Catalog
-from ._shared import (
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._shared import (  # fmt: skip
+    ClassesOption,
+    ClassList,
     DbOption,
     JsonFlag,
     LabelOption,
@@ -18,8 +20,6 @@ from ._shared import (
     NoLogFlag,
     PerLabelOption,
     ProcessedOption,
-    ClassesOption,
-    ClassList,
     ProcessingStatusOption,
     QuietFlag,
     SinceOption,
@@ -31,8 +31,7 @@ from ._shared import (
     progress_bar,
     selection,
     stdout_console,
-)  # fmt: skip
-
+)
 
 MAX_WARNINGS = 20
 
@@ -48,8 +47,17 @@ class ExportFormat(str, Enum):
 
 @handle_errors
 def export(
-    out_dir: Annotated[Path, typer.Argument(metavar="OUT_DIR", help="Folder to write (made atomically), or to check with --verify.")],
-    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help="jsonl, csv, parquet (manifests); dali (file lists); wds (WebDataset tars); mds (MosaicML Streaming).")] = ExportFormat.jsonl,
+    out_dir: Annotated[
+        Path, typer.Argument(metavar="OUT_DIR", help="Folder to write (made atomically), or to check with --verify.")
+    ],
+    fmt: Annotated[
+        ExportFormat,
+        typer.Option(
+            "--format",
+            "-f",
+            help="jsonl, csv, parquet (manifests); dali (file lists); wds (WebDataset tars); mds (MosaicML Streaming).",
+        ),
+    ] = ExportFormat.jsonl,
     label: LabelOption = None,
     classes: ClassesOption = ClassList.selected,
     status: StatusOption = None,
@@ -61,19 +69,67 @@ def export(
     min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N samples.", show_default=False)] = None,
-    shard_size: Annotated[int | None, typer.Option("--shard-size", min=1, help="At most N samples per shard.", show_default=False)] = None,
-    shard_bytes: Annotated[str | None, typer.Option("--shard-bytes", metavar="SIZE", help="Shards of at most SIZE (256MiB, 1GB). [default: 256MiB for wds, 64MiB for mds, one shard otherwise]", show_default=False)] = None,
+    shard_size: Annotated[
+        int | None, typer.Option("--shard-size", min=1, help="At most N samples per shard.", show_default=False)
+    ] = None,
+    shard_bytes: Annotated[
+        str | None,
+        typer.Option(
+            "--shard-bytes",
+            metavar="SIZE",
+            help="Shards of at most SIZE (256MiB, 1GB). [default: 256MiB for wds, 64MiB for mds, one shard otherwise]",
+            show_default=False,
+        ),
+    ] = None,
     shuffle: Annotated[bool, typer.Option("--shuffle", help="Seeded random sample order (else by id).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --shuffle and --per-label.")] = 0,
-    split: Annotated[str | None, typer.Option("--split", metavar="NAME=FRACTION,...|tree|NAME,...", help="Stable splits by content hash, e.g. train=0.9,val=0.1; tree: the tree's split folders; val or train,val: only these split folders. [default: the split folders of a pre-split tree, else one split]", show_default=False)] = None,
-    world_size: Annotated[int, typer.Option("--world-size", min=1, help="Split each split into W equal rank shares (at most 65536).")] = 1,
-    drop_last: Annotated[bool, typer.Option("--drop-last/--pad", help="Equal rank shares by dropping the remainder, or by repeating samples.")] = False,
-    features: Annotated[str | None, typer.Option("--features", metavar="TYPE", help="Add this type's vectors from the feature cache.", show_default=False)] = None,
-    absolute_paths: Annotated[bool, typer.Option("--absolute-paths", help="Absolute paths in manifests and metadata (else relative to file_root).")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace OUT_DIR if it holds a dlindex export and nothing else (atomically).")] = False,
-    read_threads: Annotated[int, typer.Option("--read-threads", min=0, help="Read source images ahead with N threads (cold page cache; wds, mds).")] = 0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="wds: at least N shards per rank (a multiple of N), so DataLoader(num_workers<=N) never starves a worker.")] = 8,
-    verify: Annotated[bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")] = False,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            "--split",
+            metavar="NAME=FRACTION,...|tree|NAME,...",
+            help="Stable splits by content hash, e.g. train=0.9,val=0.1; tree: the tree's split folders; val or train,val: only these split folders. [default: the split folders of a pre-split tree, else one split]",
+            show_default=False,
+        ),
+    ] = None,
+    world_size: Annotated[
+        int, typer.Option("--world-size", min=1, help="Split each split into W equal rank shares (at most 65536).")
+    ] = 1,
+    drop_last: Annotated[
+        bool,
+        typer.Option("--drop-last/--pad", help="Equal rank shares by dropping the remainder, or by repeating samples."),
+    ] = False,
+    features: Annotated[
+        str | None,
+        typer.Option(
+            "--features", metavar="TYPE", help="Add this type's vectors from the feature cache.", show_default=False
+        ),
+    ] = None,
+    absolute_paths: Annotated[
+        bool,
+        typer.Option("--absolute-paths", help="Absolute paths in manifests and metadata (else relative to file_root)."),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace OUT_DIR if it holds a dlindex export and nothing else (atomically)."),
+    ] = False,
+    read_threads: Annotated[
+        int,
+        typer.Option(
+            "--read-threads", min=0, help="Read source images ahead with N threads (cold page cache; wds, mds)."
+        ),
+    ] = 0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="wds: at least N shards per rank (a multiple of N), so DataLoader(num_workers<=N) never starves a worker.",
+        ),
+    ] = 8,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")
+    ] = False,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
@@ -81,9 +137,9 @@ def export(
 ) -> None:
     """Write manifests or packed shards (WebDataset, MDS, DALI lists) for training, with index.json.
 
-        dlindex export shards/ --format wds --split train=0.9,val=0.1 --shuffle --seed 1 --world-size 8
+    dlindex export shards/ --format wds --split train=0.9,val=0.1 --shuffle --seed 1 --world-size 8
     """
-    from ..export import ExportOptions, export_catalog, verify_export
+    from dlindex.export import ExportOptions, export_catalog, verify_export
 
     if verify:
         with progress_bar(quiet, unit="img", desc="verify") as update:
@@ -101,8 +157,19 @@ def export(
     if shard_size is not None and shard_bytes is not None:
         raise typer.BadParameter("give --shard-size or --shard-bytes, not both", param_hint="'--shard-bytes'")
     spec = selection(
-        label, status, processed, processing_status, since, until, min_width, min_height,
-        per_label=per_label, limit=limit, seed=seed, cache=False, classes=classes.value,
+        label,
+        status,
+        processed,
+        processing_status,
+        since,
+        until,
+        min_width,
+        min_height,
+        per_label=per_label,
+        limit=limit,
+        seed=seed,
+        cache=False,
+        classes=classes.value,
     )
     options = ExportOptions(
         format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
@@ -129,5 +196,6 @@ def export(
             f"[bold]exported[/] {summary.samples} samples ({summary.format}) to {summary.out_dir}\n"
             f"  {splits}  shards {summary.shards}  {human_bytes(summary.bytes)}  "
             f"padded {summary.padded}  dropped {summary.dropped}\n  {summary.seconds:.2f} s",
-            highlight=False, markup=True,
+            highlight=False,
+            markup=True,
         )

@@ -8,10 +8,9 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import Catalog
-from ..errors import ExitCode
-from ._output import FormatOption, emit_rows, resolve_format
-from ._shared import (
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._output import FormatOption, emit_rows, resolve_format
+from dlindex.cli._shared import (  # fmt: skip
     DbOption,
     JsonFlag,
     LabelOption,
@@ -33,7 +32,8 @@ from ._shared import (
     selection,
     stderr_console,
     stdout_console,
-)  # fmt: skip
+)
+from dlindex.errors import ExitCode
 
 app = typer.Typer(
     name="features",
@@ -47,18 +47,41 @@ class Dtype(str, Enum):
     float16 = "float16"
 
 
-TypeOption = Annotated[str, typer.Option("--type", "-t", metavar="NAME", help="Feature type name (letters, digits, _).", show_default=False)]
-DtypeOption = Annotated[Dtype | None, typer.Option("--dtype", help="Storage of a new type: float32, or float16 (half the size). [default: float32]", show_default=False)]
+TypeOption = Annotated[
+    str,
+    typer.Option("--type", "-t", metavar="NAME", help="Feature type name (letters, digits, _).", show_default=False),
+]
+DtypeOption = Annotated[
+    Dtype | None,
+    typer.Option(
+        "--dtype",
+        help="Storage of a new type: float32, or float16 (half the size). [default: float32]",
+        show_default=False,
+    ),
+]
 
 
 @app.command("compute")
 @handle_errors
 def compute(
     feature_type: TypeOption,
-    extractor: Annotated[str | None, typer.Option("--extractor", "-e", metavar="SPEC", help="colorhist, thumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).", show_default=False)] = None,
+    extractor: Annotated[
+        str | None,
+        typer.Option(
+            "--extractor",
+            "-e",
+            metavar="SPEC",
+            help="colorhist, thumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).",
+            show_default=False,
+        ),
+    ] = None,
     dtype: DtypeOption = None,
-    workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Extractor processes; 0 means one per CPU.")] = 0,
-    retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")] = False,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", min=0, help="Extractor processes; 0 means one per CPU.")
+    ] = 0,
+    retry_failed: Annotated[
+        bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")
+    ] = False,
     label: LabelOption = None,
     status: StatusOption = None,
     processed: ProcessedOption = None,
@@ -68,7 +91,9 @@ def compute(
     min_width: MinWidthOption = None,
     min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
-    limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N samples selected.", show_default=False)] = None,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=0, help="At most N samples selected.", show_default=False)
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label.")] = 0,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any sample failed.")] = False,
     as_json: JsonFlag = False,
@@ -79,13 +104,15 @@ def compute(
 ) -> None:
     """Compute vectors for the selected samples that have none yet (resumable, parallel).
 
-        dlindex features compute --type colorhist --label cat --workers 4
+    dlindex features compute --type colorhist --label cat --workers 4
     """
-    from ..features import ComputeOptions, compute_features
+    from dlindex.features import ComputeOptions, compute_features
 
     spec = selection(label, status, processed, processing_status, since, until, min_width, min_height,
                      per_label=per_label, limit=limit, seed=seed)  # fmt: skip
-    options = ComputeOptions(extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed)
+    options = ComputeOptions(
+        extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed
+    )
     with Catalog(db, log=not no_log) as catalog:
         with progress_bar(quiet, unit="img", desc=feature_type, smoothing=0.1) as update:
             s = compute_features(catalog, feature_type, spec, options, progress=update)
@@ -102,7 +129,9 @@ def compute(
         for image_id, error in s.error_samples[:10]:
             stderr_console.print(f"failed: id {image_id}: {error}", markup=False, highlight=False)
         if s.failed > 10:
-            stderr_console.print(f"... and {s.failed - 10} more (dlindex features failures --type {s.feature_type})", markup=False)
+            stderr_console.print(
+                f"... and {s.failed - 10} more (dlindex features failures --type {s.feature_type})", markup=False
+            )
     if strict and s.failed:
         raise typer.Exit(ExitCode.PARTIAL)
 
@@ -110,13 +139,38 @@ def compute(
 @app.command("import")
 @handle_errors
 def import_(
-    file: Annotated[Path, typer.Argument(metavar="FILE", help=".npy (with --ids), .npz (ids, vectors), .parquet or .jsonl (id or file_path, vector).", show_default=False)],
+    file: Annotated[
+        Path,
+        typer.Argument(
+            metavar="FILE",
+            help=".npy (with --ids), .npz (ids, vectors), .parquet or .jsonl (id or file_path, vector).",
+            show_default=False,
+        ),
+    ],
     feature_type: TypeOption,
-    ids: Annotated[Path | None, typer.Option("--ids", metavar="FILE", help="For .npy: sample ids, one per line, or an integer .npy.", show_default=False)] = None,
+    ids: Annotated[
+        Path | None,
+        typer.Option(
+            "--ids", metavar="FILE", help="For .npy: sample ids, one per line, or an integer .npy.", show_default=False
+        ),
+    ] = None,
     column: Annotated[str, typer.Option("--column", help="Vector column of Parquet and JSONL files.")] = "vector",
     dtype: DtypeOption = None,
-    concurrent: Annotated[bool, typer.Option("--concurrent", help="Let other processes open the catalog during a large import (WAL: every page is written twice).")] = False,
-    max_bytes: Annotated[str, typer.Option("--max-bytes", metavar="SIZE", help="Refuse files whose arrays take more memory than this to read (e.g. 8GiB, 500MB).")] = "8GiB",
+    concurrent: Annotated[
+        bool,
+        typer.Option(
+            "--concurrent",
+            help="Let other processes open the catalog during a large import (WAL: every page is written twice).",
+        ),
+    ] = False,
+    max_bytes: Annotated[
+        str,
+        typer.Option(
+            "--max-bytes",
+            metavar="SIZE",
+            help="Refuse files whose arrays take more memory than this to read (e.g. 8GiB, 500MB).",
+        ),
+    ] = "8GiB",
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
@@ -125,10 +179,10 @@ def import_(
 ) -> None:
     """Store vectors computed elsewhere; all of them, or none if any is bad.
 
-        dlindex features import --type clip_b32 embeddings.npz
+    dlindex features import --type clip_b32 embeddings.npz
     """
-    from ..export import parse_size
-    from ..features import import_features
+    from dlindex.export import parse_size
+    from dlindex.features import import_features
 
     limit = parse_size(max_bytes)
     with Catalog(db, log=not no_log) as catalog:
@@ -148,23 +202,29 @@ def import_(
 @app.command("export")
 @handle_errors
 def export(
-    out: Annotated[Path, typer.Argument(metavar="OUT.npz", help="File to write (replaced atomically).", show_default=False)],
+    out: Annotated[
+        Path, typer.Argument(metavar="OUT.npz", help="File to write (replaced atomically).", show_default=False)
+    ],
     feature_type: TypeOption,
     as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
     """Write a type's vectors to an .npz file with arrays ids and vectors.
 
-        dlindex features export --type colorhist colorhist.npz && python -c "import numpy; print(numpy.load('colorhist.npz')['vectors'].shape)"
+    dlindex features export --type colorhist colorhist.npz && python -c "import numpy; print(numpy.load('colorhist.npz')['vectors'].shape)"
     """
-    from ..features import export_features
+    from dlindex.features import export_features
 
     with Catalog(db) as catalog:
         s = export_features(catalog, feature_type, out)
     if as_json:
         print_json(s.as_dict())
     else:
-        stdout_console.print(f"wrote {s.vectors:,} vectors (dim {s.dim}, {s.dtype}) to {s.path}, {human_bytes(s.bytes)}", markup=False, highlight=False)
+        stdout_console.print(
+            f"wrote {s.vectors:,} vectors (dim {s.dim}, {s.dtype}) to {s.path}, {human_bytes(s.bytes)}",
+            markup=False,
+            highlight=False,
+        )
 
 
 @app.command("list")
@@ -172,9 +232,9 @@ def export(
 def list_(fmt: FormatOption = None, db: DbOption = None) -> None:
     """Feature types with their dim, dtype, extractor and counts of vectors and failures.
 
-        dlindex features list --format jsonl | jq -r .name
+    dlindex features list --format jsonl | jq -r .name
     """
-    from ..features import list_feature_types
+    from dlindex.features import list_feature_types
 
     with Catalog(db) as catalog:
         infos = [info.as_dict() for info in list_feature_types(catalog)]
@@ -186,23 +246,27 @@ def list_(fmt: FormatOption = None, db: DbOption = None) -> None:
 @handle_errors
 def show(
     sample: Annotated[str, typer.Argument(metavar="ID|PATH", help="A sample id, or its path.", show_default=False)],
-    feature_type: Annotated[str | None, typer.Option("--type", "-t", metavar="NAME", help="Only this feature type.", show_default=False)] = None,
+    feature_type: Annotated[
+        str | None, typer.Option("--type", "-t", metavar="NAME", help="Only this feature type.", show_default=False)
+    ] = None,
     as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
     """The vectors (and failures) of one sample.
 
-        dlindex features show 42 --type colorhist --json | jq '.vectors.colorhist.vector[:8]'
+    dlindex features show 42 --type colorhist --json | jq '.vectors.colorhist.vector[:8]'
     """
-    from ..features import show_features
-    from ..features.samples import resolve_sample
+    from dlindex.features import show_features
+    from dlindex.features.samples import resolve_sample
 
     with Catalog(db) as catalog:
         s = show_features(catalog, resolve_sample(catalog, sample), feature_type)
     if as_json:
         print_json(s.as_dict())
         return
-    stdout_console.print(f"sample {s.id} ({s.label}, {s.status}, processing {s.processing_status or '-'})", markup=False, highlight=False)
+    stdout_console.print(
+        f"sample {s.id} ({s.label}, {s.status}, processing {s.processing_status or '-'})", markup=False, highlight=False
+    )
     for name, v in s.vectors.items():
         head = ", ".join(f"{x:.4g}" for x in v["vector"][:8]) + (", ..." if len(v["vector"]) > 8 else "")
         stdout_console.print(f"  {name}: dim {v['dim']} {v['dtype']} [{head}]", markup=False, highlight=False)
@@ -223,38 +287,49 @@ class State(str, Enum):
 @handle_errors
 def failures(
     feature_type: TypeOption,
-    state: Annotated[list[State] | None, typer.Option("--state", help="failed (default), queued, or both when repeated.", show_default=False)] = None,
+    state: Annotated[
+        list[State] | None,
+        typer.Option("--state", help="failed (default), queued, or both when repeated.", show_default=False),
+    ] = None,
     fmt: FormatOption = None,
     db: DbOption = None,
 ) -> None:
     """Samples whose extraction failed (with the error), or that a run left queued.
 
-        dlindex features failures --type colorhist --format jsonl | jq -r .path
+    dlindex features failures --type colorhist --format jsonl | jq -r .path
     """
-    from ..features import get_type
-    from ..features.state import state_rows
+    from dlindex.features import get_type
+    from dlindex.features.state import state_rows
 
     with Catalog(db) as catalog:
         name = get_type(catalog, feature_type).name
         states = [s.value for s in state or [State.failed]]
-        emit_rows(state_rows(catalog, name, states), resolve_format(fmt), ("id", "state", "error", "updated_at", "label", "path"))
+        emit_rows(
+            state_rows(catalog, name, states),
+            resolve_format(fmt),
+            ("id", "state", "error", "updated_at", "label", "path"),
+        )
 
 
 @app.command("drop")
 @handle_errors
 def drop(
-    feature_type: TypeOption, as_json: JsonFlag = False, db: DbOption = None,
+    feature_type: TypeOption,
+    as_json: JsonFlag = False,
+    db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
     """Delete a feature type with all its vectors.
 
-        dlindex features drop --type colorhist && dlindex features compute --type colorhist
+    dlindex features drop --type colorhist && dlindex features compute --type colorhist
     """
-    from ..features import drop_feature_type
+    from dlindex.features import drop_feature_type
 
     with Catalog(db) as catalog:
         s = drop_feature_type(catalog, feature_type)
     if as_json:
         print_json(s.as_dict())
     else:
-        stdout_console.print(f"dropped {s.feature_type}: {s.vectors:,} vectors, {s.failed:,} failure records", markup=False)
+        stdout_console.print(
+            f"dropped {s.feature_type}: {s.vectors:,} vectors, {s.failed:,} failure records", markup=False
+        )

@@ -9,9 +9,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..catalog import Catalog
-from ..logview import LineSource, LogSummary, clear_log, file_lines, import_log, log_summary, spooled_lines
-from ._shared import (
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
     QuietFlag,
@@ -21,6 +20,7 @@ from ._shared import (
     stderr_console,
     stdout_console,
 )
+from dlindex.querylog.views import LineSource, LogSummary, clear_log, file_lines, import_log, log_summary, spooled_lines
 
 app = typer.Typer(
     name="log",
@@ -38,7 +38,7 @@ def show(
 ) -> None:
     """Fingerprints ranked by total time: calls, mean and p95 ms, rows, plan.
 
-        dlindex log show --top 5 --json | jq '.fingerprints[].sql'
+    dlindex log show --top 5 --json | jq '.fingerprints[].sql'
     """
     with Catalog(db, log=False) as catalog:
         summary = log_summary(catalog, top=top)
@@ -51,7 +51,9 @@ def show(
 @app.command("import")
 @handle_errors
 def import_(
-    file: Annotated[str, typer.Argument(metavar="FILE", help="SQL statements, one per line or ;-separated; - reads stdin.")],
+    file: Annotated[
+        str, typer.Argument(metavar="FILE", help="SQL statements, one per line or ;-separated; - reads stdin.")
+    ],
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
     db: DbOption = None,
@@ -59,7 +61,7 @@ def import_(
 ) -> None:
     """Store SQL captured elsewhere (sqlite3 .trace, set_trace_callback) in the log; never run it.
 
-        python train.py 2> trace.sql && dlindex log import trace.sql
+    python train.py 2> trace.sql && dlindex log import trace.sql
     """
     text = _read(file)
     with Catalog(db, log=False) as catalog:
@@ -81,7 +83,7 @@ def clear(
 ) -> None:
     """Delete every entry of the query log.
 
-        dlindex log clear && dlindex query --per-label 8 > /dev/null && dlindex log show
+    dlindex log clear && dlindex query --per-label 8 > /dev/null && dlindex log show
     """
     with Catalog(db, log=False) as catalog:
         removed = clear_log(catalog)

@@ -8,10 +8,8 @@ from typing import Annotated, BinaryIO
 
 import typer
 
-from ..catalog import Catalog
-from ..errors import ExitCode, InputError
-from ..mark import MarkResult, mark_samples, read_records
-from ._shared import (
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
     NoLogFlag,
@@ -23,6 +21,8 @@ from ._shared import (
     stderr_console,
     stdout_console,
 )
+from dlindex.errors import ExitCode, InputError
+from dlindex.query.mark import MarkResult, mark_samples, read_records
 
 
 class By(str, Enum):
@@ -32,12 +32,28 @@ class By(str, Enum):
 
 @handle_errors
 def mark(
-    file: Annotated[str, typer.Argument(metavar="[FILE|-]", help="Ids, paths or JSON lines, one per line; - reads stdin.")] = "-",
-    processed: Annotated[bool | None, typer.Option("--processed/--unprocessed", help="Set the processed flag, or clear it.", show_default=False)] = None,
-    status: Annotated[ProcessingStatus | None, typer.Option("--status", help="Set processing_status: queued, completed or failed.", show_default=False)] = None,
-    error: Annotated[str | None, typer.Option("--error", help="Also set the error text (e.g. with --status failed).", show_default=False)] = None,
-    by: Annotated[By, typer.Option("--by", help="What plain lines hold: sample ids, or paths (absolute, or relative to their root).")] = By.id,
-    null: Annotated[bool, typer.Option("-0", "--null", help="Records end with NUL instead of newline (find -print0, query -0).")] = False,
+    file: Annotated[
+        str, typer.Argument(metavar="[FILE|-]", help="Ids, paths or JSON lines, one per line; - reads stdin.")
+    ] = "-",
+    processed: Annotated[
+        bool | None,
+        typer.Option("--processed/--unprocessed", help="Set the processed flag, or clear it.", show_default=False),
+    ] = None,
+    status: Annotated[
+        ProcessingStatus | None,
+        typer.Option("--status", help="Set processing_status: queued, completed or failed.", show_default=False),
+    ] = None,
+    error: Annotated[
+        str | None,
+        typer.Option("--error", help="Also set the error text (e.g. with --status failed).", show_default=False),
+    ] = None,
+    by: Annotated[
+        By,
+        typer.Option("--by", help="What plain lines hold: sample ids, or paths (absolute, or relative to their root)."),
+    ] = By.id,
+    null: Annotated[
+        bool, typer.Option("-0", "--null", help="Records end with NUL instead of newline (find -print0, query -0).")
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any id or path is not in the catalog.")] = False,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
@@ -47,7 +63,7 @@ def mark(
 ) -> None:
     """Set processed flags or processing status for samples read from a file or stdin.
 
-        dlindex query --unprocessed --format jsonl | ./resize.py | dlindex mark --processed -
+    dlindex query --unprocessed --format jsonl | ./resize.py | dlindex mark --processed -
     """
     if processed is None and status is None:
         raise typer.BadParameter("give --processed, --unprocessed or --status", param_hint="'--processed'")

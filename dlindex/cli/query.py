@@ -8,10 +8,11 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import Catalog
-from ..query import explain
-from ._output import FormatOption, NullFlag, OutputFormat, at_terminal, emit_rows, resolve_format
-from ._shared import (
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._output import FormatOption, NullFlag, OutputFormat, at_terminal, emit_rows, resolve_format
+from dlindex.cli._shared import (
+    ClassesOption,
+    ClassList,
     DbOption,
     LabelOption,
     MinHeightOption,
@@ -19,8 +20,6 @@ from ._shared import (
     NoLogFlag,
     PerLabelOption,
     ProcessedOption,
-    ClassesOption,
-    ClassList,
     ProcessingStatusOption,
     SinceOption,
     StatusOption,
@@ -28,7 +27,7 @@ from ._shared import (
     handle_errors,
     selection,
 )
-
+from dlindex.query.rows import explain, query_rows
 
 DEFAULT_MAX_ROWS = 100
 
@@ -41,7 +40,14 @@ class Order(str, Enum):
 @handle_errors
 def query(
     label: LabelOption = None,
-    split: Annotated[list[str] | None, typer.Option("--split", help="Only this split folder of a pre-split tree: train, val (validation), test... (repeatable).", show_default=False)] = None,
+    split: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--split",
+            help="Only this split folder of a pre-split tree: train, val (validation), test... (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
     classes: ClassesOption = ClassList.selected,
     status: StatusOption = None,
     processed: ProcessedOption = None,
@@ -52,31 +58,70 @@ def query(
     min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N rows.", show_default=False)] = None,
-    offset: Annotated[int, typer.Option("--offset", min=0, help="Skip the first N rows (with --limit: pages of a stable --order).")] = 0,
-    order: Annotated[Order, typer.Option("--order", help="Row order: id, or random (deterministic for a --seed).")] = Order.id,
+    offset: Annotated[
+        int, typer.Option("--offset", min=0, help="Skip the first N rows (with --limit: pages of a stable --order).")
+    ] = 0,
+    order: Annotated[
+        Order, typer.Option("--order", help="Row order: id, or random (deterministic for a --seed).")
+    ] = Order.id,
     seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label and --order random.")] = 0,
-    columns: Annotated[str | None, typer.Option("--columns", "-c", help="Comma-separated columns to print (see docs/commands/query.md). [default: id,path,label,width,height,status,processed,processing_status,created_at]", show_default=False)] = None,
+    columns: Annotated[
+        str | None,
+        typer.Option(
+            "--columns",
+            "-c",
+            help="Comma-separated columns to print (see docs/commands/query.md). [default: id,path,label,width,height,status,processed,processing_status,created_at]",
+            show_default=False,
+        ),
+    ] = None,
     fmt: FormatOption = None,
     null: NullFlag = False,
-    max_rows: Annotated[int | None, typer.Option("--max-rows", min=1, help="With --format table: print at most N rows, then say how many more. [default: 100 at a terminal, unless --limit]", show_default=False)] = None,
-    show_all: Annotated[bool, typer.Option("--all", help="With --format table: print every row (no --max-rows cap).")] = False,
-    show_plan: Annotated[bool, typer.Option("--explain", help="Print the SQL, its parameters and EXPLAIN QUERY PLAN instead of rows.")] = False,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run the query even if an unchanged catalog has its result cached.")] = False,
+    max_rows: Annotated[
+        int | None,
+        typer.Option(
+            "--max-rows",
+            min=1,
+            help="With --format table: print at most N rows, then say how many more. [default: 100 at a terminal, unless --limit]",
+            show_default=False,
+        ),
+    ] = None,
+    show_all: Annotated[
+        bool, typer.Option("--all", help="With --format table: print every row (no --max-rows cap).")
+    ] = False,
+    show_plan: Annotated[
+        bool, typer.Option("--explain", help="Print the SQL, its parameters and EXPLAIN QUERY PLAN instead of rows.")
+    ] = False,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Run the query even if an unchanged catalog has its result cached.")
+    ] = False,
     no_log: NoLogFlag = False,
     db: DbOption = None,
 ) -> None:
     """Select samples by label, status, flags, time and size; sample per label; rows on stdout.
 
-        dlindex query --per-label 32 --processed --seed 7 --format paths | head
+    dlindex query --per-label 32 --processed --seed 7 --format paths | head
     """
     if null and fmt not in (None, OutputFormat.paths):
         raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
     out = OutputFormat.paths if null else resolve_format(fmt)
     spec = selection(
-        label, status, processed, processing_status, since, until, min_width, min_height,
-        per_label=per_label, limit=limit, offset=offset, order=order.value, seed=seed, split=tuple(split or ()),
+        label,
+        status,
+        processed,
+        processing_status,
+        since,
+        until,
+        min_width,
+        min_height,
+        per_label=per_label,
+        limit=limit,
+        offset=offset,
+        order=order.value,
+        seed=seed,
+        split=tuple(split or ()),
         classes=classes.value,
-        columns=("path",) if out is OutputFormat.paths else columns, cache=not no_cache,
+        columns=("path",) if out is OutputFormat.paths else columns,
+        cache=not no_cache,
     )
     with Catalog(db, log=not no_log) as catalog:
         if show_plan:
@@ -86,7 +131,13 @@ def query(
             for line in explained.plan:
                 typer.echo("-- " + line)
             return
-        emit_rows(catalog.query(spec), out, tuple(spec.columns or ()), null=null, max_rows=_cap(max_rows, show_all, limit))
+        emit_rows(
+            query_rows(catalog, spec),
+            out,
+            tuple(spec.columns or ()),
+            null=null,
+            max_rows=_cap(max_rows, show_all, limit),
+        )
 
 
 def _cap(max_rows: int | None, show_all: bool, limit: int | None) -> int | None:

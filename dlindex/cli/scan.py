@@ -7,11 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import open_catalog
-from ..errors import ExitCode
-from ..scan import ScanOptions, ScanSummary, check_root, scan_tree
-from ..walk import DEFAULT_EXTENSIONS
-from ._shared import (
+from dlindex.catalog.connection import open_catalog
+from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
     QuietFlag,
@@ -22,24 +19,66 @@ from ._shared import (
     stderr_console,
     stdout_console,
 )
+from dlindex.errors import ExitCode
+from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
+from dlindex.scan.walk import DEFAULT_EXTENSIONS
 
 
 @handle_errors
 def scan(
-    root: Annotated[Path, typer.Argument(help="Folder to index (class-per-folder: ROOT/LABEL/..., or pre-split: ROOT/SPLIT/LABEL/...).", show_default=False)],
+    root: Annotated[
+        Path,
+        typer.Argument(
+            help="Folder to index (class-per-folder: ROOT/LABEL/..., or pre-split: ROOT/SPLIT/LABEL/...).",
+            show_default=False,
+        ),
+    ],
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
-    ext: Annotated[list[str] | None, typer.Option("--ext", help="Image extension to index (repeatable; replaces the default list).", show_default=False)] = None,
-    exclude: Annotated[list[str] | None, typer.Option("--exclude", help="Glob of paths or names to skip (repeatable).", show_default=False)] = None,
+    ext: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ext", help="Image extension to index (repeatable; replaces the default list).", show_default=False
+        ),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option("--exclude", help="Glob of paths or names to skip (repeatable).", show_default=False),
+    ] = None,
     hidden: Annotated[bool, typer.Option("--hidden", help="Include hidden files and folders.")] = False,
-    follow_symlinks: Annotated[bool, typer.Option("--follow-symlinks/--no-follow-symlinks", help="Follow symbolic links, as ImageFolder does (loops are detected; each file is indexed once).")] = True,
-    no_split_folders: Annotated[bool, typer.Option("--no-split-folders", help="ROOT/train, ROOT/val... are classes, not split folders (see docs/concepts.md).")] = False,
-    labels: Annotated[Path | None, typer.Option("--labels", help="CSV file with columns path,label overriding folder labels.", show_default=False)] = None,
+    follow_symlinks: Annotated[
+        bool,
+        typer.Option(
+            "--follow-symlinks/--no-follow-symlinks",
+            help="Follow symbolic links, as ImageFolder does (loops are detected; each file is indexed once).",
+        ),
+    ] = True,
+    no_split_folders: Annotated[
+        bool,
+        typer.Option(
+            "--no-split-folders", help="ROOT/train, ROOT/val... are classes, not split folders (see docs/concepts.md)."
+        ),
+    ] = False,
+    labels: Annotated[
+        Path | None,
+        typer.Option("--labels", help="CSV file with columns path,label overriding folder labels.", show_default=False),
+    ] = None,
     verify: Annotated[bool, typer.Option("--verify", help="Also fully decode every probed image with Pillow.")] = False,
-    max_pixels: Annotated[int, typer.Option("--max-pixels", min=1, help="Decode limit; headers above twice this are recorded corrupt (decompression bombs).")] = ScanOptions().max_pixels,
+    max_pixels: Annotated[
+        int,
+        typer.Option(
+            "--max-pixels",
+            min=1,
+            help="Decode limit; headers above twice this are recorded corrupt (decompression bombs).",
+        ),
+    ] = ScanOptions().max_pixels,
     workers: Annotated[int, typer.Option("--workers", "-w", min=0, help="Probe processes; 0 means one per CPU.")] = 0,
-    io_threads: Annotated[int, typer.Option("--io-threads", min=1, help="Reads in flight per worker (helps cold caches).")] = ScanOptions().io_threads,
-    prune: Annotated[bool, typer.Option("--prune", help="Delete rows of files gone from disk instead of marking them missing.")] = False,
+    io_threads: Annotated[
+        int, typer.Option("--io-threads", min=1, help="Reads in flight per worker (helps cold caches).")
+    ] = ScanOptions().io_threads,
+    prune: Annotated[
+        bool, typer.Option("--prune", help="Delete rows of files gone from disk instead of marking them missing.")
+    ] = False,
     force: Annotated[bool, typer.Option("--force", help="Re-probe every file, even unchanged ones.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
     as_json: JsonFlag = False,
@@ -47,7 +86,7 @@ def scan(
 ) -> None:
     """Index an image tree into the catalog (incremental, parallel).
 
-        dlindex scan ~/data/imagenet/train --db train.db
+    dlindex scan ~/data/imagenet/train --db train.db
     """
     options = ScanOptions(
         extensions=tuple(e.lower().lstrip(".") for e in ext) if ext else DEFAULT_EXTENSIONS,

@@ -9,10 +9,9 @@ from typing import Annotated, BinaryIO
 
 import typer
 
-from ..catalog import Catalog
-from ..errors import InputError
-from ._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
-from ._shared import (
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
+from dlindex.cli._shared import (  # fmt: skip
     DbOption,
     LabelOption,
     MinHeightOption,
@@ -25,8 +24,9 @@ from ._shared import (
     UntilOption,
     handle_errors,
     selection,
-)  # fmt: skip
-from .features import TypeOption
+)
+from dlindex.cli.features import TypeOption
+from dlindex.errors import InputError
 
 COLUMNS = ("query", "rank", "id", "distance", "label", "path")
 
@@ -39,11 +39,25 @@ class Metric(str, Enum):
 @handle_errors
 def similar(
     feature_type: TypeOption,
-    target: Annotated[str | None, typer.Argument(metavar="[ID|PATH]", help="The sample to find neighbours of (or give --ids).", show_default=False)] = None,
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[ID|PATH]", help="The sample to find neighbours of (or give --ids).", show_default=False
+        ),
+    ] = None,
     k: Annotated[int, typer.Option("-k", "--top", min=1, help="Neighbours per query.")] = 10,
-    metric: Annotated[Metric, typer.Option("--metric", help="cosine (1 - cosine similarity) or l2 (Euclidean).")] = Metric.cosine,
-    other_labels: Annotated[bool, typer.Option("--other-labels", help="Only neighbours with a different label (hard negatives).")] = False,
-    ids: Annotated[Path | None, typer.Option("--ids", metavar="FILE", help="Batch mode: query ids, one per line; - reads stdin.", show_default=False)] = None,
+    metric: Annotated[
+        Metric, typer.Option("--metric", help="cosine (1 - cosine similarity) or l2 (Euclidean).")
+    ] = Metric.cosine,
+    other_labels: Annotated[
+        bool, typer.Option("--other-labels", help="Only neighbours with a different label (hard negatives).")
+    ] = False,
+    ids: Annotated[
+        Path | None,
+        typer.Option(
+            "--ids", metavar="FILE", help="Batch mode: query ids, one per line; - reads stdin.", show_default=False
+        ),
+    ] = None,
     label: LabelOption = None,
     status: StatusOption = None,
     processed: ProcessedOption = None,
@@ -59,14 +73,14 @@ def similar(
 ) -> None:
     """Exact k nearest neighbours of a sample (or of many, with --ids) by a feature type.
 
-        dlindex similar cat/001.jpg --type colorhist -k 5 --other-labels --format paths
+    dlindex similar cat/001.jpg --type colorhist -k 5 --other-labels --format paths
     """
     if (target is None) == (ids is None):
         raise typer.BadParameter("give one sample (ID or PATH) or --ids FILE", param_hint="'ID|PATH'")
     if null and fmt not in (None, OutputFormat.paths):
         raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
-    from ..features import nearest
-    from ..features.samples import neighbour_rows, resolve_sample
+    from dlindex.features import nearest
+    from dlindex.features.samples import neighbour_rows, resolve_sample
 
     spec = selection(label, status, processed, processing_status, since, until, min_width, min_height)
     with Catalog(db, log=not no_log) as catalog:

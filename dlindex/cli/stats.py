@@ -6,30 +6,28 @@ from typing import Annotated
 
 import typer
 
-from ..catalog import Catalog
-from ..stats import CatalogStats, SlowReport, catalog_stats, slow_queries
-from ._shared import (
-    DbOption,
-    JsonFlag,
-    NoLogFlag,
-    handle_errors,
-    human_bytes,
-    print_json,
-    stdout_console,
-)
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, human_bytes, print_json, stdout_console
+from dlindex.stats import CatalogStats, SlowReport, catalog_stats, slow_queries
 
 
 @handle_errors
 def stats(
     db: DbOption = None,
-    top: Annotated[int, typer.Option("--top", min=1, help="How many largest and smallest labels (with --slow: statements) to list.")] = 5,
-    slow: Annotated[bool, typer.Option("--slow", help="Show the slowest logged statements with their current plans, and lock waits.")] = False,
+    top: Annotated[
+        int,
+        typer.Option("--top", min=1, help="How many largest and smallest labels (with --slow: statements) to list."),
+    ] = 5,
+    slow: Annotated[
+        bool,
+        typer.Option("--slow", help="Show the slowest logged statements with their current plans, and lock waits."),
+    ] = False,
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
 ) -> None:
     """Show totals by status, label balance, sizes, indexes and recent scans.
 
-        dlindex stats --json | jq .by_status
+    dlindex stats --json | jq .by_status
     """
     if slow:
         with Catalog(db, log=False) as catalog:
@@ -61,7 +59,9 @@ def _print(s: CatalogStats) -> None:
         out.print("[bold]splits[/] " + ", ".join(f"{k} {v:,}" for k, v in s.splits.items()))
     if s.largest_labels:
         out.print("  largest:  " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.largest_labels), markup=False)
-        out.print("  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False)
+        out.print(
+            "  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False
+        )
     out.print(f"[bold]image bytes[/] {human_bytes(s.total_bytes)}; catalog file {human_bytes(s.catalog_bytes)}")
     out.print(f"[bold]indexes[/] {', '.join(i['name'] for i in s.indexes) or 'none (see dlindex index --suggest)'}")
     if s.roots:
@@ -94,4 +94,3 @@ def _print_slow(r: SlowReport) -> None:
             out.print("     " + line, markup=False, highlight=False)
     out.print(f"lock waits: {r.lock_wait_transactions:,} write transaction(s) waited {r.lock_wait_ms:,.1f} ms "
               "for the write lock", markup=False)  # fmt: skip
-

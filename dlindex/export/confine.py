@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import xxhash
 
-from .plan import ExportError
+from dlindex.export.plan import ExportError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -133,7 +133,9 @@ def open_regular(
         if not stat.S_ISREG(info.st_mode):
             raise NotRegularError(f"{_shown(path)} is {kind(info.st_mode)}, not a regular file")
         if max_bytes is not None and (info.st_size > max_bytes or (exact and info.st_size != max_bytes)):
-            raise SizeError(f"{_shown(path)} has {info.st_size} bytes; expected {'' if exact else 'at most '}{max_bytes}")
+            raise SizeError(
+                f"{_shown(path)} has {info.st_size} bytes; expected {'' if exact else 'at most '}{max_bytes}"
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -149,7 +151,9 @@ def kind(mode: int) -> str:
     return "not a regular file" if not stat.S_ISREG(mode) else "a regular file"
 
 
-def read_regular(path: bytes | str, max_bytes: int | None = None, *, exact: bool = False, follow: bool = False) -> bytes:
+def read_regular(
+    path: bytes | str, max_bytes: int | None = None, *, exact: bool = False, follow: bool = False
+) -> bytes:
     """A regular file's content, at most ``max_bytes`` (a file that grows meanwhile is an error)."""
     fd, size = open_regular(path, max_bytes, exact=exact, follow=follow)
     try:

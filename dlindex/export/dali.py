@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .files import HashingFile
-from .manifest import batches, write_jsonl
-from .plan import ID, LABEL, ExportError, Group, sample_path
-from .shards import Context, Cutter, ShardInfo, shard_name
+from dlindex.export.files import HashingFile
+from dlindex.export.manifest import batches, write_jsonl
+from dlindex.export.plan import ID, LABEL, ExportError, Group, sample_path
+from dlindex.export.shards import Context, Cutter, ShardInfo, shard_name
 
 
 def write_dali(ctx: Context, group: Group, number: int) -> list[ShardInfo]:

@@ -13,8 +13,8 @@ from typing import Any, BinaryIO
 
 import xxhash
 
-from .confine import NotRegularError, SizeError, kind, read_regular
-from .plan import BYTES, HASH, ID, ExportError, absolute_path
+from dlindex.export.confine import NotRegularError, SizeError, kind, read_regular
+from dlindex.export.plan import BYTES, HASH, ID, ExportError, absolute_path
 
 
 class HashingFile:
@@ -130,7 +130,9 @@ def _changed(row: tuple[Any, ...], path: bytes) -> ExportError:
 
 def _unreadable(row: tuple[Any, ...], path: bytes, e: OSError) -> ExportError:
     if isinstance(e, FileNotFoundError):
-        return ExportError(f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again")
+        return ExportError(
+            f"{os.fsdecode(path)} (id {row[ID]}) is gone; run dlindex scan on its root, then export again"
+        )
     return ExportError(f"cannot read {os.fsdecode(path)}: {e.strerror}")
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .plan import ExportError, Group, Tally, UpperHalf
+from dlindex.export.plan import ExportError, Group, Tally, UpperHalf
 
 _BATCH = 4096
 
@@ -73,10 +73,10 @@ def _main(ctx: Any, upper: UpperHalf, split: str, rank: int, part: Path, conn: A
 
 
 def _write(ctx: Any, upper: UpperHalf, split: str, rank: int, part: Path) -> dict[str, Any]:
-    from .manifest import jsonl_lines
+    from dlindex.export.manifest import jsonl_lines
 
     lines = jsonl_lines(ctx)
-    from ..catalog import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+    from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
 
     uri = readonly_uri(upper.db)
     db = sqlite3.connect(uri, uri=True)

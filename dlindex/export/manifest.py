@@ -6,15 +6,15 @@ import csv
 import io
 import json
 import os
-from itertools import islice
 from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from . import halves
-from .files import HashingFile, hash_file
-from .plan import BYTES, FILE, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group, sample_path
-from .shards import (
+from dlindex.export import halves
+from dlindex.export.files import HashingFile, hash_file
+from dlindex.export.plan import BYTES, FILE, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group, sample_path
+from dlindex.export.shards import (
     TEXT_KEYS,
     Context,
     Cutter,

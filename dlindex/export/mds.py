@@ -21,11 +21,11 @@ from typing import Any
 
 import xxhash
 
-from .files import read_sources
-from .manifest import batches
-from .plan import ID, LABEL, Group, absolute_path
-from .shards import Context, Cutter, ShardInfo, json_maker, sample_key
-from .wds import extension
+from dlindex.export.files import read_sources
+from dlindex.export.manifest import batches
+from dlindex.export.plan import ID, LABEL, Group, absolute_path
+from dlindex.export.shards import Context, Cutter, ShardInfo, json_maker, sample_key
+from dlindex.export.wds import extension
 
 VERSION = 2
 _NUMPY_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
@@ -70,7 +70,9 @@ def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
         name = f"{group.split}/shard.{number + len(shards):05d}.mds"
         data = encode_shard(samples, config_bytes)
         (ctx.out / name).write_bytes(data)
-        shards.append(ShardInfo(name, group.split, group.rank, len(samples), len(data), xxhash.xxh3_128_hexdigest(data), first))
+        shards.append(
+            ShardInfo(name, group.split, group.rank, len(samples), len(data), xxhash.xxh3_128_hexdigest(data), first)
+        )
         first += len(samples)
         samples, size = [], 0
 
@@ -128,6 +130,8 @@ def streaming_shards(ctx: Context, shards: Sequence[ShardInfo], in_split: bool =
     for shard in shards:
         entry = shard_config(cols, ctx.shard_bytes)
         basename = shard.file.split("/", 1)[1] if in_split else shard.file
-        entry.update(raw_data={"basename": basename, "bytes": shard.bytes, "hashes": {}}, samples=shard.samples, zip_data=None)
+        entry.update(
+            raw_data={"basename": basename, "bytes": shard.bytes, "hashes": {}}, samples=shard.samples, zip_data=None
+        )
         entries.append(entry)
     return entries

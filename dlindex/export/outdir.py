@@ -26,13 +26,15 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..owners import host_tag, pid_alive, process_start
-from .plan import ExportError
+from dlindex.export.plan import ExportError
+from dlindex.procs import host_tag, pid_alive, process_start
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 _KNOWN_EXTRA = frozenset({".upper.part"})  # a jsonl export's second process, if it died mid-write
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.dlindex-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)\.[^.]+\.(?:tmp|old)$")
+_LEFTOVER = re.compile(
+    r"^\.(?P<name>.+)\.dlindex-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)\.[^.]+\.(?:tmp|old)$"
+)
 
 
 def temp_prefix(name: str) -> str:
@@ -113,12 +115,14 @@ def check_replaceable(out_dir: Path, protected_files: Iterable[str], roots: Iter
     for root in roots:
         if _under(_real(root), real):
             what = "is" if _real(root) == real else "holds"
-            raise ExportError(f"refusing to replace {out_dir}: it {what} the scanned root {root}; export to another folder")
+            raise ExportError(
+                f"refusing to replace {out_dir}: it {what} the scanned root {root}; export to another folder"
+            )
 
 
 def check_old_export(out_dir: Path) -> None:
     """Raise ExportError unless everything in OUT_DIR belongs to the dlindex export there."""
-    from .reader import INDEX, PARQUET_INDEX, index_path, listed_shards, load_index
+    from dlindex.export.reader import INDEX, PARQUET_INDEX, index_path, listed_shards, load_index
 
     keep = "remove it yourself or choose another folder"
     own = index_path(out_dir)  # index.json, or _index.json of a parquet export

@@ -1,7 +1,7 @@
 """Which samples an export holds and where each goes: selection, stable splits, order, ranks.
 
 The selection is ``dlindex query``'s (the same ``QuerySpec`` and SQL, run through
-``dlindex.query.prepare``); rows stay plain tuples (``ROW`` order below) because an export
+``dlindex.query.rows.prepare``); rows stay plain tuples (``ROW`` order below) because an export
 handles millions of them and a dict per row would cost more than the rest of the work.
 """
 
@@ -16,12 +16,12 @@ from dataclasses import dataclass, replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ..classes import canonical_splits
-from ..errors import InputError
-from ..query import QuerySpec, prepare
+from dlindex.catalog.classes import canonical_splits
+from dlindex.errors import InputError
+from dlindex.query.rows import QuerySpec, prepare
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 # Positions in a row tuple; the query's own column names (label_row: the internal labels.id,
 # which plan.label_index maps to the label_id an export writes).
@@ -242,7 +242,7 @@ def make_plan(
     not read here: the one group streams them to the writer.
 
     Args:
-        classes, class_index: the selection's class list (dlindex.classes), whether or not a
+        classes, class_index: the selection's class list (dlindex.catalog.classes), whether or not a
             sample of each survives the other filters, so label_id does not shift with
             --min-width or --limit; and internal label row id -> label_id.
         tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .confine import (
+from dlindex.export.confine import (
     MAX_INDEX_BYTES,
     ConfineError,
     bounded_lines,
@@ -19,9 +19,9 @@ from .confine import (
     read_regular,
     resolve_inside,
 )
-from .plan import ExportError
-from .shards import PATH_B64, exact_path
-from .validate import check_index, check_row, check_version
+from dlindex.export.plan import ExportError
+from dlindex.export.shards import PATH_B64, exact_path
+from dlindex.export.validate import check_index, check_row, check_version
 
 INDEX = "index.json"
 # pyarrow (and so pandas) read every file of a folder as parquet except names starting with
@@ -96,7 +96,11 @@ def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int
 
 
 def manifest_rows(
-    out_dir: str | os.PathLike[str], name: str, *, max_bytes: int | None = None, classes: int | None = None,
+    out_dir: str | os.PathLike[str],
+    name: str,
+    *,
+    max_bytes: int | None = None,
+    classes: int | None = None,
     absolute_paths: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """The rows of one manifest shard as dicts; ``path`` is always the exact name as ``str``

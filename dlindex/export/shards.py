@@ -11,7 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group, Plan, relative_prefixes, sample_path
+from dlindex.export.plan import (
+    BYTES,
+    FORMAT,
+    HASH,
+    HEIGHT,
+    ID,
+    LABEL,
+    WIDTH,
+    ExportError,
+    Group,
+    Plan,
+    relative_prefixes,
+    sample_path,
+)
 
 # The keys of a manifest row and of a packed sample's metadata, in this order, in every format.
 SAMPLE_KEYS = ("id", "path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 
-from .confine import open_regular
-from .plan import ExportError
+from dlindex.export.confine import open_regular
+from dlindex.export.plan import ExportError
 
 BLOCK = 512
 _EMPTY = bytes(BLOCK)
@@ -39,7 +39,9 @@ def _checksum_ok(head: bytes) -> bool:
     return int(stored, 8) == sum(head[:148]) + 256 + sum(head[156:])
 
 
-def iter_members(path: str | os.PathLike[str] | bytes, max_bytes: int | None = None) -> Iterator[tuple[bytes, Callable[[], bytes]]]:
+def iter_members(
+    path: str | os.PathLike[str] | bytes, max_bytes: int | None = None
+) -> Iterator[tuple[bytes, Callable[[], bytes]]]:
     """(name, read) of each regular member, in order; ``read()`` returns its bytes (call it
     before the next member, or the member is skipped). Other members (folders, pax headers)
     are skipped."""
@@ -64,8 +66,7 @@ def iter_members(path: str | os.PathLike[str] | bytes, max_bytes: int | None = N
             start = at + BLOCK
             if start + padded > total:
                 raise ExportError(
-                    f"{shown} is truncated: the member at byte {at} claims {size} bytes, "
-                    f"{max(total - start, 0)} remain"
+                    f"{shown} is truncated: the member at byte {at} claims {size} bytes, {max(total - start, 0)} remain"
                 )
             at = start + padded
             if head[156] not in (0, 48):  # not a regular file (directories, pax headers)

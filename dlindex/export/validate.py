@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .confine import ConfineError, check_relative
-from .plan import ExportError
+from dlindex.export.confine import ConfineError, check_relative
+from dlindex.export.plan import ExportError
 
 MAX_COUNT = (1 << 63) - 1  # counts and sizes fit SQLite's INTEGER, like the catalog's own
 MAX_WORLD_SIZE = 1 << 16
@@ -70,7 +70,7 @@ def _file_entry(entry: Any, path: str, key: str, *, shard: bool) -> None:
 
 def check_version(data: Any, path: str) -> int:
     """The export version of an index (1 or 2); ExportError if ``data`` is no dlindex index."""
-    from .reader import INDEX_VERSION
+    from dlindex.export.reader import INDEX_VERSION
 
     if not isinstance(data, dict) or "dlindex_export" not in data:
         raise ExportError(f"{path} is not a dlindex export index")
@@ -92,7 +92,9 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
         if key not in data:
             raise ExportError(f"{path} has no {key!r}; it is damaged, or not written by dlindex")
     if data["format"] not in KNOWN_FORMATS:
-        raise ExportError(f"{_where(path, 'format')} must be one of {', '.join(KNOWN_FORMATS)}, not {_short(data['format'])}")
+        raise ExportError(
+            f"{_where(path, 'format')} must be one of {', '.join(KNOWN_FORMATS)}, not {_short(data['format'])}"
+        )
     root = _str(data["file_root"], path, "file_root")
     if not root or not root.startswith("/") or "\0" in root:  # type: ignore[union-attr]
         raise ExportError(f"{_where(path, 'file_root')} must be an absolute path, not {_short(root)}")
@@ -101,7 +103,9 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
         raise ExportError(f"{_where(path, 'labels')} must be an object of class index -> name")
     for k in range(len(labels)):
         if str(k) not in labels or not isinstance(labels[str(k)], str):
-            raise ExportError(f"{_where(path, 'labels')} must name classes 0..{len(labels) - 1}; {k} is missing or not text")
+            raise ExportError(
+                f"{_where(path, 'labels')} must name classes 0..{len(labels) - 1}; {k} is missing or not text"
+            )
     if "classes" in data or version >= 2:  # v2: the class list, "labels" the same as an object
         classes = data.get("classes")
         if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
@@ -121,7 +125,7 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
         raise ExportError(f"{_where(path, 'catalog.path')} must be text")
     if not isinstance(shards, list):
         raise ExportError(f"{path}: the shard list must be a list")
-    from .reader import SHARDS_KEY
+    from dlindex.export.reader import SHARDS_KEY
 
     key = SHARDS_KEY if version >= 2 else "shards"
     for i, entry in enumerate(shards):
@@ -179,7 +183,9 @@ def _check_streaming(data: Mapping[str, Any], path: str, listed: set[str]) -> No
         except ConfineError as e:
             raise ExportError(f"{_where(path, f'shards[{i}]')}: {e}") from None
         if name not in listed:
-            raise ExportError(f"{_where(path, f'shards[{i}].raw_data.basename')}: {_short(name)} is not a shard of the export")
+            raise ExportError(
+                f"{_where(path, f'shards[{i}].raw_data.basename')}: {_short(name)} is not a shard of the export"
+            )
 
 
 def check_row(row: Any, where: str, classes: int, absolute_paths: bool = False) -> dict[str, Any]:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from .plan import ExportError
-from .shards import Features
+from dlindex.export.plan import ExportError
+from dlindex.export.shards import Features
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('feature_types', 'image_features')"
 _TYPE_COLUMNS = "SELECT name, type FROM pragma_table_info('feature_types')"

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import RawShard, read_sources
-from .manifest import batches
-from .plan import FORMAT, ID, LABEL, ExportError, Group, absolute_path
-from .shards import Context, Cutter, ShardInfo, json_maker, sample_key, shard_name
+from dlindex.export.files import RawShard, read_sources
+from dlindex.export.manifest import batches
+from dlindex.export.plan import FORMAT, ID, LABEL, ExportError, Group, absolute_path
+from dlindex.export.shards import Context, Cutter, ShardInfo, json_maker, sample_key, shard_name
 
 BLOCK = 512
 _ZEROS = bytes(BLOCK * 2)
@@ -63,9 +63,7 @@ def header(name: bytes, size: int) -> bytes:
         raise ExportError(f"tar member {name!r} of {size} bytes does not fit a ustar header")
     size_field = b"%011o\0" % size
     checksum = _BASE_SUM + sum(name) + sum(size_field)
-    return b"".join(
-        (name.ljust(100, b"\0"), _MID, size_field, _MTIME, b"%06o\0 " % checksum, _TAIL)
-    )
+    return b"".join((name.ljust(100, b"\0"), _MID, size_field, _MTIME, b"%06o\0 " % checksum, _TAIL))
 
 
 def extension(row: tuple[Any, ...], path: bytes) -> str:
@@ -161,7 +159,9 @@ def shards_per_rank(per_rank: Sequence[int], samples: int, workers: int) -> int:
     return min(samples, max(workers, math.ceil(most / workers) * workers)) if samples else 0
 
 
-def arrange(out: Path, shards: Sequence[ShardInfo], splits: Sequence[str], world_size: int, workers: int) -> list[ShardInfo]:
+def arrange(
+    out: Path, shards: Sequence[ShardInfo], splits: Sequence[str], world_size: int, workers: int
+) -> list[ShardInfo]:
     """Give every rank of a split the same number of shards and name shard k of a split for
     rank ``k % world_size``: the order webdataset's ``split_by_node`` deals them out in."""
     arranged: list[ShardInfo] = []

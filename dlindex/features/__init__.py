@@ -1,10 +1,10 @@
 """The feature cache: per-image vectors by feature type, computed, imported and searched.
 
-    from dlindex import Catalog
+    from dlindex import Catalog, feature_vectors
     from dlindex.features import compute_features, nearest
     with Catalog("train.db") as catalog:
         compute_features(catalog, "colorhist")
-        x = catalog.features([1, 2, 3], "colorhist")      # (3, 96) float32
+        x = feature_vectors(catalog, [1, 2, 3], "colorhist")      # (3, 96) float32
         neighbours = nearest(catalog, [1], "colorhist", k=10, other_labels=True)
 
 This package imports numpy (``import dlindex`` does not); names are imported from their
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._lazy import lazy_exports
+from dlindex._lazy import lazy_exports
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -45,18 +45,43 @@ _EXPORTS = {
     "show_features": "storage",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "BUILTINS",
+    "ComputeOptions",
+    "ComputeSummary",
+    "DropResult",
+    "ExportResult",
+    "Extractor",
+    "FeatureType",
+    "FeatureTypeInfo",
+    "ImageFeatures",
+    "ImportSummary",
+    "METRICS",
+    "Neighbour",
+    "check_name",
+    "compute_features",
+    "drop_feature_type",
+    "export_features",
+    "feature_vectors",
+    "get_type",
+    "import_features",
+    "list_feature_types",
+    "load_extractor",
+    "load_matrix",
+    "nearest",
+    "show_features",
+]
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
-    from .extractors import BUILTINS, Extractor, load_extractor
-    from .importer import ImportSummary, import_features
-    from .neighbours import METRICS, Neighbour, load_matrix, nearest
-    from .pipeline import ComputeOptions, ComputeSummary, compute_features
-    from .storage import (
+    from dlindex.features.extractors import BUILTINS, Extractor, load_extractor
+    from dlindex.features.importer import ImportSummary, import_features
+    from dlindex.features.neighbours import METRICS, Neighbour, load_matrix, nearest
+    from dlindex.features.pipeline import ComputeOptions, ComputeSummary, compute_features
+    from dlindex.features.storage import (
         DropResult,
         ExportResult,
         FeatureType,

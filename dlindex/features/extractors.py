@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..errors import InputError
-from . import jpeg, visible
+from dlindex.errors import InputError
+from dlindex.features import jpeg, visible
 
 ExtractFn = Callable[[Image.Image], Any]
 
@@ -194,7 +194,9 @@ def _import_optional(name: str, spec: str) -> Any:
     try:
         return importlib.import_module(name)
     except (ImportError, RuntimeError, OSError) as e:  # a torchvision built for another torch raises RuntimeError
-        raise InputError(f"extractor {spec!r} needs {name}, which cannot be imported ({e}); pip install 'dlindex[torch]'") from None
+        raise InputError(
+            f"extractor {spec!r} needs {name}, which cannot be imported ({e}); pip install 'dlindex[torch]'"
+        ) from None
 
 
 def _check_weights(path: str) -> None:

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import CatalogError, InputError
-from ..walk import display_name
-from .readers import DEFAULT_MAX_BYTES, read_import_file
-from .storage import DTYPES, check_name, create_type, find_type, set_dim, write_vectors
+from dlindex.errors import CatalogError, InputError
+from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
+from dlindex.features.storage import DTYPES, check_name, create_type, find_type, set_dim, write_vectors
+from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 _ALL_IDS = "SELECT id FROM image_metadata ORDER BY id"
 _ROOTS = "SELECT id, path, path_bytes FROM roots"

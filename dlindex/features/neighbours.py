@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..query import QuerySpec, sample_ids
-from .storage import FeatureType, get_type, read_all
+from dlindex.errors import InputError
+from dlindex.features.storage import FeatureType, get_type, read_all
+from dlindex.query.rows import QuerySpec, sample_ids
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 METRICS = ("cosine", "l2")
 _MAGIC = b"DLIXFEAT"

@@ -20,24 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, Interrupted
-from ..query import QuerySpec, query_rows
-from ..signals import sigterm_as_interrupt
-from .extractors import Extractor, canonical_spec, load_extractor
-from . import state
-from .storage import (
-    DTYPES,
-    FeatureType,
-    check_name,
-    create_type,
-    find_type,
-    set_dim,
-    write_vectors,
-)
-from .workers import Pool, Results
+from dlindex.errors import InputError, Interrupted
+from dlindex.features import state
+from dlindex.features.extractors import Extractor, canonical_spec, load_extractor
+from dlindex.features.storage import DTYPES, FeatureType, check_name, create_type, find_type, set_dim, write_vectors
+from dlindex.features.workers import Pool, Results
+from dlindex.procs import sigterm_as_interrupt
+from dlindex.query.rows import QuerySpec, query_rows
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 _DONE = "SELECT image_id FROM image_features WHERE feature_type = ?"
 _EXISTS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"

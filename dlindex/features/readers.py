@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import InputError
+from dlindex.errors import InputError
 
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: 4,000,000 x 512 float32 vectors
 FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
@@ -64,7 +64,12 @@ def read_import_file(path: Path, ids_file: str | os.PathLike[str] | None, column
         if suffix == ".npz":
             try:
                 return _read_npz(path, max_bytes)
-            except (RuntimeError, NotImplementedError, zlib.error, lzma.LZMAError) as e:  # encrypted, odd methods, bad data
+            except (
+                RuntimeError,
+                NotImplementedError,
+                zlib.error,
+                lzma.LZMAError,
+            ) as e:  # encrypted, odd methods, bad data
                 raise InputError(f"cannot read {path}: {_one_line(e)}") from None
         if suffix == ".parquet":
             return _read_parquet(path, column, max_bytes)
@@ -243,10 +248,14 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
         raise InputError(f"{path}: column 'id' is {key_type}; sample ids must be integers")
     if key == "file_path" and not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)):
         raise InputError(f"{path}: column 'file_path' is {key_type}; expected strings")
-    if not (pa.types.is_list(vector_type) or pa.types.is_large_list(vector_type) or pa.types.is_fixed_size_list(vector_type)):
+    if not (
+        pa.types.is_list(vector_type) or pa.types.is_large_list(vector_type) or pa.types.is_fixed_size_list(vector_type)
+    ):
         raise InputError(f"{path}: column {column!r} is {vector_type}, not a list of numbers")
     if not pa.types.is_floating(vector_type.value_type):
-        raise InputError(f"{path}: column {column!r} holds {vector_type.value_type}; expected float16, float32 or float64")
+        raise InputError(
+            f"{path}: column {column!r} holds {vector_type.value_type}; expected float16, float32 or float64"
+        )
     meta = parquet.metadata
     # Decoded sizes from the metadata (the byte sizes there are of encoded pages, which
     # run-length encoding makes tiny): leaf values of the vector column, 8 bytes a row of keys.
@@ -319,18 +328,22 @@ def _read_jsonl(path: Path, column: str, max_bytes: int) -> Loaded:
             except (ValueError, RecursionError) as e:
                 raise InputError(f"{path}, line {number}: not valid JSON ({_one_line(e)})") from None
             if not isinstance(obj, dict) or column not in obj or ("id" not in obj and "file_path" not in obj):
-                raise InputError(f"{path}, line {number}: expected an object with \"id\" or \"file_path\" and {column!r}")
+                raise InputError(f'{path}, line {number}: expected an object with "id" or "file_path" and {column!r}')
             this_by_path = "id" not in obj
             if by_path is not None and this_by_path != by_path:
-                raise InputError(f"{path}, line {number}: mixes \"id\" and \"file_path\" keys")
+                raise InputError(f'{path}, line {number}: mixes "id" and "file_path" keys')
             by_path = this_by_path
             key = obj["file_path"] if by_path else obj["id"]
             if by_path and (not isinstance(key, str) or not key):
-                raise InputError(f"{path}, line {number}: \"file_path\" must be a non-empty string")
-            if not by_path and (not isinstance(key, int) or isinstance(key, bool) or not _INT64_MIN <= key <= _INT64_MAX):
-                raise InputError(f"{path}, line {number}: \"id\" must be a 64-bit integer, not {str(key)[:40]}")
+                raise InputError(f'{path}, line {number}: "file_path" must be a non-empty string')
+            if not by_path and (
+                not isinstance(key, int) or isinstance(key, bool) or not _INT64_MIN <= key <= _INT64_MAX
+            ):
+                raise InputError(f'{path}, line {number}: "id" must be a 64-bit integer, not {str(key)[:40]}')
             vector = obj[column]
-            if not isinstance(vector, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vector):
+            if not isinstance(vector, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in vector
+            ):
                 raise InputError(f"{path}, line {number}: {column!r} must be a list of numbers")
             if rows and len(vector) != len(rows[0]):
                 raise InputError(f"{path}, line {number}: {len(vector)} values, line 1 has {len(rows[0])}")

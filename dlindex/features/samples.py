@@ -7,12 +7,12 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InputError
-from ..walk import display_name
+from dlindex.errors import InputError
+from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
-    from .neighbours import Neighbour
+    from dlindex.catalog.connection import Catalog
+    from dlindex.features.neighbours import Neighbour
 
 _ROOTS = "SELECT id, path, path_bytes FROM roots"
 _BY_ID = "SELECT id FROM image_metadata WHERE id = ?"

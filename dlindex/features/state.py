@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 STATES = ("queued", "failed")
 
@@ -63,7 +63,7 @@ def of_image(catalog: Catalog, image_id: int) -> list[tuple[str, str, str | None
 
 def state_rows(catalog: Catalog, name: str, states: Sequence[str]) -> Iterator[dict[str, Any]]:
     """Output rows (id, state, error, updated_at, label, path) of a type's queued or failed samples."""
-    from .samples import describe
+    from dlindex.features.samples import describe
 
     params = {"type": name, "states": json.dumps(list(states))}
     batch: list[tuple[Any, ...]] = []

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, Interrupted
-from ..signals import sigterm_as_interrupt
-from . import state, tempfiles
+from dlindex.errors import InputError, Interrupted
+from dlindex.features import state, tempfiles
+from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
-    from ..catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
@@ -209,9 +209,7 @@ def encode(value: Any, dtype: np.dtype[Any], *, allow_integers: bool = True) -> 
     return cast
 
 
-def write_vectors(
-    conn: sqlite3.Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]
-) -> None:
+def write_vectors(conn: sqlite3.Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]) -> None:
     """Upsert vectors inside the caller's write transaction; bumps the type's version once."""
     name, width = ftype.name, ftype.vector_bytes
     assert width is not None, "set the type's dim before storing vectors"
@@ -246,7 +244,7 @@ def feature_vectors(catalog: Catalog, ids: Sequence[int] | np.ndarray, feature_t
     Raises:
         InputError: unknown feature type (naming the known ones), or ids without a vector.
     """
-    from .neighbours import cached_matrix
+    from dlindex.features.neighbours import cached_matrix
 
     ftype = get_type(catalog, feature_type)
     id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -330,8 +328,15 @@ def list_feature_types(catalog: Catalog) -> list[FeatureTypeInfo]:
         states = state.counts(catalog.conn, ftype.name)
         infos.append(
             FeatureTypeInfo(
-                ftype.name, ftype.dim, ftype.dtype, ftype.extractor, vectors, states["failed"], states["queued"],
-                ftype.version, ftype.created_at,
+                ftype.name,
+                ftype.dim,
+                ftype.dtype,
+                ftype.extractor,
+                vectors,
+                states["failed"],
+                states["queued"],
+                ftype.version,
+                ftype.created_at,
             )
         )
     return infos
@@ -369,7 +374,7 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
 
 def drop_feature_type(catalog: Catalog, name: str) -> DropResult:
     """Delete a feature type with all its vectors and failure records, and its cached matrix."""
-    from .neighbours import remove_cached_matrix
+    from dlindex.features.neighbours import remove_cached_matrix
 
     ftype = get_type(catalog, name)
     with catalog.write_transaction() as conn:

@@ -1,6 +1,6 @@
 """The worker processes of ``features compute``: decode each image and run the extractor.
 
-Built on the scan's ``dlindex.pool.ForkPool``: no helper threads, so stopping is immediate;
+Built on ``dlindex.procs.ForkPool``: no helper threads, so stopping is immediate;
 and the parent knows which batches each worker holds, so when an extractor crashes its
 process (a segfault in a C extension) the batches are rerun one image at a time in fresh
 processes and only the culprit fails.
@@ -15,12 +15,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from .. import worker
-from ..errors import DlindexError
-from ..pool import ForkPool, WorkerDied
-from ..probe import ProbeOptions
-from .extractors import Extractor
-from .storage import encode
+from dlindex.errors import DlindexError
+from dlindex.features.extractors import Extractor
+from dlindex.features.storage import encode
+from dlindex.procs import ForkPool, WorkerDied, init_child
 
 _ERROR_CHARS = 500
 _state: dict[str, Any] = {}  # set in the parent before forking: the workers inherit it
@@ -69,14 +67,14 @@ class Pool:
 
 
 def _init() -> None:
-    worker.init(ProbeOptions(), io_threads=0)  # signals, die with the parent, keep freed memory...
+    _state["capture"] = init_child()
 
 
 def _extract_batch(batch: Batch) -> Results:
     """In a worker: (id, vector bytes, None) or (id, None, error) for each image."""
     extractor: Extractor = _state["extractor"]
     dtype = _state["dtype"]
-    capture = worker.stderr_capture()
+    capture = _state.get("capture")
     results: Results = []
     for image_id, path in batch:
         try:

@@ -21,12 +21,12 @@ from datetime import datetime, timedelta, timezone
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from . import cache
-from .classes import CLASS_LISTS, canonical_splits, class_index, class_list
-from .errors import InputError
+from dlindex.catalog.classes import CLASS_LISTS, canonical_splits, class_index, class_list
+from dlindex.errors import InputError
+from dlindex.query import cache
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
@@ -168,15 +168,20 @@ class Explained:
     plan: tuple[str, ...]
 
 
-def query_rows(catalog: Catalog, spec: QuerySpec) -> Iterator[dict[str, Any]]:
-    """Validate ``spec`` now (raising InputError), then yield matching rows lazily."""
-    prepared = prepare(catalog, spec)
+def query_rows(catalog: Catalog, spec: QuerySpec | None = None, **options: Any) -> Iterator[dict[str, Any]]:
+    """Rows matching ``spec`` (or a ``QuerySpec`` of ``options``) as dicts, lazily; the spec is
+    checked now, raising InputError, not when the rows are read.
+
+        for row in query_rows(Catalog("train.db"), per_label=32, processed=True, seed=0):
+            ...
+    """
+    prepared = prepare(catalog, spec or QuerySpec(**options))
     return _rows(catalog, prepared)
 
 
-def sample_ids(catalog: Catalog, spec: QuerySpec) -> list[int]:
-    """The ids ``query_rows`` would yield for ``spec``, in the same order."""
-    prepared = prepare(catalog, _replace_columns(spec, ("id",)))
+def sample_ids(catalog: Catalog, spec: QuerySpec | None = None, **options: Any) -> list[int]:
+    """The ids that ``query_rows`` with the same spec or options would yield, in the same order."""
+    prepared = prepare(catalog, _replace_columns(spec or QuerySpec(**options), ("id",)))
     return [row["id"] for row in _rows(catalog, prepared)]
 
 
@@ -281,7 +286,9 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
         where.append(_WHERE_PROCESSED[bool(spec.processed)])
     if spec.processing_status:
         where.append(
-            _in_literals("image_metadata.processing_status", spec.processing_status, PROCESSING_STATUSES, "processing status")
+            _in_literals(
+                "image_metadata.processing_status", spec.processing_status, PROCESSING_STATUSES, "processing status"
+            )
         )
     since = parse_when(spec.since, "--since") if spec.since is not None else None
     until = parse_when(spec.until, "--until") if spec.until is not None else None
@@ -411,7 +418,12 @@ def _seed_params(seed: int) -> dict[str, int]:
     """Four multipliers/offsets for the rank hash, derived from the seed the same way everywhere."""
     digest = hashlib.sha256(f"dlindex-seed:{int(seed)}".encode()).digest()
     a, b, c, d = (int.from_bytes(digest[i : i + 8], "big") for i in range(0, 32, 8))
-    return {"seed_a": 1 + a % 2147483646, "seed_b": b % 2147483647, "seed_c": 1 + c % 2147483628, "seed_d": d % 2147483629}
+    return {
+        "seed_a": 1 + a % 2147483646,
+        "seed_b": b % 2147483647,
+        "seed_c": 1 + c % 2147483628,
+        "seed_d": d % 2147483629,
+    }
 
 
 def _replace_columns(spec: QuerySpec, columns: tuple[str, ...]) -> QuerySpec:

@@ -12,8 +12,8 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .probe import Probe
-from .walk import Child, Folder, Unit, WalkOptions, WalkReport, walk_runs
+from dlindex.scan.probe import Probe
+from dlindex.scan.walk import Child, Folder, Unit, WalkOptions, WalkReport, walk_runs
 
 # The last column asks for a new probe of an unchanged file whose verdict depends on
 # --max-pixels: it was judged under another limit, or is above twice the new one.
@@ -127,7 +127,9 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
                 match, known = known, next(cursor, None)
                 if not force and match[4] != "missing" and not match[7]:
                     try:
-                        st = lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder.path + name)  # no walk of the full path
+                        st = (
+                            lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder.path + name)
+                        )  # no walk of the full path
                     except OSError:
                         st = None  # let the probe report what is wrong with it
                     if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:

@@ -1,4 +1,6 @@
-"""The probe worker process: many reads in flight, then hashing and sniffing on one core.
+"""The scan's worker processes: diff and probe tasks, and the pool that runs them.
+
+Each worker reads many files at once, then hashes and sniffs them on one core.
 
 On a cold cache a scan waits on the disk, which serves random reads far faster with
 dozens in flight than one at a time; so each worker reads a batch with a small thread
@@ -7,30 +9,28 @@ pool (reads release the GIL), then inspects the bytes sequentially.
 
 from __future__ import annotations
 
-import ctypes
-import signal
+import dataclasses
+import functools
+import pickle
 import sqlite3
-import warnings
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from PIL import Image
 
-from .treediff import DiffOptions, LabelIds, UnitDiff, diff_unit
-from .walk import Unit
-from .cstderr import CStderrCapture
-from .probe import NOT_CACHED, Probe, ProbeOptions, inspect_content, read_content
+from dlindex.errors import DlindexError
+from dlindex.procs import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
+from dlindex.scan.diff import DiffOptions, LabelIds, UnitDiff, diff_unit
+from dlindex.scan.probe import NOT_CACHED, Probe, ProbeOptions, inspect_content, read_content
+from dlindex.scan.walk import Unit
 
 _state: dict[str, object] = {}
 
 
 def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent()
-    keep_freed_memory()
-    capture = CStderrCapture()
-    capture.start()  # libtiff & co. write to fd 2; keep it off the user's terminal
-    warnings.simplefilter("ignore")
+    capture = init_child()
     Image.MAX_IMAGE_PIXELS = options.max_pixels
     _state["options"] = options
     _state["capture"] = capture
@@ -50,7 +50,7 @@ def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[Uni
     probe a unit's new and changed files right here when there are few enough."""
     reader = _state.get("reader")
     if reader is None:
-        from .catalog import connect_readonly  # the one place that builds the read-only URI
+        from dlindex.catalog.sqlite import connect_readonly  # the one place that builds the read-only URI
 
         reader = connect_readonly(str(_state["catalog_path"]), timeout=30)
         _state["reader"] = reader
@@ -115,27 +115,73 @@ def _split(items: list[bytes], parts: int) -> list[list[bytes]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
 
-def keep_freed_memory() -> None:
-    """glibc: keep freed read buffers in the heap instead of returning them to the kernel.
-
-    Every file's bytes are a fresh allocation; by default glibc hands large ones back
-    (munmap, heap trim) and the next file page-faults them in again, ~15 faults a file,
-    which doubled the probe's CPU time in measurements. Heap growth stays bounded by the
-    largest batch in flight.
-    """
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: files up to 32 MiB come from the heap
-        libc.mallopt(-8, 2)  # M_ARENA_MAX: reader threads share arenas instead of making new ones
-    except (OSError, AttributeError):
-        pass
+# A second task is queued to a busy worker only if it is small, so that a worker blocked
+# writing a large result can never be blocked by us writing a large task to it.
+_SMALL_TASK = 64 * 1024
+Task = tuple[str, Callable[..., Any], tuple[Any, ...]]  # (kind, function, arguments)
 
 
-def _die_with_parent() -> None:
-    """Linux: if the scan is killed with -9, its workers go too instead of lingering."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+class WorkerPool:
+    """The scan's pool: ``submit`` (kind, function, arguments) tasks, then ``wait_any``
+    returns (kind, result) pairs as they finish."""
+
+    def __init__(self, workers: int, options: ProbeOptions, io_threads: int, catalog_path: str) -> None:
+        self.pool = ForkPool(workers, functools.partial(init, options, io_threads, catalog_path), call_task)
+        self.backlog: deque[tuple[Task, bytes]] = deque()  # tasks no worker could take yet
+
+    @property
+    def inflight(self) -> int:
+        return len(self.backlog) + self.pool.inflight
+
+    def submit(self, kind: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        data = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self.backlog.append(((kind, fn, args), data))
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self.backlog:
+            idle = self.pool.least_busy()
+            task, data = self.backlog[0]
+            if idle.tasks and (len(idle.tasks) >= 2 or len(data) > _SMALL_TASK):
+                return
+            self.backlog.popleft()
+            self.pool.send(idle, task, pickled=data)
+
+    def wait_any(self) -> list[tuple[str, Any]]:
+        answers, orphans = self.pool.wait_any()
+        # A worker died: redo its tasks so that one bad file is isolated.
+        results = [self._isolate(task) for task in orphans]
+        results += [(kind, task_result(answer)) for (kind, _, _), answer in answers]
+        self._dispatch()
+        return results
+
+    def _isolate(self, task: Task) -> tuple[str, Any]:
+        kind, fn, args = task
+        if kind == "diff":
+            # Walk again without probing in the walker: its files then come back as
+            # ordinary probe batches, where a crashing file is isolated like any other.
+            root_id, units, options = args
+            try:
+                return kind, self._run_alone(fn, (root_id, units, dataclasses.replace(options, probe_inline=0)))
+            except WorkerDied:
+                raise DlindexError("a worker process died while walking the tree; try --workers 1") from None
+        probes: list[Probe] = []
+        for path, key in args[0]:
+            try:
+                probes.extend(self._run_alone(fn, ([(path, key)],)))
+            except WorkerDied:
+                self._check_workers_start()
+                probes.append(Probe(key, "corrupt", error="a decoder crashed the worker process on this file"))
+        return kind, probes
+
+    def _run_alone(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        return task_result(self.pool.run_alone((fn, args)))
+
+    def _check_workers_start(self) -> None:
+        try:
+            self._run_alone(int, ())
+        except WorkerDied:
+            raise DlindexError("worker processes die as they start; try --workers 1") from None
+
+    def close(self, abort: bool = False) -> None:
+        self.pool.close(abort)

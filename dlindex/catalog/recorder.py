@@ -11,11 +11,12 @@ the catalog is closed). Reading, importing and clearing the log is ``logview``.
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from dlindex.catalog.fingerprint import fingerprint, table_of
 
 if TYPE_CHECKING:
     import random
@@ -37,6 +38,7 @@ FLUSH_ENTRIES = 1000
 FLUSH_SECONDS = 5.0
 RESERVOIR_SIZE = 8  # sample parameter sets kept per template
 _MAX_PARAMS_CHARS = 4096  # a parameter set larger than this is not worth keeping as a sample
+
 
 class QueryLog:
     """An in-memory buffer of log entries for one catalog connection."""
@@ -145,7 +147,9 @@ class QueryLog:
             conn.execute(_INSERT_LOCK_WAIT, {"sql": LOCK_WAIT_SQL, "fingerprint": fingerprint(LOCK_WAIT_SQL),
                                              "calls": self.lock_waits[0], "ms": self.lock_waits[1] * 1000.0})  # fmt: skip
         for sql, (offered, *sample) in self.samples.items():
-            _merge_samples(conn, sql, self._names(sql)[0], self.plans.get(sql, ("", None))[1], offered, sample, self.rng)
+            _merge_samples(
+                conn, sql, self._names(sql)[0], self.plans.get(sql, ("", None))[1], offered, sample, self.rng
+            )
 
     def flushed(self) -> None:
         self.entries = []
@@ -156,7 +160,12 @@ class QueryLog:
 
 
 def _merge_samples(
-    conn: sqlite3.Connection, sql: str, fp: str, plan_detail: str | None, offered: int, sample: list[Any],
+    conn: sqlite3.Connection,
+    sql: str,
+    fp: str,
+    plan_detail: str | None,
+    offered: int,
+    sample: list[Any],
     rng: random.Random,
 ) -> None:
     """Merge this process's reservoir into the stored one; each stays a uniform sample."""
@@ -204,7 +213,12 @@ def classify_plan(lines: Iterable[str]) -> str:
             subqueries.add(words[1])
         elif len(words) >= 2 and words[0] == "SCAN":
             # a constant row (SELECT without FROM, VALUES) reads no table
-            if "VIRTUAL TABLE" in line or words[1] in subqueries or words[1].startswith("(") or line.strip() == "SCAN CONSTANT ROW":
+            if (
+                "VIRTUAL TABLE" in line
+                or words[1] in subqueries
+                or words[1].startswith("(")
+                or line.strip() == "SCAN CONSTANT ROW"
+            ):
                 continue
             if "INDEX" in line:
                 searched = True  # a full pass over a (covering) index still uses one
@@ -213,45 +227,3 @@ def classify_plan(lines: Iterable[str]) -> str:
         elif words and words[0] == "SEARCH" and "USING" in line:
             searched = True
     return "scan" if scanned else "index" if searched else "none"
-
-
-_COMMENT = r"(?s)--[^\n]*|/\*.*?(?:\*/|\Z)"  # unclosed, a comment runs to the end (as in SQLite): linear time
-_STRING = r"'(?:[^']|'')*'"
-_NUMBER = r"(?i)(?<![\w.])(?:0x[0-9a-f]+|\d+(?:\.\d*)?(?:e[+-]?\d+)?)(?![\w])"
-_PARAM = r"(?:\?\d*|[:@$][A-Za-z_]\w*)"
-_IN_LIST = r"\(\s*\?(?:\s*,\s*\?)+\s*\)"
-_VALUES_LIST = r"(values\s*\(\?\))(?:\s*,\s*\(\?\))+"
-_SPACE = r"\s+"
-
-
-def normalize(sql: str) -> str:
-    """The statement with literals and placeholders as ``?``, lists folded, case and space unified."""
-    text = re.sub(_COMMENT, " ", sql)
-    text = re.sub(_STRING, "?", text)
-    text = re.sub(_PARAM, "?", text)
-    text = re.sub(_NUMBER, "?", text)
-    text = re.sub(_SPACE, " ", text).strip().rstrip(";").strip().lower()
-    text = re.sub(_IN_LIST, "(?)", text)
-    return re.sub(_VALUES_LIST, r"\1", text)
-
-
-def fingerprint(sql: str) -> str:
-    """16 hex digits grouping statements that differ only in literals, placeholders or spacing."""
-    import hashlib  # on first use: opening a catalog stays cheap
-
-    return hashlib.sha1(normalize(sql).encode()).hexdigest()[:16]
-
-
-_TABLE_OF = (
-    r"(?is)^\s*(?:with\b.*?\)\s*)?(?:insert(?:\s+or\s+\w+)?\s+into|replace\s+into|update(?:\s+or\s+\w+)?|delete\s+from)"
-    r"\s+([\w.\"`\[\]]+)|\bfrom\s+([\w.\"`\[\]]+)"
-)
-
-
-def table_of(sql: str) -> str | None:
-    """The table a write changes, or the first table a read names after FROM."""
-    for match in re.finditer(_TABLE_OF, sql):
-        name = match.group(1) or match.group(2)
-        if name and name.lower() not in ("select", "json_each"):
-            return name.split(".")[-1].strip('"`[]')
-    return None

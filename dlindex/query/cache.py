@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 _LOOKUP = "SELECT ids FROM query_cache WHERE key = :key AND changes = :changes"
 _EXPIRE = (

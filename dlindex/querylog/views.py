@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .errors import InputError
-from .querylog import _COMMENT, _STRING, fingerprint, table_of
+from dlindex.catalog.fingerprint import SQL_COMMENT, SQL_STRING, fingerprint, table_of
+from dlindex.errors import InputError
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 _INSERT_IMPORTED = """INSERT INTO query_log (kind, source, sql, fingerprint, table_name, calls, rows,
         duration_ms, plan, cached) VALUES (?, 'import', ?, ?, ?, 1, NULL, ?, NULL, 0)"""
@@ -79,7 +79,7 @@ class ParsedStatement:
 
 def statement_kind(sql: str) -> str | None:
     """'read', 'write', 'skip' (transaction control) or None (not a statement dlindex stores)."""
-    words = re.sub(_COMMENT, " ", sql).split(None, 1)
+    words = re.sub(SQL_COMMENT, " ", sql).split(None, 1)
     verb = words[0].lower() if words else ""
     if verb == "with" and re.search(_WRITE_IN_WITH, sql):
         return "write"
@@ -234,7 +234,7 @@ def _statement(lines: list[str], start: int, duration: float | None, too_long: b
 
 def _depth(line: str) -> int:
     """Parentheses this line opens (strings on the line left out; counted line by line, in linear time)."""
-    text = re.sub(_STRING, "", line)
+    text = re.sub(SQL_STRING, "", line)
     return text.count("(") - text.count(")")
 
 
@@ -269,7 +269,7 @@ def import_statements(conn: sqlite3.Connection, statements: Iterable[ParsedState
             kind = statement_kind(statement.sql)
             if statement.too_long:
                 reason = f"longer than {MAX_STATEMENT_CHARS:,} characters"
-            elif kind is None or kind == "skip" or ";" in re.sub(_STRING, "", statement.sql):
+            elif kind is None or kind == "skip" or ";" in re.sub(SQL_STRING, "", statement.sql):
                 reason = "not a single SELECT, INSERT, UPDATE or DELETE statement"
             else:
                 counts[0] += 1

@@ -21,21 +21,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import worker
-from .catalog import Catalog
-from .errors import DlindexError, InputError, Interrupted
-from .links import LinkedFiles
-from .owners import pid_alive
-from .pool import WorkerPool
-from .probe import Probe, ProbeOptions
-from .signals import sigterm_as_interrupt
-from .treediff import DiffOptions, ToProbe, UnitDiff
-from .walk import DEFAULT_EXTENSIONS, SKIP_REASONS, Unit, WalkOptions, WalkReport, display_name, plan_units
+from dlindex.catalog.connection import Catalog
+from dlindex.errors import DlindexError, InputError, Interrupted
+from dlindex.procs import pid_alive, sigterm_as_interrupt
+from dlindex.scan import tasks as worker
+from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
+from dlindex.scan.links import LinkedFiles
+from dlindex.scan.probe import Probe, ProbeOptions
+from dlindex.scan.tasks import WorkerPool
+from dlindex.scan.walk import DEFAULT_EXTENSIONS, SKIP_REASONS, Unit, WalkOptions, WalkReport, display_name, plan_units
 
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
         format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
-_UPSERT = _INSERT + """
+_UPSERT = (
+    _INSERT
+    + """
     ON CONFLICT (root_id, file_path) DO UPDATE SET
         file_path_bytes = excluded.file_path_bytes, label_id = excluded.label_id, split = excluded.split,
         width = excluded.width, height = excluded.height, format = excluded.format,
@@ -49,9 +50,9 @@ _UPSERT = _INSERT + """
             THEN image_metadata.processing_status ELSE NULL END,
         xxh3_128 = excluded.xxh3_128,
         updated_at = CURRENT_TIMESTAMP"""
+)
 _MARK_MISSING = (
-    "UPDATE image_metadata SET status = 'missing', updated_at = CURRENT_TIMESTAMP "
-    "WHERE id = ? AND status != 'missing'"
+    "UPDATE image_metadata SET status = 'missing', updated_at = CURRENT_TIMESTAMP WHERE id = ? AND status != 'missing'"
 )
 _RELABEL = "UPDATE image_metadata SET label_id = ?, split = ?, updated_at = CURRENT_TIMESTAMP WHERE id = ?"
 _PRUNE = "DELETE FROM image_metadata WHERE root_id = ? AND status = 'missing'"
@@ -184,7 +185,9 @@ def scan_tree(
         raise
     finally:
         restore()
-    unknown_labels = _unknown_label_paths(catalog, root_id, label_overrides) if label_overrides and not interrupted else []
+    unknown_labels = (
+        _unknown_label_paths(catalog, root_id, label_overrides) if label_overrides and not interrupted else []
+    )
     seconds = time.perf_counter() - started
     summary = ScanSummary(
         scan_id=scan_id, root=root_text, seen=counts.seen, new=counts.new, changed=counts.changed,

@@ -15,31 +15,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CatalogError
-from .migrations import APPLICATION_ID, LATEST_VERSION
+from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
+from dlindex.errors import CatalogError
 
 # The tables each schema version brought and the version that dropped them (None: kept); a
 # catalog at version v must have every table with since <= v < until.
-_TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
-    (1, None, ("roots", "labels", "image_metadata", "scans")),
-    (2, None, ("query_log", "query_log_templates", "catalog_changes", "query_cache")),
-    (3, None, ("feature_types", "image_features")),
-    (3, 7, ("feature_failures",)),  # m007_feature_state moved its rows to feature_state
-    (4, None, ("index_changes",)),
-    (7, None, ("feature_state",)),
-)
 _MAX_LINES = 20  # integrity problems reported; SQLite's own default is 100
 _RUNNING_SCANS = "SELECT id, pid, started_at FROM scans WHERE state = 'running' ORDER BY id"
 _COUNT_IMAGES = "SELECT count(*) FROM image_metadata"
-
-
-def missing_tables(tables: Iterable[str], version: int) -> list[str]:
-    """dlindex's tables that a catalog at schema ``version`` should have and does not."""
-    present = set(tables)
-    return [
-        t for since, until, names in _TABLES_SINCE if since <= version and (until is None or version < until)
-        for t in names if t not in present
-    ]  # fmt: skip
 
 
 def quick_check(conn: sqlite3.Connection, *, budget_s: float | None = None) -> list[str]:
@@ -97,8 +80,8 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
         quick: ``PRAGMA quick_check`` (pages and records) instead of the full
             ``integrity_check`` (also every index entry); several times faster on large files.
     """
-    from .catalog import connect_readonly
-    from .owners import pid_alive
+    from dlindex.catalog.sqlite import connect_readonly
+    from dlindex.procs import pid_alive
 
     started = time.perf_counter()
     db = Path(path)
@@ -175,8 +158,8 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
 
 def _raise_if_environment(e: sqlite3.Error, db: Path) -> None:
     """A full disk or a held lock says nothing about the file: report that, not damage."""
-    from .errors import CatalogBusyError, DiskFullError
-    from .faults import translate_error
+    from dlindex.errors import CatalogBusyError, DiskFullError
+    from dlindex.faults import translate_error
 
     error = translate_error(e, catalog=db)
     if isinstance(error, (DiskFullError, CatalogBusyError)):
@@ -240,7 +223,7 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
     pages are lost, the rest keep their ids. The new file gets dlindex's schema version
     and is checked; ``target`` must not exist (nothing is overwritten).
     """
-    from .catalog import PAGE_SIZE, connect_readonly
+    from dlindex.catalog.sqlite import PAGE_SIZE, connect_readonly
 
     src, dst = Path(source), Path(target)
     if dst.exists() or Path(os.fspath(dst) + "-wal").exists():
@@ -257,7 +240,9 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             schema = conn.execute(_SCHEMA).fetchall()
         except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
-            raise CatalogError(f"cannot read the schema of {src} ({e}): rescan the image tree into a new catalog") from None
+            raise CatalogError(
+                f"cannot read the schema of {src} ({e}): rescan the image tree into a new catalog"
+            ) from None
         if app_id != APPLICATION_ID:
             raise CatalogError(f"{src} is not a dlindex catalog")
         tmp.unlink(missing_ok=True)

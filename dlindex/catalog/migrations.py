@@ -9,7 +9,7 @@ appended to ``MIGRATIONS``.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 # "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
 APPLICATION_ID = 0x646C6978
@@ -75,6 +75,7 @@ _M001 = (
     )""",
 )
 
+
 def m002_query_log(conn: sqlite3.Connection) -> None:
     # The query log (evidence for `dlindex index`), the change counter that keys the
     # query-result cache, and the cache itself; see docs/concepts.md.
@@ -117,6 +118,7 @@ _M002 = (
         created_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP
     )""",
 )
+
 
 def m003_features(conn: sqlite3.Connection) -> None:
     # The feature cache (docs/concepts.md, "Feature cache"). Vectors go with their image:
@@ -164,6 +166,7 @@ _M003 = (
         BEGIN UPDATE feature_types SET version = version + 1 WHERE name = OLD.feature_type; END""",
 )
 
+
 def m004_index_changes(conn: sqlite3.Connection) -> None:
     # `dlindex index --apply` records what it created or dropped, so `--revert` undoes exactly
     # that; the query log gains the time spent waiting for the write lock (docs/concepts.md).
@@ -185,6 +188,7 @@ _M004 = (
     )""",
     "ALTER TABLE query_log ADD COLUMN lock_wait_ms REAL",
 )
+
 
 def m005_cheap_status_checks(conn: sqlite3.Connection) -> None:
     """Rewrite image_metadata's two ``IN (...)`` CHECKs as equivalent ``=``/``OR`` chains.
@@ -231,6 +235,7 @@ _M005_CHECKS = (
         "CHECK (processing_status = 'queued' OR processing_status = 'completed' OR processing_status = 'failed')",
     ),
 )
+
 
 def m006_classes(conn: sqlite3.Connection) -> None:
     """Files without a class (directly under ROOT) get a NULL label_id; the tree's split gets a column.
@@ -319,6 +324,7 @@ _M007 = (
         END""",
 )
 
+
 def m008_pixel_limit(conn: sqlite3.Connection) -> None:
     # The --max-pixels a verdict depended on, so a scan under another limit re-probes exactly
     # those files (docs/commands/scan.md). Rows judged before this column existed get 0, a
@@ -368,3 +374,22 @@ def apply_migrations(conn: sqlite3.Connection) -> int:
                 except sqlite3.Error:
                     pass  # the error being raised is the one to report
             raise
+
+
+_TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
+    (1, None, ("roots", "labels", "image_metadata", "scans")),
+    (2, None, ("query_log", "query_log_templates", "catalog_changes", "query_cache")),
+    (3, None, ("feature_types", "image_features")),
+    (3, 7, ("feature_failures",)),  # m007_feature_state moved its rows to feature_state
+    (4, None, ("index_changes",)),
+    (7, None, ("feature_state",)),
+)
+
+
+def missing_tables(tables: Iterable[str], version: int) -> list[str]:
+    """dlindex's tables that a catalog at schema ``version`` should have and does not."""
+    present = set(tables)
+    return [
+        t for since, until, names in _TABLES_SINCE if since <= version and (until is None or version < until)
+        for t in names if t not in present
+    ]  # fmt: skip

@@ -1,7 +1,7 @@
 """Scanned roots: list them, and tell the catalog that a root's tree moved (no rescan).
 
     from dlindex import Catalog
-    from dlindex.roots import list_roots, move_root
+    from dlindex.catalog.roots import list_roots, move_root
     with Catalog("train.db") as catalog:
         moved = move_root(catalog, "/mnt/old/images", "/data/images")   # checks a sample first
 
@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import InputError
-from .walk import display_name
+from dlindex.errors import InputError
+from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 __all__ = ["MovedRoot", "RootInfo", "list_roots", "move_root"]
 
@@ -72,7 +72,11 @@ def list_roots(catalog: Catalog) -> Iterator[RootInfo]:
 
 
 def move_root(
-    catalog: Catalog, old: str | os.PathLike[str] | bytes, new: str | os.PathLike[str] | bytes, *, check: int = DEFAULT_CHECK
+    catalog: Catalog,
+    old: str | os.PathLike[str] | bytes,
+    new: str | os.PathLike[str] | bytes,
+    *,
+    check: int = DEFAULT_CHECK,
 ) -> MovedRoot:
     """Point the root ``old`` at folder ``new``, after finding up to ``check`` of its files there
     with their catalogued size; InputError (nothing written) otherwise.

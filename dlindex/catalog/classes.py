@@ -19,10 +19,10 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from dlindex.errors import InputError
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 # Hugging Face datasets' SPLIT_KEYWORDS and NON_WORDS_CHARS (datasets/data_files.py): a folder
 # is a split folder when its name is a keyword, alone or set off by one of these characters

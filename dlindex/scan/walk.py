@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .classes import enter_folder, is_presplit
-from .keys import display_name as display_name  # re-exported: mark and features key names with it
+from dlindex.catalog.classes import enter_folder, is_presplit
+from dlindex.catalog.paths import display_name  # re-exported: mark and features key names with it
 
 DEFAULT_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 _FILES_PER_UNIT = 2000
@@ -49,7 +49,7 @@ class Unit(NamedTuple):
     start: str
     end: str | None
     split: str | None = None  # the split folder this unit is in (pre-split trees)
-    presplit: bool = False  # ROOT's folders are split folders: see dlindex.classes
+    presplit: bool = False  # ROOT's folders are split folders: see dlindex.catalog.classes
 
 
 @dataclass(frozen=True)
@@ -278,7 +278,18 @@ def _slices(
     def close_run() -> None:
         if run:
             units.append(
-                Unit(folder, prefix, raw_prefix, lossless, label, tuple(run), prefix + sort_text(run[0]), None, split, presplit)
+                Unit(
+                    folder,
+                    prefix,
+                    raw_prefix,
+                    lossless,
+                    label,
+                    tuple(run),
+                    prefix + sort_text(run[0]),
+                    None,
+                    split,
+                    presplit,
+                )
             )
             run.clear()
 
@@ -286,7 +297,18 @@ def _slices(
         if _is_dir_kind(child[KIND]):
             close_run()
             units.append(
-                Unit(folder, prefix, raw_prefix, lossless, label, (child,), prefix + sort_text(child), None, split, presplit)
+                Unit(
+                    folder,
+                    prefix,
+                    raw_prefix,
+                    lossless,
+                    label,
+                    (child,),
+                    prefix + sort_text(child),
+                    None,
+                    split,
+                    presplit,
+                )
             )
         else:
             run.append(child)
@@ -401,7 +423,9 @@ def walk_runs(unit: Unit, options: WalkOptions, report: WalkReport) -> Iterator[
                 os.close(frame.fd)
 
 
-def _linked_file(top: Folder, child: Child, report: WalkReport, seen_files: set[tuple[int, int]]) -> os.stat_result | None:
+def _linked_file(
+    top: Folder, child: Child, report: WalkReport, seen_files: set[tuple[int, int]]
+) -> os.stat_result | None:
     """A file reached through a link: its stat, if it is a regular file not reached before."""
     try:
         # Relative to the open folder, like the diff's lstat: no walk of the full path.

@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
-from .catalog import rollback
-from .errors import InputError
-from .query import PROCESSING_STATUSES
-from .walk import display_name
+from dlindex.catalog.sqlite import rollback
+from dlindex.errors import InputError
+from dlindex.query.rows import PROCESSING_STATUSES
+from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
-    from .catalog import Catalog
+    from dlindex.catalog.connection import Catalog
 
 _CREATE_IDS = "CREATE TEMP TABLE IF NOT EXISTS mark_ids (id INTEGER PRIMARY KEY)"
 _CREATE_PATHS = (
@@ -252,33 +252,41 @@ def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> 
         if "id" in obj:
             id_ = obj["id"]
             if not isinstance(id_, int) or isinstance(id_, bool) or not _INT64_MIN <= id_ <= _INT64_MAX:
-                raise InputError(f"line {number}: \"id\" must be a 64-bit integer, not {_shown(id_)}; nothing was changed")
+                raise InputError(
+                    f'line {number}: "id" must be a 64-bit integer, not {_shown(id_)}; nothing was changed'
+                )
             return id_
         for key in ("path", "file_path"):
             path = obj.get(key)
             if path is not None:
                 if not isinstance(path, str) or not path:
-                    raise InputError(f"line {number}: \"{key}\" must be a non-empty string, not {_shown(path)}; nothing was changed")
+                    raise InputError(
+                        f'line {number}: "{key}" must be a non-empty string, not {_shown(path)}; nothing was changed'
+                    )
                 try:
                     # \udc80-\udcff stand for the bytes of a non-UTF-8 name, as `query --format jsonl` writes them
                     name = os.fsencode(path)
                 except UnicodeEncodeError:
                     raise InputError(
-                        f"line {number}: \"{key}\" holds a lone surrogate ({_shown(path)}), which names no file; nothing was changed"
+                        f'line {number}: "{key}" holds a lone surrogate ({_shown(path)}), which names no file; nothing was changed'
                     ) from None
                 if b"\0" in name:
-                    raise InputError(f"line {number}: \"{key}\" holds a NUL character, which names no file; nothing was changed")
+                    raise InputError(
+                        f'line {number}: "{key}" holds a NUL character, which names no file; nothing was changed'
+                    )
                 if key == "file_path":
                     return 0, path  # the catalog key itself, stand-ins included: not a name to key again
                 return _resolve(name, roots)
-        raise InputError(f"line {number}: a JSON object needs \"id\", \"path\" or \"file_path\"; nothing was changed")
+        raise InputError(f'line {number}: a JSON object needs "id", "path" or "file_path"; nothing was changed')
     if by == "id":
         decimal = _DECIMAL.match(text) is not None
         if decimal and len(text) <= 24:  # longer is out of range (and int() limits digits)
             value = int(text)
             if _INT64_MIN <= value <= _INT64_MAX:
                 return value
-        what = "is outside the 64-bit range of sample ids" if decimal else "is not a sample id (for paths use --by path)"
+        what = (
+            "is outside the 64-bit range of sample ids" if decimal else "is not a sample id (for paths use --by path)"
+        )
         shown = text[:_SHOWN].decode("utf-8", "backslashreplace") + ("..." if len(text) > _SHOWN else "")
         raise InputError(f"line {number}: {shown!r} {what}; nothing was changed")
     return _resolve(raw, roots)
@@ -365,4 +373,6 @@ def read_records(stream: Any, null: bool = False, chunk_size: int = 1 << 16) -> 
 
 
 def _too_long(number: int) -> InputError:
-    return InputError(f"line {number}: longer than {MAX_RECORD_BYTES:,} bytes, not an id, path or JSON line; nothing was changed")
+    return InputError(
+        f"line {number}: longer than {MAX_RECORD_BYTES:,} bytes, not an id, path or JSON line; nothing was changed"
+    )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .probe import Probe
-from .treediff import ToProbe
+from dlindex.scan.diff import ToProbe
+from dlindex.scan.probe import Probe
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import NamedTuple
 import xxhash
 from PIL import Image, UnidentifiedImageError
 
-from .cstderr import CStderrCapture
-from .walk import special_reason
+from dlindex.procs import CStderrCapture
+from dlindex.scan.walk import special_reason
 
 # Files above this are hashed in chunks and checked from their head and tail only.
 WHOLE_READ_LIMIT = 16 * 1024 * 1024

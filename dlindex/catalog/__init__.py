@@ -1,0 +1,1 @@
+"""The catalog: connections, schema, transactions, the query log's recording, and paths."""

@@ -1,0 +1,1 @@
+"""Reading the query log: summaries by fingerprint, importing SQL logs, clearing."""
