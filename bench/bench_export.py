@@ -44,11 +44,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-import make_trees as mt  # noqa: E402
+import make_trees as mt
 
 PY = sys.executable
 DLINDEX = [PY, "-m", "dlindex"]
-from common import compile_sources, write_section  # noqa: E402
+from common import compile_sources, write_section
 
 START, END = "<!-- bench_export:start -->", "<!-- bench_export:end -->"
 ALL_CASES = ["manifest", "pack", "read"]
@@ -394,7 +394,7 @@ def render(results: list[dict], meta: dict) -> str:
             target = "≥ 500,000 rows/s" if r["target"] else ""
             ok = ("pass" if r["rows_per_s"] >= r["target"] else "**FAIL**") if r["target"] else ""
             lines.append(
-                f"| {r['case']} ({r['rows']:,} rows) | {r['seconds']:.2f} s = {r['rows_per_s']:,.0f} rows/s | – | – | {target} {ok} |"
+                f"| {r['case']} ({r['rows']:,} rows) | {r['seconds']:.2f} s = {r['rows_per_s']:,.0f} rows/s | - | - | {target} {ok} |"
             )
         elif r["case"].startswith("pack"):
             ok = ("pass" if r["ratio"] >= r["target"] else "**FAIL**") if r["target"] else ""
@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                 work, reps, tree, db, limit, 500 if a.quick else a.decode_limit, 100 if a.quick else a.slow_limit
             )
     meta = {
-        "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "when": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}", "python": platform.python_version(),
         "reps": reps, "busy_max": round(max(BUSY, default=0.0), 2), "busy_median": round(median(BUSY), 2),
         "command": "sudo python bench/bench_export.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -51,12 +51,12 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-import make_trees as mt  # noqa: E402
-from common import compile_sources, write_section  # noqa: E402
+import make_trees as mt
+from common import compile_sources, write_section
 
-from dlindex import Catalog, ScanOptions, scan_tree  # noqa: E402
-from dlindex.catalog.sqlite import PAGE_SIZE  # noqa: E402
-from dlindex.features import nearest  # noqa: E402
+from dlindex import Catalog, ScanOptions, scan_tree
+from dlindex.catalog.sqlite import PAGE_SIZE
+from dlindex.features import nearest
 
 START, END = "<!-- bench_features:start -->", "<!-- bench_features:end -->"
 PY = sys.executable
@@ -142,7 +142,7 @@ class Quiet:
     ) -> tuple[float, subprocess.CompletedProcess[str]]:
         """Run ``argv`` (after ``prep``, untimed, before every attempt)."""
         best: tuple[float, float, subprocess.CompletedProcess[str]] | None = None
-        for attempt in range(1 + self.retries):
+        for _attempt in range(1 + self.retries):
             if prep is not None:
                 prep()
             self.wait_quiet()
@@ -492,7 +492,7 @@ def _blas() -> str:
         info = config["Build Dependencies"]["blas"]
         coretype = os.environ.get("OPENBLAS_CORETYPE")
         return f"{info.get('name')} {info.get('version')}" + (f", OPENBLAS_CORETYPE={coretype}" if coretype else "")
-    except Exception:  # noqa: BLE001 -- cosmetic
+    except Exception:
         return "BLAS unknown"
 
 
@@ -523,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in a.cases.split(","):
         try:
             getattr(bench, f"case_{case.strip()}")()
-        except Exception as e:  # noqa: BLE001 -- report the case as failed and go on
+        except Exception as e:
             failed = True
             bench.result(case, f"error: {e}".replace("\n", " ")[:200], "-", "-", "-", False)
     section = bench.report(time.perf_counter() - started)

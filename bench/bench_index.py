@@ -59,19 +59,19 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from common import compile_sources, write_section  # noqa: E402
+from common import compile_sources, write_section
 
-from dlindex import Catalog, QuerySpec, query_rows  # noqa: E402
-from dlindex.catalog.fingerprint import fingerprint  # noqa: E402
+from dlindex import Catalog, QuerySpec, query_rows
+from dlindex.catalog.fingerprint import fingerprint
 from dlindex.catalog.recorder import classify_plan
-from dlindex.query.rows import prepare  # noqa: E402
+from dlindex.query.rows import prepare
 
 START, END = "<!-- bench_index:start -->", "<!-- bench_index:end -->"
 PY = sys.executable
 SQLITE3 = shutil.which("sqlite3") or "/usr/bin/sqlite3"
 PLANTED = {"planted_processed": "processed", "planted_label_id": "label_id", "planted_width_height": "width, height"}
 LOW_CARDINALITY = ("processed", "status", "processing_status", "format", "mode")
-NOW = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0)
+NOW = _dt.datetime.now(_dt.UTC).replace(microsecond=0)
 DAY_AGO = (NOW - _dt.timedelta(hours=24)).strftime("%Y-%m-%dT%H:%M:%SZ")
 UNTIL = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
 TARGET_SUGGEST_S = 60.0

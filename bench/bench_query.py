@@ -50,10 +50,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from common import compile_sources, write_section  # noqa: E402
+from common import compile_sources, write_section
 
 from dlindex import (
-    Catalog,  # noqa: E402
+    Catalog,
     query_rows,
 )
 
@@ -61,7 +61,7 @@ START, END = "<!-- bench_query:start -->", "<!-- bench_query:end -->"
 PY = sys.executable
 # "24h" is resolved to a timestamp to the second when a query runs; a training script that
 # asks again with the same window start (as here) gets the cached answer.
-_DAY_AGO = (_dt.datetime.now(_dt.timezone.utc) - _dt.timedelta(hours=24)).strftime("%Y-%m-%dT%H:%M:%SZ")
+_DAY_AGO = (_dt.datetime.now(_dt.UTC) - _dt.timedelta(hours=24)).strftime("%Y-%m-%dT%H:%M:%SZ")
 QUERIES: dict[str, dict[str, Any]] = {
     "per-label 32, processed": {"per_label": 32, "processed": True, "seed": 0},
     "created in the last 24 h": {"since": _DAY_AGO},
@@ -95,11 +95,10 @@ def make_catalog(path: Path, rows: int, labels: int) -> float:
     for suffix in ("", "-wal", "-shm"):
         Path(str(path) + suffix).unlink(missing_ok=True)
     started = time.perf_counter()
-    with Catalog(path, create=True, log=False) as catalog:
-        with catalog.write_transaction() as conn:
-            conn.execute("INSERT INTO roots (id, path) VALUES (1, '/data/train')")
-            conn.execute(_LABELS, {"labels": labels})
-            conn.execute(_GENERATE, {"rows": rows, "labels": labels})
+    with Catalog(path, create=True, log=False) as catalog, catalog.write_transaction() as conn:
+        conn.execute("INSERT INTO roots (id, path) VALUES (1, '/data/train')")
+        conn.execute(_LABELS, {"labels": labels})
+        conn.execute(_GENERATE, {"rows": rows, "labels": labels})
     checkpoint(path)
     return time.perf_counter() - started
 
@@ -135,11 +134,11 @@ def run_query(db: Path, options: dict[str, Any], *, log: bool, cache: bool) -> i
 def bench_queries(db: Path, reps: int) -> list[dict[str, Any]]:
     results = []
     for name, options in QUERIES.items():
-        cold, rows = median_time(lambda: run_query(db, options, log=True, cache=False), reps)
+        cold, rows = median_time(lambda options=options: run_query(db, options, log=True, cache=False), reps)
         before = cache_entries(db)
         run_query(db, options, log=True, cache=True)  # stores the result, if the cache wants it
         stored = cache_entries(db) > before
-        cached, _ = median_time(lambda: run_query(db, options, log=True, cache=True), reps)
+        cached, _ = median_time(lambda options=options: run_query(db, options, log=True, cache=True), reps)
         results.append({"query": name, "options": options, "rows": rows, "cold_ms": cold * 1000,
                         "cached_ms": cached * 1000, "speedup": cold / cached, "stored": stored})  # fmt: skip
         print(f"  {name}: {rows:,} rows, cold {cold * 1000:.0f} ms, cached {cached * 1000:.0f} ms"

@@ -48,8 +48,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_query import make_catalog  # noqa: E402
-from common import compile_sources, write_section  # noqa: E402
+from bench_query import make_catalog
+from common import compile_sources, write_section
 
 START, END = "<!-- bench_query_terminal:start -->", "<!-- bench_query_terminal:end -->"
 RULE = "─".encode()

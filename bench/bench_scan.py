@@ -27,6 +27,7 @@ Trees are generated (once, reused) by bench/make_trees.py under $DLINDEX_BENCH_D
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -48,12 +49,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-import make_trees as mt  # noqa: E402
+import make_trees as mt
 
 BASE = HERE / "baselines"
 PY = sys.executable
 ALL_CASES = ["warm", "cold", "rescan", "rss", "naive", "hf"]
-from common import compile_sources, write_section  # noqa: E402
+from common import compile_sources, write_section
 
 START, END = "<!-- bench_scan:start -->", "<!-- bench_scan:end -->"
 MB = 1e6
@@ -84,7 +85,7 @@ class Run:
     def cmd(self) -> str:
         return self.argv if isinstance(self.argv, str) else shlex.join(self.argv)
 
-    def check(self) -> "Run":
+    def check(self) -> Run:
         if self.timed_out:
             raise RuntimeError(f"timed out after {self.wall:.0f}s: {self.cmd}")
         if self.rc != 0:
@@ -170,8 +171,7 @@ def _run_once(
     if gnu_time:
         Path(_tmpfile("rss")).unlink(missing_ok=True)
         argv = ["/usr/bin/time", "-f", "%M", "-o", _tmpfile("rss"), *argv]
-    out_f, err_f = (open(_tmpfile(n), "w+") for n in ("out", "err"))
-    with out_f, err_f:
+    with open(_tmpfile("out"), "w+") as out_f, open(_tmpfile("err"), "w+") as err_f:
         busy0, _ = _cpu_busy()
         t0 = time.perf_counter()
         p = subprocess.Popen(
@@ -190,10 +190,8 @@ def _run_once(
         def killer() -> None:
             if not stop.wait(timeout):
                 r.timed_out = True
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
 
         def sampler() -> None:
             while not stop.wait(0.02):
@@ -704,8 +702,8 @@ class Bench:
                 fresh=True,
                 sample_tree=True,
                 expect={"seen": n, "new": n},
-                prep=lambda: warm_data(root),
-            )  # noqa: B023
+                prep=lambda root=root: warm_data(root),
+            )
             r2 = self.dl_scan(
                 "rss",
                 root,
@@ -713,8 +711,8 @@ class Bench:
                 fresh=False,
                 sample_tree=True,
                 expect={"seen": n, "unchanged": n},
-                prep=lambda: warm_meta(root),
-            )  # noqa: B023
+                prep=lambda root=root: warm_meta(root),
+            )
             rm_db(db)
             res[n] = {
                 "scan_maxrss_mb": r1.maxrss_kb * 1024 / MB,
@@ -906,19 +904,19 @@ class Bench:
         _TMP.mkdir(exist_ok=True)
         self.fp_start = source_fingerprint()
         self.t0 = time.perf_counter()
-        self.started = _dt.datetime.now(_dt.timezone.utc)
+        self.started = _dt.datetime.now(_dt.UTC)
         try:
             v = run([*self.dl, "--help"], env=self.dl_env, cwd=REPO, timeout=120)
             if v.rc != 0:
                 self.say(f"warning: `{shlex.join(self.dl)} --help` exited {v.rc}: {v.stderr[-500:]}")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self.say(f"warning: cannot run {self.dl}: {e}")
         for c in cases:
             self.say(f"=== case {c}")
             t = time.perf_counter()
             try:
                 getattr(self, f"case_{c}")()
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 tb = traceback.format_exc()
                 self.say(f"case {c} FAILED: {tb}")
                 self.rows.append(Row(c, f"{c}: case failed", ok=False, note=str(e).strip().splitlines()[0][:300]))
@@ -961,7 +959,7 @@ def machine_info(b: Bench) -> dict:
     def cmd(c: str) -> str:
         try:
             return subprocess.run(c, shell=True, capture_output=True, text=True, timeout=30).stdout.strip()
-        except Exception:  # noqa: BLE001
+        except Exception:
             return "?"
 
     import PIL
@@ -996,7 +994,7 @@ def tree_size(b: Bench, name: str) -> str:
     try:
         m = json.loads(p.with_name(p.name + ".complete").read_text())
         return f" ({m['bytes'] / 2**30:.2f} GiB)" if m["bytes"] > 2**30 else f" ({m['bytes'] / 2**20:.0f} MiB)"
-    except Exception:  # noqa: BLE001
+    except Exception:
         return ""
 
 

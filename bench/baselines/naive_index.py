@@ -42,7 +42,7 @@ def main() -> None:
             try:
                 with Image.open(io.BytesIO(data)) as im:
                     fmt, (w, h) = im.format, im.size
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 err = repr(e)
             con.execute(
                 "INSERT INTO files VALUES (?,?,?,?,?,?,?,?,?)",
