@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Any, TextIO
 
 import typer
@@ -17,7 +17,7 @@ from dlindex.cli._shared import stderr_console, stdout_console
 ELLIPSIS = "…"
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     jsonl = "jsonl"
     csv = "csv"
@@ -30,9 +30,8 @@ FormatOption = Annotated[
     typer.Option(
         "--format",
         "-f",
-        help="Output format: table, jsonl, csv, tsv or paths (one absolute path per line). "
-        "[default: table at a terminal, jsonl otherwise]",
-        show_default=False,
+        help="Output format: table, jsonl, csv, tsv or paths (one absolute path per line).",
+        show_default="table at a terminal, jsonl otherwise",
     ),
 ]
 NullFlag = Annotated[

@@ -10,7 +10,6 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -26,8 +25,8 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="DLINDEX_DB",
-        help="Catalog database file (default: ./dlindex.db).",
-        show_default=False,
+        help="Catalog database file.",
+        show_default="./dlindex.db",
     ),
 ]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
@@ -47,8 +46,8 @@ def _set_wait(seconds: float | None) -> float | None:
 WaitOption = Annotated[
     float | None,
     typer.Option(
-        "--wait", envvar="DLINDEX_WAIT", min=0, metavar="SECONDS", callback=_set_wait, show_default=False,
-        help="Wait up to SECONDS for another process's write lock on the catalog (default: 30).",
+        "--wait", envvar="DLINDEX_WAIT", min=0, metavar="SECONDS", callback=_set_wait, show_default="30",
+        help="Wait up to SECONDS for another process's write lock on the catalog.",
     ),
 ]  # fmt: skip
 
@@ -133,13 +132,13 @@ def _path_args(kwargs: dict[str, Any]) -> list[str]:
 
 
 @contextmanager
-def progress_bar(quiet: bool, **tqdm_options: Any) -> Iterator[Callable[[int], object]]:
+def progress_bar(quiet: bool, **tqdm_options: Any) -> Iterator[Callable[[int], None]]:
     """An ``update(n)`` for tqdm's bar when stderr is a terminal; otherwise a no-op, and tqdm
     (~15 ms to import) is never loaded."""
     if quiet or not sys.stderr.isatty():
         yield lambda n: None
         return
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type information
 
     with tqdm(**tqdm_options) as bar:
         yield bar.update
@@ -163,96 +162,3 @@ NoLogFlag = Annotated[
         "--no-log", envvar="DLINDEX_NO_LOG", help="Do not record this command's reads and writes in the query log."
     ),
 ]
-
-
-# The selection options of `dlindex query`, shared with `dlindex export` (same names, same meaning).
-class Status(str, Enum):
-    ok = "ok"
-    corrupt = "corrupt"
-    missing = "missing"
-
-
-class ProcessingStatus(str, Enum):
-    queued = "queued"
-    completed = "completed"
-    failed = "failed"
-
-
-LabelOption = Annotated[
-    list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)
-]
-StatusOption = Annotated[
-    list[Status] | None,
-    typer.Option("--status", help="Only this status (repeatable). [default: ok]", show_default=False),
-]
-ProcessedOption = Annotated[
-    bool | None,
-    typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False),
-]
-ProcessingStatusOption = Annotated[
-    list[ProcessingStatus] | None,
-    typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False),
-]
-SinceOption = Annotated[
-    str | None,
-    typer.Option(
-        "--since",
-        help="Created at or after WHEN: ISO date-time (UTC unless given) or a duration back from now: 30m, 24h, 7d.",
-        metavar="WHEN",
-        show_default=False,
-    ),
-]
-UntilOption = Annotated[
-    str | None,
-    typer.Option("--until", help="Created before WHEN (same forms as --since).", metavar="WHEN", show_default=False),
-]
-MinWidthOption = Annotated[
-    int | None, typer.Option("--min-width", min=0, help="Only images at least this wide.", show_default=False)
-]
-MinHeightOption = Annotated[
-    int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)
-]
-
-
-class ClassList(str, Enum):
-    selected = "selected"
-    catalog = "catalog"
-
-
-ClassesOption = Annotated[
-    ClassList,
-    typer.Option(
-        "--classes",
-        help="Which class list label_id indexes: selected (the --label names, else all the catalog's classes) or catalog (always all).",
-    ),
-]
-PerLabelOption = Annotated[
-    int | None,
-    typer.Option(
-        "--per-label",
-        min=1,
-        help="Class balance: at most N random samples per label (deterministic for a --seed).",
-        show_default=False,
-    ),
-]
-
-
-def selection(
-    label: list[str] | None,
-    status: list[Any] | None,
-    processed: bool | None,
-    processing_status: list[Any] | None,
-    since: str | None,
-    until: str | None,
-    min_width: int | None,
-    min_height: int | None,
-    **more: Any,
-) -> Any:
-    """The QuerySpec of the shared selection options, as every selecting command builds it."""
-    from dlindex.query.rows import QuerySpec  # on use: scan and stats never select
-
-    return QuerySpec(
-        labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),
-        processed=processed, processing_status=tuple(s.value for s in processing_status or ()),
-        since=since, until=until, min_width=min_width, min_height=min_height, **more,
-    )  # fmt: skip

@@ -52,10 +52,12 @@ def stream_table(
     while True:
         widths = grow_widths(widths, chunk, shorten, console.width)  # paths keep theirs
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, show_header=header, pad_edge=True, highlight=False)
-        for name, width in zip(headers, widths):
+        for name, width in zip(headers, widths, strict=False):
             table.add_column(name, width=width, no_wrap=True, overflow="ellipsis")
         for cells in chunk:
-            table.add_row(*(Text(shorten_middle(c, w) if s else c) for c, w, s in zip(cells, widths, shorten)))
+            table.add_row(
+                *(Text(shorten_middle(c, w) if s else c) for c, w, s in zip(cells, widths, shorten, strict=False))
+            )
         if chunk or header:
             console.print(table)
         shown += len(chunk)
@@ -72,7 +74,7 @@ def fit_widths(headers: Sequence[str], chunk: Sequence[Sequence[str]], total: in
     too wide, headers wider than their values are cut first, then paths down to a third of
     the width, then the widest other columns, then paths again."""
     values = [_natural(chunk, i) for i in range(len(headers))]
-    widths = [max(len(h), v) for h, v in zip(headers, values)]
+    widths = [max(len(h), v) for h, v in zip(headers, values, strict=False)]
     for i, v in enumerate(values):
         if v and v == widths[i] and len(chunk) > 1 and all(cells[i].isdigit() for cells in chunk):
             widths[i] += 1  # room for one more digit (id 100 after 99) keeps the chunks aligned

@@ -58,7 +58,7 @@ def demo(
     stdout_console.print(f"exported {exported.samples} samples to {exported.shards} shards: {exported.splits}")
     say("[bold]6. one batch back through dlindex.loader.WdsDataset[/] (what a DataLoader would get)")
     dataset = WdsDataset(shards, split="train", decode=True)
-    batch = [item for _, item in zip(range(8), dataset)]
+    batch = [item for _, item in zip(range(8), dataset, strict=False)]
     stdout_console.print(
         "  " + ", ".join(f"{dataset.classes[label]} {image.size[0]}x{image.size[1]}" for image, label in batch)
     )

@@ -2,41 +2,30 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from dlindex.catalog.connection import Catalog
-from dlindex.cli._shared import (  # fmt: skip
-    ClassesOption,
-    ClassList,
+from dlindex.cli._selection import ClassesOption, ClassList, PerLabelOption, Selection, selection_options
+from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
-    LabelOption,
-    MinHeightOption,
-    MinWidthOption,
     NoLogFlag,
-    PerLabelOption,
-    ProcessedOption,
-    ProcessingStatusOption,
     QuietFlag,
-    SinceOption,
-    StatusOption,
-    UntilOption,
     handle_errors,
     human_bytes,
     print_json,
     progress_bar,
-    selection,
     stdout_console,
 )
 
 MAX_WARNINGS = 20
 
 
-class ExportFormat(str, Enum):
+class ExportFormat(StrEnum):
     jsonl = "jsonl"
     csv = "csv"
     parquet = "parquet"
@@ -46,6 +35,7 @@ class ExportFormat(str, Enum):
 
 
 @handle_errors
+@selection_options
 def export(
     out_dir: Annotated[
         Path, typer.Argument(metavar="OUT_DIR", help="Folder to write (made atomically), or to check with --verify.")
@@ -58,15 +48,9 @@ def export(
             help="jsonl, csv, parquet (manifests); dali (file lists); wds (WebDataset tars); mds (MosaicML Streaming).",
         ),
     ] = ExportFormat.jsonl,
-    label: LabelOption = None,
+    *,
+    select: Selection,
     classes: ClassesOption = ClassList.selected,
-    status: StatusOption = None,
-    processed: ProcessedOption = None,
-    processing_status: ProcessingStatusOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    min_width: MinWidthOption = None,
-    min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N samples.", show_default=False)] = None,
     shard_size: Annotated[
@@ -77,8 +61,8 @@ def export(
         typer.Option(
             "--shard-bytes",
             metavar="SIZE",
-            help="Shards of at most SIZE (256MiB, 1GB). [default: 256MiB for wds, 64MiB for mds, one shard otherwise]",
-            show_default=False,
+            help="Shards of at most SIZE (256MiB, 1GB).",
+            show_default="256MiB for wds, 64MiB for mds, one shard otherwise",
         ),
     ] = None,
     shuffle: Annotated[bool, typer.Option("--shuffle", help="Seeded random sample order (else by id).")] = False,
@@ -88,8 +72,8 @@ def export(
         typer.Option(
             "--split",
             metavar="NAME=FRACTION,...|tree|NAME,...",
-            help="Stable splits by content hash, e.g. train=0.9,val=0.1; tree: the tree's split folders; val or train,val: only these split folders. [default: the split folders of a pre-split tree, else one split]",
-            show_default=False,
+            help="Stable splits by content hash, e.g. train=0.9,val=0.1; tree: the tree's split folders; val or train,val: only these split folders.",
+            show_default="the split folders of a pre-split tree, else one split",
         ),
     ] = None,
     world_size: Annotated[
@@ -156,15 +140,7 @@ def export(
         return
     if shard_size is not None and shard_bytes is not None:
         raise typer.BadParameter("give --shard-size or --shard-bytes, not both", param_hint="'--shard-bytes'")
-    spec = selection(
-        label,
-        status,
-        processed,
-        processing_status,
-        since,
-        until,
-        min_width,
-        min_height,
+    spec = select.spec(
         per_label=per_label,
         limit=limit,
         seed=seed,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -10,26 +10,17 @@ import typer
 
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._output import FormatOption, emit_rows, resolve_format
+from dlindex.cli._selection import PerLabelOption, Selection, selection_options
 from dlindex.cli._shared import (  # fmt: skip
     DbOption,
     JsonFlag,
-    LabelOption,
-    MinHeightOption,
-    MinWidthOption,
     NoLogFlag,
-    PerLabelOption,
-    ProcessedOption,
-    ProcessingStatusOption,
     QuietFlag,
-    SinceOption,
-    StatusOption,
-    UntilOption,
     WaitOption,
     handle_errors,
     human_bytes,
     print_json,
     progress_bar,
-    selection,
     stderr_console,
     stdout_console,
 )
@@ -42,7 +33,7 @@ app = typer.Typer(
 )
 
 
-class Dtype(str, Enum):
+class Dtype(StrEnum):
     float32 = "float32"
     float16 = "float16"
 
@@ -55,14 +46,15 @@ DtypeOption = Annotated[
     Dtype | None,
     typer.Option(
         "--dtype",
-        help="Storage of a new type: float32, or float16 (half the size). [default: float32]",
-        show_default=False,
+        help="Storage of a new type: float32, or float16 (half the size).",
+        show_default="float32",
     ),
 ]
 
 
 @app.command("compute")
 @handle_errors
+@selection_options
 def compute(
     feature_type: TypeOption,
     extractor: Annotated[
@@ -82,14 +74,8 @@ def compute(
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")
     ] = False,
-    label: LabelOption = None,
-    status: StatusOption = None,
-    processed: ProcessedOption = None,
-    processing_status: ProcessingStatusOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    min_width: MinWidthOption = None,
-    min_height: MinHeightOption = None,
+    *,
+    select: Selection,
     per_label: PerLabelOption = None,
     limit: Annotated[
         int | None, typer.Option("--limit", min=0, help="At most N samples selected.", show_default=False)
@@ -108,14 +94,15 @@ def compute(
     """
     from dlindex.features import ComputeOptions, compute_features
 
-    spec = selection(label, status, processed, processing_status, since, until, min_width, min_height,
-                     per_label=per_label, limit=limit, seed=seed)  # fmt: skip
+    spec = select.spec(per_label=per_label, limit=limit, seed=seed)
     options = ComputeOptions(
         extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed
     )
-    with Catalog(db, log=not no_log) as catalog:
-        with progress_bar(quiet, unit="img", desc=feature_type, smoothing=0.1) as update:
-            s = compute_features(catalog, feature_type, spec, options, progress=update)
+    with (
+        Catalog(db, log=not no_log) as catalog,
+        progress_bar(quiet, unit="img", desc=feature_type, smoothing=0.1) as update,
+    ):
+        s = compute_features(catalog, feature_type, spec, options, progress=update)
     if as_json:
         print_json(s.as_dict())
     elif not quiet:
@@ -278,7 +265,7 @@ def show(
         stdout_console.print("  no vectors", markup=False)
 
 
-class State(str, Enum):
+class State(StrEnum):
     failed = "failed"
     queued = "queued"
 

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, BinaryIO
 
 import typer
 
 from dlindex.catalog.connection import Catalog
+from dlindex.cli._selection import ProcessingStatus
 from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
     NoLogFlag,
-    ProcessingStatus,
     QuietFlag,
     WaitOption,
     handle_errors,
@@ -25,7 +25,7 @@ from dlindex.errors import ExitCode, InputError
 from dlindex.query.mark import MarkResult, mark_samples, read_records
 
 
-class By(str, Enum):
+class By(StrEnum):
     id = "id"
     path = "path"
 

@@ -3,43 +3,29 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated
 
 import typer
 
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._output import FormatOption, NullFlag, OutputFormat, at_terminal, emit_rows, resolve_format
-from dlindex.cli._shared import (
-    ClassesOption,
-    ClassList,
-    DbOption,
-    LabelOption,
-    MinHeightOption,
-    MinWidthOption,
-    NoLogFlag,
-    PerLabelOption,
-    ProcessedOption,
-    ProcessingStatusOption,
-    SinceOption,
-    StatusOption,
-    UntilOption,
-    handle_errors,
-    selection,
-)
+from dlindex.cli._selection import ClassesOption, ClassList, PerLabelOption, Selection, selection_options
+from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
 from dlindex.query.rows import explain, query_rows
 
 DEFAULT_MAX_ROWS = 100
 
 
-class Order(str, Enum):
+class Order(StrEnum):
     id = "id"
     random = "random"
 
 
 @handle_errors
+@selection_options
 def query(
-    label: LabelOption = None,
+    select: Selection,
     split: Annotated[
         list[str] | None,
         typer.Option(
@@ -49,13 +35,6 @@ def query(
         ),
     ] = None,
     classes: ClassesOption = ClassList.selected,
-    status: StatusOption = None,
-    processed: ProcessedOption = None,
-    processing_status: ProcessingStatusOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    min_width: MinWidthOption = None,
-    min_height: MinHeightOption = None,
     per_label: PerLabelOption = None,
     limit: Annotated[int | None, typer.Option("--limit", min=0, help="At most N rows.", show_default=False)] = None,
     offset: Annotated[
@@ -70,8 +49,8 @@ def query(
         typer.Option(
             "--columns",
             "-c",
-            help="Comma-separated columns to print (see docs/commands/query.md). [default: id,path,label,width,height,status,processed,processing_status,created_at]",
-            show_default=False,
+            help="Comma-separated columns to print (see docs/commands/query.md).",
+            show_default="id,path,label,width,height,status,processed,processing_status,created_at",
         ),
     ] = None,
     fmt: FormatOption = None,
@@ -81,8 +60,8 @@ def query(
         typer.Option(
             "--max-rows",
             min=1,
-            help="With --format table: print at most N rows, then say how many more. [default: 100 at a terminal, unless --limit]",
-            show_default=False,
+            help="With --format table: print at most N rows, then say how many more.",
+            show_default="100 at a terminal, unless --limit",
         ),
     ] = None,
     show_all: Annotated[
@@ -104,15 +83,7 @@ def query(
     if null and fmt not in (None, OutputFormat.paths):
         raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
     out = OutputFormat.paths if null else resolve_format(fmt)
-    spec = selection(
-        label,
-        status,
-        processed,
-        processing_status,
-        since,
-        until,
-        min_width,
-        min_height,
+    spec = select.spec(
         per_label=per_label,
         limit=limit,
         offset=offset,

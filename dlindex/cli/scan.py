@@ -103,9 +103,11 @@ def scan(
         force=force,
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
-    with open_catalog(db, create=True) as catalog:
-        with progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update:
-            summary = scan_tree(catalog, root, options, progress=update)
+    with (
+        open_catalog(db, create=True) as catalog,
+        progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update,
+    ):
+        summary = scan_tree(catalog, root, options, progress=update)
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, BinaryIO
 
@@ -11,32 +11,21 @@ import typer
 
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
-from dlindex.cli._shared import (  # fmt: skip
-    DbOption,
-    LabelOption,
-    MinHeightOption,
-    MinWidthOption,
-    NoLogFlag,
-    ProcessedOption,
-    ProcessingStatusOption,
-    SinceOption,
-    StatusOption,
-    UntilOption,
-    handle_errors,
-    selection,
-)
+from dlindex.cli._selection import Selection, selection_options
+from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
 from dlindex.cli.features import TypeOption
 from dlindex.errors import InputError
 
 COLUMNS = ("query", "rank", "id", "distance", "label", "path")
 
 
-class Metric(str, Enum):
+class Metric(StrEnum):
     cosine = "cosine"
     l2 = "l2"
 
 
 @handle_errors
+@selection_options
 def similar(
     feature_type: TypeOption,
     target: Annotated[
@@ -58,14 +47,8 @@ def similar(
             "--ids", metavar="FILE", help="Batch mode: query ids, one per line; - reads stdin.", show_default=False
         ),
     ] = None,
-    label: LabelOption = None,
-    status: StatusOption = None,
-    processed: ProcessedOption = None,
-    processing_status: ProcessingStatusOption = None,
-    since: SinceOption = None,
-    until: UntilOption = None,
-    min_width: MinWidthOption = None,
-    min_height: MinHeightOption = None,
+    *,
+    select: Selection,
     fmt: FormatOption = None,
     null: NullFlag = False,
     no_log: NoLogFlag = False,
@@ -82,7 +65,7 @@ def similar(
     from dlindex.features import nearest
     from dlindex.features.samples import neighbour_rows, resolve_sample
 
-    spec = selection(label, status, processed, processing_status, since, until, min_width, min_height)
+    spec = select.spec()
     with Catalog(db, log=not no_log) as catalog:
         queries = _read_ids(ids) if ids is not None else [resolve_sample(catalog, target or "")]
         found = nearest(catalog, queries, feature_type, k=k, metric=metric.value, other_labels=other_labels, spec=spec)

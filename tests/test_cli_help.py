@@ -1,0 +1,79 @@
+"""`dlindex COMMAND --help` shows every option's default, and rich markup eats no help text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import typer.main
+import typer.rich_utils
+from rich.text import Text
+from typer.testing import CliRunner
+
+from dlindex.cli import app
+
+
+def _leaves() -> list[tuple[tuple[str, ...], Any]]:
+    """Every command and subcommand, as (argv words, click command)."""
+    found: list[tuple[tuple[str, ...], Any]] = []
+
+    def walk(words: tuple[str, ...], command: Any) -> None:
+        found.append((words, command))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk((*words, name), sub)
+
+    walk((), typer.main.get_command(app))
+    return found
+
+
+LEAVES = _leaves()
+
+
+def _shown_default(param: Any) -> str | None:
+    """What `[default: ...]` should say for this parameter, or None where there is nothing to say."""
+    if isinstance(param.show_default, str):
+        return f"({param.show_default})"
+    if param.show_default is False or param.default is None or param.default == () or param.default == []:
+        return None
+    if getattr(param, "is_flag", False) and not getattr(param, "secondary_opts", ()):
+        return None  # a plain flag: off unless given
+    if getattr(param, "is_eager", False):
+        return None  # --help, --version
+    values = param.default if isinstance(param.default, (list, tuple)) else [param.default]
+    shown = []
+    for value in values:
+        if getattr(param, "secondary_opts", ()) and isinstance(value, bool):
+            shown.append((param.opts if value else param.secondary_opts)[0].lstrip("-"))
+        else:
+            shown.append(str(getattr(value, "value", value)))
+    return ", ".join(shown)
+
+
+def _help(monkeypatch: pytest.MonkeyPatch, words: tuple[str, ...]) -> str:
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 1000)  # one line per option: nothing wraps
+    result = CliRunner().invoke(app, [*words, "--help"], env={"COLUMNS": "1000"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize(("words", "command"), LEAVES, ids=[" ".join(w) or "dlindex" for w, _ in LEAVES])
+def test_help_shows_every_default(monkeypatch: pytest.MonkeyPatch, words: tuple[str, ...], command: Any) -> None:
+    text = _help(monkeypatch, words)
+    for param in command.params:
+        default = _shown_default(param)
+        if default is not None:
+            assert f"[default: {default}]" in text, f"`dlindex {' '.join(words)} --help` hides {param.opts}'s default"
+    assert "\\[default" not in text
+
+
+@pytest.mark.parametrize(("words", "command"), LEAVES, ids=[" ".join(w) or "dlindex" for w, _ in LEAVES])
+def test_no_help_text_is_swallowed_as_markup(words: tuple[str, ...], command: Any) -> None:
+    texts = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+    for text in texts:
+        assert "[default" not in text, f"write a default as show_default, not in the help text: {text!r}"
+        assert Text.from_markup(text).plain == text, f"rich markup would eat part of {text!r}"
+
+
+def test_every_command_is_covered() -> None:
+    names = {" ".join(words) for words, _ in LEAVES}
+    assert {"query", "export", "features compute", "log show", "roots move", "index"} <= names

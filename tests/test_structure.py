@@ -1,0 +1,171 @@
+"""The shape of the code: no SQL in the CLI, and no import cycle between modules or packages."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "dlindex"
+
+# An SQL statement, not prose that happens to say "select" (the selection options do).
+SQL = re.compile(
+    r"\bSELECT\b.+\bFROM\b|\bINSERT\s+(OR\s+\w+\s+)?INTO\b|\bUPDATE\s+\w+\s+SET\b|\bDELETE\s+FROM\b"
+    r"|\b(CREATE|DROP)\s+(TABLE|INDEX|VIEW|TRIGGER)\b|\bPRAGMA\s+\w+\s*=",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module(p): p for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def _strings(tree: ast.AST) -> Iterator[ast.Constant]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node
+
+
+def test_the_cli_holds_no_sql() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:60]!r}"
+        for name, path in MODULES.items()
+        if name.startswith("dlindex.cli")
+        for node in _strings(ast.parse(path.read_text(encoding="utf-8")))
+        if SQL.search(node.value)
+    ]
+    assert not found, "SQL belongs in the library, not in dlindex/cli/:\n" + "\n".join(found)
+
+
+def _resolve(name: str) -> str | None:
+    """The dlindex module an import names: itself, or the longest prefix that is one."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _imports(path: Path) -> set[str]:
+    """Every dlindex module ``path`` imports: at the top, inside functions and under TYPE_CHECKING."""
+    targets: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from dlindex.cli import scan` imports the module dlindex.cli.scan, not just the package
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        for name in names:
+            if name == "dlindex" or name.startswith("dlindex."):
+                target = _resolve(name)
+                if target is not None:
+                    targets.add(target)
+    return targets
+
+
+def import_graph() -> dict[str, set[str]]:
+    return {name: _imports(path) - {name} for name, path in MODULES.items()}
+
+
+def package_graph() -> dict[str, set[str]]:
+    """The graph between dlindex.X nodes: dlindex.catalog.sqlite counts as dlindex.catalog."""
+
+    def top(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    graph: dict[str, set[str]] = {}
+    for source, targets in import_graph().items():
+        graph.setdefault(top(source), set()).update(top(t) for t in targets)
+    return {node: targets - {node} for node, targets in graph.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one node (Tarjan), each as a cycle path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(_cycle_path(graph, set(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def _cycle_path(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """One cycle through a strongly connected component: start -> ... -> start."""
+    start = min(component)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:  # breadth first, so the path shown is a shortest one back to start
+        following = []
+        for node in frontier:
+            for target in sorted(graph.get(node, set()) & component):
+                if target == start:
+                    path = [start]
+                    while node != start:
+                        path.append(node)
+                        node = previous[node]
+                    return [start, *reversed(path[1:]), start]
+                if target not in previous:
+                    previous[target] = node
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"no cycle through {component}")
+
+
+def test_cycle_finder_reports_the_path() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"e"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def _message(found: list[list[str]]) -> str:
+    return "import cycles (imports inside functions and under TYPE_CHECKING count):\n" + "\n".join(
+        " -> ".join(path) for path in found
+    )
+
+
+# At a723eb8 export/ and features/ still hold cycles (and catalog -> scan); other helpers remove them.
+CYCLES_LEFT = pytest.mark.xfail(strict=False, reason="cycles left by the regroup, being removed; drop after merging")
+
+
+@CYCLES_LEFT
+def test_module_import_graph_has_no_cycle() -> None:
+    found = cycles(import_graph())
+    assert not found, _message(found)
+
+
+@CYCLES_LEFT
+def test_package_import_graph_has_no_cycle() -> None:
+    found = cycles(package_graph())
+    assert not found, _message(found)
