@@ -21,7 +21,8 @@ import numpy as np
 
 from dlindex.errors import CatalogError, InputError
 from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
-from dlindex.features.storage import DTYPES, check_name, create_type, find_type, set_dim, write_vectors
+from dlindex.features.types import DTYPES, check_dtype, check_name, create_type, find_type, set_dim
+from dlindex.features.vectors import write_vectors
 from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
@@ -92,8 +93,8 @@ def import_features(
     """
     started = time.perf_counter()
     name = check_name(feature_type)
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
+    if dtype is not None:
+        check_dtype(dtype)
     existing = find_type(catalog, name)
     if existing is not None and existing.extractor != "import":
         raise InputError(

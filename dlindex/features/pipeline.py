@@ -23,7 +23,8 @@ import numpy as np
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
 from dlindex.features.extractors import Extractor, canonical_spec, load_extractor
-from dlindex.features.storage import DTYPES, FeatureType, check_name, create_type, find_type, set_dim, write_vectors
+from dlindex.features.types import DTYPES, FeatureType, check_name, create_type, find_type, set_dim
+from dlindex.features.vectors import write_vectors
 from dlindex.features.workers import Pool, Results
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import QuerySpec, query_rows
@@ -98,7 +99,7 @@ def compute_features(
         have, skip = _member(ids, done), _member(ids, failed)
         selected += len(chunk)
         already += int(have.sum())
-        todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip) if not leave)
+        todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip, strict=True) if not leave)
     if ftype is None or todo:
         with catalog.write_transaction() as conn:
             if ftype is None:

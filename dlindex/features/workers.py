@@ -17,7 +17,7 @@ from PIL import Image
 
 from dlindex.errors import DlindexError
 from dlindex.features.extractors import Extractor
-from dlindex.features.storage import encode
+from dlindex.features.vectors import encode
 from dlindex.procs import ForkPool, WorkerDied, init_child
 
 _ERROR_CHARS = 500
@@ -87,7 +87,7 @@ def _extract_batch(batch: Batch) -> Results:
                     value = extractor.fn(image)
             vector = encode(value, dtype)
             results.append((image_id, vector.tobytes(), None))
-        except Exception as e:  # noqa: BLE001 -- any failure of the image or the user's code fails this sample only
+        except Exception as e:  # any failure of the image or the user's code fails this sample only
             text = f"{type(e).__name__}: {e}"
             if capture is not None:
                 printed = capture.take()
