@@ -184,7 +184,8 @@ def exact_distances(rows: npt.ArrayLike, q: npt.ArrayLike, metric: str) -> Dista
     r = np.asarray(rows, dtype=np.float64)
     v = np.asarray(q, dtype=np.float64)
     if metric == "l2":
-        return np.sqrt(((r - v) ** 2).sum(axis=1))
+        l2: Distances = np.sqrt(((r - v) ** 2).sum(axis=1))
+        return l2
     dots = (r * v).sum(axis=1)
     scale = np.sqrt((r * r).sum(axis=1)) * np.sqrt((v * v).sum())
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -58,9 +58,10 @@ class Pool:
     def _alone(self, batch: Batch) -> Results | None:
         """A batch in a fresh worker of its own; None if the worker dies doing it."""
         try:
-            return self.pool.run_alone(batch)  # type: ignore[no-any-return]
+            results: Results = self.pool.run_alone(batch)
         except WorkerDied:
             return None
+        return results
 
     def close(self, abort: bool = False) -> None:
         self.pool.close(abort)
