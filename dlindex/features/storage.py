@@ -1,4 +1,4 @@
-"""Feature types and their vectors, as the library serves them: lookup, list, show, drop, export.
+"""Feature vectors by sample id, and the list, show, drop and export of feature types.
 
 Types are defined in :mod:`.types`, vectors encoded and written in :mod:`.vectors`;
 lookups by id use the memory-mapped matrix of :mod:`.matrix` when it is current.
