@@ -200,7 +200,8 @@ def _torch_file(spec: str) -> Extractor:
 
         if path.endswith(".pt2"):
             return torch.export.load(path).module()
-        return torch.jit.load(path, map_location="cpu").eval()  # type: ignore[no-untyped-call]  # torch.jit.load is unannotated
+        # torch.jit.load carries no annotations in torch's own typing
+        return torch.jit.load(path, map_location="cpu").eval()  # type: ignore[no-untyped-call]
 
     return Extractor(spec, _TorchModel(build))
 
