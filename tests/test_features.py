@@ -19,8 +19,8 @@ from dlindex.features import (
     load_matrix,
     show_features,
 )
-from dlindex.features.neighbours import matrix_path
-from dlindex.features.storage import write_vectors
+from dlindex.features.matrix import matrix_path
+from dlindex.features.vectors import write_vectors
 
 from .conftest import make_png, rows
 from .synthetic import balanced

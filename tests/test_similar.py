@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from dlindex import Catalog, InputError, QuerySpec
 from dlindex.cli import app
 from dlindex.features import import_features, load_matrix, nearest
-from dlindex.features.neighbours import matrix_path
+from dlindex.features.matrix import matrix_path
 
 from .synthetic import ROOT, Row, make_catalog
 
@@ -111,9 +111,9 @@ def test_a_stale_or_foreign_matrix_file_is_never_used(tmp_path: Path) -> None:
         path = matrix_path(catalog, "v")
     path.write_bytes(path.read_bytes()[:-4])  # truncated
     with Catalog(db) as catalog:
-        from dlindex.features import neighbours
+        from dlindex.features import matrix
 
-        neighbours._memo.clear()
+        matrix._memo.clear()
         assert answer(nearest(catalog, [1], "v", k=19)) == [brute_force(vectors, labels, 1, 19, "cosine")]
 
 

@@ -24,29 +24,30 @@ _EXPORTS = {
     "load_extractor": "extractors",
     "ImportSummary": "importer",
     "import_features": "importer",
+    "load_matrix": "matrix",
     "METRICS": "neighbours",
     "Neighbour": "neighbours",
-    "load_matrix": "neighbours",
     "nearest": "neighbours",
     "ComputeOptions": "pipeline",
     "ComputeSummary": "pipeline",
     "compute_features": "pipeline",
     "DropResult": "storage",
     "ExportResult": "storage",
-    "FeatureType": "storage",
     "FeatureTypeInfo": "storage",
     "ImageFeatures": "storage",
-    "check_name": "storage",
     "drop_feature_type": "storage",
     "export_features": "storage",
     "feature_vectors": "storage",
-    "get_type": "storage",
     "list_feature_types": "storage",
     "show_features": "storage",
+    "FeatureType": "types",
+    "check_name": "types",
+    "get_type": "types",
 }
 
 __all__ = [
     "BUILTINS",
+    "METRICS",
     "ComputeOptions",
     "ComputeSummary",
     "DropResult",
@@ -56,7 +57,6 @@ __all__ = [
     "FeatureTypeInfo",
     "ImageFeatures",
     "ImportSummary",
-    "METRICS",
     "Neighbour",
     "check_name",
     "compute_features",
@@ -79,19 +79,18 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 if TYPE_CHECKING:
     from dlindex.features.extractors import BUILTINS, Extractor, load_extractor
     from dlindex.features.importer import ImportSummary, import_features
-    from dlindex.features.neighbours import METRICS, Neighbour, load_matrix, nearest
+    from dlindex.features.matrix import load_matrix
+    from dlindex.features.neighbours import METRICS, Neighbour, nearest
     from dlindex.features.pipeline import ComputeOptions, ComputeSummary, compute_features
     from dlindex.features.storage import (
         DropResult,
         ExportResult,
-        FeatureType,
         FeatureTypeInfo,
         ImageFeatures,
-        check_name,
         drop_feature_type,
         export_features,
         feature_vectors,
-        get_type,
         list_feature_types,
         show_features,
     )
+    from dlindex.features.types import FeatureType, check_name, get_type

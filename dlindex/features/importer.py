@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
+from dlindex.catalog.paths import display_name
 from dlindex.errors import CatalogError, InputError
 from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
-from dlindex.features.storage import DTYPES, check_name, create_type, find_type, set_dim, write_vectors
-from dlindex.scan.walk import display_name
+from dlindex.features.types import DTYPES, check_dtype, check_name, create_type, find_type, set_dim
+from dlindex.features.vectors import Ids, write_vectors
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -42,6 +44,8 @@ _PATH_CHUNK = 10_000
 # Below this, WAL's second write of the pages costs well under a second: not worth taking
 # the catalog from other processes for.
 _ROLLBACK_MIN_BYTES = 64 << 20
+
+_Floats = npt.NDArray[np.floating[Any]]  # (n, dim) vectors as read, of any float dtype
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,8 @@ def import_features(
     """
     started = time.perf_counter()
     name = check_name(feature_type)
-    if dtype is not None and dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
+    if dtype is not None:
+        check_dtype(dtype)
     existing = find_type(catalog, name)
     if existing is not None and existing.extractor != "import":
         raise InputError(
@@ -104,7 +108,7 @@ def import_features(
         raise InputError(f"feature type {name!r} stores {existing.dtype}, not {dtype}")
     path = Path(file)
     loaded = read_import_file(path, ids_file, column, max_bytes)
-    keys, vectors, by_path = loaded.keys, loaded.vectors, loaded.by_path
+    keys, vectors = loaded.keys, loaded.vectors  # keys: ids, or paths (a list) to resolve
     if vectors.ndim != 2:
         raise InputError(f"{path}: vectors must be a 2-D array (n x dim), not shape {vectors.shape}")
     if vectors.dtype.kind != "f":
@@ -116,7 +120,7 @@ def import_features(
         raise InputError(f"{path}: {len(keys)} ids for {n} vectors")
     if existing is not None and existing.dim is not None and existing.dim != dim:
         raise InputError(f"{path}: vectors have dim {dim}; feature type {name!r} has dim {existing.dim}")
-    ids = _resolve_paths(catalog, keys, path) if by_path else np.asarray(keys, dtype=np.int64)
+    ids = _resolve_paths(catalog, keys, path) if isinstance(keys, list) else np.asarray(keys, dtype=np.int64)
     _check_unique(ids, path)
     target = DTYPES[existing.dtype if existing else (dtype or "float32")]
     _check_finite(vectors, ids, target, path)
@@ -162,11 +166,11 @@ def _page_cache(catalog: Catalog, size: int) -> Iterator[None]:
         conn.execute(f"PRAGMA cache_size = {int(before)}")
 
 
-def _rows(ids: np.ndarray, vectors: np.ndarray, dtype: np.dtype[Any]) -> Iterator[tuple[int, memoryview]]:
+def _rows(ids: Ids, vectors: _Floats, dtype: np.dtype[np.floating[Any]]) -> Iterator[tuple[int, memoryview]]:
     width = vectors.shape[1] * dtype.itemsize
     for start in range(0, len(ids), _CHUNK):
         block = np.ascontiguousarray(vectors[start : start + _CHUNK], dtype=dtype)
-        raw = memoryview(block).cast("B")
+        raw = block.data.cast("B")  # the bytes of each row, sliced without copying
         for j, image_id in enumerate(ids[start : start + _CHUNK].tolist()):
             yield image_id, raw[j * width : (j + 1) * width]
 
@@ -203,14 +207,14 @@ def _resolve_paths(catalog: Catalog, paths: list[str], source: Path) -> np.ndarr
     return ids
 
 
-def _check_unique(ids: np.ndarray, source: Path) -> None:
+def _check_unique(ids: Ids, source: Path) -> None:
     ordered = np.sort(ids)
     dup = ordered[1:][ordered[1:] == ordered[:-1]]
     if dup.size:
         raise InputError(f"{source}: id {int(dup[0])} appears more than once; nothing was imported")
 
 
-def _check_known(catalog: Catalog, ids: np.ndarray, source: Path) -> None:
+def _check_known(catalog: Catalog, ids: Ids, source: Path) -> None:
     ordered = np.sort(ids)
     known = np.fromiter((row[0] for row in catalog.read(_ALL_IDS)), dtype=np.int64)
     at = np.searchsorted(known, ordered)
@@ -222,7 +226,7 @@ def _check_known(catalog: Catalog, ids: np.ndarray, source: Path) -> None:
         raise InputError(f"{source}: {unknown.size} unknown id(s): {shown}{more}; nothing was imported")
 
 
-def _check_finite(vectors: np.ndarray, ids: np.ndarray, dtype: np.dtype[Any], source: Path) -> None:
+def _check_finite(vectors: _Floats, ids: Ids, dtype: np.dtype[np.floating[Any]], source: Path) -> None:
     for start in range(0, len(vectors), _CHUNK):
         with np.errstate(over="ignore", invalid="ignore"):
             block = np.asarray(vectors[start : start + _CHUNK]).astype(dtype, copy=False)

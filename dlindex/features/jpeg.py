@@ -46,6 +46,6 @@ def decode_rgbx(data: bytes) -> Image.Image | None:
         if colorspace not in _PLAIN or (limit is not None and width * height > limit):
             return None
         pixels = simplejpeg.decode_jpeg(data, colorspace="RGBX", fastdct=False, fastupsample=False, strict=True)
-    except Exception:  # noqa: BLE001 -- any complaint at all: Pillow decides what this file is
+    except Exception:  # any complaint at all: Pillow decides what this file is
         return None
     return Image.frombuffer("RGBX", (width, height), pixels, "raw", "RGBX", 0, 1)

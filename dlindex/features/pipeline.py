@@ -19,11 +19,13 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
 from dlindex.features.extractors import Extractor, canonical_spec, load_extractor
-from dlindex.features.storage import DTYPES, FeatureType, check_name, create_type, find_type, set_dim, write_vectors
+from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
+from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import QuerySpec, query_rows
@@ -98,7 +100,7 @@ def compute_features(
         have, skip = _member(ids, done), _member(ids, failed)
         selected += len(chunk)
         already += int(have.sum())
-        todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip) if not leave)
+        todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip, strict=True) if not leave)
     if ftype is None or todo:
         with catalog.write_transaction() as conn:
             if ftype is None:
@@ -136,18 +138,20 @@ def compute_features(
     return summary
 
 
-def _ids(catalog: Catalog, sql: str, ftype: FeatureType | None) -> np.ndarray:
+def _ids(catalog: Catalog, sql: str, ftype: FeatureType | None) -> Ids:
     """Sorted ids from a per-type table (empty without a type)."""
     if ftype is None:
         return np.zeros(0, dtype=np.int64)
-    return np.sort(np.fromiter((r[0] for r in catalog.read(sql, (ftype.name,))), dtype=np.int64))
+    ids: Ids = np.sort(np.fromiter((r[0] for r in catalog.read(sql, (ftype.name,))), dtype=np.int64))
+    return ids
 
 
-def _member(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+def _member(ids: Ids, sorted_ids: Ids) -> npt.NDArray[np.bool_]:
     if not sorted_ids.size:
         return np.zeros(ids.size, dtype=bool)
     at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
-    return sorted_ids[at] == ids
+    member: npt.NDArray[np.bool_] = sorted_ids[at] == ids
+    return member
 
 
 def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str, Any]]]:
@@ -163,8 +167,8 @@ def _chunks(rows: Iterator[dict[str, Any]], size: int) -> Iterator[list[dict[str
 
 def _prepare_type(catalog: Catalog, name: str, options: ComputeOptions) -> tuple[FeatureType | None, Extractor]:
     """The existing type (or None) and its extractor, resolved before anything is written."""
-    if options.dtype is not None and options.dtype not in DTYPES:
-        raise InputError(f"unknown dtype {options.dtype!r}; choose float32 or float16")
+    if options.dtype is not None:
+        check_dtype(options.dtype)
     ftype = find_type(catalog, name)
     if ftype is None:
         spec = options.extractor or (name if name in ("colorhist", "thumb", "dhash") else None)

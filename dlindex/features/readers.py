@@ -12,6 +12,7 @@ memory; an ``.npy`` of vectors is memory-mapped, so only its header has to be co
 
 from __future__ import annotations
 
+import io
 import json
 import lzma
 import math
@@ -20,12 +21,14 @@ import tokenize
 import zipfile
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
+import numpy.typing as npt
+from numpy.lib import format as npy_format
 
 from dlindex.errors import InputError
 
@@ -35,14 +38,23 @@ _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_HEADER = 10_000  # numpy's own default limit for .npy headers
 _ROW_OVERHEAD = 160  # bytes a parsed JSONL row costs beyond its values
 
+Header = tuple[tuple[int, ...], bool, np.dtype[Any]]  # (shape, fortran order, dtype) of an .npy
+# numpy's stubs leave numpy.lib.format untyped (and without max_header_size): typed here, once.
+_read_magic: Callable[[IO[bytes]], tuple[int, int]] = npy_format.read_magic
+_HEADER_READERS: dict[tuple[int, int], Callable[..., Header]] = {
+    (1, 0): npy_format.read_array_header_1_0,
+    (2, 0): npy_format.read_array_header_2_0,
+    (3, 0): npy_format.read_array_header_2_0,
+}
+_read_array: Callable[..., npt.NDArray[Any]] = npy_format.read_array
+
 
 @dataclass(frozen=True)
 class Loaded:
-    """What a file holds: keys (ids, or paths when ``by_path``) and an (n, dim) float array."""
+    """What a file holds: keys (ids, or a list of paths) and an (n, dim) float array."""
 
-    keys: Any  # np.ndarray of int64, or list[str]
-    vectors: np.ndarray
-    by_path: bool
+    keys: npt.NDArray[np.int64] | list[str]
+    vectors: npt.NDArray[np.floating[Any]]
 
 
 def read_import_file(path: Path, ids_file: str | os.PathLike[str] | None, column: str, max_bytes: int) -> Loaded:
@@ -83,16 +95,14 @@ def _one_line(e: BaseException) -> str:
     return text[:300]
 
 
-def _header(f: IO[bytes], where: str) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+def _header(f: IO[bytes], where: str) -> Header:
     """(shape, fortran order, dtype) of the .npy at ``f``'s position; refuses odd ones."""
     try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f, max_header_size=_MAX_HEADER)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f, max_header_size=_MAX_HEADER)
-        else:
+        version = _read_magic(f)
+        read_header = _HEADER_READERS.get(version)
+        if read_header is None:
             raise InputError(f"{where}: .npy format version {version} is not supported")
+        shape, fortran, dtype = read_header(f, max_header_size=_MAX_HEADER)
     except (ValueError, SyntaxError, TypeError, EOFError, KeyError, RecursionError, tokenize.TokenError) as e:
         # numpy's complaints about a header it cannot parse
         raise InputError(f"{where}: not a valid .npy header ({_one_line(e)})") from None
@@ -139,10 +149,10 @@ def _read_npy(path: Path, ids_path: Path, max_bytes: int) -> Loaded:
     _check_vectors_header(shape, dtype, str(path))
     _check_size(_data_bytes(shape, dtype), size - offset, None, str(path))  # memory-mapped: no cap
     vectors = np.load(path, mmap_mode="r", allow_pickle=False)
-    return Loaded(_read_ids(ids_path, shape[0], max_bytes), vectors, False)
+    return Loaded(_read_ids(ids_path, shape[0], max_bytes), vectors)
 
 
-def _read_ids(path: Path, n: int, max_bytes: int) -> np.ndarray:
+def _read_ids(path: Path, n: int, max_bytes: int) -> npt.NDArray[np.int64]:
     """The ids of a .npy: an integer .npy, or text, one per line (at most ``n`` + 1 are read)."""
     if not path.is_file():
         raise InputError(f"cannot read ids file {path}: no such file")
@@ -154,7 +164,7 @@ def _read_ids(path: Path, n: int, max_bytes: int) -> np.ndarray:
                 _check_ids_header(shape, dtype, str(path))
                 _check_size(_data_bytes(shape, dtype), size - f.tell(), max_bytes, str(path))
                 f.seek(0)
-                ids = np.lib.format.read_array(f, allow_pickle=False)
+                ids = _read_array(f, allow_pickle=False)
             return _as_int64(ids, str(path))
         values = array("q")  # 8 bytes an id, not a Python int's 28
         with open(path, "rb") as f:
@@ -175,7 +185,7 @@ def _read_ids(path: Path, n: int, max_bytes: int) -> np.ndarray:
         raise InputError(f"cannot read ids file {path}: {_one_line(e)}") from None
 
 
-def _as_int64(ids: np.ndarray, where: str) -> np.ndarray:
+def _as_int64(ids: npt.NDArray[np.integer[Any]], where: str) -> npt.NDArray[np.int64]:
     if ids.dtype.kind == "u" and ids.size and int(ids.max()) > _INT64_MAX:
         raise InputError(f"{where}: id {int(ids.max())} is outside the 64-bit integer range")
     return ids.astype(np.int64)
@@ -201,22 +211,25 @@ def _read_npz(path: Path, max_bytes: int) -> Loaded:
                     "in all; raise it with --max-bytes if the file is really meant to be this large"
                 )
             with archive.open(info) as f:  # stops at file_size and checks the CRC: a lying entry fails
-                shape, fortran, dtype = _header(f, where)  # type: ignore[arg-type]
+                assert isinstance(f, io.BufferedIOBase)  # a ZipExtFile: it can readinto a buffer
+                shape, fortran, dtype = _header(f, where)
                 check = _check_vectors_header if name == "vectors" else _check_ids_header
                 check(shape, dtype, where)
                 _check_size(_data_bytes(shape, dtype), info.file_size - f.tell(), max_bytes - total, where)
                 total += info.file_size
-                arrays[name] = _read_member(f, shape, fortran, dtype, where)  # type: ignore[arg-type]
-    return Loaded(_as_int64(arrays["ids"], f"{path}: 'ids'"), arrays["vectors"], False)
+                arrays[name] = _read_member(f, shape, fortran, dtype, where)
+    return Loaded(_as_int64(arrays["ids"], f"{path}: 'ids'"), arrays["vectors"])
 
 
-def _read_member(f: IO[bytes], shape: tuple[int, ...], fortran: bool, dtype: np.dtype[Any], where: str) -> np.ndarray:
+def _read_member(
+    f: io.BufferedIOBase, shape: tuple[int, ...], fortran: bool, dtype: np.dtype[Any], where: str
+) -> npt.NDArray[Any]:
     """The array after a checked header, read into a buffer of exactly the announced size."""
     data = bytearray(_data_bytes(shape, dtype))
     view = memoryview(data)
     filled = 0
     while filled < len(data):
-        got = f.readinto(view[filled:])  # type: ignore[attr-defined]
+        got = f.readinto(view[filled:])
         if not got:
             raise InputError(f"{where}: truncated: {filled:,} of {len(data):,} bytes of data")
         filled += got
@@ -272,8 +285,9 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
             f"{path}: decodes to {claimed:,} bytes or more, over the import limit of {max_bytes:,} bytes; "
             "raise it with --max-bytes if the file is really meant to be this large"
         )
-    keys: list[Any] = []
-    blocks: list[np.ndarray] = []
+    id_blocks: list[npt.NDArray[np.int64]] = []
+    paths: list[str] = []
+    blocks: list[npt.NDArray[np.floating[Any]]] = []
     dim: int | None = None
     held = seen = 0
     for batch in parquet.iter_batches(batch_size=4096, columns=[key, column]):  # decoded a batch at a time
@@ -303,20 +317,20 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
         if key_column.null_count:
             raise InputError(f"{path}: some rows have no {key!r}")
         if key == "id":
-            keys.append(_as_int64(key_column.to_numpy(zero_copy_only=False), f"{path}: column 'id'"))
+            id_blocks.append(_as_int64(key_column.to_numpy(zero_copy_only=False), f"{path}: column 'id'"))
         else:
-            keys.extend(key_column.to_pylist())
+            paths.extend(key_column.to_pylist())
         blocks.append(values.reshape(len(key_column), dim or 0))
         seen += len(key_column)
     if not blocks or dim in (None, 0):
         raise InputError(f"{path} holds no vectors")
-    all_keys: Any = np.concatenate(keys) if key == "id" else keys
-    return Loaded(all_keys, np.concatenate(blocks), key == "file_path")
+    all_keys = np.concatenate(id_blocks) if key == "id" else paths
+    return Loaded(all_keys, np.concatenate(blocks))
 
 
 def _read_jsonl(path: Path, column: str, max_bytes: int) -> Loaded:
     keys: list[Any] = []
-    rows: list[np.ndarray] = []
+    rows: list[npt.NDArray[np.float64]] = []
     by_path: bool | None = None
     held = 0
     with open(path, "rb") as f:
@@ -358,7 +372,7 @@ def _read_jsonl(path: Path, column: str, max_bytes: int) -> Loaded:
             rows.append(row)
     if not rows or not rows[0].size:
         raise InputError(f"{path} holds no vectors")
-    return Loaded(keys if by_path else np.asarray(keys, dtype=np.int64), np.stack(rows), bool(by_path))
+    return Loaded(keys if by_path else np.asarray(keys, dtype=np.int64), np.stack(rows))
 
 
 def _lines(f: IO[bytes], max_bytes: int, path: Path) -> Iterator[bytes]:

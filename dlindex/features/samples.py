@@ -7,8 +7,8 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.paths import display_name
 from dlindex.errors import InputError
-from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

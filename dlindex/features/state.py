@@ -58,7 +58,7 @@ def counts(conn: sqlite3.Connection, name: str) -> dict[str, int]:
 
 def of_image(catalog: Catalog, image_id: int) -> list[tuple[str, str, str | None, str]]:
     """(type, state, error, updated_at) of every type with a state for one sample."""
-    return [tuple(row) for row in catalog.read(_OF_IMAGE, (image_id,))]  # type: ignore[misc]
+    return [tuple(row) for row in catalog.read(_OF_IMAGE, (image_id,))]
 
 
 def state_rows(catalog: Catalog, name: str, states: Sequence[str]) -> Iterator[dict[str, Any]]:

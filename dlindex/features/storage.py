@@ -1,19 +1,16 @@
-"""Feature types and their vectors in the catalog: names, encoding, reads, writes, drop, export.
+"""Feature vectors by sample id, and the list, show, drop and export of feature types.
 
-A vector is stored as the raw little-endian bytes of its type's dtype (float32, or
-float16 on request). Every write goes through ``write_vectors``, which checks the size
-against the type's dim and dtype (values are cast and checked for finiteness before);
-readers check sizes too, so a vector written wrongly by another program is reported.
+Types are defined in :mod:`.types`, vectors encoded and written in :mod:`.vectors`;
+lookups by id use the memory-mapped matrix of :mod:`.matrix` when it is current.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
-import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,38 +19,15 @@ import numpy as np
 
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state, tempfiles
+from dlindex.features.matrix import cached_matrix, remove_cached_matrix
+from dlindex.features.types import TYPES, FeatureType, all_types, get_type
+from dlindex.features.vectors import CHUNK, COUNT_VECTORS, Ids, Vectors, decode_rows, read_all
 from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
-# SQLite's keywords: a feature-type name must be usable anywhere without quoting.
-_KEYWORDS = frozenset(
-    """ABORT ACTION ADD AFTER ALL ALTER ALWAYS ANALYZE AND AS ASC ATTACH AUTOINCREMENT BEFORE BEGIN
-    BETWEEN BY CASCADE CASE CAST CHECK COLLATE COLUMN COMMIT CONFLICT CONSTRAINT CREATE CROSS CURRENT
-    CURRENT_DATE CURRENT_TIME CURRENT_TIMESTAMP DATABASE DEFAULT DEFERRABLE DEFERRED DELETE DESC DETACH
-    DISTINCT DO DROP EACH ELSE END ESCAPE EXCEPT EXCLUDE EXCLUSIVE EXISTS EXPLAIN FAIL FILTER FIRST
-    FOLLOWING FOR FOREIGN FROM FULL GENERATED GLOB GROUP GROUPS HAVING IF IGNORE IMMEDIATE IN INDEX
-    INDEXED INITIALLY INNER INSERT INSTEAD INTERSECT INTO IS ISNULL JOIN KEY LAST LEFT LIKE LIMIT MATCH
-    MATERIALIZED NATURAL NO NOT NOTHING NOTNULL NULL NULLS OF OFFSET ON OR ORDER OTHERS OUTER OVER
-    PARTITION PLAN PRAGMA PRECEDING PRIMARY QUERY RAISE RANGE RECURSIVE REFERENCES REGEXP REINDEX
-    RELEASE RENAME REPLACE RESTRICT RETURNING RIGHT ROLLBACK ROW ROWS SAVEPOINT SELECT SET TABLE TEMP
-    TEMPORARY THEN TIES TO TRANSACTION TRIGGER UNBOUNDED UNION UNIQUE UPDATE USING VACUUM VALUES VIEW
-    VIRTUAL WHEN WHERE WINDOW WITH WITHOUT""".split()
-)
-
-_TYPE = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types WHERE name = ?"
-_TYPES = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types ORDER BY name"
-_CREATE_TYPE = "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES (?, ?, ?, ?)"
-_SET_DIM = "UPDATE feature_types SET dim = ? WHERE name = ? AND dim IS NULL"
-_BUMP_VERSION = "UPDATE feature_types SET version = version + 1 WHERE name = ?"
 _DROP_TYPE = "DELETE FROM feature_types WHERE name = ?"
-_UPSERT_VECTOR = """INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, ?, ?)
-    ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = CURRENT_TIMESTAMP"""
-_COUNT_VECTORS = "SELECT count(*) FROM image_features WHERE feature_type = ?"
-_VECTORS = "SELECT image_id, vector FROM image_features WHERE feature_type = ? ORDER BY image_id"
 _VECTORS_OF = (
     "SELECT image_id, vector FROM image_features "
     "WHERE feature_type = :type AND image_id IN (SELECT value FROM json_each(:ids))"
@@ -65,27 +39,6 @@ _IMAGE = (
     "SELECT image_metadata.id, labels.name, image_metadata.status, image_metadata.processing_status "
     "FROM image_metadata LEFT JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = ?"
 )
-_CHUNK = 10_000
-
-
-@dataclass(frozen=True)
-class FeatureType:
-    """One row of ``feature_types``; ``dim`` is None until the first vector is stored."""
-
-    name: str
-    dim: int | None
-    dtype: str
-    extractor: str
-    version: int
-    created_at: str
-
-    @property
-    def np_dtype(self) -> np.dtype[Any]:
-        return DTYPES[self.dtype]
-
-    @property
-    def vector_bytes(self) -> int | None:
-        return None if self.dim is None else self.dim * self.np_dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -150,93 +103,7 @@ class ExportResult:
         return asdict(self)
 
 
-def check_name(name: str) -> str:
-    """Return ``name`` if it is a plain identifier that no SQL context needs to quote."""
-    if not _NAME.match(name) or name.upper() in _KEYWORDS:
-        raise InputError(
-            f"invalid feature type name {name!r}: use letters, digits and _ (not first), at most 64 "
-            "characters, and not an SQL keyword; e.g. colorhist, resnet50_v2"
-        )
-    return name
-
-
-def find_type(catalog: Catalog, name: str) -> FeatureType | None:
-    row = catalog.conn.execute(_TYPE, (name,)).fetchone()
-    return FeatureType(*row) if row else None
-
-
-def get_type(catalog: Catalog, name: str) -> FeatureType:
-    """The feature type ``name``; InputError listing the known types if there is none."""
-    found = find_type(catalog, name)
-    if found is None:
-        raise InputError(unknown_type_message(catalog, name))
-    return found
-
-
-def unknown_type_message(catalog: Catalog, name: str) -> str:
-    known = [row[0] for row in catalog.conn.execute(_TYPES)]
-    if not known:
-        return (
-            f"unknown feature type {name!r}: the catalog has none yet; "
-            f"run dlindex features compute --type {name} --extractor colorhist (or features import)"
-        )
-    return f"unknown feature type {name!r}; known types: {', '.join(known)}"
-
-
-def create_type(conn: sqlite3.Connection, name: str, dtype: str, extractor: str, dim: int | None = None) -> None:
-    if dtype not in DTYPES:
-        raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
-    conn.execute(_CREATE_TYPE, (check_name(name), dim, dtype, extractor))
-
-
-def encode(value: Any, dtype: np.dtype[Any], *, allow_integers: bool = True) -> np.ndarray:
-    """A 1-D little-endian vector of ``dtype`` from an array-like; ValueError says what is wrong."""
-    array = np.asarray(value)
-    if array.ndim != 1:
-        raise ValueError(f"expected a 1-D vector, got shape {array.shape}")
-    kind = array.dtype.kind
-    if not (kind == "f" or (allow_integers and kind in "iub")):
-        raise ValueError(f"expected real numbers, got dtype {array.dtype}")
-    if array.size == 0:
-        raise ValueError("expected a non-empty vector")
-    if array.dtype == dtype:
-        cast = array  # the common case: skip errstate's ~5 us per vector
-    else:
-        with np.errstate(over="ignore", invalid="ignore"):
-            cast = array.astype(dtype)
-    if not np.isfinite(cast).all():
-        raise ValueError(f"vector has NaN or infinite values (as {dtype.name})")
-    return cast
-
-
-def write_vectors(conn: sqlite3.Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]) -> None:
-    """Upsert vectors inside the caller's write transaction; bumps the type's version once."""
-    name, width = ftype.name, ftype.vector_bytes
-    assert width is not None, "set the type's dim before storing vectors"
-    count = [0]
-
-    def params() -> Iterator[tuple[int, str, bytes | memoryview]]:
-        for image_id, blob in rows:
-            if len(blob) != width:  # the one check every stored vector passes
-                raise InputError(f"vector of sample {image_id} has {len(blob)} bytes; {name!r} stores {width}")
-            count[0] += 1
-            yield image_id, name, blob
-
-    # The query log counts statements through a Python wrapper, a call per row (6% of a
-    # million-vector import): run the statement directly and report it once.
-    report = getattr(conn, "on_write", None)
-    started = time.perf_counter()
-    cursor = sqlite3.Connection.executemany(conn, _UPSERT_VECTOR, params())
-    if report is not None and count[0]:
-        report(_UPSERT_VECTOR, count[0], max(cursor.rowcount, 0), time.perf_counter() - started)
-    conn.execute(_BUMP_VERSION, (name,))
-
-
-def set_dim(conn: sqlite3.Connection, name: str, dim: int) -> None:
-    conn.execute(_SET_DIM, (dim, name))
-
-
-def feature_vectors(catalog: Catalog, ids: Sequence[int] | np.ndarray, feature_type: str) -> np.ndarray:
+def feature_vectors(catalog: Catalog, ids: Sequence[int] | Ids, feature_type: str) -> Vectors:
     """The ``(len(ids), dim)`` vectors of ``ids``, in order, as the type's dtype.
 
     Served from the memory-mapped matrix when it is current, else read from the catalog.
@@ -244,8 +111,6 @@ def feature_vectors(catalog: Catalog, ids: Sequence[int] | np.ndarray, feature_t
     Raises:
         InputError: unknown feature type (naming the known ones), or ids without a vector.
     """
-    from dlindex.features.neighbours import cached_matrix
-
     ftype = get_type(catalog, feature_type)
     id_array = np.asarray(ids, dtype=np.int64).reshape(-1)
     if ftype.dim is None:
@@ -262,32 +127,20 @@ def feature_vectors(catalog: Catalog, ids: Sequence[int] | np.ndarray, feature_t
     unique, inverse = np.unique(id_array, return_inverse=True)
     vectors = np.empty((unique.size, ftype.dim), dtype=ftype.np_dtype)
     found = np.zeros(unique.size, dtype=bool)
-    for start in range(0, unique.size, _CHUNK):
-        chunk = unique[start : start + _CHUNK]
+    for start in range(0, unique.size, CHUNK):
+        chunk = unique[start : start + CHUNK]
         params = {"type": ftype.name, "ids": json.dumps(chunk.tolist())}
         pairs = sorted(catalog.read(_VECTORS_OF, params))
-        _check_sizes(ftype, pairs)
         if pairs:
             at = start + np.searchsorted(chunk, [p[0] for p in pairs])
-            blob = b"".join(p[1] for p in pairs)
-            vectors[at] = np.frombuffer(blob, dtype=ftype.np_dtype).reshape(len(pairs), ftype.dim)
+            vectors[at] = decode_rows(ftype, pairs)
             found[at] = True
     if not found.all():
         raise InputError(_missing_message(ftype.name, unique[~found]))
     return vectors[inverse]
 
 
-def _check_sizes(ftype: FeatureType, rows: Sequence[tuple[int, bytes]]) -> None:
-    width = ftype.vector_bytes
-    for image_id, blob in rows:
-        if len(blob) != width:
-            raise InputError(
-                f"the {ftype.name!r} vector of sample {image_id} has {len(blob)} bytes, not {width} "
-                f"(written by another program?); recompute or re-import it"
-            )
-
-
-def _missing_message(name: str, missing: np.ndarray) -> str:
+def _missing_message(name: str, missing: Ids) -> str:
     shown = ", ".join(str(i) for i in missing[:5].tolist())
     more = " ..." if missing.size > 5 else ""
     return (
@@ -296,35 +149,11 @@ def _missing_message(name: str, missing: np.ndarray) -> str:
     )
 
 
-def read_all(catalog: Catalog, ftype: FeatureType) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, vectors) of every vector of ``ftype``, ids ascending; call inside a read transaction."""
-    assert ftype.dim is not None
-    n = int(catalog.conn.execute(_COUNT_VECTORS, (ftype.name,)).fetchone()[0])
-    ids = np.empty(n, dtype=np.int64)
-    vectors = np.empty((n, ftype.dim), dtype=ftype.np_dtype)
-    filled = 0
-    cursor = catalog.conn.execute(_VECTORS, (ftype.name,))
-    while filled < n:
-        batch = cursor.fetchmany(_CHUNK)
-        if not batch:
-            break
-        m = len(batch)
-        _check_sizes(ftype, batch)
-        ids[filled : filled + m] = [row[0] for row in batch]
-        vectors[filled : filled + m] = np.frombuffer(b"".join(row[1] for row in batch), dtype=ftype.np_dtype).reshape(
-            m, ftype.dim
-        )
-        filled += m
-    cursor.close()
-    return ids[:filled], vectors[:filled]
-
-
 def list_feature_types(catalog: Catalog) -> list[FeatureTypeInfo]:
     """Every feature type with its counts of vectors, failed and queued samples."""
     infos = []
-    for row in list(catalog.read(_TYPES)):
-        ftype = FeatureType(*row)
-        vectors = int(catalog.conn.execute(_COUNT_VECTORS, (ftype.name,)).fetchone()[0])
+    for ftype in all_types(catalog):
+        vectors = int(catalog.conn.execute(COUNT_VECTORS, (ftype.name,)).fetchone()[0])
         states = state.counts(catalog.conn, ftype.name)
         infos.append(
             FeatureTypeInfo(
@@ -349,7 +178,7 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
         raise InputError(f"no sample with id {image_id} in the catalog")
     if feature_type is not None:
         get_type(catalog, feature_type)
-    types = {row[0]: FeatureType(*row) for row in catalog.conn.execute(_TYPES)}
+    types = {row[0]: FeatureType(*row) for row in catalog.conn.execute(TYPES)}
     vectors: dict[str, dict[str, Any]] = {}
     for name, blob, created_at, updated_at in catalog.read(_IMAGE_FEATURES, (image_id,)):
         if feature_type is not None and name != feature_type:
@@ -374,11 +203,9 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
 
 def drop_feature_type(catalog: Catalog, name: str) -> DropResult:
     """Delete a feature type with all its vectors and failure records, and its cached matrix."""
-    from dlindex.features.neighbours import remove_cached_matrix
-
     ftype = get_type(catalog, name)
     with catalog.write_transaction() as conn:
-        vectors = int(conn.execute(_COUNT_VECTORS, (name,)).fetchone()[0])
+        vectors = int(conn.execute(COUNT_VECTORS, (name,)).fetchone()[0])
         failed = state.counts(conn, name)["failed"]
         conn.execute(_DROP_TYPE, (name,))  # the vectors and states go by ON DELETE CASCADE
     remove_cached_matrix(catalog, ftype.name)
@@ -411,10 +238,8 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
                 np.savez(f, ids=ids, vectors=vectors)
             os.replace(tmp, target)  # a reader never sees half a file
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
     except KeyboardInterrupt:
         raise Interrupted(f"features export interrupted; {target} was not written") from None

@@ -32,7 +32,7 @@ def create(target: Path) -> tuple[int, str]:
 
 def remove_leftovers(folder: Path) -> list[str]:
     """Delete the temporary files of dead dlindex processes in ``folder``; return their names."""
-    removed = []
+    removed: list[str] = []
     host = host_tag()
     try:
         names = os.listdir(folder)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from PIL import Image
 
 BACKGROUND = (255, 255, 255)  # what a page or a viewer usually shows behind clip-art
@@ -59,7 +60,7 @@ def on_background(image: Image.Image) -> Image.Image:
     return Image.alpha_composite(Image.new("RGBA", over.size, (*BACKGROUND, 255)), over).convert("RGB")
 
 
-def weighted_histogram(over: Image.Image, bins: int = 32) -> np.ndarray:
+def weighted_histogram(over: Image.Image, bins: int = 32) -> npt.NDArray[np.float32]:
     """Per-channel R, G, B histograms of an RGBA image, each pixel weighed by its alpha; each sums to 1."""
     alpha = over.getchannel("A")
     levels = np.asarray(alpha.histogram(), dtype=np.int64)

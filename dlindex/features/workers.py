@@ -17,7 +17,7 @@ from PIL import Image
 
 from dlindex.errors import DlindexError
 from dlindex.features.extractors import Extractor
-from dlindex.features.storage import encode
+from dlindex.features.vectors import encode
 from dlindex.procs import ForkPool, WorkerDied, init_child
 
 _ERROR_CHARS = 500
@@ -58,9 +58,10 @@ class Pool:
     def _alone(self, batch: Batch) -> Results | None:
         """A batch in a fresh worker of its own; None if the worker dies doing it."""
         try:
-            return self.pool.run_alone(batch)  # type: ignore[no-any-return]
+            results: Results = self.pool.run_alone(batch)
         except WorkerDied:
             return None
+        return results
 
     def close(self, abort: bool = False) -> None:
         self.pool.close(abort)
@@ -87,7 +88,7 @@ def _extract_batch(batch: Batch) -> Results:
                     value = extractor.fn(image)
             vector = encode(value, dtype)
             results.append((image_id, vector.tobytes(), None))
-        except Exception as e:  # noqa: BLE001 -- any failure of the image or the user's code fails this sample only
+        except Exception as e:  # any failure of the image or the user's code fails this sample only
             text = f"{type(e).__name__}: {e}"
             if capture is not None:
                 printed = capture.take()

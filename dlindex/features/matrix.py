@@ -1,0 +1,183 @@
+"""The memory-mapped matrix of a feature type's vectors, cached in a file beside the catalog.
+
+The vectors of a feature type are copied once into ``<catalog>-features/<type>.matrix``
+(ids, norms, float32 rows) and memory-mapped by every later call, so a ``similar`` call
+or a ``feature_vectors`` lookup reads no BLOBs. The file is keyed by the type's
+``version`` (bumped by every write to its vectors, and by a trigger on every deletion)
+and ``created_at``; a stale file is rebuilt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dlindex.errors import InputError
+from dlindex.features.types import FeatureType, get_type
+from dlindex.features.vectors import Ids, read_all
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+
+_MAGIC = b"DLIXFEAT"
+_HEADER = 512
+_FORMAT = 1
+_memo: dict[str, Matrix] = {}  # matrix file -> the matrix this process holds of it
+
+Rows = npt.NDArray[np.intp]  # row indices into a matrix, -1 where there is none
+Mask = npt.NDArray[np.bool_]
+
+
+@dataclass
+class Matrix:
+    """The vectors of one feature type as arrays (usually views of a memory-mapped file)."""
+
+    key: dict[str, Any]
+    ids: Ids  # ascending
+    norms: npt.NDArray[np.float64]  # Euclidean norm of each row
+    vectors: npt.NDArray[np.float32]  # (n, dim)
+    # what searches derived from this matrix (row masks, labels), by what they depend on
+    masks: dict[tuple[Any, ...], npt.NDArray[Any] | None] = field(default_factory=dict)
+
+    def rows_of(self, ids: Ids) -> Rows:
+        """Row index of each id, -1 where the matrix has no vector for it."""
+        if not self.ids.size:
+            return np.full(ids.shape, -1, dtype=np.intp)
+        at = np.searchsorted(self.ids, ids)
+        at[at >= self.ids.size] = 0
+        return np.where(self.ids[at] == ids, at, -1)
+
+
+def matrix_path(catalog: Catalog, name: str) -> Path:
+    return Path(os.fspath(catalog.path) + "-features") / f"{name}.matrix"
+
+
+def _key(ftype: FeatureType) -> dict[str, Any]:
+    return {
+        "format": _FORMAT, "name": ftype.name, "version": ftype.version, "created_at": ftype.created_at,
+        "dim": ftype.dim, "dtype": ftype.dtype,
+    }  # fmt: skip
+
+
+def cached_matrix(catalog: Catalog, ftype: FeatureType, *, populate: bool = False) -> Matrix | None:
+    """The current matrix of ``ftype`` if this process or the file beside the catalog has one.
+
+    Args:
+        populate: fault every page in now (a search reads them all; a lookup only a few).
+    """
+    key = _key(ftype)
+    path = matrix_path(catalog, ftype.name)
+    held = _memo.get(os.fspath(path))
+    if held is not None and held.key == key:
+        return held
+    matrix = _open(path, key, populate=populate)
+    if matrix is not None:
+        _memo[os.fspath(path)] = matrix
+    return matrix
+
+
+def load_matrix(catalog: Catalog, feature_type: str) -> Matrix:
+    """The current matrix of a feature type, built from the catalog (and saved) if stale."""
+    ftype = get_type(catalog, feature_type)
+    matrix = cached_matrix(catalog, ftype, populate=True) if ftype.dim is not None else None
+    if matrix is not None:
+        return matrix
+    conn = catalog.conn
+    conn.execute("BEGIN")  # one snapshot: the version read is the version of the rows read
+    try:
+        ftype = get_type(catalog, feature_type)
+        if ftype.dim is None:
+            raise InputError(f"feature type {ftype.name!r} has no vectors yet")
+        ids, vectors = read_all(catalog, ftype)
+    finally:
+        conn.execute("COMMIT")
+    vectors32 = vectors.astype(np.float32, copy=False)
+    norms = np.empty(ids.size, dtype=np.float64)
+    for start in range(0, ids.size, 8192):
+        part = vectors32[start : start + 8192].astype(np.float64)
+        norms[start : start + 8192] = np.sqrt(np.einsum("ij,ij->i", part, part))
+    key = _key(ftype)
+    path = matrix_path(catalog, ftype.name)
+    matrix = _save(path, key, ids, norms, vectors32) or Matrix(key, ids, norms, vectors32)
+    _memo[os.fspath(path)] = matrix
+    return matrix
+
+
+def remove_cached_matrix(catalog: Catalog, name: str) -> None:
+    path = matrix_path(catalog, name)
+    _memo.pop(os.fspath(path), None)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _layout(n: int, dim: int) -> tuple[int, int, int, int]:
+    ids_at = _HEADER
+    norms_at = ids_at + 8 * n
+    vectors_at = -(-(norms_at + 8 * n) // 64) * 64
+    return ids_at, norms_at, vectors_at, vectors_at + 4 * n * dim
+
+
+def _save(
+    path: Path,
+    key: dict[str, Any],
+    ids: Ids,
+    norms: npt.NDArray[np.float64],
+    vectors: npt.NDArray[np.float32],
+) -> Matrix | None:
+    """Write the matrix file atomically and map it; None if the folder is not writable."""
+    n, dim = vectors.shape
+    _, norms_at, vectors_at, _ = _layout(n, dim)
+    header = _MAGIC + json.dumps({**key, "n": n}).encode()
+    assert len(header) <= _HEADER
+    try:
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError:
+        return None  # a read-only folder: this process keeps the matrix in memory
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header.ljust(_HEADER, b" "))
+            f.write(ids.astype("<i8").tobytes())
+            f.write(norms.astype("<f8").tobytes())
+            f.write(b"\0" * (vectors_at - norms_at - 8 * n))
+            for start in range(0, n, 65536):
+                f.write(np.ascontiguousarray(vectors[start : start + 65536], dtype="<f4").tobytes())
+        os.replace(tmp, path)  # concurrent readers see the old file or the new one, never half
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return None
+    return _open(path, key)
+
+
+def _open(path: Path, key: dict[str, Any], *, populate: bool = True) -> Matrix | None:
+    try:
+        with open(path, "rb") as f:
+            header = f.read(_HEADER)
+            if not header.startswith(_MAGIC):
+                return None
+            stored = json.loads(header[len(_MAGIC) :].decode())
+            n = int(stored.pop("n"))
+            if stored != key:
+                return None
+            dim = int(key["dim"])
+            ids_at, norms_at, vectors_at, end = _layout(n, dim)
+            if os.fstat(f.fileno()).st_size != end:
+                return None
+            flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
+            mapped = mmap.mmap(f.fileno(), end, flags=flags, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return None
+    ids = np.frombuffer(mapped, dtype=np.dtype("<i8"), count=n, offset=ids_at)
+    norms = np.frombuffer(mapped, dtype=np.dtype("<f8"), count=n, offset=norms_at)
+    vectors = np.frombuffer(mapped, dtype=np.dtype("<f4"), count=n * dim, offset=vectors_at).reshape(n, dim)
+    return Matrix(key, ids, norms, vectors)

@@ -1,0 +1,114 @@
+"""Feature types in the catalog: checked names, storage dtypes, lookup and creation.
+
+A feature type's name is used unquoted in SQL and in file names (its matrix file), so
+``check_name`` admits plain identifiers only, and never an SQL keyword.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from dlindex.errors import InputError
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+
+DTYPES: dict[str, np.dtype[np.floating[Any]]] = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2")}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+# SQLite's keywords: a feature-type name must be usable anywhere without quoting.
+_SQL_KEYWORDS = """ABORT ACTION ADD AFTER ALL ALTER ALWAYS ANALYZE AND AS ASC ATTACH AUTOINCREMENT BEFORE BEGIN
+    BETWEEN BY CASCADE CASE CAST CHECK COLLATE COLUMN COMMIT CONFLICT CONSTRAINT CREATE CROSS CURRENT
+    CURRENT_DATE CURRENT_TIME CURRENT_TIMESTAMP DATABASE DEFAULT DEFERRABLE DEFERRED DELETE DESC DETACH
+    DISTINCT DO DROP EACH ELSE END ESCAPE EXCEPT EXCLUDE EXCLUSIVE EXISTS EXPLAIN FAIL FILTER FIRST
+    FOLLOWING FOR FOREIGN FROM FULL GENERATED GLOB GROUP GROUPS HAVING IF IGNORE IMMEDIATE IN INDEX
+    INDEXED INITIALLY INNER INSERT INSTEAD INTERSECT INTO IS ISNULL JOIN KEY LAST LEFT LIKE LIMIT MATCH
+    MATERIALIZED NATURAL NO NOT NOTHING NOTNULL NULL NULLS OF OFFSET ON OR ORDER OTHERS OUTER OVER
+    PARTITION PLAN PRAGMA PRECEDING PRIMARY QUERY RAISE RANGE RECURSIVE REFERENCES REGEXP REINDEX
+    RELEASE RENAME REPLACE RESTRICT RETURNING RIGHT ROLLBACK ROW ROWS SAVEPOINT SELECT SET TABLE TEMP
+    TEMPORARY THEN TIES TO TRANSACTION TRIGGER UNBOUNDED UNION UNIQUE UPDATE USING VACUUM VALUES VIEW
+    VIRTUAL WHEN WHERE WINDOW WITH WITHOUT"""
+_KEYWORDS = frozenset(_SQL_KEYWORDS.split())
+
+_TYPE = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types WHERE name = ?"
+TYPES = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types ORDER BY name"
+_CREATE_TYPE = "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES (?, ?, ?, ?)"
+_SET_DIM = "UPDATE feature_types SET dim = ? WHERE name = ? AND dim IS NULL"
+
+
+@dataclass(frozen=True)
+class FeatureType:
+    """One row of ``feature_types``; ``dim`` is None until the first vector is stored."""
+
+    name: str
+    dim: int | None
+    dtype: str
+    extractor: str
+    version: int
+    created_at: str
+
+    @property
+    def np_dtype(self) -> np.dtype[np.floating[Any]]:
+        return DTYPES[self.dtype]
+
+    @property
+    def vector_bytes(self) -> int | None:
+        return None if self.dim is None else self.dim * self.np_dtype.itemsize
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a plain identifier that no SQL context needs to quote."""
+    if not _NAME.match(name) or name.upper() in _KEYWORDS:
+        raise InputError(
+            f"invalid feature type name {name!r}: use letters, digits and _ (not first), at most 64 "
+            "characters, and not an SQL keyword; e.g. colorhist, resnet50_v2"
+        )
+    return name
+
+
+def check_dtype(dtype: str) -> str:
+    """Return ``dtype`` if feature vectors can be stored as it."""
+    if dtype not in DTYPES:
+        raise InputError(f"unknown dtype {dtype!r}; choose float32 or float16")
+    return dtype
+
+
+def find_type(catalog: Catalog, name: str) -> FeatureType | None:
+    row = catalog.conn.execute(_TYPE, (name,)).fetchone()
+    return FeatureType(*row) if row else None
+
+
+def all_types(catalog: Catalog) -> list[FeatureType]:
+    """Every feature type, by name."""
+    return [FeatureType(*row) for row in catalog.read(TYPES)]
+
+
+def get_type(catalog: Catalog, name: str) -> FeatureType:
+    """The feature type ``name``; InputError listing the known types if there is none."""
+    found = find_type(catalog, name)
+    if found is None:
+        raise InputError(unknown_type_message(catalog, name))
+    return found
+
+
+def unknown_type_message(catalog: Catalog, name: str) -> str:
+    known = [row[0] for row in catalog.conn.execute(TYPES)]
+    if not known:
+        return (
+            f"unknown feature type {name!r}: the catalog has none yet; "
+            f"run dlindex features compute --type {name} --extractor colorhist (or features import)"
+        )
+    return f"unknown feature type {name!r}; known types: {', '.join(known)}"
+
+
+def create_type(conn: sqlite3.Connection, name: str, dtype: str, extractor: str, dim: int | None = None) -> None:
+    check_dtype(dtype)
+    conn.execute(_CREATE_TYPE, (check_name(name), dim, dtype, extractor))
+
+
+def set_dim(conn: sqlite3.Connection, name: str, dim: int) -> None:
+    conn.execute(_SET_DIM, (dim, name))
