@@ -53,6 +53,7 @@ class Running:
 
 def start(ctx: Context, group: Group) -> Running:
     """Start a process that writes the rows of ``ctx.upper`` as jsonl lines to a part file."""
+    assert ctx.upper is not None
     part = ctx.out / ".upper.part"
     # Only what formatting needs travels: no rows, no open connection.
     plan = replace(ctx.plan, groups=(), tally=Tally())

@@ -22,6 +22,7 @@ from dlindex.export.plan import (
     ExportError,
     Group,
     Plan,
+    UpperHalf,
     relative_prefixes,
     sample_path,
 )
@@ -76,7 +77,7 @@ class Context:
     progress: Callable[[int], None] | None = None
     read_threads: int = 0
     prefixes: Mapping[int, bytes] = field(default_factory=dict)
-    upper: Any = None  # plan.UpperHalf: the rows a second process writes (jsonl, one streamed group)
+    upper: UpperHalf | None = None  # the rows a second process writes (jsonl, one streamed group)
     seen: set[str] = field(default_factory=set)  # wds: the image member suffixes written
 
     @staticmethod
