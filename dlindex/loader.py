@@ -31,9 +31,10 @@ from typing import Any
 
 from dlindex.errors import DlindexError
 from dlindex.export.confine import read_regular, real_inside, resolve_inside
-from dlindex.export.reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
+from dlindex.export.index import listed_shards
+from dlindex.export.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
 from dlindex.export.shards import exact_path
-from dlindex.export.tar import iter_members
+from dlindex.export.tar import iter_tar
 from dlindex.export.validate import listed_bytes
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
@@ -188,42 +189,6 @@ class ManifestDataset:
         del row["label_id"]  # the internal labels.id, never shown as label_id
         row["label_id"] = self._class_of.get(row["label"])
         return row
-
-
-def iter_tar(
-    path: str | os.PathLike[str] | bytes,
-    keep: Callable[[int], bool] | None = None,
-    stop: int | None = None,
-    *,
-    max_bytes: int | None = None,
-) -> Iterator[dict[str, Any]]:
-    """Samples of a WebDataset tar: ``{"__key__": key, ext: bytes, ...}``, grouped by key.
-
-    ``keep(n)`` decides whether the n-th sample of the file is read; others are seeked over.
-    Reading ends before sample ``stop``.
-    The tar must be a regular file of at most ``max_bytes``; a damaged or truncated one
-    raises ExportError naming it (``dlindex.export.tar``).
-    """
-    sample: dict[str, Any] = {}
-    key: bytes | None = None
-    n = -1
-    wanted = True
-    for name, read in iter_members(path, max_bytes):
-        stem, dot, ext = name.rpartition(b"/")[2].partition(b".")
-        member_key = name[: len(name) - len(ext) - len(dot)]
-        if member_key != key:
-            if sample:
-                yield sample
-            key, sample, n = member_key, {}, n + 1
-            if stop is not None and n >= stop:
-                return
-            wanted = keep is None or keep(n)
-            if wanted:
-                sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
-        if wanted:
-            sample[ext.decode("utf-8", "surrogateescape")] = read()
-    if sample:
-        yield sample
 
 
 class WdsDataset:

@@ -19,7 +19,7 @@ def test_missing_count_spans_every_batch(
     mixed_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str | None
 ) -> None:  # noqa: F811
     _feature_cache(mixed_db)
-    monkeypatch.setattr("dlindex.export.manifest._BATCH", 3)  # 20 samples: seven batches
+    monkeypatch.setattr("dlindex.export.writer._BATCH", 3)  # 20 samples: seven batches
     with sqlite3.connect(mixed_db) as conn:
         conn.execute("DELETE FROM image_features WHERE image_id % 2 = 0")  # half, in every batch
         (lacking,) = conn.execute("SELECT count(*) FROM image_metadata WHERE status = 'ok' AND id % 2 = 0").fetchone()

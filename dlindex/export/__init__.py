@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from dlindex._lazy import lazy_exports
 
 __all__ = [
+    "FORMATS",
     "ExportError",
     "ExportOptions",
     "ExportSummary",
-    "FORMATS",
     "VerifyResult",
     "export_catalog",
     "load_index",
@@ -37,11 +37,11 @@ _EXPORTS = {
     "manifest_files": "reader",
     "manifest_rows": "reader",
     "source_path": "reader",
-    "ExportOptions": "run",
-    "ExportSummary": "run",
+    "ExportOptions": "options",
+    "ExportSummary": "options",
+    "parse_size": "options",
     "FORMATS": "run",
     "export_catalog": "run",
-    "parse_size": "run",
     "VerifyResult": "verify",
     "verify_export": "verify",
 }
@@ -50,7 +50,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
+    from dlindex.export.options import ExportOptions, ExportSummary, parse_size
     from dlindex.export.plan import ExportError, parse_split
     from dlindex.export.reader import load_index, manifest_files, manifest_rows, source_path
-    from dlindex.export.run import FORMATS, ExportOptions, ExportSummary, export_catalog, parse_size
+    from dlindex.export.run import FORMATS, export_catalog
     from dlindex.export.verify import VerifyResult, verify_export

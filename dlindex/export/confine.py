@@ -95,9 +95,14 @@ def real_inside(path: bytes, base: bytes | str, what: str = "path", *, folder_li
     real = os.path.realpath(path)
     if not _inside(real, _real_base(os.fsencode(base) or b"/")):
         parent = os.path.dirname(path)
-        if folder_links and not os.path.islink(path) and _inside(path, os.fsencode(base) or b"/") and parent:
-            if os.path.join(os.path.realpath(parent), os.path.basename(path)) == real:
-                return real  # only folders on the way are links; the file is the scan's
+        if (
+            folder_links
+            and not os.path.islink(path)
+            and _inside(path, os.fsencode(base) or b"/")
+            and parent
+            and os.path.join(os.path.realpath(parent), os.path.basename(path)) == real
+        ):
+            return real  # only folders on the way are links; the file is the scan's
         raise ConfineError(f"{what} {_shown(path)!r} leads out of {_shown(base)} (to {_shown(real)})")
     return real
 

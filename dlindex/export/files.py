@@ -1,5 +1,7 @@
-"""Files an export reads and writes: source images checked against the catalog, and hashed
-shard files (the output folder that appears only when complete is ``outdir.OutputDir``)."""
+"""Files an export reads and writes: source images checked against the catalog, hashed shards.
+
+The output folder, which appears only when complete, is ``outdir.OutputDir``.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""A big jsonl manifest in two processes: the lower half of the ids here, the upper half in a
-second process writing a part file that is appended when both are done.
+"""A big jsonl manifest in two processes: the lower half of the ids here, the upper in a second.
+
+The second process writes a part file that is appended when both are done.
 
 Fetching rows from SQLite and formatting them is CPU work in one interpreter; a second
 process halves the wall time of a million-row manifest on two cores. The child is spawned,
@@ -15,7 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+from dlindex.export.jsonl import jsonl_lines
 from dlindex.export.plan import ExportError, Group, Tally, UpperHalf
+from dlindex.export.shards import Context
 
 _BATCH = 4096
 
@@ -47,8 +51,9 @@ class Running:
         self.process.join()
 
 
-def start(ctx: Any, group: Group) -> Running:
+def start(ctx: Context, group: Group) -> Running:
     """Start a process that writes the rows of ``ctx.upper`` as jsonl lines to a part file."""
+    assert ctx.upper is not None
     part = ctx.out / ".upper.part"
     # Only what formatting needs travels: no rows, no open connection.
     plan = replace(ctx.plan, groups=(), tally=Tally())
@@ -63,21 +68,17 @@ def start(ctx: Any, group: Group) -> Running:
     return Running(process, parent_conn, part)
 
 
-def _main(ctx: Any, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any) -> None:
+def _main(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any) -> None:
     try:
         report = _write(ctx, upper, split, rank, part)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises
+    except BaseException as e:  # reported to the parent, which raises
         report = {"error": f"{type(e).__name__}: {e}"}
     conn.send(report)
     conn.close()
 
 
-def _write(ctx: Any, upper: UpperHalf, split: str, rank: int, part: Path) -> dict[str, Any]:
-    from dlindex.export.manifest import jsonl_lines
-
+def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) -> dict[str, Any]:
     lines = jsonl_lines(ctx)
-    from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
-
     uri = readonly_uri(upper.db)
     db = sqlite3.connect(uri, uri=True)
     tally = Tally()

@@ -17,15 +17,16 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import xxhash
 
 from dlindex.export.files import read_sources
-from dlindex.export.manifest import batches
 from dlindex.export.plan import ID, LABEL, Group, absolute_path
-from dlindex.export.shards import Context, Cutter, ShardInfo, json_maker, sample_key
+from dlindex.export.shards import Context, ShardInfo, json_maker, sample_key
 from dlindex.export.wds import extension
+from dlindex.export.writer import ShardWriter, batches
 
 VERSION = 2
 _NUMPY_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
@@ -52,31 +53,31 @@ def shard_config(cols: dict[str, tuple[str, int | None]], size_limit: int | None
     }  # fmt: skip
 
 
+class MdsWriter(ShardWriter[bytes]):
+    """Encoded samples held until their shard is full, then written as one MDS shard."""
+
+    def __init__(self, ctx: Context, group: Group, number: int) -> None:
+        super().__init__(ctx, group, number)
+        self.config = json.dumps(shard_config(columns(ctx), ctx.shard_bytes), sort_keys=True).encode()
+        if self.max_bytes is not None:
+            self.max_bytes -= 8 + len(self.config)  # the shard's header counts against --shard-bytes
+        (ctx.out / group.split).mkdir(exist_ok=True)
+
+    def shard_file(self, k: int) -> str:
+        return f"{self.group.split}/shard.{self.number + k:05d}.mds"
+
+    def seal_shard(self, path: Path, pending: list[bytes]) -> tuple[int, str]:
+        data = encode_shard(pending, self.config)
+        path.write_bytes(data)
+        return len(data), xxhash.xxh3_128_hexdigest(data)
+
+
 def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     make = json_maker(ctx)
     index = ctx.plan.label_index
     cols = columns(ctx)
-    config = shard_config(cols, ctx.shard_bytes)
-    config_bytes = json.dumps(config, sort_keys=True).encode()
-    cut = Cutter(ctx.shard_size, ctx.shard_bytes)
-    (ctx.out / group.split).mkdir(exist_ok=True)
-    shards: list[ShardInfo] = []
-    samples: list[bytes] = []
-    size = first = 0
+    sink = MdsWriter(ctx, group, number)
     j = 0
-
-    def flush() -> None:
-        nonlocal samples, size, first
-        name = f"{group.split}/shard.{number + len(shards):05d}.mds"
-        data = encode_shard(samples, config_bytes)
-        (ctx.out / name).write_bytes(data)
-        shards.append(
-            ShardInfo(name, group.split, group.rank, len(samples), len(data), xxhash.xxh3_128_hexdigest(data), first)
-        )
-        first += len(samples)
-        samples, size = [], 0
-
-    overhead = 8 + len(config_bytes)
     for batch, vectors in batches(group, ctx):
         items = ((row, absolute_path(row, ctx.plan.roots)) for row in batch)
         for row, path, data in read_sources(items, ctx.read_threads):
@@ -88,15 +89,10 @@ def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             if ctx.features is not None:
                 values["feature"] = vectors[row[ID]]
             sample = encode_sample(cols, values)
-            if cut.full(len(samples), size + overhead, len(sample) + 4):
-                flush()
-            samples.append(sample)
-            size += len(sample) + 4
+            sink.add(sample, len(sample) + 4)  # + its offset
             j += 1
         ctx.tick(len(batch))
-    if samples:
-        flush()
-    return shards
+    return sink.finish()
 
 
 def encode_sample(cols: dict[str, tuple[str, int | None]], values: dict[str, bytes]) -> bytes:

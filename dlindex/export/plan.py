@@ -204,7 +204,7 @@ def split_of(fractions: Mapping[str, float]) -> Any:
 
     def assign(row: tuple[Any, ...]) -> str:
         point = _point(row)
-        for name, bound in zip(names, bounds):
+        for name, bound in zip(names, bounds, strict=True):
             if point < bound:
                 return name
         return names[-1]

@@ -6,7 +6,6 @@ import csv
 import json
 import os
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 from dlindex.export.confine import (
@@ -19,34 +18,27 @@ from dlindex.export.confine import (
     read_regular,
     resolve_inside,
 )
+from dlindex.export.index import (
+    INDEX,
+    INDEX_VERSION,
+    PARQUET_INDEX,
+    SHARDS_KEY,
+    index_name,
+    index_path,
+    listed_shards,
+    shards_key,
+)
 from dlindex.export.plan import ExportError
 from dlindex.export.shards import PATH_B64, exact_path
 from dlindex.export.validate import check_index, check_row, check_version
 
-INDEX = "index.json"
-# pyarrow (and so pandas) read every file of a folder as parquet except names starting with
-# "_" or ".": a parquet export keeps its index under this name so `pd.read_parquet(DIR)` works.
-PARQUET_INDEX = "_index.json"
-# 2: the shard list moved from "shards" to SHARDS_KEY (an mds export's root index.json is
-# also streaming's, which reads "version" and "shards"); the default split is "train".
-INDEX_VERSION = 2
-SHARDS_KEY = "dlindex_shards"
+# The index names are re-exported: readers of an export find everything here.
+__all__ = [
+    "INDEX", "INDEX_VERSION", "MANIFEST_SUFFIXES", "PARQUET_INDEX", "SHARDS_KEY", "absolute_paths", "index_name",
+    "index_path", "listed_shards", "load_index", "manifest_files", "manifest_rows", "source_path",
+]  # fmt: skip
 MANIFEST_SUFFIXES = (".jsonl", ".csv", ".parquet")
 _INTS = ("id", "label_id", "width", "height", "bytes")
-
-
-def index_name(fmt: str) -> str:
-    """The file name of an export's own index for a format."""
-    return PARQUET_INDEX if fmt == "parquet" else INDEX
-
-
-def index_path(out_dir: str | os.PathLike[str]) -> Path:
-    """OUT_DIR's dlindex index file (index.json, or _index.json in a parquet export)."""
-    folder = Path(out_dir)
-    for name in (INDEX, PARQUET_INDEX):
-        if (folder / name).is_file():
-            return folder / name
-    return folder / INDEX
 
 
 def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
@@ -55,7 +47,7 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     damaged (naming the line or the key)."""
     path = index_path(out_dir)
     try:
-        raw = read_regular(path, MAX_INDEX_BYTES)
+        raw = read_regular(os.fspath(path), MAX_INDEX_BYTES)
     except FileNotFoundError:
         raise ExportError(f"{out_dir} is not a dlindex export: no {INDEX}") from None
     except OSError as e:
@@ -72,18 +64,9 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         shards = listed_shards(data)
     except (KeyError, TypeError):
-        key = SHARDS_KEY if data["dlindex_export"] >= 2 else "shards"
+        key = shards_key(data["dlindex_export"])
         raise ExportError(f"{path} lists no shards under {key!r}; it is damaged, or not written by dlindex") from None
     return check_index(data, str(path), shards)
-
-
-def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The shard files an export's index.json lists (the one place that knows the key).
-
-    Version 1 exports listed them under "shards"; they still read."""
-    if index.get("dlindex_export", INDEX_VERSION) < 2:
-        return list(index["shards"])
-    return list(index[SHARDS_KEY])
 
 
 def manifest_files(index: Mapping[str, Any], split: str | None = None, rank: int | None = None) -> list[str]:

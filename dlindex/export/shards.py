@@ -1,4 +1,4 @@
-"""What every format writer shares: its context, shard cutting, sample keys and metadata JSON."""
+"""What every format writer shares: its context, shard names, sample keys and metadata JSON."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dlindex.export.plan import (
     ExportError,
     Group,
     Plan,
+    UpperHalf,
     relative_prefixes,
     sample_path,
 )
@@ -76,7 +77,7 @@ class Context:
     progress: Callable[[int], None] | None = None
     read_threads: int = 0
     prefixes: Mapping[int, bytes] = field(default_factory=dict)
-    upper: Any = None  # plan.UpperHalf: the rows a second process writes (jsonl, one streamed group)
+    upper: UpperHalf | None = None  # the rows a second process writes (jsonl, one streamed group)
     seen: set[str] = field(default_factory=set)  # wds: the image member suffixes written
 
     @staticmethod
@@ -88,21 +89,6 @@ class Context:
             self.progress(n)
 
 
-class Cutter:
-    """Decides where one shard ends: at ``max_samples`` or before passing ``max_bytes``."""
-
-    def __init__(self, max_samples: int | None, max_bytes: int | None) -> None:
-        self.max_samples = max_samples
-        self.max_bytes = max_bytes
-
-    def full(self, samples: int, size: int, next_size: int) -> bool:
-        if samples == 0:
-            return False  # a sample larger than max_bytes gets a shard of its own
-        if self.max_samples is not None and samples >= self.max_samples:
-            return True
-        return self.max_bytes is not None and size + next_size > self.max_bytes
-
-
 def shard_name(split: str, number: int, suffix: str) -> str:
     return f"{split}-{number:06d}{suffix}"
 
@@ -112,11 +98,6 @@ def sample_key(row: tuple[Any, ...], group: Group, j: int) -> str:
     if group.padded and j >= len(group.rows) - group.padded:  # type: ignore[arg-type]
         return f"{row[ID]:012d}_{group.positions[j]}"  # a --pad repeat: keys stay unique
     return f"{row[ID]:012d}"
-
-
-def path_text(row: tuple[Any, ...], ctx: Context) -> str:
-    """The path as exports write it; names that are not UTF-8 come back as surrogate escapes."""
-    return os.fsdecode(sample_path(row, ctx.prefixes))
 
 
 def shown_path(raw: bytes) -> tuple[str, str | None]:
@@ -160,7 +141,7 @@ def json_maker(ctx: Context) -> Callable[[tuple[Any, ...]], str]:
     """A function from a row to metadata_json(row), about 3x faster on ordinary rows."""
     labels = label_json(ctx.plan)
     index = ctx.plan.label_index
-    texts = {k: os.fsdecode(p) for k, p in ctx.prefixes.items() if _is_utf8(p)}
+    texts = text_prefixes(ctx)
     quote = _encode_text
     template = _TEMPLATE
 
@@ -176,6 +157,11 @@ def json_maker(ctx: Context) -> Callable[[tuple[Any, ...]], str]:
             return metadata_json(row, ctx, labels)
 
     return make
+
+
+def text_prefixes(ctx: Context) -> dict[int, str]:
+    """The root prefixes that are UTF-8, as text: rows under them take the fast paths."""
+    return {k: os.fsdecode(p) for k, p in ctx.prefixes.items() if _is_utf8(p)}
 
 
 def _is_utf8(raw: bytes) -> bool:

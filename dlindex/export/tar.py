@@ -1,4 +1,4 @@
-"""Reading the members of a ``wds`` shard, trusting nothing its headers say.
+"""Reading a ``wds`` shard's members and samples, trusting nothing its headers say.
 
 Every header's checksum is checked; a member's size must be a plain non-negative number
 that fits in what is left of the file (checked against the file's size before anything is
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from dlindex.export.confine import open_regular
 from dlindex.export.plan import ExportError
@@ -84,3 +85,39 @@ def iter_members(
 
             yield name, read
             f.seek(at)  # past the member (and its padding) whether or not it was read
+
+
+def iter_tar(
+    path: str | os.PathLike[str] | bytes,
+    keep: Callable[[int], bool] | None = None,
+    stop: int | None = None,
+    *,
+    max_bytes: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Samples of a WebDataset tar: ``{"__key__": key, ext: bytes, ...}``, grouped by key.
+
+    ``keep(n)`` decides whether the n-th sample of the file is read; others are seeked over.
+    Reading ends before sample ``stop``.
+    The tar must be a regular file of at most ``max_bytes``; a damaged or truncated one
+    raises ExportError naming it.
+    """
+    sample: dict[str, Any] = {}
+    key: bytes | None = None
+    n = -1
+    wanted = True
+    for name, read in iter_members(path, max_bytes):
+        _, dot, ext = name.rpartition(b"/")[2].partition(b".")
+        member_key = name[: len(name) - len(ext) - len(dot)]
+        if member_key != key:
+            if sample:
+                yield sample
+            key, sample, n = member_key, {}, n + 1
+            if stop is not None and n >= stop:
+                return
+            wanted = keep is None or keep(n)
+            if wanted:
+                sample["__key__"] = member_key.decode("utf-8", "surrogateescape")
+        if wanted:
+            sample[ext.decode("utf-8", "surrogateescape")] = read()
+    if sample:
+        yield sample

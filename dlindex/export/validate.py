@@ -6,10 +6,11 @@ line, or the key) so ``--verify`` and the loaders answer with one line, never a 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dlindex.export.confine import ConfineError, check_relative
+from dlindex.export.index import INDEX_VERSION, shards_key
 from dlindex.export.plan import ExportError
 
 MAX_COUNT = (1 << 63) - 1  # counts and sizes fit SQLite's INTEGER, like the catalog's own
@@ -70,8 +71,6 @@ def _file_entry(entry: Any, path: str, key: str, *, shard: bool) -> None:
 
 def check_version(data: Any, path: str) -> int:
     """The export version of an index (1 or 2); ExportError if ``data`` is no dlindex index."""
-    from dlindex.export.reader import INDEX_VERSION
-
     if not isinstance(data, dict) or "dlindex_export" not in data:
         raise ExportError(f"{path} is not a dlindex export index")
     version = data["dlindex_export"]
@@ -85,7 +84,7 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
     """``data`` if it is an index.json dlindex can read; ExportError naming ``path`` and the key.
 
     Args:
-        shards: the shard list as ``reader.listed_shards`` finds it (a KeyError there is a missing key).
+        shards: the shard list as ``index.listed_shards`` finds it (a KeyError there is a missing key).
     """
     version = check_version(data, path)
     for key in ("format", "file_root", "labels", "options", "catalog"):
@@ -96,7 +95,7 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
             f"{_where(path, 'format')} must be one of {', '.join(KNOWN_FORMATS)}, not {_short(data['format'])}"
         )
     root = _str(data["file_root"], path, "file_root")
-    if not root or not root.startswith("/") or "\0" in root:  # type: ignore[union-attr]
+    if not root or not root.startswith("/") or "\0" in root:
         raise ExportError(f"{_where(path, 'file_root')} must be an absolute path, not {_short(root)}")
     labels = data["labels"]
     if not isinstance(labels, dict) or len(labels) > MAX_COUNT:
@@ -125,9 +124,7 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
         raise ExportError(f"{_where(path, 'catalog.path')} must be text")
     if not isinstance(shards, list):
         raise ExportError(f"{path}: the shard list must be a list")
-    from dlindex.export.reader import SHARDS_KEY
-
-    key = SHARDS_KEY if version >= 2 else "shards"
+    key = shards_key(version)
     for i, entry in enumerate(shards):
         _file_entry(entry, path, f"{key}[{i}]", shard=True)
     files = data.get("files", [])
@@ -140,7 +137,8 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
         _check_wds(data["wds"], path, listed)
     if version >= 2 and data["format"] == "mds":
         _check_streaming(data, path, listed)
-    return data
+    checked: dict[str, Any] = data  # a dict: check_version saw to it
+    return checked
 
 
 def _check_wds(wds: Any, path: str, listed: set[str]) -> None:
@@ -224,6 +222,6 @@ def check_row(row: Any, where: str, classes: int, absolute_paths: bool = False) 
     return row
 
 
-def listed_bytes(shards: list[Mapping[str, Any]], files: list[Mapping[str, Any]]) -> dict[str, int]:
+def listed_bytes(shards: Sequence[Mapping[str, Any]], files: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     """File name -> the size index.json records for it."""
     return {entry["file"]: entry["bytes"] for entry in (*shards, *files)}

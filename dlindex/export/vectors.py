@@ -43,7 +43,7 @@ def feature_source(catalog: Catalog, name: str) -> Features:
     if found is None:
         known = [row[0] for row in conn.execute(_TYPE_NAMES)]
         raise ExportError(f"no feature type {name!r} in the feature cache (known: {', '.join(known) or 'none'})")
-    info = {d[0].lower(): v for d, v in zip(cursor.description, found)}
+    info = {d[0].lower(): v for d, v in zip(cursor.description, found, strict=True)}
     dtype = _DTYPES.get(str(info.get("dtype") or "float32").lower())
     if dtype is None:
         raise ExportError(f"feature type {name!r} has dtype {info.get('dtype')!r}; export supports float16/32/64")

@@ -17,8 +17,9 @@ from typing import Any
 import xxhash
 
 from dlindex.export.confine import hash_regular, read_regular, real_inside, resolve_inside
+from dlindex.export.index import listed_shards
 from dlindex.export.plan import ExportError
-from dlindex.export.reader import absolute_paths, listed_shards, load_index, manifest_files, manifest_rows, source_path
+from dlindex.export.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
 from dlindex.export.validate import listed_bytes
 
 MAX_PROBLEMS = 1000  # listed; all are counted

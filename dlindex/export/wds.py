@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.export.files import RawShard, read_sources
-from dlindex.export.manifest import batches
 from dlindex.export.plan import FORMAT, ID, LABEL, ExportError, Group, absolute_path
-from dlindex.export.shards import Context, Cutter, ShardInfo, json_maker, sample_key, shard_name
+from dlindex.export.shards import Context, ShardInfo, json_maker, sample_key, shard_name
+from dlindex.export.writer import StreamWriter, batches
 
 BLOCK = 512
 _ZEROS = bytes(BLOCK * 2)
@@ -37,7 +37,6 @@ EXTENSIONS = {
 IMAGE_KEYS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
 # Member suffixes a sample's other members use: an image never takes one of these.
 _RESERVED = {"cls", "json", "npy", "txt", "bin"}
-DEFAULT_WORKERS = 8  # DataLoader(num_workers=N) up to this many never finds a worker without a shard
 
 
 def _template() -> tuple[bytes, bytes, int]:
@@ -103,15 +102,31 @@ def image_key_spec(extensions: Iterable[str]) -> str:
     return ";".join((*IMAGE_KEYS, *extra))
 
 
+class WdsWriter(StreamWriter[list[bytes], RawShard]):
+    """Tar shards written one ``writev`` per sample, named as parts until ``arrange`` numbers them."""
+
+    def shard_file(self, k: int) -> str:
+        return f".{self.group.split}.{self.group.rank}.{k:06d}.part"  # renamed by arrange() once all ranks are written
+
+    def create(self, path: Path) -> RawShard:
+        return RawShard(path)
+
+    def write(self, file: RawShard, pieces: list[list[bytes]]) -> None:
+        for parts in pieces:
+            file.write(parts)
+
+    def seal(self, file: RawShard) -> tuple[int, str]:
+        file.write([_ZEROS])  # end-of-archive: two zero blocks
+        digest = file.close()
+        return file.bytes, digest
+
+
 def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     index = ctx.plan.label_index
     roots = ctx.plan.roots
     feature = ctx.features
     make = json_maker(ctx)
-    cut = Cutter(ctx.shard_size, ctx.shard_bytes)
-    shards: list[ShardInfo] = []
-    out: RawShard | None = None
-    count = size = first = 0
+    sink = WdsWriter(ctx, group, number)
     j = 0
     for batch, vectors in batches(group, ctx):
         items = ((row, absolute_path(row, roots)) for row in batch)
@@ -127,29 +142,14 @@ def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             ext = extension(row, path)
             ctx.seen.add(ext)
             parts = [header(key + b"." + ext.encode(), len(data)), data, b"".join(tail)]
-            nbytes = BLOCK + len(data) + len(parts[2])
-            if out is not None and cut.full(count, size, nbytes):
-                shards.append(_close(out, group, count, first))
-                out = None
-            if out is None:
-                out = RawShard(ctx.out / _part_name(group, len(shards)))
-                first += count
-                count = size = 0
-            out.write(parts)
-            count += 1
-            size += nbytes
+            sink.add(parts, BLOCK + len(data) + len(parts[2]))
+            sink.flush()  # now: a batch of images would not fit in memory
             j += 1
         ctx.tick(len(batch))
-    if out is not None:
-        shards.append(_close(out, group, count, first))
-    return shards
+    return sink.finish()
 
 
 _PADS = [bytes(n) for n in range(BLOCK)]
-
-
-def _part_name(group: Group, k: int) -> str:
-    return f".{group.split}.{group.rank}.{k:06d}.part"  # renamed by arrange() once all ranks are written
 
 
 def shards_per_rank(per_rank: Sequence[int], samples: int, workers: int) -> int:
@@ -216,7 +216,7 @@ def _halve(out: Path, shard: ShardInfo) -> list[ShardInfo]:
     pieces = []
     with open(path, "rb") as f:
         for name, (lo, hi), first, count in zip(
-            names, ((0, middle), (middle, end)), (shard.first, shard.first + k), (k, shard.samples - k)
+            names, ((0, middle), (middle, end)), (shard.first, shard.first + k), (k, shard.samples - k), strict=True
         ):
             f.seek(lo)
             piece = RawShard(out / name)
@@ -234,12 +234,6 @@ def _halve(out: Path, shard: ShardInfo) -> list[ShardInfo]:
 
 def _pad(size: int) -> bytes:
     return _PADS[-size % BLOCK]
-
-
-def _close(out: RawShard, group: Group, count: int, first: int) -> ShardInfo:
-    out.write([_ZEROS])  # end-of-archive: two zero blocks
-    digest = out.close()
-    return ShardInfo(out.path.name, group.split, group.rank, count, out.bytes, digest, first)
 
 
 def npy(blob: bytes, dtype: str, dim: int) -> bytes:

@@ -1,0 +1,68 @@
+"""jsonl manifest shards: the line encoder (shared with the second process) and their writer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from dlindex.export.plan import ID
+from dlindex.export.shards import Context, json_maker, text_prefixes, vector_list
+from dlindex.export.writer import TextWriter
+
+
+def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, bytes]], list[str]]:
+    """A function from a batch of rows (and their vectors) to its jsonl lines."""
+    make = json_maker(ctx)
+    feature = ctx.features
+    texts = text_prefixes(ctx)
+    quote = json.encoder.encode_basestring
+    names = ctx.plan.labels
+    parts = {i: f'"label":{quote(names[k])},"label_id":{k}' for i, k in ctx.plan.label_index.items()}
+
+    def lines(batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> list[str]:
+        if feature is not None:
+            return [
+                make(row)[:-1] + ',"feature":' + json.dumps(vector_list(vectors[row[ID]], feature.dtype)) + "}\n"
+                for row in batch
+            ]
+        # The common row (UTF-8 name under a UTF-8 root, no NULLs) inline: this loop is the
+        # whole cost of a million-row manifest next to SQLite's own.
+        out: list[str] = []
+        append = out.append
+        for row in batch:
+            ident, root, name, raw, label, width, height, fmt, size, digest = row
+            prefix = texts.get(root)
+            if (prefix is None or raw is not None or fmt is None or digest is None or width is None
+                    or height is None or size is None):  # fmt: skip
+                append(make(row) + "\n")
+            else:
+                append(
+                    f'{{"id":{ident},"path":{quote(prefix + name)},{parts[label]},"width":{width},'
+                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}","path_b64":""}}\n'
+                )
+        return out
+
+    return lines
+
+
+def text_sizes(lines: Sequence[str]) -> Iterator[int]:
+    """The encoded size of each line, as ``--shard-bytes`` counts it (lazily: only it needs them)."""
+    return (len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape")) for text in lines)
+
+
+class JsonlWriter(TextWriter):
+    """One JSON object per line, valid UTF-8; a path that is not UTF-8 keeps its bytes in path_b64."""
+
+    suffix = ".jsonl"
+
+    def append_file(self, path: Path, count: int) -> None:
+        """Append lines another process wrote (``count`` samples) to the open shard."""
+        self.flush()
+        out = self.opened()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                out.write(chunk)
+        self.count += count
+        path.unlink()

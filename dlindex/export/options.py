@@ -1,0 +1,108 @@
+"""What ``dlindex export`` takes besides OUT_DIR and what it reports, with the bounds it checks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from dlindex.export.plan import ExportError
+from dlindex.export.validate import MAX_COUNT, MAX_WORLD_SIZE
+from dlindex.query.rows import QuerySpec
+
+DEFAULT_WORKERS = 8  # wds: DataLoader(num_workers=N) up to this many never finds a worker without a shard
+MAX_SHARD_SAMPLES = 1 << 31
+MAX_SHARD_BYTES = 1 << 40
+MAX_READ_THREADS = 256
+MAX_WORKERS = 1024  # shards per rank: a DataLoader has far fewer workers
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.I)
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``dlindex export`` takes besides OUT_DIR; ``query`` holds the filters of ``dlindex query``.
+
+    Args:
+        shard_bytes: an int or text such as ``"256MiB"``, ``"1GB"``.
+        split: ``"train=0.9,val=0.1"`` or a mapping: assigned by content hash; ``"tree"``: the
+            tree's split folders; ``"val"``, ``"train,val"``: only these split folders. None:
+            the tree's split folders when the selection is in split folders, else one split.
+        drop_last: with ``world_size`` > 1, drop the remainder instead of padding with repeats.
+        read_threads: read source files ahead with this many threads (cold caches, packed formats).
+        workers: wds: every rank gets at least this many shards (a multiple of it), so a
+            ``DataLoader(num_workers=N)`` with N up to this never has a worker without a shard.
+    """
+
+    format: str = "jsonl"
+    query: QuerySpec = field(default_factory=QuerySpec)
+    shard_size: int | None = None
+    shard_bytes: int | str | None = None
+    shuffle: bool = False
+    seed: int = 0
+    split: Mapping[str, float] | str | None = None
+    world_size: int = 1
+    drop_last: bool = False
+    features: str | None = None
+    absolute_paths: bool = False
+    overwrite: bool = False
+    read_threads: int = 0
+    workers: int = DEFAULT_WORKERS
+
+
+@dataclass(frozen=True)
+class ExportSummary:
+    out_dir: str
+    format: str
+    samples: int  # written, repeats included
+    selected: int
+    dropped: int
+    padded: int
+    splits: dict[str, int]
+    shards: int
+    bytes: int
+    seconds: float
+    skipped: dict[str, int] = field(default_factory=dict)  # sources not packed, by reason
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def parse_size(value: int | str | None) -> int | None:
+    """Bytes from ``123``, ``"64MiB"``, ``"1.5GB"``, ``"500k"`` (K/M/G alone and KiB.. are powers of 1024)."""
+    if value is None or isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    if not match:
+        raise ExportError(f"size {value!r}: write a number of bytes with an optional unit, e.g. 256MiB or 1GB")
+    number, unit, binary, b = match.groups()
+    power = "kmgt".index(unit.lower()) + 1 if unit else 0
+    base = 1000 if (unit and b and not binary) else 1024
+    if len(number) > 20:  # float() of 400 digits is inf; no shard is that large anyway
+        raise ExportError(f"size {value!r} is larger than {MAX_SHARD_BYTES} bytes")
+    return int(float(number) * base**power)
+
+
+def check_bounds(options: ExportOptions, shard_bytes: int | None) -> None:
+    """ExportError for an option outside what an export can honour, before anything is allocated."""
+    spec = options.query
+    bounds: list[tuple[str, Any, int, int]] = [
+        ("--shard-size", options.shard_size, 1, MAX_SHARD_SAMPLES),
+        ("--shard-bytes", shard_bytes, 1, MAX_SHARD_BYTES),
+        ("--world-size", options.world_size, 1, MAX_WORLD_SIZE),
+        ("--read-threads", options.read_threads, 0, MAX_READ_THREADS),
+        ("--workers", options.workers, 1, MAX_WORKERS),
+        ("--seed", options.seed, -MAX_COUNT - 1, MAX_COUNT),
+        ("--limit", spec.limit, 0, MAX_COUNT),
+        ("--per-label", spec.per_label, 0, MAX_COUNT),
+        ("--min-width", spec.min_width, 0, MAX_COUNT),
+        ("--min-height", spec.min_height, 0, MAX_COUNT),
+    ]  # fmt: skip
+    for name, value, low, high in bounds:
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ExportError(f"{name} must be a whole number, not {value!r}")
+        if not low <= value <= high:
+            unit = " byte" if name == "--shard-bytes" else ""
+            raise ExportError(f"{name} must be at least {low}{unit} and at most {high}, not {value}")
