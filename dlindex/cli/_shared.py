@@ -249,7 +249,7 @@ def selection(
     **more: Any,
 ) -> Any:
     """The QuerySpec of the shared selection options, as every selecting command builds it."""
-    from dlindex.query.rows import QuerySpec  # on use: scan and stats never select
+    from dlindex.query.spec import QuerySpec  # on use: scan and stats never select
 
     return QuerySpec(
         labels=tuple(label or ()), status=tuple(s.value for s in status) if status else ("ok",),

@@ -31,7 +31,8 @@ from dlindex.export.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.export.vectors import feature_source
 from dlindex.export.wds import DEFAULT_WORKERS, arrange, hf_features, image_key_spec, write_wds
 from dlindex.procs import sigterm_as_interrupt
-from dlindex.query.rows import QuerySpec, split_counts
+from dlindex.query.rows import split_counts
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -25,7 +25,8 @@ import numpy as np
 
 from dlindex.errors import InputError
 from dlindex.features.storage import FeatureType, get_type, read_all
-from dlindex.query.rows import QuerySpec, sample_ids
+from dlindex.query.rows import sample_ids
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -26,7 +26,8 @@ from dlindex.features.extractors import Extractor, canonical_spec, load_extracto
 from dlindex.features.storage import DTYPES, FeatureType, check_name, create_type, find_type, set_dim, write_vectors
 from dlindex.features.workers import Pool, Results
 from dlindex.procs import sigterm_as_interrupt
-from dlindex.query.rows import QuerySpec, query_rows
+from dlindex.query.rows import query_rows
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite import rollback
 from dlindex.errors import InputError
-from dlindex.query.rows import PROCESSING_STATUSES
+from dlindex.query.spec import PROCESSING_STATUSES
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
