@@ -182,21 +182,11 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
     if spec.classes not in CLASS_LISTS:
         raise InputError(f"unknown class list {spec.classes!r}; choose from: {', '.join(CLASS_LISTS)}")
     if spec.labels:
-        ids = label_ids(catalog, spec.labels)
-        if len(ids) == 1:
-            where.append(_WHERE_LABEL)
-            params["label_id"] = ids[0]
-        else:
-            where.append(_WHERE_LABELS)
-            params["label_ids"] = json.dumps(ids)
+        _one_or_many(
+            where, params, label_ids(catalog, spec.labels), (_WHERE_LABEL, "label_id"), (_WHERE_LABELS, "label_ids")
+        )
     if spec.split:
-        splits = canonical_splits(spec.split)
-        if len(splits) == 1:
-            where.append(_WHERE_SPLIT)
-            params["split"] = splits[0]
-        else:
-            where.append(_WHERE_SPLITS)
-            params["splits"] = json.dumps(splits)
+        _one_or_many(where, params, canonical_splits(spec.split), (_WHERE_SPLIT, "split"), (_WHERE_SPLITS, "splits"))
     if spec.has_class is not None:
         where.append(_WHERE_HAS_CLASS[bool(spec.has_class)])
     if spec.status:
@@ -225,6 +215,15 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
             params[name] = check_count("--" + name.replace("_", "-"), value, 0)
             where.append(fragment)
     return where, params
+
+
+def _one_or_many(
+    where: list[str], params: dict[str, Any], values: Sequence[Any], one: tuple[str, str], many: tuple[str, str]
+) -> None:
+    """Filter by ``column = :one`` for one value, by ``column IN (json_each(:many))`` for several."""
+    fragment, name = one if len(values) == 1 else many
+    where.append(fragment)
+    params[name] = values[0] if len(values) == 1 else json.dumps(list(values))
 
 
 def _in_literals(column: str, values: Sequence[str], allowed: tuple[str, ...], what: str) -> str:
