@@ -1,5 +1,6 @@
-"""SQLite connections to a catalog file: validation before any write, pragmas, read-only and
-immutable opens, and the wait for another writer's lock.
+"""SQLite connections to a catalog file: checks before any write, pragmas, read-only opens.
+
+Also immutable opens (read-only storage) and the wait for another writer's lock.
 
 Everything here works on plain ``sqlite3`` connections; ``Catalog`` (connection.py) is the
 layer above. Later the home of the other backends.
