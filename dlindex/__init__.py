@@ -73,7 +73,7 @@ _EXPORTS = {
     "feature_vectors": "features.storage",
     "MarkResult": "query.mark",
     "mark_samples": "query.mark",
-    "QuerySpec": "query.rows",
+    "QuerySpec": "query.spec",
     "query_rows": "query.rows",
     "sample_ids": "query.rows",
     "clear_log": "querylog.views",
@@ -110,7 +110,8 @@ if TYPE_CHECKING:
     )
     from dlindex.features.storage import feature_vectors
     from dlindex.query.mark import MarkResult, mark_samples
-    from dlindex.query.rows import QuerySpec, query_rows, sample_ids
+    from dlindex.query.rows import query_rows, sample_ids
+    from dlindex.query.spec import QuerySpec
     from dlindex.querylog.views import clear_log, import_log, log_summary
     from dlindex.scan.probe import Probe, ProbeOptions, probe_file, sniff_header
     from dlindex.scan.run import ScanOptions, ScanSummary, scan_tree

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -82,17 +83,17 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         processed=processed_counts.get(1, 0),
         unprocessed=processed_counts.get(0, 0),
         processing_status=dict(read(_PROCESSING)),
-        labels=int(list(read(_LABEL_TOTAL))[0][0]),
+        labels=int(next(iter(read(_LABEL_TOTAL)))[0]),
         classes=len(catalog_classes(catalog)),
-        without_class=int(list(read(_WITHOUT_CLASS))[0][0]),
+        without_class=int(next(iter(read(_WITHOUT_CLASS)))[0]),
         splits=dict(sorted(((str(s), int(n)) for s, n in read(_SPLITS)), key=lambda kv: _split_order(kv[0]))),
         largest_labels=[LabelCount(*row) for row in read(_LARGEST_LABELS, (top,))],
         smallest_labels=[LabelCount(*row) for row in read(_SMALLEST_LABELS, (top,))],
         total_bytes=bytes_by_status["ok"] + bytes_by_status["corrupt"],
         catalog_bytes=_file_size(catalog),
         indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
-        roots=[dict(zip(("id", "path", "added_at"), row)) for row in read(_ROOTS)],
-        last_scans=[dict(zip(_LAST_SCANS_KEYS, row)) for row in read(_LAST_SCANS, (scans,))],
+        roots=[dict(zip(("id", "path", "added_at"), row, strict=True)) for row in read(_ROOTS)],
+        last_scans=[dict(zip(_LAST_SCANS_KEYS, row, strict=True)) for row in read(_LAST_SCANS, (scans,))],
     )
 
 
@@ -103,10 +104,8 @@ def _split_order(split: str) -> tuple[int, str]:
 def _file_size(catalog: Catalog) -> int:
     total = 0
     for suffix in ("", "-wal"):
-        try:
+        with suppress(OSError):
             total += os.path.getsize(os.fspath(catalog.path) + suffix)
-        except OSError:
-            pass
     return total
 
 

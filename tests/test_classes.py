@@ -17,7 +17,7 @@ from dlindex.catalog.classes import SPLITS, canonical_splits, folder_split
 from dlindex.cli import app
 from dlindex.export import ExportOptions, export_catalog, load_index, manifest_files, manifest_rows, parse_split
 from dlindex.export.plan import tree_split_choice
-from dlindex.query.rows import QuerySpec
+from dlindex.query.spec import QuerySpec
 
 from .conftest import make_png
 

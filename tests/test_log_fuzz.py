@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dlindex.advisor.scratch import guarded
 from dlindex.advisor.workload import load_workload
 from dlindex.cli import app
-from dlindex.querylog.views import MAX_STATEMENT_CHARS, file_lines, parse_statements, statement_kind
+from dlindex.querylog.importer import MAX_STATEMENT_CHARS, file_lines, parse_statements, statement_kind
 
 from .conftest import rows
 from .synthetic import Row, make_catalog

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, InputError, QuerySpec, mark_samples, query_rows, sample_ids
-from dlindex.query.rows import COLUMNS, explain, parse_when, prepare
+from dlindex.query.rows import explain, prepare
+from dlindex.query.spec import COLUMNS, parse_when
 
 from .conftest import rows
 from .synthetic import ROOT, Row, balanced, make_catalog

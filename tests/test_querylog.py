@@ -23,7 +23,7 @@ from dlindex import (
 from dlindex.catalog.fingerprint import fingerprint, normalize, table_of
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, m001_initial
 from dlindex.catalog.recorder import RESERVOIR_SIZE, classify_plan
-from dlindex.querylog.views import parse_statements, statement_kind
+from dlindex.querylog.importer import parse_statements, statement_kind
 
 from .conftest import rows
 from .synthetic import balanced
@@ -288,7 +288,7 @@ def test_version_1_catalog_is_migrated(tmp_path: Path) -> None:
 
 
 def test_garbage_with_an_unclosed_parenthesis_does_not_swallow_the_rest() -> None:
-    from dlindex.querylog.views import parse_statements
+    from dlindex.querylog.importer import parse_statements
 
     text = (
         "SELECT broken FROM image_metadata WHERE (\n"

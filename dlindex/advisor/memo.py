@@ -22,7 +22,7 @@ from typing import Any
 from dlindex.advisor.model import Advice, Effect, Finding, Hint, Rejected, Served, Suggestion
 from dlindex.advisor.scratch import guarded
 from dlindex.advisor.workload import Skipped
-from dlindex.querylog.views import LineSource, iter_lines
+from dlindex.querylog.importer import LineSource, iter_lines
 
 _SCHEMA = "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master ORDER BY type, name"
 _LOG = "SELECT count(*), coalesce(max(id), 0), coalesce(sum(calls), 0) FROM query_log"

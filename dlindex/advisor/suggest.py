@@ -44,7 +44,7 @@ from dlindex.advisor.scratch import SAMPLE_ROWS, WRITE_ROWS, IndexDef, Scratch, 
 from dlindex.advisor.shapes import Access, Shape, TableInfo, analyze, where_as_select
 from dlindex.advisor.workload import Skipped, Statement, Workload, load_workload
 from dlindex.errors import Interrupted
-from dlindex.querylog.views import LineSource
+from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -21,7 +21,7 @@ from sqlglot.errors import SqlglotError
 
 from dlindex.advisor.shapes import NOT_READ_ONLY, check_select, parse, write_columns
 from dlindex.catalog.fingerprint import fingerprint, table_of
-from dlindex.querylog.views import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
+from dlindex.querylog.importer import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
 
 _LOG_GROUPS = """SELECT fingerprint, kind, source, sql, count(*), sum(calls),
         sum(CASE WHEN duration_ms IS NOT NULL THEN calls ELSE 0 END), sum(duration_ms), sum(rows), max(logged_at)

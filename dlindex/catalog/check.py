@@ -250,7 +250,7 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
         try:
             out.execute(f"PRAGMA page_size = {int(PAGE_SIZE)}")
             out.execute("BEGIN")
-            for kind, name, _table, sql in schema:
+            for kind, _name, _table, sql in schema:
                 if kind == "table":
                     out.execute(sql)
             for kind, name, _table, _sql in schema:
@@ -277,7 +277,7 @@ def _copy_rows(src: sqlite3.Connection, out: sqlite3.Connection, table: str) -> 
     t = _quote(table)
     try:
         columns = ", ".join(_quote(str(r[1])) for r in src.execute(f"PRAGMA table_info({t})"))
-        src.execute(f"SELECT rowid FROM {t} LIMIT 0")  # noqa: S608
+        src.execute(f"SELECT rowid FROM {t} LIMIT 0")
         orders: tuple[str, ...] = (" ORDER BY rowid", " ORDER BY rowid DESC")
     except sqlite3.OperationalError:
         orders = ("",)  # WITHOUT ROWID: one pass in key order
@@ -287,7 +287,7 @@ def _copy_rows(src: sqlite3.Connection, out: sqlite3.Connection, table: str) -> 
     copied, whole = 0, True
     for order in orders:
         try:
-            for row in src.execute(f"SELECT {columns} FROM {t}{order}"):  # noqa: S608
+            for row in src.execute(f"SELECT {columns} FROM {t}{order}"):
                 copied += out.execute(insert, row).rowcount
             break
         except (sqlite3.DatabaseError, UnicodeDecodeError):

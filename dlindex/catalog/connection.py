@@ -279,10 +279,8 @@ class Catalog:
         try:
             yield
         finally:
-            try:
+            with suppress(sqlite3.ProgrammingError):  # closed meanwhile
                 self.conn.execute(f"PRAGMA busy_timeout = {int(self.wait_s * 1000)}")
-            except sqlite3.ProgrammingError:
-                pass  # closed meanwhile
 
     @contextmanager
     def rollback_journal(self) -> Iterator[bool]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable, Iterable
+from contextlib import suppress
 
 # "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
 APPLICATION_ID = 0x646C6978
@@ -369,10 +370,8 @@ def apply_migrations(conn: sqlite3.Connection) -> int:
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:  # SQLite ends a transaction a full disk failed by itself
-                try:
+                with suppress(sqlite3.Error):  # the error being raised is the one to report
                     conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass  # the error being raised is the one to report
             raise
 
 

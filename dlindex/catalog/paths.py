@@ -1,13 +1,40 @@
-"""Catalog keys of file names: the name itself, or a one-to-one readable stand-in.
+"""Catalog keys of file names, and the one rule for which sample a path names.
 
 SQLite ``TEXT`` must be valid UTF-8, so a name that is not gets a stand-in in ``file_path``
 (its bytes go into ``file_path_bytes``). The stand-in must never be another name's key, or
 two files would share one ``UNIQUE(root_id, file_path)`` slot: see docs/design.md.
+
+A path given by a user (``mark --by path``, ``similar PATH``, ``features import``) is keyed
+by :func:`path_key`: lexically normalised; an absolute one is keyed under the deepest root
+that contains it, a relative one may sit under any root. docs/concepts.md, "Which sample a
+path names", is the rule in prose.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import sqlite3
+
+    from dlindex.catalog.connection import Catalog
+
+_ROOTS = "SELECT id, path, path_bytes FROM roots"
+# Each staged [root_id or null, key] pair, numbered by its place: the ids it names.
+_BY_KEY = (
+    "SELECT staged.key, image_metadata.id FROM json_each(:keys) AS staged "
+    "JOIN roots JOIN image_metadata ON image_metadata.root_id = roots.id "
+    "AND image_metadata.file_path = json_extract(staged.value, '$[1]') "
+    "WHERE json_extract(staged.value, '$[0]') IS NULL OR json_extract(staged.value, '$[0]') = roots.id"
+)
+_CHUNK = 10_000
+NO_ROOT = -1  # path_key's root for an absolute path under no scanned root: it names no sample
+UNKNOWN = -1  # resolve_paths: the path names no sample
+AMBIGUOUS = -2  # resolve_paths: a relative path names samples under several roots
 
 
 def display_name(name: bytes) -> tuple[str, bool]:
@@ -59,3 +86,80 @@ def _reads_as_stand_in(text: str) -> bool:
     except UnicodeDecodeError:
         return True
     return "\\" in decoded and _reads_as_stand_in(decoded)
+
+
+def root_path(text: str, raw: bytes | None) -> bytes:
+    """A root's exact bytes from its ``roots`` row (``path_bytes`` when its name is not UTF-8)."""
+    return bytes(raw) if raw is not None else os.fsencode(text)
+
+
+def root_prefixes(conn: sqlite3.Connection) -> list[tuple[bytes, int]]:
+    """(root path ending in '/', root id) of every root, the deepest first: the deepest wins."""
+    prefixes = [(root_path(text, raw).rstrip(b"/") + b"/", int(id_)) for id_, text, raw in conn.execute(_ROOTS)]
+    return sorted(prefixes, key=lambda p: -len(p[0]))
+
+
+def normalise(path: bytes) -> bytes:
+    """``path`` lexically normalised: no ``.`` or empty parts, ``..`` folded, one leading '/'.
+
+    Symbolic links are not followed (roots are stored resolved, keys never hold ``.``,
+    ``..`` or ``//``), so a scanned key is its own normal form.
+    """
+    path = os.path.normpath(path)
+    return b"/" + path.lstrip(b"/") if path.startswith(b"//") else path  # POSIX lets '//' mean more; Linux not
+
+
+def path_key(path: bytes, prefixes: Sequence[tuple[bytes, int]]) -> tuple[int | None, str]:
+    """(root id, catalog key) of a path given by a user, after :func:`normalise`.
+
+    A relative path gets root id None (its key may sit under any root); an absolute one the
+    deepest root of ``prefixes`` that contains it, or NO_ROOT (then the key is the whole
+    path's, for messages).
+    """
+    path = normalise(path)
+    if not path.startswith(b"/"):
+        return None, display_name(path)[0]
+    for prefix, root_id in prefixes:
+        if path.startswith(prefix):
+            return root_id, display_name(path[len(prefix) :])[0]
+    return NO_ROOT, display_name(path)[0]
+
+
+def resolve_paths(catalog: Catalog, paths: Sequence[bytes]) -> list[int]:
+    """The sample id each path names, or UNKNOWN, or AMBIGUOUS (relative, under several roots).
+
+    A relative path that names nothing and holds a backslash is tried once more as the
+    catalog key itself: a stand-in copied from ``file_path`` (``caf\\xe9.jpg``), which
+    :func:`display_name` would escape again.
+    """
+    prefixes = root_prefixes(catalog.conn)
+    keys = [path_key(path, prefixes) for path in paths]
+    found = _ids_of_keys(catalog, keys)
+    retry = [at for at, (root_id, _) in enumerate(keys) if root_id is None and found[at] == UNKNOWN]
+    literal = {at: key for at in retry if (key := _stand_in(paths[at])) is not None}
+    if literal:
+        again = _ids_of_keys(catalog, [(None, key) for key in literal.values()])
+        for at, id_ in zip(literal, again, strict=True):
+            found[at] = id_
+    return found
+
+
+def _stand_in(path: bytes) -> str | None:
+    """``path`` as a catalog key written out (ASCII escapes, so valid UTF-8), if it may be one."""
+    if b"\\" not in path:
+        return None
+    try:
+        return normalise(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _ids_of_keys(catalog: Catalog, keys: Sequence[tuple[int | None, str]]) -> list[int]:
+    """The id each (root id or None, key) names, UNKNOWN or AMBIGUOUS; one statement per 10,000."""
+    found = [UNKNOWN] * len(keys)
+    for start in range(0, len(keys), _CHUNK):
+        staged = json.dumps(keys[start : start + _CHUNK])  # NO_ROOT is no root's id: its keys find nothing
+        for at, image_id in catalog.read(_BY_KEY, {"keys": staged}):
+            at = start + int(at)
+            found[at] = int(image_id) if found[at] == UNKNOWN else AMBIGUOUS
+    return found

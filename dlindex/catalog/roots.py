@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.paths import display_name, root_path
 from dlindex.errors import InputError
-from dlindex.scan.walk import display_name
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -67,7 +67,7 @@ class MovedRoot:
 def list_roots(catalog: Catalog) -> Iterator[RootInfo]:
     """Every scanned root with its image counts and whether its folder exists now."""
     for ident, text, raw, images, ok in catalog.read(_LIST):
-        path = bytes(raw) if raw is not None else os.fsencode(text)
+        path = root_path(text, raw)
         yield RootInfo(ident, text, images, ok or 0, os.path.isdir(path))
 
 
@@ -117,7 +117,7 @@ def move_root(
 
 def _find_root(catalog: Catalog, given: str | os.PathLike[str] | bytes) -> tuple[int, bytes]:
     raw = os.fsencode(given)
-    roots = {ident: (bytes(b) if b is not None else os.fsencode(t)) for ident, t, b in catalog.read(_ROOTS)}
+    roots = {ident: root_path(t, b) for ident, t, b in catalog.read(_ROOTS)}
     wanted = {raw.rstrip(b"/") or b"/", os.path.abspath(raw).rstrip(b"/") or b"/"}
     for ident, path in roots.items():
         if path.rstrip(b"/") in wanted or (raw.isdigit() and int(raw) == ident):

@@ -1,5 +1,6 @@
-"""SQLite connections to a catalog file: validation before any write, pragmas, read-only and
-immutable opens, and the wait for another writer's lock.
+"""SQLite connections to a catalog file: checks before any write, pragmas, read-only opens.
+
+Also immutable opens (read-only storage) and the wait for another writer's lock.
 
 Everything here works on plain ``sqlite3`` connections; ``Catalog`` (connection.py) is the
 layer above. Later the home of the other backends.
@@ -193,7 +194,8 @@ def connect_readonly(
 ) -> sqlite3.Connection:
     """A read-only sqlite3 connection to ``db_path`` (see ``readonly_uri``), for workers,
     loaders and scratch copies that must work on read-only catalogs too."""
-    return sqlite3.connect(readonly_uri(db_path), uri=True, timeout=timeout, **options)
+    conn: sqlite3.Connection = sqlite3.connect(readonly_uri(db_path), uri=True, timeout=timeout, **options)
+    return conn
 
 
 def _connect_readonly(db_path: Path, wait_s: float) -> sqlite3.Connection:
@@ -343,10 +345,8 @@ def _header(db_path: Path, uri: str) -> tuple[int, int, set[str]]:
 
 def _remove_new_file(db_path: Path) -> None:
     for suffix in ("", "-wal", "-shm", "-journal"):
-        try:
+        with suppress(OSError):
             os.unlink(os.fspath(db_path) + suffix)
-        except OSError:
-            pass
 
 
 def _quote_arg(path: Path) -> str:

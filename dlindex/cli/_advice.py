@@ -11,7 +11,7 @@ from dlindex.advisor import Advice, Changes, Finding, apply_advice, list_indexes
 from dlindex.advisor.memo import current_state, load_advice, save_advice
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._shared import human_bytes, print_json, stderr_console, stdout_console
-from dlindex.querylog.views import LineSource
+from dlindex.querylog.importer import LineSource
 
 
 def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any], status: Any, time_limit: float,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from dlindex.query.rows import QuerySpec
+    from dlindex.query.spec import QuerySpec
 
 
 class Status(StrEnum):
@@ -98,7 +98,7 @@ class Selection:
 
     def spec(self, **more: Any) -> QuerySpec:
         """The QuerySpec of these options plus ``more`` (limit, seed, per_label...)."""
-        from dlindex.query.rows import QuerySpec  # on use: scan and stats never select
+        from dlindex.query.spec import QuerySpec  # on use: scan and stats never select
 
         return QuerySpec(
             labels=tuple(self.label or ()), status=tuple(s.value for s in self.status or DEFAULT_STATUS),

@@ -10,7 +10,7 @@ import typer
 
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._shared import DbOption, JsonFlag, WaitOption, handle_errors, print_json, stderr_console
-from dlindex.querylog.views import LineSource, file_lines, spooled_lines
+from dlindex.querylog.importer import LineSource, file_lines, spooled_lines
 
 
 @handle_errors

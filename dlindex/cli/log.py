@@ -20,7 +20,8 @@ from dlindex.cli._shared import (
     stderr_console,
     stdout_console,
 )
-from dlindex.querylog.views import LineSource, LogSummary, clear_log, file_lines, import_log, log_summary, spooled_lines
+from dlindex.querylog.importer import LineSource, file_lines, spooled_lines
+from dlindex.querylog.views import LogSummary, clear_log, import_log, log_summary
 
 app = typer.Typer(
     name="log",

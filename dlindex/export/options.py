@@ -9,7 +9,7 @@ from typing import Any
 
 from dlindex.export.plan import ExportError
 from dlindex.export.validate import MAX_COUNT, MAX_WORLD_SIZE
-from dlindex.query.rows import QuerySpec
+from dlindex.query.spec import QuerySpec
 
 DEFAULT_WORKERS = 8  # wds: DataLoader(num_workers=N) up to this many never finds a worker without a shard
 MAX_SHARD_SAMPLES = 1 << 31

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import canonical_splits
 from dlindex.errors import InputError
-from dlindex.query.rows import QuerySpec, prepare
+from dlindex.query.rows import prepare
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -33,7 +33,8 @@ from dlindex.export.shards import Context, ShardInfo
 from dlindex.export.vectors import feature_source
 from dlindex.export.wds import arrange, write_wds
 from dlindex.procs import sigterm_as_interrupt
-from dlindex.query.rows import QuerySpec, split_counts
+from dlindex.query.rows import split_counts
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

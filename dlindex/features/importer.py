@@ -7,7 +7,6 @@ Unknown sample ids are caught by the foreign key while writing, which rolls it a
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.catalog.paths import display_name
+from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, path_key, resolve_paths, root_prefixes
 from dlindex.errors import CatalogError, InputError
 from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
 from dlindex.features.types import DTYPES, check_dtype, check_name, create_type, find_type, set_dim
@@ -30,17 +29,9 @@ if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
 _ALL_IDS = "SELECT id FROM image_metadata ORDER BY id"
-_ROOTS = "SELECT id, path, path_bytes FROM roots"
-_BY_PATH = (
-    "SELECT image_metadata.id, image_metadata.root_id, staged.key FROM json_each(:paths) AS staged "
-    "JOIN roots JOIN image_metadata ON image_metadata.root_id = roots.id "
-    "AND image_metadata.file_path = json_extract(staged.value, '$[1]') "
-    "WHERE json_extract(staged.value, '$[0]') IS NULL OR json_extract(staged.value, '$[0]') = roots.id"
-)
 _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
 _CHUNK = 65_536
-_PATH_CHUNK = 10_000
 # Below this, WAL's second write of the pages costs well under a second: not worth taking
 # the catalog from other processes for.
 _ROLLBACK_MIN_BYTES = 64 << 20
@@ -175,32 +166,20 @@ def _rows(ids: Ids, vectors: _Floats, dtype: np.dtype[np.floating[Any]]) -> Iter
             yield image_id, raw[j * width : (j + 1) * width]
 
 
-def _resolve_paths(catalog: Catalog, paths: list[str], source: Path) -> np.ndarray:
+def _resolve_paths(catalog: Catalog, paths: list[str], source: Path) -> np.ndarray[Any, np.dtype[np.int64]]:
     """Sample ids of paths: absolute, or relative to their root (unambiguous across roots)."""
-    roots = []
-    for known_root, text, raw in catalog.conn.execute(_ROOTS):
-        prefix = bytes(raw) if raw is not None else os.fsencode(text)
-        roots.append((prefix.rstrip(b"/") + b"/", int(known_root)))
-    roots.sort(key=lambda r: -len(r[0]))  # the deepest root wins
-    staged: list[tuple[int | None, str]] = []
-    for text in paths:
-        raw = os.fsencode(text)
-        root_id: int | None = None
-        if raw.startswith(b"/"):
-            match = next(((p, r) for p, r in roots if raw.startswith(p)), None)
-            if match is None:
-                raise InputError(f"{source}: {text!r} is under no scanned root")
-            raw, root_id = raw[len(match[0]) :], match[1]
-        staged.append((root_id, display_name(raw.removeprefix(b"./"))[0]))
-    ids = np.full(len(staged), -1, dtype=np.int64)
-    for start in range(0, len(staged), _PATH_CHUNK):
-        params = {"paths": json.dumps(staged[start : start + _PATH_CHUNK])}
-        for image_id, _, key in catalog.read(_BY_PATH, params):
-            at = start + int(key)
-            if ids[at] != -1:
-                raise InputError(f"{source}: {paths[at]!r} matches files under several roots; use the absolute path")
-            ids[at] = image_id
-    unknown = [p for p, i in zip(paths, ids.tolist()) if i == -1]
+    raws = [os.fsencode(text) for text in paths]
+    prefixes = root_prefixes(catalog.conn)
+    for text, raw in zip(paths, raws, strict=True):
+        if path_key(raw, prefixes)[0] == NO_ROOT:
+            raise InputError(f"{source}: {text!r} is under no scanned root")
+    ids = np.asarray(resolve_paths(catalog, raws), dtype=np.int64)
+    ambiguous = np.flatnonzero(ids == AMBIGUOUS)
+    if ambiguous.size:
+        raise InputError(
+            f"{source}: {paths[int(ambiguous[0])]!r} matches files under several roots; use the absolute path"
+        )
+    unknown = [p for p, i in zip(paths, ids.tolist(), strict=True) if i == UNKNOWN]
     if unknown:
         shown = ", ".join(repr(p) for p in unknown[:5])
         raise InputError(f"{source}: {len(unknown)} path(s) not in the catalog: {shown}; nothing was imported")

@@ -20,7 +20,8 @@ import numpy.typing as npt
 from dlindex.errors import InputError
 from dlindex.features.matrix import Mask, Matrix, Rows, load_matrix
 from dlindex.features.vectors import Ids
-from dlindex.query.rows import QuerySpec, sample_ids
+from dlindex.query.rows import sample_ids
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -28,7 +28,8 @@ from dlindex.features.types import FeatureType, check_dtype, check_name, create_
 from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
 from dlindex.procs import sigterm_as_interrupt
-from dlindex.query.rows import QuerySpec, query_rows
+from dlindex.query.rows import query_rows
+from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

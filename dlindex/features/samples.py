@@ -7,34 +7,20 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dlindex.catalog.paths import display_name
+from dlindex.catalog.paths import AMBIGUOUS, UNKNOWN, resolve_paths, root_prefixes
 from dlindex.errors import InputError
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
     from dlindex.features.neighbours import Neighbour
 
-_ROOTS = "SELECT id, path, path_bytes FROM roots"
 _BY_ID = "SELECT id FROM image_metadata WHERE id = ?"
-_BY_ROOT_PATH = "SELECT id FROM image_metadata WHERE root_id = ? AND file_path = ?"
-_BY_PATH = (
-    "SELECT image_metadata.id FROM roots JOIN image_metadata "
-    "ON image_metadata.root_id = roots.id AND image_metadata.file_path = ?"
-)
 _DESCRIBE = (
     "SELECT image_metadata.id, labels.name, image_metadata.root_id, image_metadata.file_path, "
     "image_metadata.file_path_bytes FROM image_metadata LEFT JOIN labels ON labels.id = image_metadata.label_id "
     "WHERE image_metadata.id IN (SELECT value FROM json_each(?))"
 )
 _CHUNK = 10_000
-
-
-def _roots(catalog: Catalog) -> list[tuple[bytes, int]]:
-    prefixes = []
-    for root_id, text, raw in catalog.conn.execute(_ROOTS):
-        prefix = bytes(raw) if raw is not None else os.fsencode(text)
-        prefixes.append((prefix.rstrip(b"/") + b"/", int(root_id)))
-    return sorted(prefixes, key=lambda p: -len(p[0]))  # the deepest root wins
 
 
 def resolve_sample(catalog: Catalog, target: str) -> int:
@@ -47,29 +33,19 @@ def resolve_sample(catalog: Catalog, target: str) -> int:
             raise InputError(f"no sample with id {text} in the catalog (a file named {text}? write ./{text})")
         return int(text)
     raw = os.fsencode(text)
-    if raw.startswith(b"/"):
-        raw = os.path.normpath(raw)
-        for prefix, root_id in _roots(catalog):
-            if raw.startswith(prefix):
-                row = catalog.conn.execute(_BY_ROOT_PATH, (root_id, display_name(raw[len(prefix) :])[0])).fetchone()
-                if row is not None:
-                    return int(row[0])
-        raise InputError(f"{text} is not in the catalog")
-    while raw.startswith(b"./"):
-        raw = raw[2:]
-    found = catalog.conn.execute(_BY_PATH, (display_name(raw)[0],)).fetchall()
-    if not found and "\\" in text:  # a stand-in copied from the file_path column is the key itself
-        found = catalog.conn.execute(_BY_PATH, (text.removeprefix("./"),)).fetchall()
-    if not found:
-        raise InputError(f"{text} is not in the catalog (give an id, or a path as dlindex query prints it)")
-    if len(found) > 1:
+    (found,) = resolve_paths(catalog, [raw])
+    if found == AMBIGUOUS:
         raise InputError(f"{text} is under several roots; give its absolute path or its id")
-    return int(found[0][0])
+    if found == UNKNOWN:
+        if raw.startswith(b"/"):
+            raise InputError(f"{text} is not in the catalog")
+        raise InputError(f"{text} is not in the catalog (give an id, or a path as dlindex query prints it)")
+    return found
 
 
 def describe(catalog: Catalog, ids: Iterable[int]) -> dict[int, tuple[str, str]]:
     """(label, absolute path) of each id."""
-    roots = {root_id: prefix for prefix, root_id in _roots(catalog)}
+    roots = {root_id: prefix for prefix, root_id in root_prefixes(catalog.conn)}
     wanted = sorted(set(ids))
     out: dict[int, tuple[str, str]] = {}
     for start in range(0, len(wanted), _CHUNK):

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite import rollback
 from dlindex.errors import InputError
-from dlindex.query.rows import PROCESSING_STATUSES
-from dlindex.scan.walk import display_name
+from dlindex.query.spec import PROCESSING_STATUSES
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -200,7 +200,7 @@ def _unknown(tx: Any, staged_ids: int, staged_paths: int) -> Iterator[str]:
 def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
     """Parse every record into the temporary tables; return how many were not blank."""
     conn = catalog.conn
-    roots = _root_prefixes(catalog)
+    roots = root_prefixes(catalog.conn)
     inputs = 0
     done = 0  # records read before this chunk: line numbers in messages count from here
     stream = iter(records)
@@ -326,24 +326,9 @@ def _shown(value: Any) -> str:
 
 
 def _resolve(path: bytes, roots: list[tuple[bytes, int]]) -> tuple[int, str]:
-    """(root_id, file_path) for a path: 0 for a relative one, -1 under no known root."""
-    if not path.startswith(b"/"):
-        while path.startswith(b"./"):
-            path = path[2:]
-        return 0, display_name(path)[0]
-    path = os.path.normpath(path)
-    for prefix, root_id in roots:
-        if path.startswith(prefix):
-            return root_id, display_name(path[len(prefix) :])[0]
-    return -1, display_name(path)[0]
-
-
-def _root_prefixes(catalog: Catalog) -> list[tuple[bytes, int]]:
-    prefixes = []
-    for id_, text, raw in catalog.conn.execute(_ROOTS):
-        prefix = bytes(raw) if raw is not None else os.fsencode(text)
-        prefixes.append((prefix.rstrip(b"/") + b"/", int(id_)))
-    return sorted(prefixes, key=lambda p: -len(p[0]))  # the deepest root wins
+    """(root_id, file_path) for a path: 0 for a relative one (any root), -1 under no known root."""
+    root_id, key = path_key(path, roots)
+    return (0 if root_id is None else root_id), key
 
 
 def read_records(stream: Any, null: bool = False, chunk_size: int = 1 << 16) -> Iterator[bytes]:

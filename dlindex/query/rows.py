@@ -13,55 +13,32 @@ import array
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from dlindex.catalog.classes import CLASS_LISTS, canonical_splits, class_index, class_list
+from dlindex.catalog.classes import CLASS_LISTS, canonical_splits
 from dlindex.errors import InputError
 from dlindex.query import cache
+from dlindex.query.lookups import class_numbers, classes_of, label_ids, label_names, roots_by_id
+from dlindex.query.spec import (
+    DERIVED,
+    ORDERS,
+    PROCESSING_STATUSES,
+    STATUSES,
+    STORED,
+    QuerySpec,
+    check_columns,
+    check_count,
+    parse_when,
+    with_columns,
+)
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-STATUSES = ("ok", "corrupt", "missing")
-PROCESSING_STATUSES = ("queued", "completed", "failed")
-ORDERS = ("id", "random")
-# Stored columns, selected by name; path, root, label and label_id are derived from them in
-# Python. label_row is the internal labels.id: never a column users see (dlindex/classes.py).
-_STORED = {
-    "id": "image_metadata.id",
-    "root_id": "image_metadata.root_id",
-    "file_path": "image_metadata.file_path",
-    "file_path_bytes": "image_metadata.file_path_bytes",
-    "label_row": "image_metadata.label_id",
-    "split": "image_metadata.split",
-    "width": "image_metadata.width",
-    "height": "image_metadata.height",
-    "format": "image_metadata.format",
-    "mode": "image_metadata.mode",
-    "bytes": "image_metadata.bytes",
-    "mtime_ns": "image_metadata.mtime_ns",
-    "xxh3_128": "image_metadata.xxh3_128",
-    "status": "image_metadata.status",
-    "error": "image_metadata.error",
-    "warning": "image_metadata.warning",
-    "processed": "image_metadata.processed",
-    "processing_status": "image_metadata.processing_status",
-    "created_at": "image_metadata.created_at",
-    "updated_at": "image_metadata.updated_at",
-}
-_DERIVED = {
-    "path": ("root_id", "file_path", "file_path_bytes"), "root": ("root_id",), "label": ("label_row",),
-    "label_id": ("label_row",),
-}  # fmt: skip
-COLUMNS = ("id", "path", "root", "file_path", "label", "label_id", "split", *[c for c in _STORED if c not in
-           ("id", "root_id", "file_path", "file_path_bytes", "label_row", "split")])  # fmt: skip
-DEFAULT_COLUMNS = ("id", "path", "label", "width", "height", "status", "processed", "processing_status", "created_at")
 
 _SELECT = "SELECT {columns} FROM image_metadata{where}{order}{limit}"
 # Class balance without any index: number the rows of each label in a seeded pseudo-random
@@ -83,7 +60,6 @@ _LIMIT = " LIMIT :limit"
 _SPLIT_COUNTS = "SELECT image_metadata.split, count(*) FROM image_metadata{where} GROUP BY image_metadata.split"
 _LIMIT_OFFSET = " LIMIT :limit OFFSET :offset"
 _OFFSET = " LIMIT -1 OFFSET :offset"  # SQLite takes OFFSET only after a LIMIT; -1 is none
-_INT64_MAX = 2**63 - 1  # the largest value SQLite binds
 _WHERE_LABEL = "image_metadata.label_id = :label_id"
 _WHERE_LABELS = "image_metadata.label_id IN (SELECT value FROM json_each(:label_ids))"
 _WHERE_SPLIT = "image_metadata.split = :split"
@@ -94,54 +70,6 @@ _WHERE_UNTIL = "image_metadata.created_at < :until"
 _WHERE_MIN_WIDTH = "image_metadata.width >= :min_width"
 _WHERE_MIN_HEIGHT = "image_metadata.height >= :min_height"
 _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
-_LABEL_IDS = "SELECT id, name FROM labels WHERE name IN (SELECT value FROM json_each(:names))"
-_LABEL_NAMES = "SELECT id, name FROM labels"
-_ROOTS = "SELECT id, path, path_bytes FROM roots"
-_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|day|days|w|wk|wks)\s*$", re.I)
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-@dataclass(frozen=True)
-class QuerySpec:
-    """What to select: the options of ``dlindex query``, with the same names and defaults.
-
-    ``split`` selects the tree's split folders (``"val"`` or ``"validation"``); ``classes``
-    says which class list ``label_id`` indexes: ``"selected"`` (the ``labels`` named, else
-    the catalog's) or ``"catalog"`` (always the catalog's); ``has_class`` keeps only files
-    with (True) or without (False) a class. See dlindex/classes.py.
-    Sequences may also be given as one string (``columns="id,path"``, ``labels="cat"``);
-    ``since``/``until`` take an ISO date-time (UTC unless it says otherwise), a duration
-    back from now (``30m``, ``24h``, ``7d``) or a ``datetime``.
-    """
-
-    labels: Sequence[str] | str = ()
-    split: Sequence[str] | str = ()
-    classes: str = "selected"
-    has_class: bool | None = None
-    status: Sequence[str] | str = ("ok",)
-    processed: bool | None = None
-    processing_status: Sequence[str] | str = ()
-    since: str | datetime | None = None
-    until: str | datetime | None = None
-    min_width: int | None = None
-    min_height: int | None = None
-    per_label: int | None = None
-    limit: int | None = None
-    offset: int | None = None
-    order: str = "id"
-    seed: int = 0
-    columns: Sequence[str] | str | None = DEFAULT_COLUMNS
-    cache: bool = True
-
-    def __post_init__(self) -> None:
-        for name in ("labels", "split", "status", "processing_status"):
-            value = getattr(self, name)
-            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value or ()))
-        columns = DEFAULT_COLUMNS if self.columns is None else self.columns
-        if isinstance(columns, str):
-            columns = [c.strip() for c in columns.split(",")]
-        object.__setattr__(self, "columns", tuple(columns or ()))
 
 
 @dataclass(frozen=True)
@@ -181,7 +109,7 @@ def query_rows(catalog: Catalog, spec: QuerySpec | None = None, **options: Any) 
 
 def sample_ids(catalog: Catalog, spec: QuerySpec | None = None, **options: Any) -> list[int]:
     """The ids that ``query_rows`` with the same spec or options would yield, in the same order."""
-    prepared = prepare(catalog, _replace_columns(spec or QuerySpec(**options), ("id",)))
+    prepared = prepare(catalog, with_columns(spec or QuerySpec(**options), ("id",)))
     return [row["id"] for row in _rows(catalog, prepared)]
 
 
@@ -202,7 +130,7 @@ def split_counts(catalog: Catalog, spec: QuerySpec) -> dict[str | None, int]:
 
 def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     """Check every option and build the statement; all errors are InputError, raised here."""
-    columns = _check_columns(tuple(spec.columns or ()))
+    columns = check_columns(tuple(spec.columns or ()))
     where, params = _filters(catalog, spec)
     if spec.order not in ORDERS:
         raise InputError(f"unknown order {spec.order!r}; choose id or random")
@@ -210,51 +138,42 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     if spec.per_label is not None or random_order:
         params.update(_seed_params(spec.seed))
     if spec.limit is not None:
-        params["limit"] = _count("--limit", spec.limit, 0)
+        params["limit"] = check_count("--limit", spec.limit, 0)
     if spec.offset:
-        params["offset"] = _count("--offset", spec.offset, 0)
+        params["offset"] = check_count("--offset", spec.offset, 0)
         limit = _LIMIT_OFFSET if spec.limit is not None else _OFFSET
     else:
         limit = _LIMIT if spec.limit is not None else ""
     base = ["id"]
     for column in columns:
-        for stored in _DERIVED.get(column, (column,)):
+        for stored in DERIVED.get(column, (column,)):
             if stored not in base:
                 base.append(stored)
     where_sql = " WHERE " + " AND ".join(where) if where else ""
     classes = class_list = index = None
     if "label_id" in columns:
-        classes, class_list = _class_list(catalog, spec)
-        index = _class_index(catalog, classes)
+        classes, class_list = classes_of(catalog, spec)
+        index = class_numbers(catalog, classes)
     if spec.per_label is not None:
-        params["per_label"] = _count("--per-label", spec.per_label, 1)
+        params["per_label"] = check_count("--per-label", spec.per_label, 1)
         template = _SAMPLE.replace("{rank}", _RANK).replace("{where}", where_sql)
     else:
         template = _SELECT.replace("{where}", where_sql)
     order = _ORDER_RANDOM if random_order else _ORDER_ID
     template = template.replace("{order}", order).replace("{limit}", limit)
     return PreparedQuery(
-        sql=template.replace("{columns}", ", ".join(_STORED[c] for c in base)),
+        sql=template.replace("{columns}", ", ".join(STORED[c] for c in base)),
         params=params,
-        selection_sql=template.replace("{columns}", _STORED["id"]),
+        selection_sql=template.replace("{columns}", STORED["id"]),
         columns=columns,
         base=tuple(base),
         cache=spec.cache,
-        labels=_label_names(catalog) if "label" in columns else None,
+        labels=label_names(catalog) if "label" in columns else None,
         classes=classes,
         class_list=class_list,
         class_index=index,
-        roots=_roots(catalog) if "path" in columns or "root" in columns else None,
+        roots=roots_by_id(catalog) if "path" in columns or "root" in columns else None,
     )
-
-
-def _check_columns(columns: Sequence[str]) -> tuple[str, ...]:
-    if not columns:
-        raise InputError(f"no columns asked for; choose from: {', '.join(COLUMNS)}")
-    for column in columns:
-        if column not in COLUMNS:
-            raise InputError(f"unknown column {column!r}; choose from: {', '.join(COLUMNS)}")
-    return tuple(dict.fromkeys(columns))
 
 
 def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, Any]]:
@@ -263,21 +182,11 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
     if spec.classes not in CLASS_LISTS:
         raise InputError(f"unknown class list {spec.classes!r}; choose from: {', '.join(CLASS_LISTS)}")
     if spec.labels:
-        ids = _label_ids(catalog, spec.labels)
-        if len(ids) == 1:
-            where.append(_WHERE_LABEL)
-            params["label_id"] = ids[0]
-        else:
-            where.append(_WHERE_LABELS)
-            params["label_ids"] = json.dumps(ids)
+        _one_or_many(
+            where, params, label_ids(catalog, spec.labels), (_WHERE_LABEL, "label_id"), (_WHERE_LABELS, "label_ids")
+        )
     if spec.split:
-        splits = canonical_splits(spec.split)
-        if len(splits) == 1:
-            where.append(_WHERE_SPLIT)
-            params["split"] = splits[0]
-        else:
-            where.append(_WHERE_SPLITS)
-            params["splits"] = json.dumps(splits)
+        _one_or_many(where, params, canonical_splits(spec.split), (_WHERE_SPLIT, "split"), (_WHERE_SPLITS, "splits"))
     if spec.has_class is not None:
         where.append(_WHERE_HAS_CLASS[bool(spec.has_class)])
     if spec.status:
@@ -303,20 +212,18 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
     for name, fragment in (("min_width", _WHERE_MIN_WIDTH), ("min_height", _WHERE_MIN_HEIGHT)):
         value = getattr(spec, name)
         if value is not None:
-            params[name] = _count("--" + name.replace("_", "-"), value, 0)
+            params[name] = check_count("--" + name.replace("_", "-"), value, 0)
             where.append(fragment)
     return where, params
 
 
-def _count(option: str, value: Any, minimum: int) -> int:
-    """``value`` as a whole number from ``minimum`` to the 64-bit limit SQLite can bind."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InputError(f"{option} must be a whole number, not {value!r}")
-    if value < minimum:
-        raise InputError(f"{option} must be {minimum} or more, not {value}")
-    if value > _INT64_MAX:
-        raise InputError(f"{option} must be at most {_INT64_MAX}, not {str(value)[:30]}")
-    return value
+def _one_or_many(
+    where: list[str], params: dict[str, Any], values: Sequence[Any], one: tuple[str, str], many: tuple[str, str]
+) -> None:
+    """Filter by ``column = :one`` for one value, by ``column IN (json_each(:many))`` for several."""
+    fragment, name = one if len(values) == 1 else many
+    where.append(fragment)
+    params[name] = values[0] if len(values) == 1 else json.dumps(list(values))
 
 
 def _in_literals(column: str, values: Sequence[str], allowed: tuple[str, ...], what: str) -> str:
@@ -329,91 +236,6 @@ def _in_literals(column: str, values: Sequence[str], allowed: tuple[str, ...], w
     return f"{column} = {literals}" if len(chosen) == 1 else f"{column} IN ({literals})"
 
 
-def _label_ids(catalog: Catalog, names: Sequence[str]) -> list[int]:
-    found = {name: id_ for id_, name in catalog.read(_LABEL_IDS, {"names": json.dumps(list(names))})}
-    for name in names:
-        if name not in found:
-            import difflib  # only for this message
-
-            known = [n for _, n in catalog.conn.execute(_LABEL_NAMES)]
-            close = difflib.get_close_matches(name, known, n=3)
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else f" ({len(known)} labels known)"
-            raise InputError(f"unknown label {name!r}{hint}")
-    return sorted({found[name] for name in names})
-
-
-def _label_names(catalog: Catalog) -> dict[int, str]:
-    return _per_change(catalog, "labels", lambda: dict(catalog.read(_LABEL_NAMES)))
-
-
-def _class_list(catalog: Catalog, spec: QuerySpec) -> tuple[tuple[str, ...], str]:
-    if spec.labels and spec.classes == "selected":
-        return class_list(catalog, spec.labels, spec.classes)
-    return _per_change(catalog, "classes", lambda: class_list(catalog, (), "catalog"))  # type: ignore[no-any-return]
-
-
-def _class_index(catalog: Catalog, names: tuple[str, ...]) -> dict[int, int]:
-    held = _per_change(catalog, "class_index", lambda: (names, class_index(catalog, names)))
-    if held[0] != names:  # another class list: load it, and keep it for the next call
-        held = (names, class_index(catalog, names))
-        catalog.lookup_cache["class_index"] = (catalog.changes(), held)
-    return held[1]  # type: ignore[no-any-return]
-
-
-def _roots(catalog: Catalog) -> dict[int, tuple[str, bytes]]:
-    def load() -> dict[int, tuple[str, bytes]]:
-        roots = {}
-        for id_, text, raw in catalog.read(_ROOTS):
-            prefix = bytes(raw) if raw is not None else os.fsencode(text)
-            roots[id_] = (text, prefix.rstrip(b"/") + b"/")
-        return roots
-
-    return _per_change(catalog, "roots", load)
-
-
-def _per_change(catalog: Catalog, name: str, load: Callable[[], Any]) -> Any:
-    """Small lookup tables, reloaded only when the catalog's change counter moved: a training
-    loop asking for a few rows at a time should not re-read 1,000 label names per call."""
-    cache = catalog.lookup_cache
-    changes = catalog.changes()
-    found = cache.get(name)
-    if found is None or found[0] != changes:
-        found = cache[name] = (changes, load())
-    return found[1]
-
-
-def parse_when(value: str | datetime, option: str = "time") -> str:
-    """A time as the catalog stores it ('YYYY-MM-DD HH:MM:SS', UTC), from ISO text or a duration."""
-    try:
-        return _when(value, option)
-    except (OverflowError, ValueError):  # a duration reaching before year 1, a time zone past 9999
-        raise InputError(f"{option} {str(value)[:40]!r} is outside the years 1 to 9999") from None
-
-
-def _when(value: str | datetime, option: str) -> str:
-    if isinstance(value, datetime):
-        moment = value
-    else:
-        text = value.strip()
-        match = _DURATION.match(text)
-        if match:
-            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)[0].lower()]
-            if seconds <= 0:
-                raise InputError(f"{option} {value!r}: a duration must be more than 0")
-            moment = datetime.now(timezone.utc) - timedelta(seconds=seconds)
-        else:
-            try:
-                moment = datetime.fromisoformat(text)
-            except ValueError:
-                raise InputError(
-                    f"{option} {value!r} is neither an ISO date-time (2024-05-01, 2024-05-01T12:30:00Z) "
-                    "nor a duration (30m, 24h, 7d)"
-                ) from None
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(timezone.utc).replace(tzinfo=None)
-    return moment.strftime(_TIME_FORMAT)
-
-
 def _seed_params(seed: int) -> dict[str, int]:
     """Four multipliers/offsets for the rank hash, derived from the seed the same way everywhere."""
     digest = hashlib.sha256(f"dlindex-seed:{int(seed)}".encode()).digest()
@@ -424,10 +246,6 @@ def _seed_params(seed: int) -> dict[str, int]:
         "seed_c": 1 + c % 2147483628,
         "seed_d": d % 2147483629,
     }
-
-
-def _replace_columns(spec: QuerySpec, columns: tuple[str, ...]) -> QuerySpec:
-    return replace(spec, columns=columns)
 
 
 def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]:
@@ -465,7 +283,7 @@ def _cached_rows(
                 rows += 1
                 yield {"id": id_}
             return
-        batches = cache.fetch(catalog, ids, ", ".join(_STORED[c] for c in prepared.base))
+        batches = cache.fetch(catalog, ids, ", ".join(STORED[c] for c in prepared.base))
         while True:
             began = time.perf_counter()
             batch = next(batches, None)
@@ -484,7 +302,7 @@ def _row_maker(prepared: PreparedQuery) -> Callable[[tuple[Any, ...]], dict[str,
     position = {name: i for i, name in enumerate(prepared.base)}
     columns = prepared.columns
     if tuple(columns) == prepared.base:
-        return lambda row: dict(zip(columns, row))
+        return lambda row: dict(zip(columns, row, strict=True))
     derived = [c for c in columns if c not in position]
     # Derived values are appended to the row, then one C-level pick puts all in order.
     extra = {c: len(prepared.base) + k for k, c in enumerate(derived)}
@@ -493,12 +311,12 @@ def _row_maker(prepared: PreparedQuery) -> Callable[[tuple[Any, ...]], dict[str,
         itemgetter(*indexes) if len(indexes) > 1 else lambda row: (row[indexes[0]],)
     )
     if not derived:
-        return lambda row: dict(zip(columns, pick(row)))
+        return lambda row: dict(zip(columns, pick(row), strict=True))
     getters = tuple(_getter(c, position, prepared) for c in derived)
     if len(getters) == 1:
         (get,) = getters
-        return lambda row: dict(zip(columns, pick(row + (get(row),))))
-    return lambda row: dict(zip(columns, pick(row + tuple(g(row) for g in getters))))
+        return lambda row: dict(zip(columns, pick((*row, get(row))), strict=True))
+    return lambda row: dict(zip(columns, pick((*row, *(g(row) for g in getters))), strict=True))
 
 
 def _getter(column: str, position: dict[str, int], prepared: PreparedQuery) -> Callable[[tuple[Any, ...]], Any]:

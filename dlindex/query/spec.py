@@ -1,0 +1,148 @@
+"""What a query selects: ``QuerySpec``, its columns and choices, and checks of its values."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from dlindex.errors import InputError
+
+STATUSES = ("ok", "corrupt", "missing")
+PROCESSING_STATUSES = ("queued", "completed", "failed")
+ORDERS = ("id", "random")
+# Stored columns, selected by name; path, root, label and label_id are derived from them in
+# Python. label_row is the internal labels.id: never a column users see (dlindex/classes.py).
+STORED = {
+    "id": "image_metadata.id",
+    "root_id": "image_metadata.root_id",
+    "file_path": "image_metadata.file_path",
+    "file_path_bytes": "image_metadata.file_path_bytes",
+    "label_row": "image_metadata.label_id",
+    "split": "image_metadata.split",
+    "width": "image_metadata.width",
+    "height": "image_metadata.height",
+    "format": "image_metadata.format",
+    "mode": "image_metadata.mode",
+    "bytes": "image_metadata.bytes",
+    "mtime_ns": "image_metadata.mtime_ns",
+    "xxh3_128": "image_metadata.xxh3_128",
+    "status": "image_metadata.status",
+    "error": "image_metadata.error",
+    "warning": "image_metadata.warning",
+    "processed": "image_metadata.processed",
+    "processing_status": "image_metadata.processing_status",
+    "created_at": "image_metadata.created_at",
+    "updated_at": "image_metadata.updated_at",
+}
+DERIVED = {
+    "path": ("root_id", "file_path", "file_path_bytes"), "root": ("root_id",), "label": ("label_row",),
+    "label_id": ("label_row",),
+}  # fmt: skip
+COLUMNS = ("id", "path", "root", "file_path", "label", "label_id", "split", *[c for c in STORED if c not in
+           ("id", "root_id", "file_path", "file_path_bytes", "label_row", "split")])  # fmt: skip
+DEFAULT_COLUMNS = ("id", "path", "label", "width", "height", "status", "processed", "processing_status", "created_at")
+INT64_MAX = 2**63 - 1  # the largest value SQLite binds
+_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|day|days|w|wk|wks)\s*$", re.I)
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+@dataclass(frozen=True)
+class QuerySpec:
+    """What to select: the options of ``dlindex query``, with the same names and defaults.
+
+    ``split`` selects the tree's split folders (``"val"`` or ``"validation"``); ``classes``
+    says which class list ``label_id`` indexes: ``"selected"`` (the ``labels`` named, else
+    the catalog's) or ``"catalog"`` (always the catalog's); ``has_class`` keeps only files
+    with (True) or without (False) a class. See dlindex/classes.py.
+    Sequences may also be given as one string (``columns="id,path"``, ``labels="cat"``);
+    ``since``/``until`` take an ISO date-time (UTC unless it says otherwise), a duration
+    back from now (``30m``, ``24h``, ``7d``) or a ``datetime``.
+    """
+
+    labels: Sequence[str] | str = ()
+    split: Sequence[str] | str = ()
+    classes: str = "selected"
+    has_class: bool | None = None
+    status: Sequence[str] | str = ("ok",)
+    processed: bool | None = None
+    processing_status: Sequence[str] | str = ()
+    since: str | datetime | None = None
+    until: str | datetime | None = None
+    min_width: int | None = None
+    min_height: int | None = None
+    per_label: int | None = None
+    limit: int | None = None
+    offset: int | None = None
+    order: str = "id"
+    seed: int = 0
+    columns: Sequence[str] | str | None = DEFAULT_COLUMNS
+    cache: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("labels", "split", "status", "processing_status"):
+            value = getattr(self, name)
+            object.__setattr__(self, name, (value,) if isinstance(value, str) else tuple(value or ()))
+        columns = DEFAULT_COLUMNS if self.columns is None else self.columns
+        if isinstance(columns, str):
+            columns = [c.strip() for c in columns.split(",")]
+        object.__setattr__(self, "columns", tuple(columns or ()))
+
+
+def check_columns(columns: Sequence[str]) -> tuple[str, ...]:
+    if not columns:
+        raise InputError(f"no columns asked for; choose from: {', '.join(COLUMNS)}")
+    for column in columns:
+        if column not in COLUMNS:
+            raise InputError(f"unknown column {column!r}; choose from: {', '.join(COLUMNS)}")
+    return tuple(dict.fromkeys(columns))
+
+
+def check_count(option: str, value: Any, minimum: int) -> int:
+    """``value`` as a whole number from ``minimum`` to the 64-bit limit SQLite can bind."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InputError(f"{option} must be a whole number, not {value!r}")
+    if value < minimum:
+        raise InputError(f"{option} must be {minimum} or more, not {value}")
+    if value > INT64_MAX:
+        raise InputError(f"{option} must be at most {INT64_MAX}, not {str(value)[:30]}")
+    return value
+
+
+def parse_when(value: str | datetime, option: str = "time") -> str:
+    """A time as the catalog stores it ('YYYY-MM-DD HH:MM:SS', UTC), from ISO text or a duration."""
+    try:
+        return _when(value, option)
+    except (OverflowError, ValueError):  # a duration reaching before year 1, a time zone past 9999
+        raise InputError(f"{option} {str(value)[:40]!r} is outside the years 1 to 9999") from None
+
+
+def _when(value: str | datetime, option: str) -> str:
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        text = value.strip()
+        match = _DURATION.match(text)
+        if match:
+            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)[0].lower()]
+            if seconds <= 0:
+                raise InputError(f"{option} {value!r}: a duration must be more than 0")
+            moment = datetime.now(UTC) - timedelta(seconds=seconds)
+        else:
+            try:
+                moment = datetime.fromisoformat(text)
+            except ValueError:
+                raise InputError(
+                    f"{option} {value!r} is neither an ISO date-time (2024-05-01, 2024-05-01T12:30:00Z) "
+                    "nor a duration (30m, 24h, 7d)"
+                ) from None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment.strftime(_TIME_FORMAT)
+
+
+def with_columns(spec: QuerySpec, columns: tuple[str, ...]) -> QuerySpec:
+    return replace(spec, columns=columns)
