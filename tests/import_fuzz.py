@@ -1,4 +1,4 @@
-"""The fuzz target of `dlindex features import`, run by test_features_import_fuzz.py in a
+"""The fuzz target of `dlindex features import`, run by test_features_importer_fuzz.py in a
 subprocess under an address-space limit (so unbounded memory shows as a failure, not as a
 machine that swaps).
 
