@@ -1,4 +1,4 @@
-"""The fuzz target of `dlindex features import`, run by test_features_import_fuzz.py in a
+"""The fuzz target of `dlindex features import`, run by test_features_importer_fuzz.py in a
 subprocess under an address-space limit (so unbounded memory shows as a failure, not as a
 machine that swaps).
 
@@ -46,7 +46,9 @@ def seeds(work: Path) -> dict[str, tuple[str, bytes]]:
     out["npy"] = (".npy", buffer.getvalue())
     out["jsonl"] = (
         ".jsonl",
-        "".join(json.dumps({"id": int(i), "vector": v.tolist()}) + "\n" for i, v in zip(ids, vectors)).encode(),
+        "".join(
+            json.dumps({"id": int(i), "vector": v.tolist()}) + "\n" for i, v in zip(ids, vectors, strict=False)
+        ).encode(),
     )
     try:
         import pyarrow as pa
@@ -105,16 +107,16 @@ def reference(path: Path, ids_file: Path | None) -> dict[int, list[float]]:
     """What the file holds, read by the formats' own libraries."""
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as z:
-            return {int(i): v.tolist() for i, v in zip(z["ids"], z["vectors"])}
+            return {int(i): v.tolist() for i, v in zip(z["ids"], z["vectors"], strict=False)}
     if path.suffix == ".npy":
         assert ids_file is not None
         got = [int(line) for line in ids_file.read_text().split()]
-        return {i: v.tolist() for i, v in zip(got, np.load(path, allow_pickle=False))}
+        return {i: v.tolist() for i, v in zip(got, np.load(path, allow_pickle=False), strict=False)}
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         table = pq.read_table(path).to_pydict()
-        return {int(i): list(v) for i, v in zip(table["id"], table["vector"])}
+        return {int(i): list(v) for i, v in zip(table["id"], table["vector"], strict=False)}
     out = {}
     for line in path.read_text().splitlines():
         if line.strip():

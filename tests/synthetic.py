@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dlindex import Catalog
@@ -24,7 +24,7 @@ class Row:
 
 
 def stamp(hours_ago: float) -> str:
-    moment = datetime.now(timezone.utc) - timedelta(hours=hours_ago)
+    moment = datetime.now(UTC) - timedelta(hours=hours_ago)
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 

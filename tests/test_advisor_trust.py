@@ -17,11 +17,10 @@ from typer.testing import CliRunner
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
 from dlindex.advisor.leftovers import PREFIX, remove_leftovers
-from dlindex.cli import app
 from dlindex.procs import process_start
 
 from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot
-from .conftest import rows
+from .conftest import invoke, rows
 
 REPO = Path(__file__).resolve().parents[1]
 COUNT_FOREVER = (
@@ -54,8 +53,7 @@ def db(logged: Path, tmp_path: Path) -> Path:
 
 
 def cli(runner: CliRunner, *args: str, input: str | None = None) -> tuple[int, str, str]:
-    result = runner.invoke(app, list(args), input=input)
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    result = invoke(runner, *args, input=input)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -11,11 +11,7 @@ from dlindex.cli import app
 from dlindex.export import load_index
 from dlindex.export.reader import listed_shards
 
-from .conftest import make_png
-
-
-def run(runner: CliRunner, *args: str) -> object:
-    return runner.invoke(app, ["export", *args])
+from .conftest import invoke, make_png
 
 
 def test_default_is_one_jsonl_manifest(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:
@@ -53,7 +49,7 @@ def test_human_summary_on_stdout(runner: CliRunner, scanned_db: Path, tmp_path: 
 
 def test_verify_ok_and_modified(runner: CliRunner, scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
     out = tmp_path / "o"
-    assert run(runner, str(out), "--db", str(scanned_db), "-q").exit_code == 0  # type: ignore[attr-defined]
+    assert invoke(runner, "export", str(out), "--db", str(scanned_db), "-q").exit_code == 0
     ok = runner.invoke(app, ["export", "--verify", str(out), "--json", "-q"])
     assert ok.exit_code == 0 and json.loads(ok.stdout)["ok"] is True, ok.output
     make_png(image_tree / "cat" / "001.png", (5, 5), (1, 1, 1))

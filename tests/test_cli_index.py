@@ -66,7 +66,7 @@ def test_log_files_are_read_and_hostile_lines_reported(runner: CliRunner, db: Pa
     trace.write_text("SELECT count(*) FROM image_metadata WHERE processing_status = 'failed' -- duration_ms=2\n"
                      "DROP TABLE image_metadata\nPRAGMA writable_schema = 1\nSELECT 1; DELETE FROM labels\n")  # fmt: skip
     before = snapshot(db)
-    code, out, err = index(runner, db, "--log", str(trace), "--log", "-", input="garbage here\n")
+    code, _out, err = index(runner, db, "--log", str(trace), "--log", "-", input="garbage here\n")
     assert code == 0, err
     assert f"{trace} line 2: skipped: not a read-only SELECT" in err
     assert f"{trace} line 3: skipped: not a read-only SELECT" in err

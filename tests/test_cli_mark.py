@@ -8,24 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from dlindex.cli import app
 
-from .conftest import rows
-from .synthetic import ROOT, balanced
+from .conftest import processed_ids, rows
+from .synthetic import ROOT
 
 DLINDEX = f"{shlex.quote(sys.executable)} -m dlindex"
-
-
-@pytest.fixture
-def cats(tmp_path: Path) -> Path:
-    return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})  # cat: ids 1-4, dog: ids 5-8
-
-
-def processed(db: Path) -> list[int]:
-    return [int(r[0]) for r in rows(db, "SELECT id FROM image_metadata WHERE processed = 1 ORDER BY id")]
 
 
 def test_cli_mark_stdin(runner: CliRunner, cats: Path) -> None:
@@ -33,7 +23,7 @@ def test_cli_mark_stdin(runner: CliRunner, cats: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "matched 2  updated 2  unknown 0" in result.stdout
     assert result.stderr == ""
-    assert processed(cats) == [1, 2]
+    assert processed_ids(cats) == [1, 2]
 
 
 def test_cli_mark_json_and_strict(runner: CliRunner, cats: Path) -> None:
@@ -56,7 +46,7 @@ def test_cli_mark_file_and_nul_separated(runner: CliRunner, cats: Path, tmp_path
     listing.write_bytes(f"{ROOT}/cat/0001.png\0dog/0002.png\0".encode())
     result = runner.invoke(app, ["mark", str(listing), "--by", "path", "-0", "--processed", "--db", str(cats)])
     assert result.exit_code == 0, result.output
-    assert processed(cats) == [1, 6]
+    assert processed_ids(cats) == [1, 6]
 
 
 def test_cli_mark_errors(runner: CliRunner, cats: Path, tmp_path: Path) -> None:
@@ -65,7 +55,7 @@ def test_cli_mark_errors(runner: CliRunner, cats: Path, tmp_path: Path) -> None:
     assert result.stderr.strip().splitlines() == [
         "Error: line 2: 'foo' is not a sample id (for paths use --by path); nothing was changed"
     ]
-    assert processed(cats) == []
+    assert processed_ids(cats) == []
     missing = runner.invoke(app, ["mark", str(tmp_path / "nope.txt"), "--processed", "--db", str(cats)])
     assert missing.exit_code == 1 and missing.stderr.startswith("Error: cannot read")
     nothing = runner.invoke(app, ["mark", "--db", str(cats)], input="1\n")
@@ -86,7 +76,7 @@ def test_pipeline_query_jsonl_into_mark(cats: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "matched 4  updated 4  unknown 0" in done.stdout
-    assert processed(cats) == [1, 2, 3, 4]
+    assert processed_ids(cats) == [1, 2, 3, 4]
     left = _shell(f"set -o pipefail; {DLINDEX} query --db {db} --unprocessed --format jsonl | wc -l")
     assert left.stdout.strip() == "4"
 
@@ -101,5 +91,5 @@ def test_pipeline_paths_and_nul_paths_into_mark(cats: Path) -> None:
         f"set -o pipefail; {DLINDEX} query --db {db} --label cat -0 | {DLINDEX} mark -0 --by path --processed --db {db}"
     )
     assert nul.returncode == 0, nul.stderr
-    assert processed(cats) == [1, 2, 3, 4]
+    assert processed_ids(cats) == [1, 2, 3, 4]
     assert rows(cats, "SELECT id FROM image_metadata WHERE processing_status = 'completed'") == [(5,), (6,)]

@@ -85,7 +85,7 @@ def test_paths_are_shortened_in_the_middle_to_the_width(
         (["--max-rows", "5"], 5, 245),
         (["--max-rows", "5", "--all"], 250, 0),
         (["--label", "cat", "--max-rows", "125"], 125, 0),
-    ],  # fmt: skip
+    ],
 )
 def test_the_cap_and_how_to_lift_it(
     runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], rows: int, more: int

@@ -1,4 +1,4 @@
-"""The scan, stats and demo commands through typer's CliRunner and a real subprocess."""
+"""`dlindex scan` through typer's CliRunner and a real subprocess; the app's --help and --version."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def test_scan_json_summary(runner: CliRunner, image_tree: Path, db_path: Path) -
     result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--json", "-w", "1"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert SUMMARY_KEYS <= set(summary)
+    assert set(summary) >= SUMMARY_KEYS
     assert (summary["seen"], summary["new"], summary["corrupt"]) == (7, 7, 1)
     assert result.stderr == ""
 
@@ -82,32 +82,6 @@ def test_not_a_catalog_and_newer_schema(runner: CliRunner, image_tree: Path, tmp
     assert result.exit_code == 1 and "newer than this dlindex" in result.stderr
 
 
-def test_stats_without_catalog(runner: CliRunner, db_path: Path) -> None:
-    result = runner.invoke(app, ["stats", "--db", str(db_path)])
-    assert result.exit_code == 1
-    assert "no catalog at" in result.stderr and "dlindex scan" in result.stderr
-    assert not db_path.exists()
-
-
-def test_stats_json(runner: CliRunner, scanned_db: Path) -> None:
-    result = runner.invoke(app, ["stats", "--db", str(scanned_db), "--json"])
-    assert result.exit_code == 0, result.output
-    stats = json.loads(result.stdout)
-    assert stats["images"] == 7
-    assert stats["by_status"] == {"ok": 6, "corrupt": 1, "missing": 0}
-    assert (stats["processed"], stats["unprocessed"], stats["labels"]) == (0, 7, 2)
-    assert stats["largest_labels"][0] == {"label": "cat", "images": 3}
-    assert stats["last_scans"][0]["new"] == 7
-    assert stats["catalog_bytes"] > 0
-    assert stats["indexes"] == []
-
-
-def test_stats_human(runner: CliRunner, scanned_db: Path) -> None:
-    result = runner.invoke(app, ["stats", "--db", str(scanned_db)])
-    assert result.exit_code == 0
-    assert "images 7" in result.stdout
-
-
 def test_unknown_option_is_a_usage_error(runner: CliRunner, image_tree: Path) -> None:
     result = runner.invoke(app, ["scan", str(image_tree), "--no-such-option"])
     assert result.exit_code == 2
@@ -129,13 +103,6 @@ def test_strict_exits_3_on_errors(
     result = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "--strict", "-w", "1", "--json"])
     assert result.exit_code == 3
     assert "Permission denied" in result.stderr
-
-
-def test_demo_runs_end_to_end(runner: CliRunner, tmp_path: Path) -> None:
-    result = runner.invoke(app, ["demo", str(tmp_path / "demo"), "--images", "60"])
-    assert result.exit_code == 0, result.output
-    assert (tmp_path / "demo" / "catalog.db").exists()
-    assert "unchanged 64" in result.stdout  # the rescan step: 60 images + 4 odd names
 
 
 def test_python_dash_m_help() -> None:

@@ -1,7 +1,8 @@
-"""`dlindex stats` through the CLI: a pipe gets whole lines, never wrapped at 80 columns."""
+"""`dlindex stats` through the CLI: --json and human summaries, a missing catalog, whole lines in a pipe."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,29 @@ def test_quiet_silences_import_summaries(runner: CliRunner, tmp_path: Path) -> N
     vectors.write_text("".join(f'{{"id": {i}, "vector": [1, {i}]}}\n' for i in range(1, 37)))
     quiet = runner.invoke(app, ["features", "import", "--type", "t", str(vectors), "--db", str(db), "-q"])
     assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", ""), quiet.output
+
+
+def test_stats_without_catalog(runner: CliRunner, db_path: Path) -> None:
+    result = runner.invoke(app, ["stats", "--db", str(db_path)])
+    assert result.exit_code == 1
+    assert "no catalog at" in result.stderr and "dlindex scan" in result.stderr
+    assert not db_path.exists()
+
+
+def test_stats_json(runner: CliRunner, scanned_db: Path) -> None:
+    result = runner.invoke(app, ["stats", "--db", str(scanned_db), "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)
+    assert stats["images"] == 7
+    assert stats["by_status"] == {"ok": 6, "corrupt": 1, "missing": 0}
+    assert (stats["processed"], stats["unprocessed"], stats["labels"]) == (0, 7, 2)
+    assert stats["largest_labels"][0] == {"label": "cat", "images": 3}
+    assert stats["last_scans"][0]["new"] == 7
+    assert stats["catalog_bytes"] > 0
+    assert stats["indexes"] == []
+
+
+def test_stats_human(runner: CliRunner, scanned_db: Path) -> None:
+    result = runner.invoke(app, ["stats", "--db", str(scanned_db)])
+    assert result.exit_code == 0
+    assert "images 7" in result.stdout

@@ -14,17 +14,12 @@ import pytest
 from PIL import Image
 
 from dlindex import Catalog, InputError, QuerySpec, ScanOptions, scan_tree
-from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, manifest_rows, verify_export
+from dlindex.export import ExportError, load_index, manifest_rows, verify_export
 from dlindex.export.reader import INDEX_VERSION, listed_shards
 
-from .conftest import make_jpeg, make_png, rows
+from .conftest import export, make_jpeg, make_png, rows
 
 FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
-
-
-def export(db: Path, out: Path, **options: Any) -> Any:
-    with Catalog(db) as catalog:
-        return export_catalog(catalog, out, ExportOptions(**options))
 
 
 def manifest_path(meta: dict[str, Any]) -> str:
@@ -552,14 +547,14 @@ def test_features_missing_for_some_samples(mixed_db: Path, tmp_path: Path) -> No
     with conn:
         conn.execute("DELETE FROM image_features WHERE image_id = (SELECT min(image_id) FROM image_features)")
     conn.close()
-    with pytest.raises(ExportError, match="1 sample.*no 'tiny' features"):
+    with pytest.raises(ExportError, match=r"1 sample.*no 'tiny' features"):
         export(mixed_db, tmp_path / "f", format="wds", features="tiny")
     assert _leftovers(tmp_path, "f") == []
 
 
 def test_features_of_an_unknown_type(mixed_db: Path, tmp_path: Path) -> None:
     _feature_cache(mixed_db)
-    with pytest.raises(ExportError, match="no feature type 'clip'.*tiny"):
+    with pytest.raises(ExportError, match=r"no feature type 'clip'.*tiny"):
         export(mixed_db, tmp_path / "f", features="clip")
 
 
@@ -596,3 +591,24 @@ def test_a_big_jsonl_manifest_written_by_two_processes_is_the_same(
     for name in ("train-000000.jsonl", "index.json"):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes(), name
     assert not [p for p in (tmp_path / "two").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("split", [None, "train=0.5,val=0.5"])
+def test_missing_count_spans_every_batch(
+    mixed_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str | None
+) -> None:
+    _feature_cache(mixed_db)
+    monkeypatch.setattr("dlindex.export.writer._BATCH", 3)  # 20 samples: seven batches
+    with sqlite3.connect(mixed_db) as conn:
+        conn.execute("DELETE FROM image_features WHERE image_id % 2 = 0")  # half, in every batch
+        (lacking,) = conn.execute("SELECT count(*) FROM image_metadata WHERE status = 'ok' AND id % 2 = 0").fetchone()
+    conn.close()
+    assert lacking > 3
+    kwargs = {"split": split} if split else {}
+    with pytest.raises(ExportError) as raised:
+        export(mixed_db, tmp_path / "f", format="jsonl", features="tiny", **kwargs)
+    message = str(raised.value)
+    if split is None:
+        assert message.startswith(f"{lacking} sample(s) have no 'tiny' features (id ")
+    else:
+        assert " in split " in message and "have no 'tiny' features" in message

@@ -17,27 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from dlindex import Catalog, QuerySpec, ScanOptions, scan_tree
-from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, manifest_rows, verify_export
+from dlindex import QuerySpec
+from dlindex.export import ExportError, load_index, manifest_rows, verify_export
 from dlindex.export.reader import listed_shards
 from dlindex.loader import ManifestDataset, WdsDataset
 
-from .conftest import make_jpeg, make_png
+from .conftest import exported, make_jpeg, make_png, scan
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 FORMATS = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp"}
-
-
-def export(db: Path, out: Path, **options: Any) -> Path:
-    with Catalog(db) as catalog:
-        export_catalog(catalog, out, ExportOptions(**options))
-    return out
-
-
-def scan(root: Path, db: Path) -> Path:
-    with Catalog(db, create=True) as catalog:
-        scan_tree(catalog, root, ScanOptions(workers=1))
-    return db
 
 
 @pytest.fixture
@@ -51,7 +39,8 @@ def formats_db(tmp_path: Path) -> Path:
         path = root / ("b", "c")[i % 2] / f"{i:02d}.{FORMATS[fmt]}"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (10 + i, 12), (i * 9, 3, 4)).save(path, fmt)
-    return scan(root, tmp_path / "f.db")
+    scan(tmp_path / "f.db", root)
+    return tmp_path / "f.db"
 
 
 def tar_keys(out: Path, shards: list[dict[str, Any]]) -> list[str]:
@@ -70,7 +59,7 @@ def test_a_parquet_export_reads_as_a_folder(formats_db: Path, tmp_path: Path) ->
     import pyarrow.dataset as pads
 
     datasets = pytest.importorskip("datasets")
-    out = export(formats_db, tmp_path / "pq", format="parquet", split="train=0.5,val=0.5", shard_size=4)
+    out = exported(formats_db, tmp_path / "pq", format="parquet", split="train=0.5,val=0.5", shard_size=4)
     index = load_index(out)
     counts = {k: v["samples"] for k, v in index["counts"]["splits"].items()}
     assert (out / "_index.json").is_file() and not (out / "index.json").exists()
@@ -89,7 +78,7 @@ def test_a_parquet_export_reads_as_a_folder(formats_db: Path, tmp_path: Path) ->
 def test_streaming_reads_the_export_root_and_each_split(formats_db: Path, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     streaming = pytest.importorskip("streaming")
-    out = export(formats_db, tmp_path / "m", format="mds", split="train=0.6,val=0.4", shard_size=5)
+    out = exported(formats_db, tmp_path / "m", format="mds", split="train=0.6,val=0.4", shard_size=5)
     index = load_index(out)
     assert index["version"] == 2 and all(e["raw_data"]["basename"].count("/") == 1 for e in index["shards"])
 
@@ -117,7 +106,7 @@ def test_split_by_node_gives_each_rank_its_samples(
 ) -> None:
     torch = pytest.importorskip("torch")
     wds = pytest.importorskip("webdataset")
-    out = export(
+    out = exported(
         formats_db, tmp_path / "w", format="wds", world_size=world, drop_last=drop_last, workers=2, shuffle=True, seed=4
     )
     index = load_index(out)
@@ -137,17 +126,17 @@ def test_split_by_node_gives_each_rank_its_samples(
 
 
 def test_enough_shards_for_the_workers(formats_db: Path, tmp_path: Path) -> None:
-    index = load_index(export(formats_db, tmp_path / "w", format="wds", workers=4, shard_bytes="1GB"))
+    index = load_index(exported(formats_db, tmp_path / "w", format="wds", workers=4, shard_bytes="1GB"))
     assert index["wds"]["shards_per_rank"] == {"train": 4} and index["options"]["workers"] == 4
-    few = load_index(export(formats_db, tmp_path / "few", format="wds", workers=64, query=QuerySpec(limit=5)))
+    few = load_index(exported(formats_db, tmp_path / "few", format="wds", workers=64, query=QuerySpec(limit=5)))
     assert few["wds"]["shards_per_rank"] == {"train": 5}  # one sample a shard: never an empty shard
     with pytest.raises(ExportError, match="--workers"):
-        export(formats_db, tmp_path / "bad", format="wds", workers=0)
+        exported(formats_db, tmp_path / "bad", format="wds", workers=0)
 
 
 def test_one_key_spec_reads_every_image_format(formats_db: Path, tmp_path: Path) -> None:
     wds = pytest.importorskip("webdataset")
-    out = export(formats_db, tmp_path / "w", format="wds", workers=2)
+    out = exported(formats_db, tmp_path / "w", format="wds", workers=2)
     index = load_index(out)
     spec = index["wds"]["image_key"]
     assert spec == "jpg;png;webp;gif;bmp;tiff" and f'"{spec}"' in (DOCS / "commands" / "export.md").read_text()
@@ -161,7 +150,7 @@ def test_one_key_spec_reads_every_image_format(formats_db: Path, tmp_path: Path)
 
 def test_hf_webdataset_reads_every_image_by_the_docs_recipe(formats_db: Path, tmp_path: Path) -> None:
     datasets = pytest.importorskip("datasets")
-    out = export(formats_db, tmp_path / "w", format="wds", workers=1)
+    out = exported(formats_db, tmp_path / "w", format="wds", workers=1)
     index = load_index(out)
     # The recipe in docs/commands/export.md: the features index.json carries, so HF does not
     # infer the columns from the first samples (all JPEG here: png, gif, ... would vanish).
@@ -178,10 +167,10 @@ def test_hf_webdataset_reads_every_image_by_the_docs_recipe(formats_db: Path, tm
 
 
 def test_the_default_split_is_one_hf_accepts(formats_db: Path, tmp_path: Path) -> None:
-    index = load_index(export(formats_db, tmp_path / "j"))
+    index = load_index(exported(formats_db, tmp_path / "j"))
     assert list(index["counts"]["splits"]) == ["train"]
     with pytest.raises(ExportError, match="reserved"):
-        export(formats_db, tmp_path / "bad", split="all=0.5,val=0.5")
+        exported(formats_db, tmp_path / "bad", split="all=0.5,val=0.5")
 
 
 # ---------------------------------------------------------------- WdsDataset with another world size
@@ -196,7 +185,7 @@ def test_the_default_split_is_one_hf_accepts(formats_db: Path, tmp_path: Path) -
 def test_wds_dataset_with_another_world_size(
     formats_db: Path, tmp_path: Path, export_world: int, drop_last: bool, read_world: int, per_rank: int
 ) -> None:
-    out = export(formats_db, tmp_path / "w", format="wds", world_size=export_world, drop_last=drop_last, workers=2)
+    out = exported(formats_db, tmp_path / "w", format="wds", world_size=export_world, drop_last=drop_last, workers=2)
     with pytest.warns(UserWarning, match=f"exported for world size {export_world}, read with {read_world}") as caught:
         datasets = [
             WdsDataset(out, rank=r, world_size=read_world, decode=False, with_metadata=True) for r in range(read_world)
@@ -211,7 +200,7 @@ def test_wds_dataset_with_another_world_size(
 
 def test_wds_dataset_other_world_size_with_dataloader_workers(formats_db: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    out = export(formats_db, tmp_path / "w", format="wds", world_size=2, workers=2)
+    out = exported(formats_db, tmp_path / "w", format="wds", world_size=2, workers=2)
     seen = []
     for rank in range(3):
         with warnings.catch_warnings(record=True) as caught:
@@ -236,7 +225,8 @@ def odd_name_db(tmp_path: Path) -> tuple[Path, bytes]:
     raw = b"z/bad-\xff\xfe.png"
     with open(os.fsencode(root) + b"/" + raw, "wb") as f:
         Image.new("RGB", (5, 5)).save(f, "PNG")
-    return scan(root, tmp_path / "odd.db"), raw
+    scan(tmp_path / "odd.db", root)
+    return tmp_path / "odd.db", raw
 
 
 _DUCKDB = {"jsonl": "SELECT * FROM read_json(?)", "csv": "SELECT * FROM read_csv(?)"}
@@ -251,7 +241,7 @@ def test_manifests_read_in_pandas_polars_duckdb_with_a_non_utf8_name(
     import polars as pl
 
     db, raw = odd_name_db
-    out = export(db, tmp_path / fmt, format=fmt)
+    out = exported(db, tmp_path / fmt, format=fmt)
     name = str(out / listed_shards(load_index(out))[0]["file"])
     (out / listed_shards(load_index(out))[0]["file"]).read_bytes().decode("utf-8")  # valid UTF-8 throughout
     frames = {
@@ -284,8 +274,8 @@ def test_damaged_manifests_raise_export_error(tmp_path: Path, data: bytes, suffi
 
 
 def test_loaders_take_root_after_the_tree_moved(formats_db: Path, tmp_path: Path) -> None:
-    manifest = export(formats_db, tmp_path / "j", format="jsonl")
-    packed = export(formats_db, tmp_path / "w", format="wds", workers=1)
+    manifest = exported(formats_db, tmp_path / "j", format="jsonl")
+    packed = exported(formats_db, tmp_path / "w", format="wds", workers=1)
     os.rename(tmp_path / "tree", tmp_path / "moved")
     stale = ManifestDataset(manifest)
     with pytest.raises(FileNotFoundError):

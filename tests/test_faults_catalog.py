@@ -206,11 +206,13 @@ def test_random_damage_never_tracebacks(tmp_path_factory: pytest.TempPathFactory
 
 
 def test_a_failed_rollback_never_replaces_the_real_error(wide_catalog: Path) -> None:
-    with Catalog(wide_catalog) as c:
-        with pytest.raises(RuntimeError, match="the real cause"):
-            with c.write_transaction() as conn:
-                conn.execute("ROLLBACK")  # what SQLite does itself after a full disk
-                raise RuntimeError("the real cause")
+    with (
+        Catalog(wide_catalog) as c,
+        pytest.raises(RuntimeError, match="the real cause"),
+        c.write_transaction() as conn,
+    ):
+        conn.execute("ROLLBACK")  # what SQLite does itself after a full disk
+        raise RuntimeError("the real cause")
 
 
 def test_enospc_from_any_layer_is_disk_full_naming_the_file(tmp_path: Path) -> None:
@@ -264,7 +266,7 @@ def test_two_marks_at_once_both_complete(wide_catalog: Path) -> None:
         for _ in range(2)
     ]  # fmt: skip
     halves = ["".join(f"{i}\n" for i in range(1, 3001) if i % 2 == k) for k in (0, 1)]
-    for proc, ids in zip(procs, halves):
+    for proc, ids in zip(procs, halves, strict=False):
         proc.stdin.write(ids)  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]
     for proc in procs:

@@ -15,12 +15,7 @@ from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS
 from dlindex.cli import app
 from dlindex.features import ComputeOptions, compute_features, import_features, list_feature_types, show_features
 
-from .conftest import rows
-
-
-def compute(db: Path, name: str, spec: QuerySpec | None = None, **options: object):  # type: ignore[no-untyped-def]
-    with Catalog(db) as catalog:
-        return compute_features(catalog, name, spec, ComputeOptions(**{"workers": 1, **options}))  # type: ignore[arg-type]
+from .conftest import compute, rows
 
 
 def marks(db: Path) -> dict[int, tuple[object, ...]]:

@@ -130,7 +130,7 @@ def test_every_kind_of_transparency_is_seen(tmp_path: Path, mode: str) -> None:
     else:
         image.save(tmp_path / "x.png")
         with Image.open(tmp_path / "x.png") as saved:
-            assert saved.mode == mode and "transparency" in saved.info or mode == "LA"
+            assert saved.mode == mode and ("transparency" in saved.info or mode == "LA")
             got_thumb = thumb(saved)
         with Image.open(tmp_path / "x.png") as saved:
             got_hist = colorhist(saved).reshape(3, 32)

@@ -13,10 +13,9 @@ import pytest
 from PIL import Image
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.export import ExportOptions, export_catalog
 from dlindex.loader import ManifestDataset, WdsDataset, iter_tar
 
-from .conftest import make_png
+from .conftest import exported, make_png
 
 
 @pytest.fixture
@@ -30,18 +29,12 @@ def db(tmp_path: Path) -> Path:
     return path
 
 
-def export(db: Path, out: Path, **options: Any) -> Path:
-    with Catalog(db) as catalog:
-        export_catalog(catalog, out, ExportOptions(**options))
-    return out
-
-
 def widths(items: list[tuple[Any, int]]) -> list[int]:
     return sorted(image.size[0] for image, _ in items)
 
 
 def test_importing_the_loader_needs_no_torch(db: Path, tmp_path: Path) -> None:
-    out = export(db, tmp_path / "w", format="wds", shard_size=5)
+    out = exported(db, tmp_path / "w", format="wds", shard_size=5)
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any `import torch` now fails
         "from dlindex.loader import WdsDataset, ManifestDataset\n"
@@ -55,7 +48,7 @@ def test_importing_the_loader_needs_no_torch(db: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("fmt", ("jsonl", "csv", "parquet", "dali"))
 def test_manifest_dataset(db: Path, tmp_path: Path, fmt: str) -> None:
-    out = export(db, tmp_path / fmt, format=fmt, shuffle=True, seed=2)
+    out = exported(db, tmp_path / fmt, format=fmt, shuffle=True, seed=2)
     dataset = ManifestDataset(out)
     assert len(dataset) == 24 and dataset.classes == ["ant", "bee", "cow"]
     items = [dataset[i] for i in range(len(dataset))]
@@ -71,13 +64,13 @@ def test_manifest_dataset(db: Path, tmp_path: Path, fmt: str) -> None:
 
 
 def test_manifest_dataset_by_split_and_rank(db: Path, tmp_path: Path) -> None:
-    out = export(db, tmp_path / "o", split="train=0.5,val=0.5", world_size=2)
+    out = exported(db, tmp_path / "o", split="train=0.5,val=0.5", world_size=2)
     sizes = {(s, r): len(ManifestDataset(out, s, r)) for s in ("train", "val") for r in (0, 1)}
     assert sizes[("train", 0)] == sizes[("train", 1)] and sizes[("val", 0)] == sizes[("val", 1)]
 
 
 def test_wds_dataset_plain_iteration(db: Path, tmp_path: Path) -> None:
-    out = export(db, tmp_path / "w", format="wds", shard_size=7)
+    out = exported(db, tmp_path / "w", format="wds", shard_size=7)
     dataset = WdsDataset(out, transform=lambda im: im.size)
     items = list(dataset)
     assert sorted(w for (w, _), _ in items) == list(range(8, 32))
@@ -87,8 +80,8 @@ def test_wds_dataset_plain_iteration(db: Path, tmp_path: Path) -> None:
 
 
 def test_wds_ranks_split_the_shards(db: Path, tmp_path: Path) -> None:
-    pinned = export(db, tmp_path / "pinned", format="wds", world_size=2, shard_size=4)
-    free = export(db, tmp_path / "free", format="wds", shard_size=4)
+    pinned = exported(db, tmp_path / "pinned", format="wds", world_size=2, shard_size=4)
+    free = exported(db, tmp_path / "free", format="wds", shard_size=4)
     for out in (pinned, free):
         with warnings.catch_warnings():
             warnings.simplefilter("error" if out is pinned else "ignore")  # only `free` is read with another world size
@@ -100,7 +93,7 @@ def test_wds_ranks_split_the_shards(db: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("shard_size", (3, 100))  # many shards per worker; fewer shards than workers
 def test_wds_with_a_torch_dataloader_and_two_workers(db: Path, tmp_path: Path, shard_size: int) -> None:
     torch = pytest.importorskip("torch")
-    out = export(db, tmp_path / "w", format="wds", shard_size=shard_size, shuffle=True, seed=1)
+    out = exported(db, tmp_path / "w", format="wds", shard_size=shard_size, shuffle=True, seed=1)
 
     def to_tensor(image: Image.Image) -> Any:
         return torch.tensor(image.size)
@@ -118,7 +111,7 @@ def test_wds_with_a_torch_dataloader_and_two_workers(db: Path, tmp_path: Path, s
 
 def test_manifest_dataset_with_a_torch_dataloader(db: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    out = export(db, tmp_path / "o", format="parquet")
+    out = exported(db, tmp_path / "o", format="parquet")
     dataset = ManifestDataset(out, transform=lambda im: torch.tensor(im.size))
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2, shuffle=True)
     sizes = sorted(w for batch, _ in loader for w in batch[:, 0].tolist())
@@ -126,7 +119,7 @@ def test_manifest_dataset_with_a_torch_dataloader(db: Path, tmp_path: Path) -> N
 
 
 def test_iter_tar_can_skip_samples(db: Path, tmp_path: Path) -> None:
-    out = export(db, tmp_path / "w", format="wds", workers=1)
+    out = exported(db, tmp_path / "w", format="wds", workers=1)
     tar = out / "train-000000.tar"
     every = list(iter_tar(tar))
     odd = list(iter_tar(tar, keep=lambda n: n % 2 == 1))
@@ -137,9 +130,9 @@ def test_iter_tar_can_skip_samples(db: Path, tmp_path: Path) -> None:
 def test_wrong_export_kind(db: Path, tmp_path: Path) -> None:
     from dlindex import DlindexError
 
-    out = export(db, tmp_path / "o", format="jsonl")
+    out = exported(db, tmp_path / "o", format="jsonl")
     with pytest.raises(DlindexError, match="WdsDataset reads wds exports"):
         WdsDataset(out)
-    wds_out = export(db, tmp_path / "w", format="wds")
+    wds_out = exported(db, tmp_path / "w", format="wds")
     with pytest.raises(DlindexError, match="no manifest shards"):
         ManifestDataset(wds_out)

@@ -13,17 +13,12 @@ from typing import Any
 
 import pytest
 
-from dlindex import Catalog, ScanOptions, scan_tree
+from dlindex import ScanOptions
 from dlindex.scan.walk import SKIP_REASONS
 
-from .conftest import make_png, rows
+from .conftest import make_png, rows, scan
 
 PARALLEL = ScanOptions(workers=2)
-
-
-def scan(db: Path, root: Path, options: ScanOptions = PARALLEL):  # type: ignore[no-untyped-def]
-    with Catalog(db, create=True) as catalog:
-        return scan_tree(catalog, root, options)
 
 
 def catalogued(db: Path) -> dict[str, tuple[int, str, str]]:
@@ -48,14 +43,14 @@ def storage(tmp_path: Path) -> Path:
 def test_symlinked_class_folders_are_catalogued_under_the_link(image_tree: Path, storage: Path, db_path: Path) -> None:
     (image_tree / "bird").symlink_to(storage / "bird")
     (image_tree / "fish").symlink_to(storage / "fish")
-    summary = scan(db_path, image_tree)
+    summary = scan(db_path, image_tree, workers=2)
     found = catalogued(db_path)
     assert {k: v[1] for k, v in found.items() if k.startswith(("bird/", "fish/"))} == {
         "bird/0.png": "bird", "bird/1.png": "bird", "bird/2.png": "bird",
         "fish/0.png": "fish", "fish/1.png": "fish", "fish/2.png": "fish",
     }  # fmt: skip
     assert (summary.new, summary.skipped) == (13, 0)
-    again = scan(db_path, image_tree)
+    again = scan(db_path, image_tree, workers=2)
     assert (again.unchanged, again.new, again.missing, again.skipped) == (13, 0, 0, 0)
     assert catalogued(db_path) == found  # same ids
 
@@ -68,22 +63,22 @@ def test_two_links_to_one_folder_catalogue_it_once_under_the_first_path(
     (image_tree / "zz-bird-again").symlink_to(storage / "bird")
     (image_tree / "cat" / "bird.png").symlink_to(storage / "fish" / "0.png")
     (image_tree / "dog" / "bird.png").symlink_to(storage / "fish" / "0.png")
-    summary = scan(db_path, image_tree)
+    summary = scan(db_path, image_tree, workers=2)
     found = catalogued(db_path)
     assert not any(k.startswith("zz-bird-again/") for k in found)
     assert "cat/bird.png" in found and "dog/bird.png" not in found
     assert (summary.seen, summary.skipped_by_reason) == (11, {"duplicate": 4})
     for _ in range(2):  # stable: same choice, same ids, nothing counted missing again
-        again = scan(db_path, image_tree)
+        again = scan(db_path, image_tree, workers=2)
         assert (again.unchanged, again.new, again.missing, again.skipped_by_reason) == (11, 0, 0, {"duplicate": 4})
         assert catalogued(db_path) == found
 
 
 def test_a_duplicate_that_becomes_first_takes_over(image_tree: Path, storage: Path, db_path: Path) -> None:
     (image_tree / "m-bird").symlink_to(storage / "bird")
-    scan(db_path, image_tree)
+    scan(db_path, image_tree, workers=2)
     (image_tree / "a-bird").symlink_to(storage / "bird")
-    summary = scan(db_path, image_tree)
+    summary = scan(db_path, image_tree, workers=2)
     assert (summary.new, summary.missing, summary.skipped_by_reason) == (3, 3, {"duplicate": 3})
     found = catalogued(db_path)
     assert {k for k, v in found.items() if v[2] == "missing"} == {"m-bird/0.png", "m-bird/1.png", "m-bird/2.png"}
@@ -95,7 +90,7 @@ def test_links_inside_root_keep_the_real_path(image_tree: Path, db_path: Path) -
     (image_tree / "dog" / "deeper").mkdir()
     (image_tree / "dog" / "deeper" / "up").symlink_to(image_tree / "dog")  # a loop, two levels
     (image_tree / "dog" / "root").symlink_to(image_tree)
-    summary = scan(db_path, image_tree)
+    summary = scan(db_path, image_tree, workers=2)
     assert sorted(catalogued(db_path)) == sorted(
         [f"{c}/{i:03d}.png" for c in ("cat", "dog") for i in range(3)] + ["dog/broken.jpg"]
     )
@@ -105,7 +100,7 @@ def test_links_inside_root_keep_the_real_path(image_tree: Path, db_path: Path) -
 def test_a_link_to_a_hidden_folder_inside_root_is_followed(image_tree: Path, db_path: Path) -> None:
     make_png(image_tree / ".store" / "owl" / "a.png")
     (image_tree / "owl").symlink_to(image_tree / ".store" / "owl")
-    summary = scan(db_path, image_tree)
+    summary = scan(db_path, image_tree, workers=2)
     assert catalogued(db_path)["owl/a.png"][1] == "owl"
     assert summary.skipped_by_reason == {"hidden": 1}
 
@@ -116,7 +111,7 @@ def test_loops_through_folders_outside_root_end(image_tree: Path, tmp_path: Path
     (outer / "a" / "back").symlink_to(outer)  # outer/a/back -> outer: a loop outside ROOT
     (outer / "a" / "root").symlink_to(image_tree)  # back into ROOT: a loop too
     (image_tree / "owl").symlink_to(outer)
-    summary = scan(db_path, image_tree)
+    summary = scan(db_path, image_tree, workers=2)
     assert "owl/a/x.png" in catalogued(db_path)
     assert summary.skipped_by_reason == {"loop": 2}
 
@@ -131,7 +126,7 @@ def test_no_follow_symlinks_counts_every_link(image_tree: Path, storage: Path, d
 def test_a_link_to_a_fifo_is_never_opened(image_tree: Path, tmp_path: Path, db_path: Path) -> None:
     os.mkfifo(tmp_path / "pipe")
     (image_tree / "cat" / "pipe.png").symlink_to(tmp_path / "pipe")
-    assert scan(db_path, image_tree).skipped_by_reason == {"fifo": 1}
+    assert scan(db_path, image_tree, workers=2).skipped_by_reason == {"fifo": 1}
 
 
 def test_every_entry_without_a_row_is_counted_by_reason(image_tree: Path, tmp_path: Path, db_path: Path) -> None:
@@ -188,7 +183,7 @@ def test_unreadable_folder_and_file_are_counted(
         monkeypatch.setattr(os, "scandir", scandir)
         monkeypatch.setattr(os, "open", open_)
     try:
-        summary = scan(db_path, image_tree)
+        summary = scan(db_path, image_tree, workers=2)
     finally:
         locked.chmod(0o755)
         unreadable.chmod(0o644)
@@ -207,8 +202,8 @@ def test_a_copy_of_a_tree_with_symlinked_classes_matches_the_original(tmp_path: 
         (linked / label).symlink_to(image_tree / label)
     shutil.copy(image_tree / "cat" / "000.png", linked / "top.png")
     a, b = tmp_path / "a.db", tmp_path / "b.db"
-    scan(a, image_tree)
-    scan(b, linked)
+    scan(a, image_tree, workers=2)
+    scan(b, linked, workers=2)
     query = "SELECT file_path, labels.name, xxh3_128 FROM image_metadata JOIN labels ON labels.id = label_id"
     assert sorted(rows(b, query)) == sorted(rows(a, query) + [r for r in rows(b, query) if r[0] == "top.png"])
 
@@ -243,14 +238,14 @@ def test_a_changed_file_behind_a_link_is_probed_again_and_a_removed_first_path_h
 ) -> None:
     (image_tree / "a-bird").symlink_to(storage / "bird")
     (image_tree / "m-bird").symlink_to(storage / "bird")
-    scan(db_path, image_tree)
+    scan(db_path, image_tree, workers=2)
     before = catalogued(db_path)
     make_png(storage / "bird" / "0.png", size=(20, 20))
-    changed = scan(db_path, image_tree)
+    changed = scan(db_path, image_tree, workers=2)
     assert (changed.changed, changed.unchanged) == (1, 9)
     assert catalogued(db_path)["a-bird/0.png"][0] == before["a-bird/0.png"][0]
     (image_tree / "a-bird").unlink()  # the second path, a duplicate so far, is now the first
-    handed = scan(db_path, image_tree)
+    handed = scan(db_path, image_tree, workers=2)
     assert (handed.missing, handed.new, handed.changed, handed.skipped) == (3, 3, 0, 0)
     after = catalogued(db_path)
     assert all(after[f"a-bird/{i}.png"] == (before[f"a-bird/{i}.png"][0], "a-bird", "missing") for i in range(3))

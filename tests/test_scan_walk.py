@@ -12,12 +12,7 @@ from hypothesis import strategies as st
 from dlindex import Catalog, ScanOptions, scan_tree
 from dlindex.scan.walk import display_name
 
-from .conftest import make_png, rows
-
-
-def scan(db: Path, root: Path):  # type: ignore[no-untyped-def]
-    with Catalog(db, create=True) as catalog:
-        return scan_tree(catalog, root, ScanOptions(workers=2))
+from .conftest import make_png, rows, scan
 
 
 def ids(db: Path) -> dict[tuple[str, bytes | None], int]:
@@ -42,7 +37,7 @@ def test_lookalike_names_are_all_catalogued_and_keep_their_ids(tmp_path: Path, d
             path = os.path.join(os.fsencode(root), folder, name)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             make_png(Path(os.fsdecode(path)), color=(len(name), len(folder), 0))
-    summary = scan(db_path, root)
+    summary = scan(db_path, root, workers=2)
     total = 3 * len(LOOKALIKES)
     assert (summary.new, summary.errors) == (total, 0)
     first = ids(db_path)
@@ -56,11 +51,11 @@ def test_lookalike_names_are_all_catalogued_and_keep_their_ids(tmp_path: Path, d
         with open(os.path.join(root_path, raw or text.encode()), "rb") as f:
             assert f.read(4) == b"\x89PNG"
     for _ in range(2):
-        again = scan(db_path, root)
+        again = scan(db_path, root, workers=2)
         assert (again.unchanged, again.new, again.missing, again.changed) == (total, 0, 0, 0)
         assert ids(db_path) == first
     os.remove(os.path.join(os.fsencode(root), b"cat", b"\xff.png"))
-    gone = scan(db_path, root)
+    gone = scan(db_path, root, workers=2)
     assert (gone.missing, gone.unchanged) == (1, total - 1)
 
 
@@ -76,7 +71,7 @@ lookalike_names = st.lists(
 def test_display_names_are_one_to_one_and_slash_free(raw: list[bytes]) -> None:
     keys = [display_name(name) for name in raw]
     assert len({text for text, _ in keys}) == len(raw)  # no two names share a key
-    for name, (text, lossless) in zip(raw, keys):
+    for name, (text, lossless) in zip(raw, keys, strict=False):
         assert "/" not in text
         assert lossless == (text.encode("utf-8", "surrogatepass") == name)
         text.encode("utf-8")  # always storable as SQLite TEXT
@@ -119,7 +114,7 @@ def test_mark_finds_lookalike_rows_by_key_and_by_real_path(tmp_path: Path, db_pa
     root = tmp_path / "images"
     for name in LOOKALIKES:
         make_png(Path(os.fsdecode(os.path.join(os.fsencode(root), b"cat", name))))
-    scan(db_path, root)
+    scan(db_path, root, workers=2)
     found = rows(db_path, "SELECT file_path, file_path_bytes FROM image_metadata")
     real_root = os.fsencode(str(rows(db_path, "SELECT path FROM roots")[0][0]))
     by_key = [json.dumps({"file_path": str(text)}) for text, _ in found]
@@ -135,7 +130,7 @@ def test_a_sample_named_by_its_real_name_or_by_its_stand_in(tmp_path: Path, db_p
     root = tmp_path / "images"
     for name in LOOKALIKES:
         make_png(Path(os.fsdecode(os.path.join(os.fsencode(root), b"cat", name))))
-    scan(db_path, root)
+    scan(db_path, root, workers=2)
     found = ids(db_path)
     with Catalog(db_path) as catalog:
         # the real name wins: a file literally named \xff.png exists

@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dlindex import Catalog, InputError, ScanOptions, scan_tree
+from dlindex import InputError, ScanOptions
 from dlindex.scan import tasks as worker_module
 
-from .conftest import make_jpeg, make_png, rows
+from .conftest import make_jpeg, make_png, rows, scan
 
 ONE = ScanOptions(workers=1)
-
-
-def scan(db: Path, root: Path, options: ScanOptions = ONE):  # type: ignore[no-untyped-def]
-    with Catalog(db, create=True) as catalog:
-        return scan_tree(catalog, root, options)
 
 
 def by_path(db: Path) -> dict[str, tuple[object, ...]]:

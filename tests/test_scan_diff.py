@@ -7,14 +7,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from dlindex import Catalog, ScanOptions, scan_tree
+from dlindex import Catalog
 
-from .conftest import rows
-
-
-def scan(db: Path, root: Path, **options: object):  # type: ignore[no-untyped-def]
-    with Catalog(db, create=True) as catalog:
-        return scan_tree(catalog, root, ScanOptions(workers=1, **options))  # type: ignore[arg-type]
+from .conftest import rows, scan
 
 
 def row(db: Path, path: str) -> tuple[object, ...]:

@@ -13,20 +13,9 @@ import numpy as np
 import pytest
 
 from dlindex import Catalog, CatalogError, InputError
-from dlindex.features import import_features
 
-from .conftest import rows
+from .conftest import import_file, rows
 from .synthetic import ROOT, balanced
-
-
-@pytest.fixture
-def cats(tmp_path: Path) -> Path:
-    return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})  # cat/0001.png is id 1, dog/0001.png id 5
-
-
-def run(db: Path, file: Path, name: str = "emb", **options: object):  # type: ignore[no-untyped-def]
-    with Catalog(db) as catalog:
-        return import_features(catalog, name, file, **options)  # type: ignore[arg-type]
 
 
 def stored(db: Path, name: str = "emb") -> dict[int, list[float]]:
@@ -46,7 +35,7 @@ VECTORS = np.arange(12, dtype=np.float32).reshape(4, 3)
 def test_npy_with_text_ids_file(cats: Path, tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", VECTORS)
     (tmp_path / "ids.txt").write_text("3\n1\n\n8\n2\n")
-    summary = run(cats, tmp_path / "v.npy", ids_file=tmp_path / "ids.txt")
+    summary = import_file(cats, tmp_path / "v.npy", ids_file=tmp_path / "ids.txt")
     assert (summary.imported, summary.dim, summary.dtype, summary.created) == (4, 3, "float32", True)
     assert stored(cats) == {3: [0, 1, 2], 1: [3, 4, 5], 8: [6, 7, 8], 2: [9, 10, 11]}
     assert rows(cats, "SELECT extractor FROM feature_types") == [("import",)]
@@ -55,15 +44,15 @@ def test_npy_with_text_ids_file(cats: Path, tmp_path: Path) -> None:
 def test_npy_with_npy_ids_and_float64_input(cats: Path, tmp_path: Path) -> None:
     np.save(tmp_path / "v.npy", VECTORS.astype(np.float64))
     np.save(tmp_path / "ids.npy", np.array([1, 2, 3, 4], dtype=np.int32))
-    run(cats, tmp_path / "v.npy", ids_file=tmp_path / "ids.npy")
+    import_file(cats, tmp_path / "v.npy", ids_file=tmp_path / "ids.npy")
     assert stored(cats)[4] == [9, 10, 11]
 
 
 def test_npz_and_reimport_replaces(cats: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "v.npz", ids=np.array([5, 6, 7, 8]), vectors=VECTORS)
-    run(cats, tmp_path / "v.npz")
+    import_file(cats, tmp_path / "v.npz")
     np.savez(tmp_path / "w.npz", ids=np.array([5]), vectors=-VECTORS[:1])
-    again = run(cats, tmp_path / "w.npz")
+    again = import_file(cats, tmp_path / "w.npz")
     assert again.created is False
     assert stored(cats)[5] == [-0.0, -1.0, -2.0] and len(stored(cats)) == 4
 
@@ -73,19 +62,19 @@ def test_parquet_by_id_and_by_file_path(cats: Path, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"id": [1, 2], "vector": [[1.0, 2.0], [3.0, 4.0]]}), tmp_path / "a.parquet")
-    run(cats, tmp_path / "a.parquet", name="p")
+    import_file(cats, tmp_path / "a.parquet", name="p")
     fixed = pa.FixedSizeListArray.from_arrays(pa.array([5.0, 6.0, 7.0, 8.0], pa.float32()), 2)
     table = pa.table({"file_path": ["dog/0001.png", f"{ROOT}/dog/0002.png"], "emb": fixed})
     pq.write_table(table, tmp_path / "b.parquet")
-    run(cats, tmp_path / "b.parquet", name="p", column="emb")
+    import_file(cats, tmp_path / "b.parquet", name="p", column="emb")
     assert stored(cats, "p") == {1: [1, 2], 2: [3, 4], 5: [5, 6], 6: [7, 8]}
 
 
 def test_jsonl_by_id_and_by_file_path(cats: Path, tmp_path: Path) -> None:
     (tmp_path / "a.jsonl").write_text('{"id": 1, "vector": [1, 2.5]}\n\n{"id": 4, "vector": [0, -1]}\n')
-    run(cats, tmp_path / "a.jsonl")
+    import_file(cats, tmp_path / "a.jsonl")
     (tmp_path / "b.jsonl").write_text(json.dumps({"file_path": "cat/0002.png", "vector": [7, 7]}) + "\n")
-    run(cats, tmp_path / "b.jsonl")
+    import_file(cats, tmp_path / "b.jsonl")
     assert stored(cats) == {1: [1, 2.5], 2: [7, 7], 4: [0, -1]}
 
 
@@ -142,29 +131,29 @@ def test_bad_input_is_one_clear_error_and_nothing_is_written(cats: Path, tmp_pat
     make(tmp_path)
     (file,) = [p for p in tmp_path.iterdir() if p.name.startswith("x.")]
     with pytest.raises(InputError, match=message):
-        run(cats, file)
+        import_file(cats, file)
     assert nothing_written(cats)
 
 
 def test_wrong_dim_or_dtype_for_an_existing_type(cats: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "a.npz", ids=[1, 2], vectors=np.ones((2, 3), np.float32))
-    run(cats, tmp_path / "a.npz")
+    import_file(cats, tmp_path / "a.npz")
     np.savez(tmp_path / "b.npz", ids=[3, 4], vectors=np.ones((2, 4), np.float32))
     with pytest.raises(InputError, match="vectors have dim 4; feature type 'emb' has dim 3"):
-        run(cats, tmp_path / "b.npz")
+        import_file(cats, tmp_path / "b.npz")
     with pytest.raises(InputError, match="stores float32, not float16"):
-        run(cats, tmp_path / "a.npz", dtype="float16")
+        import_file(cats, tmp_path / "a.npz", dtype="float16")
     assert sorted(stored(cats)) == [1, 2]
 
 
 def test_an_invalid_name_or_missing_file(cats: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="invalid feature type name"):
-        run(cats, tmp_path / "a.npz", name="drop table")
+        import_file(cats, tmp_path / "a.npz", name="drop table")
     with pytest.raises(InputError, match="no such file"):
-        run(cats, tmp_path / "missing.npz")
+        import_file(cats, tmp_path / "missing.npz")
     np.savez(tmp_path / "a.npz", ids=[1], vectors=np.ones((1, 2)))
-    with pytest.raises(InputError, match="--ids is for .npy files"):
-        run(cats, tmp_path / "a.npz", ids_file=tmp_path / "ids.txt")
+    with pytest.raises(InputError, match=r"--ids is for .npy files"):
+        import_file(cats, tmp_path / "a.npz", ids_file=tmp_path / "ids.txt")
 
 
 def journal_mode(db: Path) -> str:
@@ -179,7 +168,7 @@ def bulk(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_large_import_alone_uses_a_rollback_journal_then_wal_again(cats: Path, tmp_path: Path, bulk: None) -> None:
     np.savez(tmp_path / "a.npz", ids=[1, 2, 3, 4], vectors=VECTORS)
-    summary = run(cats, tmp_path / "a.npz")
+    summary = import_file(cats, tmp_path / "a.npz")
     assert summary.journal == "rollback"
     assert stored(cats)[3] == [6.0, 7.0, 8.0]
     assert journal_mode(cats) == "wal"
@@ -194,17 +183,17 @@ def test_a_large_import_keeps_wal_when_another_process_has_the_catalog_open(
     reader = sqlite3.connect(cats)
     try:
         assert reader.execute("SELECT count(*) FROM image_metadata").fetchone() == (8,)
-        assert run(cats, tmp_path / "a.npz").journal == "wal"
+        assert import_file(cats, tmp_path / "a.npz").journal == "wal"
         # The reader was never locked out: it sees the new vectors at once.
         assert reader.execute("SELECT count(*) FROM image_features").fetchone() == (4,)
     finally:
         reader.close()
-    assert run(cats, tmp_path / "a.npz", concurrent=True).journal == "wal"  # alone, but asked to share
+    assert import_file(cats, tmp_path / "a.npz", concurrent=True).journal == "wal"  # alone, but asked to share
 
 
 def test_a_small_import_stays_in_wal(cats: Path, tmp_path: Path) -> None:
     np.savez(tmp_path / "a.npz", ids=[1, 2, 3, 4], vectors=VECTORS)
-    assert run(cats, tmp_path / "a.npz").journal == "wal"
+    assert import_file(cats, tmp_path / "a.npz").journal == "wal"
 
 
 KILLED_IMPORT = """
@@ -229,7 +218,7 @@ with Catalog(sys.argv[1]) as catalog:
 def test_kill_9_during_a_rollback_journal_import_loses_nothing(tmp_path: Path) -> None:
     db = balanced(tmp_path / "big.db", {"cat": 500, "dog": 500})
     np.savez(tmp_path / "old.npz", ids=[1, 2], vectors=np.ones((2, 256), np.float32))
-    run(db, tmp_path / "old.npz", name="old")
+    import_file(db, tmp_path / "old.npz", name="old")
     np.savez(tmp_path / "a.npz", ids=np.arange(1, 1001), vectors=np.ones((1000, 256), np.float32))
     done = subprocess.run([sys.executable, "-c", KILLED_IMPORT, str(db), str(tmp_path / "a.npz")], timeout=120)
     assert done.returncode == -signal.SIGKILL
@@ -240,7 +229,7 @@ def test_kill_9_during_a_rollback_journal_import_loses_nothing(tmp_path: Path) -
     assert rows(db, "SELECT feature_type, count(*) FROM image_features GROUP BY 1") == [("old", 2)]
     assert rows(db, "SELECT name FROM feature_types") == [("old",)]
     assert rows(db, "SELECT count(*) FROM image_metadata") == [(1000,)]
-    assert run(db, tmp_path / "a.npz").imported == 1000  # and the next run completes the work
+    assert import_file(db, tmp_path / "a.npz").imported == 1000  # and the next run completes the work
 
 
 def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,7 +238,7 @@ def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monk
         holder.execute("PRAGMA journal_mode = DELETE")
         holder.execute("BEGIN EXCLUSIVE")  # as a rollback-journal import does once it spills
         monkeypatch.setattr("dlindex.catalog.sqlite.BUSY_TIMEOUT_S", 0.2)
-        with pytest.raises(CatalogError, match="stayed locked .* by another process"):
+        with pytest.raises(CatalogError, match=r"stayed locked .* by another process"):
             Catalog(cats)
     finally:
         holder.close()
@@ -258,6 +247,6 @@ def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monk
 def test_unknown_ids_in_a_large_import_roll_it_all_back(cats: Path, tmp_path: Path, bulk: None) -> None:
     np.savez(tmp_path / "a.npz", ids=[1, 2, 99, 100], vectors=VECTORS)
     with pytest.raises(InputError, match=r"2 unknown id\(s\): 99, 100; nothing was imported"):
-        run(cats, tmp_path / "a.npz")
+        import_file(cats, tmp_path / "a.npz")
     assert nothing_written(cats)
     assert journal_mode(cats) == "wal" and not Path(f"{cats}-journal").exists()

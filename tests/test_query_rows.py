@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -77,7 +77,7 @@ def test_iso_times_are_utc_unless_they_say_otherwise(mixed: Path) -> None:
     one_hour_ago = datetime.strptime(created[1], "%Y-%m-%d %H:%M:%S")
     assert ids(mixed, since=one_hour_ago.isoformat(), status=()) == [1, 7]
     assert ids(mixed, since=one_hour_ago.isoformat() + "+02:00", status=()) == [1, 3, 7]
-    five_hours_ago = datetime.strptime(created[5], "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+    five_hours_ago = datetime.strptime(created[5], "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
     assert ids(mixed, since=five_hours_ago, until=created[3].replace(" ", "T") + "Z", status=()) == [5]
 
 
@@ -86,7 +86,7 @@ def test_parse_when_forms() -> None:
     assert parse_when("2024-05-01T12:30:05Z") == "2024-05-01 12:30:05"
     assert parse_when("2024-05-01 14:30+02:00") == "2024-05-01 12:30:00"
     assert parse_when(datetime(2024, 1, 2, 3, 4, 5)) == "2024-01-02 03:04:05"
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = datetime.now(UTC).replace(tzinfo=None)
     for text, seconds in (("30m", 1800), ("24h", 86400), ("7d", 604800), ("2w", 1209600), ("45s", 45), ("1.5h", 5400)):
         delta = now - datetime.strptime(parse_when(text), "%Y-%m-%d %H:%M:%S")
         assert abs(delta.total_seconds() - seconds) < 5, text

@@ -12,17 +12,8 @@ import pytest
 
 from dlindex import Catalog, InputError, mark_samples
 
-from .conftest import make_png, rows
-from .synthetic import ROOT, Row, balanced, make_catalog
-
-
-@pytest.fixture
-def cats(tmp_path: Path) -> Path:
-    return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})  # cat: ids 1-4, dog: ids 5-8
-
-
-def processed(db: Path) -> list[int]:
-    return [int(r[0]) for r in rows(db, "SELECT id FROM image_metadata WHERE processed = 1 ORDER BY id")]
+from .conftest import make_png, processed_ids, rows
+from .synthetic import ROOT, Row, make_catalog
 
 
 def mark(db: Path, records: list[str], **options: object) -> object:
@@ -34,11 +25,11 @@ def test_mark_ids_counts_matched_updated_unknown(cats: Path) -> None:
     result = mark(cats, ["1\n", " 2 ", "2", "", "99\n", "3"], processed=True)
     assert (result.inputs, result.matched, result.updated, result.unknown) == (5, 3, 3, 1)  # type: ignore[attr-defined]
     assert result.unknown_examples == ("99",)  # type: ignore[attr-defined]
-    assert processed(cats) == [1, 2, 3]
+    assert processed_ids(cats) == [1, 2, 3]
     again = mark(cats, ["1", "2"], processed=True)
     assert (again.matched, again.updated) == (2, 0)  # type: ignore[attr-defined]
     undo = mark(cats, ["1", "2"], processed=False)
-    assert undo.updated == 2 and processed(cats) == [3]  # type: ignore[attr-defined]
+    assert undo.updated == 2 and processed_ids(cats) == [3]  # type: ignore[attr-defined]
 
 
 def test_mark_status_and_error(cats: Path) -> None:
@@ -56,7 +47,7 @@ def test_mark_updates_updated_at_only_for_changed_rows(cats: Path) -> None:
     with Catalog(cats) as catalog, catalog.write_transaction() as conn:
         conn.execute("UPDATE image_metadata SET updated_at = '2000-01-01 00:00:00', processed = 1 WHERE id = 1")
     mark(cats, ["1", "2"], processed=True)
-    (one, first), (two, second) = rows(cats, conn_rows)
+    (_one, first), (_two, second) = rows(cats, conn_rows)
     assert first == "2000-01-01 00:00:00" and second != "2000-01-01 00:00:00"
 
 
@@ -69,7 +60,7 @@ def test_mark_by_path_absolute_and_relative(cats: Path) -> None:
     )  # fmt: skip
     assert (result.matched, result.updated, result.unknown) == (4, 4, 2)  # type: ignore[attr-defined]
     assert sorted(result.unknown_examples) == [f"{ROOT}/cat/nope.png", "/elsewhere/x.png"]  # type: ignore[attr-defined]
-    assert processed(cats) == [1, 2, 3, 5]
+    assert processed_ids(cats) == [1, 2, 3, 5]
 
 
 def test_mark_json_lines_with_id_path_or_file_path(cats: Path) -> None:
@@ -81,7 +72,7 @@ def test_mark_json_lines_with_id_path_or_file_path(cats: Path) -> None:
     ]
     result = mark(cats, lines, processed=True)
     assert (result.matched, result.updated, result.unknown) == (4, 4, 0)  # type: ignore[attr-defined]
-    assert processed(cats) == [1, 2, 7, 8]
+    assert processed_ids(cats) == [1, 2, 7, 8]
 
 
 @pytest.mark.parametrize(
@@ -102,7 +93,7 @@ def test_mark_json_lines_with_id_path_or_file_path(cats: Path) -> None:
 def test_malformed_line_changes_nothing(cats: Path, bad: str, message: str) -> None:
     with pytest.raises(InputError, match=message):
         mark(cats, ["1", "2", bad, "4"], processed=True)
-    assert processed(cats) == []
+    assert processed_ids(cats) == []
 
 
 def test_mark_needs_something_to_set(cats: Path) -> None:
@@ -162,6 +153,6 @@ def test_concurrent_marks_and_scan_lose_nothing(tmp_path: Path) -> None:
     assert errors == []
     assert cli_mark.returncode == 0 and "locked" not in err, err
     assert scan.returncode == 0 and "locked" not in scan_err, scan_err
-    assert processed(db) == sorted(marked)
+    assert processed_ids(db) == sorted(marked)
     assert rows(db, "SELECT count(*) FROM image_metadata WHERE processing_status = 'completed'") == [(3000,)]
     assert rows(db, "SELECT count(*) FROM image_metadata WHERE root_id != 1") == [(600,)]

@@ -23,12 +23,6 @@ from dlindex.features.matrix import matrix_path
 from dlindex.features.vectors import write_vectors
 
 from .conftest import make_png, rows
-from .synthetic import balanced
-
-
-@pytest.fixture
-def cats(tmp_path: Path) -> Path:
-    return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})  # cat: ids 1-4, dog: ids 5-8
 
 
 def store(db: Path, name: str, vectors: np.ndarray, ids: list[int] | None = None, **options: object) -> None:
@@ -72,7 +66,7 @@ def test_features_float16_round_trip(cats: Path) -> None:
 
 
 def test_unknown_feature_type_lists_the_known_ones(cats: Path) -> None:
-    with Catalog(cats) as catalog, pytest.raises(InputError, match="unknown feature type 'nope'.*none yet"):
+    with Catalog(cats) as catalog, pytest.raises(InputError, match=r"unknown feature type 'nope'.*none yet"):
         feature_vectors(catalog, [1], "nope")
     store(cats, "beta", np.ones((8, 2), np.float32))
     store(cats, "alpha", np.ones((8, 2), np.float32))
@@ -93,9 +87,11 @@ def test_a_vector_of_the_wrong_size_is_refused_on_write_and_reported_on_read(cat
     store(cats, "v", np.ones((8, 2), np.float32))
     with Catalog(cats) as catalog:
         ftype = get_type(catalog, "v")
-        with pytest.raises(InputError, match="vector of sample 1 has 4 bytes; 'v' stores 8"):
-            with catalog.write_transaction() as conn:
-                write_vectors(conn, ftype, [(1, b"\0" * 4)])
+        with (
+            pytest.raises(InputError, match="vector of sample 1 has 4 bytes; 'v' stores 8"),
+            catalog.write_transaction() as conn,
+        ):
+            write_vectors(conn, ftype, [(1, b"\0" * 4)])
     conn = sqlite3.connect(cats)  # another program, bypassing dlindex
     with conn:
         conn.execute("UPDATE image_features SET vector = x'00' WHERE image_id = 3")

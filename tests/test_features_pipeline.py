@@ -29,12 +29,7 @@ from dlindex import (
 from dlindex.features import ComputeOptions, compute_features
 from dlindex.features.extractors import colorhist, dhash, thumb
 
-from .conftest import make_png, rows
-
-
-def compute(db: Path, name: str, spec: QuerySpec | None = None, **options: object):  # type: ignore[no-untyped-def]
-    with Catalog(db) as catalog:
-        return compute_features(catalog, name, spec, ComputeOptions(**{"workers": 1, **options}))  # type: ignore[arg-type]
+from .conftest import compute, make_png, rows
 
 
 def extractor_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, name: str = "userfeat") -> str:
@@ -241,7 +236,7 @@ def _wait_for(db: Path, at_least: int, proc: subprocess.Popen[bytes]) -> None:
         try:
             if _count(db) >= at_least:
                 return
-        except Exception:  # noqa: BLE001 -- the migration may not have run yet
+        except Exception:  # the migration may not have run yet
             pass
         time.sleep(0.05)
     raise AssertionError(f"no progress: {proc.poll()} {proc.stderr.read() if proc.stderr else ''}")
@@ -281,7 +276,7 @@ def test_kill_9_during_compute_then_resume_loses_and_duplicates_nothing(many: Pa
     with Catalog(many) as catalog:
         got = {r["id"]: r["path"] for r in query_rows(catalog, columns=["id", "path"])}
         vectors = feature_vectors(catalog, list(got), "slow")
-    for vector, path in zip(vectors, got.values()):
+    for vector, path in zip(vectors, got.values(), strict=False):
         with Image.open(path) as image:
             assert vector.tolist() == [*image.getpixel((0, 0)), image.size[0]]
 
@@ -325,7 +320,7 @@ def test_torch_model_from_a_local_file(scanned_db: Path, tmp_path: Path) -> None
     mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
     x = torch.from_numpy(((rgb - mean) / std).transpose(2, 0, 1).astype(np.float32)).unsqueeze(0)
     assert np.allclose(got, net(x).detach().numpy().reshape(-1), atol=1e-5)
-    with pytest.raises(InputError, match="no model file .*never downloads"):
+    with pytest.raises(InputError, match=r"no model file .*never downloads"):
         compute(scanned_db, "other", extractor=f"torch:{tmp_path / 'missing.pt2'}")
 
 
@@ -336,7 +331,7 @@ def test_torchvision_needs_a_local_weights_file(scanned_db: Path, tmp_path: Path
         with pytest.raises(InputError, match="needs torchvision, which cannot be imported"):
             compute(scanned_db, "rn", extractor=f"torchvision:resnet18:{tmp_path / 'w.pth'}")
         return
-    with pytest.raises(InputError, match="never downloads weights|no model file"):
+    with pytest.raises(InputError, match=r"never downloads weights|no model file"):
         compute(scanned_db, "rn", extractor=f"torchvision:resnet18:{tmp_path / 'w.pth'}")
     with pytest.raises(InputError, match="torchvision has no model"):
         compute(scanned_db, "rn", extractor=f"torchvision:not_a_model:{tmp_path / 'w.pth'}")

@@ -16,23 +16,12 @@ from dlindex import Catalog, InputError
 from dlindex.cli import app
 from dlindex.features import import_features
 
-from .conftest import rows
-from .synthetic import balanced
-
-
-@pytest.fixture
-def cats(tmp_path: Path) -> Path:
-    return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})
-
-
-def run(db: Path, file: Path, **options: object):  # type: ignore[no-untyped-def]
-    with Catalog(db) as catalog:
-        return import_features(catalog, "emb", file, **options)  # type: ignore[arg-type]
+from .conftest import import_file, rows
 
 
 def refused(db: Path, file: Path, match: str, **options: object) -> None:
     with pytest.raises(InputError, match=match):
-        run(db, file, **options)
+        import_file(db, file, **options)
     assert rows(db, "SELECT count(*) FROM feature_types") == [(0,)]
 
 
@@ -88,7 +77,7 @@ def test_fortran_order_npz_member_is_read_right(cats: Path, tmp_path: Path) -> N
     vectors = np.arange(6, dtype="<f4").reshape(2, 3)
     member = npy_bytes("<f4", (2, 3), np.asfortranarray(vectors).tobytes(order="F"), fortran=True)
     (tmp_path / "v.npz").write_bytes(npz_of({"ids.npy": IDS, "vectors.npy": member}))
-    run(cats, tmp_path / "v.npz")
+    import_file(cats, tmp_path / "v.npz")
     got = rows(cats, "SELECT vector FROM image_features ORDER BY image_id")
     assert [np.frombuffer(v, "<f4").tolist() for (v,) in got] == vectors.tolist()  # type: ignore[arg-type]
 
@@ -157,7 +146,7 @@ def test_parquet_ids_must_be_integers(cats: Path, tmp_path: Path) -> None:
     pq.write_table(pa.table({"id": pa.array([2**64 - 1], pa.uint64()), "vector": [[1.0]]}), tmp_path / "u.parquet")
     refused(cats, tmp_path / "u.parquet", "outside the 64-bit integer range")
     pq.write_table(pa.table({"id": pa.array([3], pa.int16()), "vector": [[1.0, 2.0]]}), tmp_path / "ok.parquet")
-    assert run(cats, tmp_path / "ok.parquet").imported == 1
+    assert import_file(cats, tmp_path / "ok.parquet").imported == 1
     pq.write_table(pa.table({"id": [1], "vector": [["a"]]}), tmp_path / "s.parquet")
     refused_other = pytest.raises(InputError, match="holds string; expected float16")
     with refused_other, Catalog(cats) as catalog:

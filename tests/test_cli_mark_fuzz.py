@@ -76,7 +76,7 @@ bad_record = st.one_of(
             "+",
             "-0x10",
         ]
-    ),  # fmt: skip
+    ),
 )
 
 

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from dlindex import Catalog, InputError, ScanOptions, scan_tree
 from dlindex.catalog.roots import list_roots, move_root
-from dlindex.cli import app
 from dlindex.export import ExportOptions, export_catalog, verify_export
 
 from .conftest import rows
@@ -69,19 +65,3 @@ def test_another_roots_path_is_refused(tmp_path: Path) -> None:
             scan_tree(catalog, tmp_path / name, ScanOptions(workers=1))
     with Catalog(db) as catalog, pytest.raises(InputError, match="already root"):
         move_root(catalog, tmp_path / "one", tmp_path / "two")
-
-
-def test_cli(runner: CliRunner, scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
-    listed = runner.invoke(app, ["roots", "list", "--format", "jsonl", "--db", str(scanned_db)])
-    assert listed.exit_code == 0, listed.output
-    assert [json.loads(line) for line in listed.stdout.splitlines()] == [
-        {"id": 1, "path": str(image_tree), "images": 7, "ok": 6, "exists": True}
-    ]
-    new = tmp_path / "new"
-    os.rename(image_tree, new)
-    moved = runner.invoke(app, ["roots", "move", str(image_tree), str(new), "--json", "--db", str(scanned_db)])
-    assert moved.exit_code == 0, moved.output
-    assert json.loads(moved.stdout) == {"id": 1, "old": str(image_tree), "new": str(new), "checked": 6}
-    bad = runner.invoke(app, ["roots", "move", str(new), str(tmp_path / "gone"), "--db", str(scanned_db)])
-    assert bad.exit_code == 1 and bad.stderr.startswith("Error: ") and len(bad.stderr.splitlines()) == 1
-    assert runner.invoke(app, ["roots", "move", "1", str(new), "--check", "-1", "--db", str(scanned_db)]).exit_code == 2
