@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 import tempfile
 from collections.abc import Iterable
@@ -21,6 +22,9 @@ _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # WAL write lock, the first lock byte of the -shm file (walIndexLock in sqlite3.c).
 _PENDING_BYTE = 0x40000000
 _WAL_WRITE_LOCK = 120
+
+# sqlite3's own error for a TEXT value whose bytes are not UTF-8 (it quotes the bytes after it)
+_NOT_UTF8 = re.compile(r"Could not decode to UTF-8 column '([^']*)'")
 
 
 def sqlite_error_name(exc: BaseException) -> str:
@@ -57,6 +61,9 @@ def translate_error(
     where = f"catalog {catalog}" if catalog is not None else "the catalog"
     if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB" or "malformed" in str(exc):
         return damaged_error(catalog, str(exc))
+    undecodable = _NOT_UTF8.match(str(exc))
+    if undecodable is not None:  # dlindex writes only UTF-8 TEXT (other names get stand-ins): damage
+        return damaged_error(catalog, f"a value in column {undecodable.group(1)[:60]} is not UTF-8 text")
     if name.startswith("SQLITE_READONLY"):
         return ReadOnlyCatalogError(f"{where} is read-only ({exc}); nothing was changed")
     if name.startswith("SQLITE_BUSY") and catalog is not None:

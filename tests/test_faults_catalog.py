@@ -183,6 +183,18 @@ def test_recovery_path_from_the_docs_works(wide_catalog: Path, tmp_path: Path) -
     assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
 
 
+def test_text_that_is_not_utf8_is_a_damaged_catalog(tmp_path: Path) -> None:
+    # Found by the random-damage test: one byte of a file_path turned to 0x80. dlindex writes only
+    # UTF-8 TEXT (other names get stand-ins), so such a value can only be damage.
+    db = make_catalog(tmp_path / "c.db", [Row("cat"), Row("dog")])
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE image_metadata SET file_path = CAST(X'80' AS TEXT) WHERE id = 2")
+    result = CliRunner().invoke(app, ["query", "--format", "paths", "--db", str(db)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == ExitCode.DAMAGED, result.output
+    one_line(result.stderr, "damaged", "file_path")
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(offset=st.integers(0, 3000 * 100), junk=st.binary(min_size=1, max_size=600))
 def test_random_damage_never_tracebacks(tmp_path_factory: pytest.TempPathFactory, offset: int, junk: bytes) -> None:
