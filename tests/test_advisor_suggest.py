@@ -11,7 +11,7 @@ import pytest
 
 from dlindex import Catalog, InputError
 from dlindex.advisor import Advice, apply_advice, list_indexes, revert_indexes, suggest_indexes
-from dlindex.advisor.scratch import guarded
+from dlindex.advisor.sandbox import guarded
 from dlindex.catalog.fingerprint import fingerprint
 from dlindex.stats import slow_queries
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dlindex.advisor.scratch import guarded
+from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.workload import load_workload
 from dlindex.cli import app
 from dlindex.querylog.importer import MAX_STATEMENT_CHARS, file_lines, parse_statements, statement_kind

@@ -9,12 +9,18 @@
             print(s.sql, s.speedup, s.size_bytes)
         apply_advice(catalog, advice)                # CREATE INDEX ... + ANALYZE, recorded
 
-Modules: ``shapes`` (what a statement asks of each table, via sqlglot), ``workload`` (the
-log and captured files), ``candidates`` (derivation and merging), ``scratch`` (the copy and
-the guarded connections), ``replay`` (timed, step-counted replays under time and memory
-limits), ``leftovers`` (scratch directories of dead runs), ``suggest`` (verification),
-``findings``, ``hints``, ``memo`` (the advice ``--suggest`` printed, for ``--apply``),
-``manage`` (apply, revert, list), ``model`` (the results).
+Modules, bottom-up: ``sqltext`` (parsing logged SQL, rendering identifiers and literals),
+``shapes`` (what a read asks of each table, via sqlglot), ``write_shapes`` (what a write
+changes), ``workload`` (the log and captured files), ``sandbox`` (read-only connections for
+logged statements), ``replay`` (timed, step-counted replays under time and memory limits),
+``plans`` (EXPLAIN QUERY PLAN and what a plan uses), ``leftovers`` (scratch directories of
+dead runs), ``scratch`` (the copy: schema, building indexes), ``copy_stats`` (its row and
+value statistics), ``write_cost`` (what an index adds to inserts and updates),
+``candidates`` (derivation and merging), ``bench`` (the logged reads planned and timed),
+``verify`` (one candidate alone), ``regressions`` (the suggestions together, existing indexes
+without), ``effects`` (the before/after report), ``findings``, ``hints``, ``suggest`` (the
+steps in order), ``memo`` (the advice ``--suggest`` printed, for ``--apply``), ``manage``
+(apply, revert, list), ``model`` (the results).
 """
 
 from dlindex.advisor.manage import apply_advice, list_indexes, revert_indexes

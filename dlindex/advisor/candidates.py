@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from dlindex.advisor.scratch import IndexDef
-from dlindex.advisor.shapes import Access, Constant, TableInfo, quote_identifier
+from dlindex.advisor.shapes import Access, TableInfo
+from dlindex.advisor.sqltext import Constant, quote_identifier
 
 LOW_CARDINALITY = 20  # at most this many distinct values: a flag or status, never a full index's lead
 UNSELECTIVE = 0.5  # a relaxed constant matching at least this share of rows filters inside the index
@@ -101,15 +102,15 @@ def candidate_for(access: Access, fp: str, weight: float, info: TableInfo, stats
             key.append(chosen_range)
         else:
             chosen_range = None
-    if access.order and not access.order_random and not access.order_other:
-        if chosen_range is None or access.order[0] == chosen_range:
-            for column in access.order:
-                if column == rowid:
-                    if not key:
-                        key.append(rowid)  # an index in rowid order; after other columns rowid is implied
-                    break
-                if column not in key:
-                    key.append(column)
+    deliverable = access.order and not access.order_random and not access.order_other
+    if deliverable and (chosen_range is None or access.order[0] == chosen_range):
+        for column in access.order:
+            if column == rowid:
+                if not key:
+                    key.append(rowid)  # an index in rowid order; after other columns rowid is implied
+                break
+            if column not in key:
+                key.append(column)
     if not where and key and low(key[0]):
         key = []  # an ORDER BY / GROUP BY on a flag: a full index it leads would be a promise broken
     include: list[str] = []

@@ -7,7 +7,8 @@ from typing import Any
 
 from dlindex.advisor.candidates import Candidate
 from dlindex.advisor.model import Finding
-from dlindex.advisor.scratch import IndexDef, index_names
+from dlindex.advisor.plans import index_names
+from dlindex.advisor.scratch import IndexDef
 from dlindex.advisor.workload import Statement
 
 

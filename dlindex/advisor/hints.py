@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from dlindex.advisor.candidates import Candidate, Stats, low_cardinality
 from dlindex.advisor.model import Hint, Rejected
-from dlindex.advisor.scratch import improvable
+from dlindex.advisor.plans import improvable
 from dlindex.advisor.shapes import Shape, TableInfo
 from dlindex.advisor.workload import Statement
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.advisor.model import Advice, Effect, Finding, Hint, Rejected, Served, Suggestion
-from dlindex.advisor.scratch import guarded
+from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.workload import Skipped
 from dlindex.querylog.importer import LineSource, iter_lines
 

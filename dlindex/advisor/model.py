@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import Field, asdict, dataclass
+from typing import Any, ClassVar
 
 from dlindex.advisor.workload import Skipped
+
+
+class _Record:
+    """A dataclass whose JSON form is its fields as they are."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]  # what asdict needs; each subclass is a dataclass
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -60,7 +69,7 @@ class Suggestion:
 
 
 @dataclass(frozen=True)
-class Finding:
+class Finding(_Record):
     """An existing index that no logged statement needs."""
 
     kind: str  # unused | redundant | slower
@@ -73,24 +82,18 @@ class Finding:
     droppable: bool  # `--drop-unused` would drop it
     drop_sql: str
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class Hint:
+class Hint(_Record):
     fingerprint: str
     sql: str
     calls: int
     mean_ms: float | None
     hint: str
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class Effect:
+class Effect(_Record):
     """One logged statement on the scratch copy: before (the catalog as it is) and after the suggestions.
 
     Reads: median ms per call. Writes (INSERT, UPDATE): ms per call, from timing WRITE_ROWS rows
@@ -105,18 +108,12 @@ class Effect:
     after_ms: float | None
     change: str  # faster | no faster | same plan | counted against the suggestions | unchanged | why not timed
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 @dataclass(frozen=True)
-class Rejected:
+class Rejected(_Record):
     sql: str  # the candidate's CREATE INDEX
     fingerprints: tuple[str, ...]
     reason: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -160,21 +157,18 @@ class Advice:
                 "hot": list(self.hot),
                 "read_ms": self.read_ms,
                 "lock_wait_ms": self.lock_wait_ms,
-            },  # fmt: skip
+            },
             "sample": self.sample,
             "seconds": self.seconds,
         }
 
 
 @dataclass(frozen=True)
-class IndexChange:
+class IndexChange(_Record):
     action: str  # create | drop
     name: str
     table: str
     sql: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -199,7 +193,7 @@ class Changes:
 
 
 @dataclass(frozen=True)
-class IndexUsage:
+class IndexUsage(_Record):
     """One line of ``dlindex index --list``."""
 
     name: str
@@ -210,6 +204,3 @@ class IndexUsage:
     calls: int
     last_used: str | None
     size_bytes: int | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)

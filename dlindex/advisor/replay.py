@@ -21,7 +21,9 @@ from typing import Any
 
 STATEMENT_DEADLINE_S = 10.0  # a replayed statement is interrupted after this long
 MEMORY_LIMIT = 512 * 2**20  # and fails past this much SQLite heap (the whole process)
-_REFRESH = "SELECT 1 FROM sqlite_master LIMIT 1"
+# EXPLAIN opens no read transaction, so it would not notice a schema change (an index built
+# by another connection) and plan with the old schema: a plain read before it reloads it.
+RELOAD_SCHEMA = "SELECT 1 FROM sqlite_master LIMIT 1"
 STEP = 100  # the progress handler's period, in VM instructions: the resolution of a step count
 
 
@@ -55,6 +57,17 @@ def stop_on_signals() -> Callable[[], None]:
     return restore
 
 
+class StepCounter:
+    """A progress handler, called every ``STEP`` VM instructions, that counts them and never stops."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def __call__(self) -> int:
+        self.steps += STEP
+        return 0
+
+
 @dataclass(frozen=True)
 class Timing:
     """What one statement cost: median ms per run, and VM steps (deterministic)."""
@@ -64,11 +77,11 @@ class Timing:
 
 
 @contextmanager
-def deadline(conn: sqlite3.Connection, seconds: float, count: Any = None) -> Iterator[None]:
+def deadline(conn: sqlite3.Connection, seconds: float, count: StepCounter | None = None) -> Iterator[None]:
     """Interrupt whatever ``conn`` runs after ``seconds`` (sqlite3.OperationalError: interrupted).
 
     Args:
-        count: also called every ``STEP`` VM instructions (a step counter).
+        count: also called every ``STEP`` VM instructions.
     """
     end = time.monotonic() + seconds
     if count is None:
@@ -112,12 +125,8 @@ def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_
         ReplayLimit: an execution took longer than ``limit_s`` or ran out of SQLite's heap
             (``memory`` bytes, only for the message), or SQLite refused it.
     """
-    bound = _bindable(sql, params)
-    steps = [0]
-
-    def counted() -> int:
-        steps[0] += STEP
-        return 0
+    bound = bindable(sql, params)
+    counted = StepCounter()
 
     def once(on: sqlite3.Connection, count: bool = False) -> float:
         with deadline(on, limit_s, counted if count else None):
@@ -129,7 +138,7 @@ def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_
 
     def count_steps() -> None:
         on = counter or conn
-        on.execute(_REFRESH).fetchall()  # a schema reload runs statements of its own: not counted
+        on.execute(RELOAD_SCHEMA).fetchall()  # a schema reload runs statements of its own: not counted
         once(on, count=True)
 
     try:
@@ -152,13 +161,13 @@ def time_read(conn: sqlite3.Connection, sql: str, params: Any, runs: int, limit_
         conn.set_progress_handler(None, 0)
         if counter is not None:
             counter.set_progress_handler(None, 0)
-    return Timing(statistics.median(times) if times else 0.0, steps[0])
+    return Timing(statistics.median(times) if times else 0.0, counted.steps)
 
 
 _PARAMS = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|\?(\d*)|[:@$]([A-Za-z_]\w*)")
 
 
-def _bindable(sql: str, params: Any) -> Any:
+def bindable(sql: str, params: Any) -> Any:
     """Parameters as sqlite3 wants them; a template without a sample gets NULLs (plans only)."""
     if params:
         return params

@@ -9,20 +9,14 @@ and every column it touches, which is what candidate indexes are made from.
 
 from __future__ import annotations
 
-import logging
-import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
-import sqlglot
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
-# sqlglot warns through logging when it falls back to a generic command; the verdict is ours.
-logging.getLogger("sqlglot").addHandler(logging.NullHandler())
-logging.getLogger("sqlglot").propagate = False
+from dlindex.advisor.sqltext import PARSE_ERRORS, Constant, conjuncts, literal, parse
 
 NOT_READ_ONLY = "not a read-only SELECT"
 _READS = (exp.Select, exp.Union, exp.Intersect, exp.Except)
@@ -31,27 +25,10 @@ _FORBIDDEN = tuple(t for name in ("Insert", "Update", "Delete", "Merge", "Create
                                   "Attach", "Detach", "Transaction", "Commit", "Rollback", "Set", "Use", "Copy")
                    if isinstance(t := getattr(exp, name, None), type))  # fmt: skip
 _DENIED_FUNCTIONS = ("load_extension", "fts3_tokenizer", "readfile", "writefile", "edit")
-_WRITES = (exp.Insert, exp.Update, exp.Delete)
 _ROWID_NAMES = ("rowid", "_rowid_", "oid")
-_TOKENS = re.compile(r"('(?:[^']|'')*')|(\"(?:[^\"]|\"\")*\")|(\?\d+)|([@$][A-Za-z_]\w*)")
 
-Value = int | float | str | None
-
-
-@dataclass(frozen=True)
-class Constant:
-    """``column = literal`` (or ``column IS NULL``): a candidate partial-index predicate."""
-
-    column: str
-    value: Value
-
-    def key(self) -> tuple[str, str]:
-        return (self.column, repr(self.value))
-
-    def sql(self) -> str:
-        if self.value is None:
-            return f"{quote_identifier(self.column)} IS NULL"
-        return f"{quote_identifier(self.column)} = {sql_literal(self.value)}"
+# (table alias, canonical column) of a column reference, None if it names no known table's column
+Resolve = Callable[[exp.Expression], tuple[str, str] | None]
 
 
 @dataclass(frozen=True)
@@ -78,6 +55,8 @@ class Access:
 
 @dataclass(frozen=True)
 class Shape:
+    """Every access of a statement, and what no index can help with, in words."""
+
     accesses: tuple[Access, ...]
     notes: tuple[str, ...] = ()
 
@@ -103,39 +82,11 @@ class TableInfo:
         return self.lower.get(low)
 
 
-def quote_identifier(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else '"' + name.replace('"', '""') + '"'
-
-
-def sql_literal(value: Value) -> str:
-    """A literal rendered by us (never text copied from a log) for DDL."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return str(int(value))
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return "'" + value.replace("'", "''") + "'"
-
-
-def parse(sql: str) -> list[exp.Expression]:
-    """sqlglot expressions of ``sql``; SQLite's ``?NNN``, ``@x`` and ``$x`` parameters become ``?``/``:x``."""
-
-    def fix(m: re.Match[str]) -> str:
-        if m.group(3):
-            return "?"
-        if m.group(4):
-            return ":" + m.group(4)[1:]
-        return m.group(0)
-
-    return [cast(exp.Expression, e) for e in sqlglot.parse(_TOKENS.sub(fix, sql), read="sqlite") if e is not None]
-
-
 def check_select(sql: str) -> str | None:
     """None if ``sql`` is one read-only SELECT; else why it is refused (``not a read-only SELECT``)."""
     try:
         statements = parse(sql)
-    except (SqlglotError, ValueError, RecursionError):
+    except PARSE_ERRORS:
         return NOT_READ_ONLY + " (cannot be parsed)"
     if len(statements) != 1:
         return NOT_READ_ONLY + (" (several statements)" if statements else " (empty)")
@@ -150,49 +101,12 @@ def check_select(sql: str) -> str | None:
     return None
 
 
-def write_columns(sql: str) -> tuple[str | None, tuple[str, ...] | None]:
-    """(table, columns an UPDATE sets) of a write statement; columns None for INSERT/DELETE."""
-    try:
-        statements = parse(sql)
-    except (SqlglotError, ValueError, RecursionError):
-        return None, None
-    if len(statements) != 1 or not isinstance(statements[0], _WRITES):
-        return None, None
-    statement = statements[0]
-    target = statement.this
-    table = target if isinstance(target, exp.Table) else target.find(exp.Table)
-    name = table.name if table is not None else None
-    if isinstance(statement, exp.Update):
-        cols = tuple(
-            e.this.name for e in statement.expressions if isinstance(e, exp.EQ) and isinstance(e.this, exp.Column)
-        )
-        return name, cols
-    return name, None
-
-
-def where_as_select(sql: str) -> str | None:
-    """``SELECT rowid FROM t WHERE ...`` with the WHERE of an UPDATE or DELETE: its plan, read-only."""
-    try:
-        statements = parse(sql)
-    except (SqlglotError, ValueError, RecursionError):
-        return None
-    if len(statements) != 1 or not isinstance(statements[0], (exp.Update, exp.Delete)):
-        return None
-    statement = statements[0]
-    table = statement.this if isinstance(statement.this, exp.Table) else statement.find(exp.Table)
-    where = statement.args.get("where")
-    if table is None or where is None:
-        return None
-    select = exp.select("rowid").from_(exp.Table(this=exp.to_identifier(table.name))).where(where.this)
-    return select.sql(dialect="sqlite")
-
-
 def analyze(sql: str, tables: Mapping[str, TableInfo]) -> Shape:
     """The accesses of a statement that ``check_select`` accepted; tables not in ``tables`` are ignored."""
     try:
         (statement,) = parse(sql)
         scopes = list(traverse_scope(statement))
-    except (SqlglotError, ValueError, RecursionError):
+    except PARSE_ERRORS:
         return Shape((), ("the statement could not be analyzed",))
     accesses: list[Access] = []
     for scope in scopes:
@@ -251,8 +165,9 @@ def _scope_accesses(scope: Scope, tables: Mapping[str, TableInfo]) -> list[Acces
 
     for column in scope.columns:
         ref = resolve(column)
-        if ref is not None and builders[ref[0]].columns is not None:
-            builders[ref[0]].columns.add(ref[1])  # type: ignore[union-attr]
+        used = builders[ref[0]].columns if ref is not None else None
+        if ref is not None and used is not None:
+            used.add(ref[1])
     for projection in select.expressions:
         star: exp.Expression | None = projection if isinstance(projection, exp.Star) else None
         if isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star):
@@ -266,50 +181,18 @@ def _scope_accesses(scope: Scope, tables: Mapping[str, TableInfo]) -> list[Acces
     conditions: list[exp.Expression] = []
     where = select.args.get("where")
     if where is not None:
-        conditions.extend(_conjuncts(where.this))
+        conditions.extend(conjuncts(where.this))
     for join in select.args.get("joins") or ():
         on = join.args.get("on")
         if on is not None:
-            conditions.extend(_conjuncts(on))
+            conditions.extend(conjuncts(on))
     for condition in conditions:
         _predicate(condition, resolve, builders)
     _ordering(select, resolve, builders)
     return [builder.build() for builder in builders.values()]
 
 
-def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
-    node = cast(exp.Expression, node.unnest()) if isinstance(node, exp.Paren) else node
-    if isinstance(node, exp.And):
-        return _conjuncts(cast(exp.Expression, node.left)) + _conjuncts(cast(exp.Expression, node.right))
-    return [node]
-
-
-def _literal(node: exp.Expression) -> tuple[bool, Value]:
-    """(is a literal, its value)."""
-    if isinstance(node, exp.Paren):
-        return _literal(node.this)
-    if isinstance(node, exp.Literal):
-        if node.is_string:
-            return True, node.this
-        text = node.this
-        try:
-            return True, int(text)
-        except ValueError:
-            try:
-                return True, float(text)
-            except ValueError:
-                return False, None
-    if isinstance(node, exp.Neg):
-        ok, value = _literal(node.this)
-        if ok and isinstance(value, (int, float)):
-            return True, -value
-        return False, None
-    if isinstance(node, exp.Boolean):
-        return True, int(bool(node.this))
-    return False, None
-
-
-def _value_like(node: exp.Expression, alias: str, resolve: Any) -> bool:
+def _value_like(node: exp.Expression, alias: str, resolve: Resolve) -> bool:
     """A value fixed while one table is searched: literals, parameters, other tables' columns."""
     if isinstance(node, (exp.Subquery, exp.Select)):
         return True  # a scalar subquery
@@ -320,7 +203,7 @@ def _value_like(node: exp.Expression, alias: str, resolve: Any) -> bool:
     return True
 
 
-def _predicate(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]) -> None:
+def _predicate(node: exp.Expression, resolve: Resolve, builders: dict[str, _Builder]) -> None:
     node = cast(exp.Expression, node.unnest()) if isinstance(node, exp.Paren) else node
     if isinstance(node, (exp.EQ, exp.Is)):
         for left, right in ((node.this, node.expression), (node.expression, node.this)):
@@ -333,7 +216,7 @@ def _predicate(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]
                 if isinstance(right, exp.Null):
                     builder.constants.append(Constant(column, None))
                 return
-            is_literal, value = _literal(right)
+            is_literal, value = literal(right)
             if is_literal:
                 builder.constants.append(Constant(column, value))
             elif _value_like(right, alias, resolve):
@@ -347,8 +230,8 @@ def _predicate(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]
             return
         builder = builders[ref[0]]
         values = node.expressions
-        if len(values) == 1 and _literal(values[0])[0]:
-            builder.constants.append(Constant(ref[1], _literal(values[0])[1]))
+        if len(values) == 1 and literal(values[0])[0]:
+            builder.constants.append(Constant(ref[1], literal(values[0])[1]))
         else:
             builder.in_lists.append(ref[1])
         return
@@ -372,7 +255,7 @@ def _predicate(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]
         return
     if isinstance(node, exp.Like):
         ref = resolve(node.this)
-        ok, pattern = _literal(node.expression)
+        ok, pattern = literal(node.expression)
         if ref is not None and ok and isinstance(pattern, str) and pattern.startswith(("%", "_")):
             builders[ref[0]].notes.append(f"{ref[1]} LIKE '{pattern[:20]}': a leading wildcard cannot use an index")
         return
@@ -386,7 +269,7 @@ def _predicate(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]
     _function_note(node, resolve, builders)
 
 
-def _function_note(node: exp.Expression, resolve: Any, builders: dict[str, _Builder]) -> None:
+def _function_note(node: exp.Expression, resolve: Resolve, builders: dict[str, _Builder]) -> None:
     for func in node.find_all(exp.Func):
         if isinstance(func, (exp.AggFunc, exp.Window)):
             continue
@@ -400,7 +283,7 @@ def _function_note(node: exp.Expression, resolve: Any, builders: dict[str, _Buil
                 return
 
 
-def _ordering(select: exp.Select, resolve: Any, builders: dict[str, _Builder]) -> None:
+def _ordering(select: exp.Select, resolve: Resolve, builders: dict[str, _Builder]) -> None:
     order = select.args.get("order")
     items: list[tuple[exp.Expression, bool]] = []
     if order is not None:

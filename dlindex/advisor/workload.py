@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlglot import exp
-from sqlglot.errors import SqlglotError
 
-from dlindex.advisor.shapes import NOT_READ_ONLY, check_select, parse, write_columns
+from dlindex.advisor.shapes import NOT_READ_ONLY, check_select
+from dlindex.advisor.sqltext import PARSE_ERRORS, parse
+from dlindex.advisor.write_shapes import write_columns
 from dlindex.catalog.fingerprint import fingerprint, table_of
 from dlindex.querylog.importer import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
 
@@ -209,7 +210,7 @@ def _decode(params: Any) -> tuple[Any, ...] | dict[str, Any]:
 def _has_parameters(sql: str) -> bool:
     try:
         return any(True for e in parse(sql) for _ in e.find_all(exp.Placeholder, exp.Parameter))
-    except (SqlglotError, ValueError, RecursionError):
+    except PARSE_ERRORS:
         return True  # unparsable: no usable sample either way
 
 

@@ -1,0 +1,97 @@
+"""No logged read may get slower: the suggestions tried together, existing indexes tried without.
+
+An index in the plan of a statement that got slower is dropped, whatever it saves elsewhere;
+an existing index whose every logged user is faster without it is reported as *slower*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dlindex.advisor.bench import Bench, Plans
+from dlindex.advisor.findings import users
+from dlindex.advisor.model import Finding, Rejected
+from dlindex.advisor.plans import index_names
+from dlindex.advisor.replay import Timing
+from dlindex.advisor.scratch import IndexDef
+from dlindex.advisor.verify import Verdict
+
+ATTEMPTS = 4  # rounds of building the survivors together and dropping what fails
+
+
+def together(
+    bench: Bench, verdicts: list[Verdict], plans_before: Plans
+) -> tuple[list[Verdict], dict[str, tuple[str, ...]], dict[str, Timing], list[Rejected]]:
+    """Build the survivors together with ANALYZE; drop those no statement chooses or that slow one down.
+
+    Returns the kept verdicts (built on the copy), the plans and times with them, and the rejected.
+    """
+    rejected: list[Rejected] = []
+    for attempt in range(ATTEMPTS):
+        for v in verdicts:
+            bench.scratch.create(v.candidate.name, v.candidate.sql(v.candidate.name))
+        bench.scratch.analyze()
+        plans_after = bench.plans()
+        after, blamed = _replay_changed(bench, verdicts, plans_before, plans_after)
+        kept: list[Verdict] = []
+        for v in verdicts:
+            name = v.candidate.name
+            if not any(name in index_names(plans_after.get(fp, ())) for fp in bench.reads):
+                reason = "no logged statement chooses it once the other suggestions exist"
+            elif name in blamed:
+                reason = "it makes logged statements slower: " + "; ".join(blamed[name])
+            else:
+                kept.append(v)
+                continue
+            rejected.append(Rejected(v.candidate.sql(name), v.candidate.fingerprints, reason))
+        if len(kept) == len(verdicts) or attempt == ATTEMPTS - 1:
+            return kept, plans_after, after, rejected
+        for v in verdicts:
+            bench.scratch.drop(v.candidate.name)
+        verdicts = kept
+    raise AssertionError("unreachable")
+
+
+def _replay_changed(
+    bench: Bench, verdicts: Sequence[Verdict], plans_before: Plans, plans_after: Plans
+) -> tuple[dict[str, Timing], dict[str, list[str]]]:
+    """Times of the reads whose plan changed or that a suggestion was made for; who slowed which down."""
+    after: dict[str, Timing] = {}
+    blamed: dict[str, list[str]] = {}
+    names = {v.candidate.name for v in verdicts}
+    for fp, r in bench.reads.items():
+        wanted = any(fp in v.candidate.fingerprints for v in verdicts)
+        if fp not in bench.before or not r.samples or (plans_after.get(fp) == plans_before.get(fp) and not wanted):
+            continue
+        measured = bench.time(r, bench.runs)
+        if measured is None:
+            continue
+        after[fp] = measured
+        if bench.slower(fp, bench.before[fp], measured):
+            for name in sorted(index_names(plans_after.get(fp, ())) & names):
+                blamed.setdefault(name, []).append(f"{fp} {bench.before[fp].ms:,.3f} -> {measured.ms:,.3f} ms")
+    return after, blamed
+
+
+def slower_existing(bench: Bench, existing: Sequence[IndexDef], plans: Plans) -> list[Finding]:
+    """Existing indexes whose logged users do less work, in less time, without them (the catalog as it is)."""
+    found: list[Finding] = []
+    used_by = users(plans)
+    for e in existing:
+        fps = sorted(fp for fp in used_by.get(e.name, ()) if fp in bench.before)
+        if e.constraint or not fps or e.sql is None:
+            continue
+        with bench.scratch.without(e.name, e.sql):
+            without = {fp: t for fp in fps if (t := bench.time_fp(fp)) is not None}
+            # a time past the noise margin must hold on a second, longer measurement
+            unsure = [fp for fp, t in without.items() if bench.slower(fp, t, bench.before[fp], confirm=False)]
+            again = {fp: t for fp in unsure if (t := bench.time_fp(fp, 3 * bench.runs)) is not None}
+        gains = [f"{fp} {bench.before[fp].ms:,.3f} -> {t.ms:,.3f} ms" for fp, t in again.items()
+                 if bench.slower(fp, t, bench.before[fp], confirm=False)]  # fmt: skip
+        if gains and len(gains) == len(fps):
+            dlindex = e.name.startswith("idx_dlindex_")
+            reason = "the logged statements that use it are faster without it: " + "; ".join(gains)
+            found.append(
+                Finding("slower", e.name, e.table, e.sql, reason, None, dlindex, dlindex, f"DROP INDEX {e.name}")
+            )
+    return found
