@@ -145,8 +145,9 @@ def slow_queries(catalog: Catalog, top: int = 5) -> SlowReport:
     """
     import json
 
-    from dlindex.advisor.scratch import explain, guarded
+    from dlindex.advisor.plans import explain
     from dlindex.advisor.shapes import check_select
+    from dlindex.catalog.sandbox import guarded
 
     conn = guarded(catalog.path)
     plain = guarded(catalog.path)

@@ -11,8 +11,8 @@ import pytest
 
 from dlindex import Catalog, InputError
 from dlindex.advisor import Advice, apply_advice, list_indexes, revert_indexes, suggest_indexes
-from dlindex.advisor.sandbox import guarded
 from dlindex.catalog.fingerprint import fingerprint
+from dlindex.catalog.sandbox import guarded
 from dlindex.stats import slow_queries
 
 from .advisor_workload import (

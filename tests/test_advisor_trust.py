@@ -253,7 +253,7 @@ def test_killed_in_the_middle_leaves_no_scratch_copy_for_good(db: Path, tmp_path
 
 
 def test_reads_through_json_each_replay_and_the_schema_stays_unwritable(db: Path) -> None:
-    from dlindex.advisor.sandbox import guarded
+    from dlindex.catalog.sandbox import guarded
 
     conn = guarded(db)
     try:

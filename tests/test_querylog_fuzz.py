@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.workload import load_workload
+from dlindex.catalog.sandbox import guarded
 from dlindex.cli import app
 from dlindex.querylog.importer import MAX_STATEMENT_CHARS, file_lines, parse_statements, statement_kind
 

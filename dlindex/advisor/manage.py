@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from dlindex.advisor.model import Advice, Changes, Finding, IndexChange, IndexUsage
 from dlindex.advisor.plans import explain, index_names
-from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.shapes import check_select
 from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.write_shapes import where_as_select
+from dlindex.catalog.sandbox import guarded
 from dlindex.errors import InputError
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.advisor.model import Advice, Effect, Finding, Hint, Rejected, Served, Suggestion
-from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.workload import Skipped
+from dlindex.catalog.sandbox import guarded
 from dlindex.querylog.importer import LineSource, iter_lines
 
 _SCHEMA = "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master ORDER BY type, name"

@@ -19,14 +19,11 @@ from pathlib import Path
 
 from dlindex.advisor.copy_stats import CopyStatistics, has_stat1
 from dlindex.advisor.leftovers import make_scratch_dir, remove_leftovers
-from dlindex.advisor.plans import explain  # dlindex.stats imports explain and guarded from here
-from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
 from dlindex.advisor.write_cost import WriteCosts
+from dlindex.catalog.sandbox import guarded
 from dlindex.catalog.sqlite import readonly_uri
-
-__all__ = ["SAMPLE_ROWS", "IndexDef", "Scratch", "explain", "guarded"]
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"

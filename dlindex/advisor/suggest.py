@@ -33,11 +33,11 @@ from dlindex.advisor.hints import hints_for
 from dlindex.advisor.model import Advice, Rejected
 from dlindex.advisor.regressions import slower_existing, together
 from dlindex.advisor.replay import MEMORY_LIMIT, STATEMENT_DEADLINE_S, limit_heap, stop_on_signals
-from dlindex.advisor.sandbox import guarded
 from dlindex.advisor.scratch import SAMPLE_ROWS, Scratch
 from dlindex.advisor.shapes import Access, Shape, TableInfo, analyze
 from dlindex.advisor.verify import Verdict, verify
 from dlindex.advisor.workload import Skipped, Statement, load_workload
+from dlindex.catalog.sandbox import guarded
 from dlindex.errors import Interrupted
 from dlindex.querylog.importer import LineSource
 
