@@ -17,6 +17,7 @@ process has another start time.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import multiprocessing
@@ -100,7 +101,7 @@ class ForkPool:
         answers: list[tuple[Any, Any]] = []
         orphans: list[Any] = []
         for ready in wait([*busy, *sentinels]):
-            w = busy.get(ready) or sentinels[ready]  # type: ignore[index, call-overload]
+            w = busy.get(ready) or sentinels[ready]
             if not w.tasks:
                 continue  # both its pipe and its sentinel were ready: handled once
             try:
@@ -137,10 +138,8 @@ class ForkPool:
             if abort:
                 w.process.terminate()  # busy or idle: stop now; the catalog is the parent's
             else:
-                try:
+                with contextlib.suppress(OSError):
                     w.conn.send(None)
-                except OSError:
-                    pass
         for w in self.workers:
             w.process.join(None if not abort else 5)
             if w.process.is_alive():
@@ -182,7 +181,11 @@ def sigterm_as_interrupt() -> Callable[[], None]:
         previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread: leave signals alone
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 class CStderrCapture:
@@ -190,7 +193,7 @@ class CStderrCapture:
     print warnings straight to stderr end up in the file's record, not on the user's screen."""
 
     def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 (open for the whole life of the worker)
         self._saved_fd: int | None = None
 
     def start(self) -> None:

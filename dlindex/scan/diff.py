@@ -12,8 +12,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dlindex.scan.listing import Child, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe
-from dlindex.scan.walk import Child, Folder, Unit, WalkOptions, WalkReport, walk_runs
+from dlindex.scan.units import Unit
+from dlindex.scan.walk import Folder, walk_runs
 
 # The last column asks for a new probe of an unchanged file whose verdict depends on
 # --max-pixels: it was judged under another limit, or is above twice the new one.
@@ -169,7 +171,7 @@ def _diff_linked(
     """The merge-join step for files reached through a link (rare: no need to be flat):
     their stat results come from the walk, and each result carries the file's identity."""
     overrides, label, split = options.label_overrides, folder.label, folder.split
-    for (name, text, lossless, _), st in zip(run, stats):
+    for (name, text, lossless, _), st in zip(run, stats, strict=True):
         key = folder.prefix + text
         ident = (st.st_dev, st.st_ino)
         while known is not None and known[0] < key:

@@ -22,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.catalog.connection import Catalog
+from dlindex.catalog.paths import display_name
 from dlindex.errors import DlindexError, InputError, Interrupted
 from dlindex.procs import pid_alive, sigterm_as_interrupt
 from dlindex.scan import tasks as worker
 from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
 from dlindex.scan.links import LinkedFiles
+from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe, ProbeOptions
 from dlindex.scan.tasks import WorkerPool
-from dlindex.scan.walk import DEFAULT_EXTENSIONS, SKIP_REASONS, Unit, WalkOptions, WalkReport, display_name, plan_units
+from dlindex.scan.units import Unit, plan_units
 
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
         format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit)
@@ -148,7 +150,7 @@ def scan_tree(
     catalog: Catalog,
     root: str | os.PathLike[str],
     options: ScanOptions = ScanOptions(),
-    progress: Callable[[int], None] | None = None,
+    progress: Callable[[int], object] | None = None,
 ) -> ScanSummary:
     """Bring the catalog in line with the tree under ``root``; see docs/commands/scan.md.
 
@@ -221,7 +223,7 @@ class _Pipeline:
         report: WalkReport,
         counts: _Counts,
         writer: _Writer,
-        progress: Callable[[int], None] | None,
+        progress: Callable[[int], object] | None,
     ) -> None:
         self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
         self.writer, self.progress = writer, progress or (lambda n: None)
@@ -250,11 +252,11 @@ class _Pipeline:
                 for kind, result in self.pool.wait_any():
                     if kind == "diff":
                         self.diffs_in_flight -= 1
-                        for diff in result:  # type: ignore[union-attr]
+                        for diff in result:
                             self._on_diff(diff)
                     else:
                         self.probes_in_flight -= 1
-                        self._on_probes(result)  # type: ignore[arg-type]
+                        self._on_probes(result)
                 if self.linked and not self.units and not self.diffs_in_flight:
                     self._resolve_linked()  # every unit is walked: each file's first path is known
                 self.writer.maybe_flush()
@@ -429,7 +431,7 @@ def _read_labels_file(path: Path) -> dict[str, str | None]:
         raise InputError(f"labels file {path} is not a UTF-8 CSV file: {e}") from None
 
 
-def _unknown_label_paths(catalog: Catalog, root_id: int, overrides: dict[str, str]) -> list[str]:
+def _unknown_label_paths(catalog: Catalog, root_id: int, overrides: dict[str, str | None]) -> list[str]:
     rows = catalog.conn.execute(_UNKNOWN_LABEL_PATHS, {"paths": json.dumps(list(overrides)), "root_id": root_id})
     return sorted(str(r[0]) for r in rows)
 

@@ -24,7 +24,7 @@ from dlindex.errors import DlindexError
 from dlindex.procs import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
 from dlindex.scan.diff import DiffOptions, LabelIds, UnitDiff, diff_unit
 from dlindex.scan.probe import NOT_CACHED, Probe, ProbeOptions, inspect_content, read_content
-from dlindex.scan.walk import Unit
+from dlindex.scan.units import Unit
 
 _state: dict[str, object] = {}
 
@@ -38,11 +38,6 @@ def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None
     _state["io_threads"] = io_threads
     _state["catalog_path"] = catalog_path
     _state["reader"] = None
-
-
-def stderr_capture() -> CStderrCapture | None:
-    """This worker's capture of what C libraries print (set by ``init``)."""
-    return _state.get("capture")
 
 
 def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[UnitDiff]:
@@ -63,7 +58,7 @@ def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[Uni
         diff = diff_unit(reader, root_id, unit, options, labels)
         if 0 < len(diff.to_probe) <= options.probe_inline:
             probes = probe_batch([(item.path, item.key) for item in diff.to_probe])
-            diff.probed = list(zip(probes, diff.to_probe))
+            diff.probed = list(zip(probes, diff.to_probe, strict=True))
             diff.to_probe = []
         diffs.append(diff)
     return diffs
@@ -94,7 +89,7 @@ def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:
             groups = _split([p for p, _ in rest], int(_state["io_threads"]))  # type: ignore[call-overload]
             follow = [options.follow_symlinks] * len(groups)
             contents = [c for group in io.map(_read_group, groups, follow) for c in group]
-            results.extend(_inspect(p, k, c, options, capture) for (p, k), c in zip(rest, contents))
+            results.extend(_inspect(p, k, c, options, capture) for (p, k), c in zip(rest, contents, strict=True))
             break
         results.append(_inspect(path, key, content, options, capture))
     return results
