@@ -53,7 +53,9 @@ class Probe(NamedTuple):
     pixel_limit: int | None = None
 
 
-class _Content(NamedTuple):
+class Content(NamedTuple):
+    """The bytes read from one file, and what its one read learnt: size, mtime, xxh3-128."""
+
     size: int
     mtime_ns: int
     digest: str
@@ -65,7 +67,7 @@ NOT_CACHED = Probe("", "not-cached")
 _ONE_BYTE = bytearray(1)
 
 
-def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: bool = False) -> _Content | Probe:
+def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: bool = False) -> Content | Probe:
     """Open without blocking (a FIFO must never hang us), refuse non-regular files, hash it all.
 
     Args:
@@ -88,7 +90,7 @@ def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: boo
             return NOT_CACHED
         if st.st_size <= WHOLE_READ_LIMIT:
             data = _read_all(fd, st.st_size)
-            return _Content(len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data), data, data)
+            return Content(len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data), data, data)
         return _read_large(fd, st)
     except OSError as e:
         return Probe(key, "error", error=_os_error("cannot read", e))
@@ -116,7 +118,7 @@ def _read_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_large(fd: int, st: os.stat_result) -> _Content:
+def _read_large(fd: int, st: os.stat_result) -> Content:
     hasher = xxhash.xxh3_128()
     head = b""
     size = 0
@@ -127,7 +129,7 @@ def _read_large(fd: int, st: os.stat_result) -> _Content:
         hasher.update(chunk)
         size += len(chunk)
         last = (last + chunk)[-_EDGE:]
-    return _Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last)
+    return Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last)
 
 
 def probe_file(path: bytes, key: str, options: ProbeOptions, stderr_capture: CStderrCapture | None = None) -> Probe:
@@ -141,10 +143,11 @@ def probe_file(path: bytes, key: str, options: ProbeOptions, stderr_capture: CSt
 def inspect_content(
     path: bytes,
     key: str,
-    content: _Content,
+    content: Content,
     options: ProbeOptions,
     stderr_capture: CStderrCapture | None = None,
 ) -> Probe:
+    """Judge one file from its bytes: header, pixel limits, truncation, with --verify a decode."""
     size, mtime_ns, digest = content.size, content.mtime_ns, content.digest
     if size == 0:
         return Probe(key, "corrupt", size, mtime_ns, digest, error="empty file")

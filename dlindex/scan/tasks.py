@@ -23,36 +23,50 @@ from PIL import Image
 from dlindex.errors import DlindexError
 from dlindex.procs import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
 from dlindex.scan.diff import DiffOptions, LabelIds, UnitDiff, diff_unit
-from dlindex.scan.probe import NOT_CACHED, Probe, ProbeOptions, inspect_content, read_content
+from dlindex.scan.probe import NOT_CACHED, Content, Probe, ProbeOptions, inspect_content, read_content
 from dlindex.scan.units import Unit
 
-_state: dict[str, object] = {}
+
+@dataclasses.dataclass
+class _Worker:
+    """What one worker process holds between tasks (set by ``init``)."""
+
+    options: ProbeOptions
+    capture: CStderrCapture
+    io: ThreadPoolExecutor | None  # reader threads for batches not in the page cache
+    io_threads: int
+    catalog_path: str | None
+    reader: sqlite3.Connection | None = None  # opened by the first diff task
+    labels: LabelIds | None = None
+
+
+_worker: _Worker | None = None
 
 
 def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None) -> None:
+    """A scan worker's set-up: the common child set-up, then its probe options and reader threads."""
+    global _worker
     capture = init_child()
     Image.MAX_IMAGE_PIXELS = options.max_pixels
-    _state["options"] = options
-    _state["capture"] = capture
-    _state["io"] = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
-    _state["io_threads"] = io_threads
-    _state["catalog_path"] = catalog_path
-    _state["reader"] = None
+    io = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
+    _worker = _Worker(options, capture, io, io_threads, catalog_path)
+
+
+def _this_worker() -> _Worker:
+    assert _worker is not None, "scan tasks run in workers set up by init"
+    return _worker
 
 
 def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[UnitDiff]:
     """Walk units and diff them against the catalog through this process's read-only connection;
     probe a unit's new and changed files right here when there are few enough."""
-    reader = _state.get("reader")
-    if reader is None:
+    worker = _this_worker()
+    if worker.reader is None or worker.labels is None:
         from dlindex.catalog.sqlite import connect_readonly  # the one place that builds the read-only URI
 
-        reader = connect_readonly(str(_state["catalog_path"]), timeout=30)
-        _state["reader"] = reader
-        _state["labels"] = LabelIds(reader)
-    assert isinstance(reader, sqlite3.Connection)
-    labels = _state["labels"]
-    assert isinstance(labels, LabelIds)
+        worker.reader = connect_readonly(str(worker.catalog_path), timeout=30)
+        worker.labels = LabelIds(worker.reader)
+    reader, labels = worker.reader, worker.labels
     diffs = []
     for unit in units:
         diff = diff_unit(reader, root_id, unit, options, labels)
@@ -76,17 +90,14 @@ def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:
     A warm batch never touches the thread pool (thread hand-offs cost more than reads
     from memory); a cold one gets up to ``io_threads`` reads in flight.
     """
-    options = _state["options"]
-    capture = _state["capture"]
-    io = _state["io"]
-    assert isinstance(options, ProbeOptions) and isinstance(capture, CStderrCapture)
+    worker = _this_worker()
+    options, capture, io = worker.options, worker.capture, worker.io
     results: list[Probe] = []
     for index, (path, key) in enumerate(batch):
         content = read_content(path, options.follow_symlinks, only_if_cached=io is not None)
-        if content is NOT_CACHED:
-            assert isinstance(io, ThreadPoolExecutor)
+        if content is NOT_CACHED and io is not None:
             rest = batch[index:]
-            groups = _split([p for p, _ in rest], int(_state["io_threads"]))  # type: ignore[call-overload]
+            groups = _split([p for p, _ in rest], worker.io_threads)
             follow = [options.follow_symlinks] * len(groups)
             contents = [c for group in io.map(_read_group, groups, follow) for c in group]
             results.extend(_inspect(p, k, c, options, capture) for (p, k), c in zip(rest, contents, strict=True))
@@ -95,13 +106,13 @@ def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:
     return results
 
 
-def _inspect(path: bytes, key: str, content: object, options: ProbeOptions, capture: CStderrCapture) -> Probe:
+def _inspect(path: bytes, key: str, content: Content | Probe, options: ProbeOptions, capture: CStderrCapture) -> Probe:
     if isinstance(content, Probe):
         return content._replace(key=key)
-    return inspect_content(path, key, content, options, capture)  # type: ignore[arg-type]
+    return inspect_content(path, key, content, options, capture)
 
 
-def _read_group(paths: list[bytes], follow_symlinks: bool) -> list[object]:
+def _read_group(paths: list[bytes], follow_symlinks: bool) -> list[Content | Probe]:
     return [read_content(path, follow_symlinks) for path in paths]
 
 
