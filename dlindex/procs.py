@@ -1,5 +1,4 @@
-"""Processes: a small fork pool with one pipe per worker, the set-up every worker runs, and
-telling whether the process that left a file behind still runs.
+"""Processes: a fork pool, the set-up every worker runs, and whether a file's writer still runs.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: a worker killed by a crashing C decoder
 breaks that pool for good and loses track of which task killed it, and terminating busy
@@ -41,6 +40,8 @@ class WorkerDied(Exception):
 
 
 class ForkWorker:
+    """One forked worker: its process, its end of the pipe, and the tasks it holds."""
+
     def __init__(self, context: Any, init: Callable[[], None], handle: Callable[[Any], Any]) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(target=_serve, args=(child_conn, init, handle), daemon=True)
@@ -80,9 +81,11 @@ class ForkPool:
 
     @property
     def inflight(self) -> int:
+        """Tasks sent and not answered yet, all workers together."""
         return sum(len(w.tasks) for w in self.workers)
 
     def least_busy(self) -> ForkWorker:
+        """The worker holding the fewest tasks."""
         return min(self.workers, key=lambda w: len(w.tasks))
 
     def send(self, w: ForkWorker, task: Any, message: Any = None, *, pickled: bytes | None = None) -> None:
@@ -134,6 +137,7 @@ class ForkPool:
             solo.process.join()
 
     def close(self, abort: bool = False) -> None:
+        """Stop every worker: after its tasks, or at once with ``abort``."""
         for w in self.workers:
             if abort:
                 w.process.terminate()  # busy or idle: stop now; the catalog is the parent's
@@ -197,16 +201,19 @@ class CStderrCapture:
         self._saved_fd: int | None = None
 
     def start(self) -> None:
+        """Point fd 2 at the capture file."""
         self._saved_fd = os.dup(2)
         os.dup2(self._file.fileno(), 2)
 
     def stop(self) -> None:
+        """Give fd 2 back."""
         if self._saved_fd is not None:
             os.dup2(self._saved_fd, 2)
             os.close(self._saved_fd)
             self._saved_fd = None
 
     def take(self) -> str | None:
+        """What was printed since the last call, de-duplicated lines joined; None if nothing."""
         fd = self._file.fileno()
         written = os.lseek(fd, 0, os.SEEK_CUR)
         if written == 0:

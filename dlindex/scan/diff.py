@@ -30,6 +30,8 @@ _LABELS = "SELECT name, id FROM labels"
 
 
 class ToProbe(NamedTuple):
+    """A file the diff found new or changed, with what its row needs besides the probe."""
+
     path: bytes
     key: str
     label: str | None  # None: no class (a file directly under ROOT)
@@ -42,6 +44,8 @@ class ToProbe(NamedTuple):
 
 @dataclass
 class UnitDiff:
+    """What one unit's merge-join found; files probed by the same worker come back in ``probed``."""
+
     seen: int = 0
     unchanged: int = 0
     to_probe: list[ToProbe] = field(default_factory=list)
@@ -71,6 +75,8 @@ class UnitDiff:
 
 @dataclass(frozen=True)
 class DiffOptions:
+    """How to walk and what makes an unchanged file worth probing again."""
+
     walk: WalkOptions
     force: bool = False
     label_overrides: dict[str, str | None] | None = None
@@ -88,6 +94,7 @@ class LabelIds:
         self.ids: dict[str, int] = {}
 
     def get(self, name: str | None) -> int | None:
+        """The id of label ``name`` (None: no class, or not in the catalog yet)."""
         if name is None:
             return None  # no class
         found = self.ids.get(name)

@@ -32,6 +32,8 @@ KIND: Final = 3
 
 @dataclass(frozen=True)
 class WalkOptions:
+    """Which entries the walk selects, and whether it follows links and detects split folders."""
+
     extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
     hidden: bool = False
     exclude: tuple[str, ...] = ()
@@ -56,6 +58,8 @@ SKIP_REASONS = (
 
 @dataclass
 class WalkReport:
+    """What the walk passed over: skips by reason, errors (the first 1000), unlisted folders."""
+
     skips: dict[str, int] = field(default_factory=dict)
     errors: list[tuple[str, str]] = field(default_factory=list)
     error_count: int = 0
@@ -64,17 +68,21 @@ class WalkReport:
 
     @property
     def skipped(self) -> int:
+        """Entries skipped, all reasons together."""
         return sum(self.skips.values())
 
     def skip(self, reason: str, n: int = 1) -> None:
+        """Count ``n`` entries skipped for ``reason`` (one of SKIP_REASONS)."""
         self.skips[reason] = self.skips.get(reason, 0) + n
 
     def error(self, key: str, message: str) -> None:
+        """Count an error; keep its path and message among the first 1000."""
         self.error_count += 1
         if len(self.errors) < 1000:
             self.errors.append((key, message))
 
     def absorb(self, other: WalkReport) -> None:
+        """Add another unit's report to this one."""
         for reason, n in other.skips.items():
             self.skip(reason, n)
         self.error_count += other.error_count
@@ -83,6 +91,7 @@ class WalkReport:
 
 
 def is_dir_kind(kind: str) -> bool:
+    """A folder, or a followed link to one."""
     return kind == "dir" or kind == "link_dir"
 
 

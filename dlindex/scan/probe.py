@@ -29,6 +29,8 @@ _ERROR_CHARS = 500
 
 
 class ProbeOptions(NamedTuple):
+    """How a probe judges files: decode them (--verify), the pixel limit, following links."""
+
     verify: bool = False
     max_pixels: int = 89_478_485  # Pillow's MAX_IMAGE_PIXELS; twice this is a bomb
     follow_symlinks: bool = True  # as scan does; False opens with O_NOFOLLOW

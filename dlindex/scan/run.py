@@ -93,6 +93,7 @@ class ScanSummary:
     unknown_label_examples: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
+        """The summary as ``--json`` prints it."""
         data = asdict(self)
         data["error_samples"] = [{"path": p, "error": e} for p, e in self.error_samples]
         data["unknown_label_examples"] = list(self.unknown_label_examples)
@@ -209,6 +210,7 @@ class _Pipeline:
         self.linked = LinkedFiles()
 
     def run(self) -> None:
+        """Walk, diff and probe the whole tree, handing results to the writer as they come."""
         try:
             while self.units or self.queued or self.pool.inflight:
                 self._submit()
@@ -309,6 +311,7 @@ class _Pipeline:
 
 
 def check_root(root: str | os.PathLike[str]) -> bytes:
+    """The real path of a scan root, in bytes; InputError if it is no readable folder."""
     path = os.fsencode(root)
     if not os.path.exists(path):
         raise InputError(f"root {os.fsdecode(path)!r} does not exist")

@@ -137,9 +137,11 @@ class WorkerPool:
 
     @property
     def inflight(self) -> int:
+        """Tasks submitted and not answered yet."""
         return len(self.backlog) + self.pool.inflight
 
     def submit(self, kind: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Run ``fn(*args)`` in a worker; its result comes back from ``wait_any`` as (kind, result)."""
         data = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         self.backlog.append(((kind, fn, args), data))
         self._dispatch()
@@ -154,6 +156,7 @@ class WorkerPool:
             self.pool.send(idle, task, pickled=data)
 
     def wait_any(self) -> list[tuple[str, Any]]:
+        """Block until some tasks finish: their (kind, result) pairs, a dead worker's redone."""
         answers, orphans = self.pool.wait_any()
         # A worker died: redo its tasks so that one bad file is isolated.
         results = [self._isolate(task) for task in orphans]
@@ -190,4 +193,5 @@ class WorkerPool:
             raise DlindexError("worker processes die as they start; try --workers 1") from None
 
     def close(self, abort: bool = False) -> None:
+        """Stop the workers: when idle, or at once with ``abort``."""
         self.pool.close(abort)
