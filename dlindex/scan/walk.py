@@ -16,7 +16,8 @@ from typing import NamedTuple
 
 from dlindex.catalog.classes import enter_folder
 
-# Re-exported: mark, features and the CLI name keys and options with these.
+# Re-exported for modules that import them from here (catalog.roots, query.mark, features,
+# cli.scan); their homes are dlindex.catalog.paths and dlindex.scan.listing.
 from dlindex.catalog.paths import display_name as display_name
 from dlindex.scan.listing import DEFAULT_EXTENSIONS as DEFAULT_EXTENSIONS
 from dlindex.scan.listing import KIND, TEXT, Child, WalkOptions, WalkReport, list_children, special_reason
