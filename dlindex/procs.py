@@ -1,5 +1,4 @@
-"""Processes: a small fork pool with one pipe per worker, the set-up every worker runs, and
-telling whether the process that left a file behind still runs.
+"""Processes: a fork pool, the set-up every worker runs, and whether a file's writer still runs.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: a worker killed by a crashing C decoder
 breaks that pool for good and loses track of which task killed it, and terminating busy
@@ -17,6 +16,7 @@ process has another start time.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import multiprocessing
@@ -40,6 +40,8 @@ class WorkerDied(Exception):
 
 
 class ForkWorker:
+    """One forked worker: its process, its end of the pipe, and the tasks it holds."""
+
     def __init__(self, context: Any, init: Callable[[], None], handle: Callable[[Any], Any]) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(target=_serve, args=(child_conn, init, handle), daemon=True)
@@ -79,9 +81,11 @@ class ForkPool:
 
     @property
     def inflight(self) -> int:
+        """Tasks sent and not answered yet, all workers together."""
         return sum(len(w.tasks) for w in self.workers)
 
     def least_busy(self) -> ForkWorker:
+        """The worker holding the fewest tasks."""
         return min(self.workers, key=lambda w: len(w.tasks))
 
     def send(self, w: ForkWorker, task: Any, message: Any = None, *, pickled: bytes | None = None) -> None:
@@ -100,7 +104,7 @@ class ForkPool:
         answers: list[tuple[Any, Any]] = []
         orphans: list[Any] = []
         for ready in wait([*busy, *sentinels]):
-            w = busy.get(ready) or sentinels[ready]  # type: ignore[index, call-overload]
+            w = busy.get(ready) or sentinels[ready]
             if not w.tasks:
                 continue  # both its pipe and its sentinel were ready: handled once
             try:
@@ -133,14 +137,13 @@ class ForkPool:
             solo.process.join()
 
     def close(self, abort: bool = False) -> None:
+        """Stop every worker: after its tasks, or at once with ``abort``."""
         for w in self.workers:
             if abort:
                 w.process.terminate()  # busy or idle: stop now; the catalog is the parent's
             else:
-                try:
+                with contextlib.suppress(OSError):
                     w.conn.send(None)
-                except OSError:
-                    pass
         for w in self.workers:
             w.process.join(None if not abort else 5)
             if w.process.is_alive():
@@ -182,7 +185,11 @@ def sigterm_as_interrupt() -> Callable[[], None]:
         previous = signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread: leave signals alone
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, previous)
+
+    return restore
 
 
 class CStderrCapture:
@@ -190,20 +197,23 @@ class CStderrCapture:
     print warnings straight to stderr end up in the file's record, not on the user's screen."""
 
     def __init__(self) -> None:
-        self._file = tempfile.TemporaryFile()
+        self._file = tempfile.TemporaryFile()  # noqa: SIM115 (open for the whole life of the worker)
         self._saved_fd: int | None = None
 
     def start(self) -> None:
+        """Point fd 2 at the capture file."""
         self._saved_fd = os.dup(2)
         os.dup2(self._file.fileno(), 2)
 
     def stop(self) -> None:
+        """Give fd 2 back."""
         if self._saved_fd is not None:
             os.dup2(self._saved_fd, 2)
             os.close(self._saved_fd)
             self._saved_fd = None
 
     def take(self) -> str | None:
+        """What was printed since the last call, de-duplicated lines joined; None if nothing."""
         fd = self._file.fileno()
         written = os.lseek(fd, 0, os.SEEK_CUR)
         if written == 0:

@@ -1,1 +1,1 @@
-"""Scanning an image tree into the catalog: walk, diff, probe, and the scan's worker tasks."""
+"""Scanning an image tree into the catalog: list, walk, diff, probe, write; the scan's workers."""

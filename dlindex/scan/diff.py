@@ -12,8 +12,10 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dlindex.scan.listing import Child, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe
-from dlindex.scan.walk import Child, Folder, Unit, WalkOptions, WalkReport, walk_runs
+from dlindex.scan.units import Unit
+from dlindex.scan.walk import Folder, walk_runs
 
 # The last column asks for a new probe of an unchanged file whose verdict depends on
 # --max-pixels: it was judged under another limit, or is above twice the new one.
@@ -28,6 +30,8 @@ _LABELS = "SELECT name, id FROM labels"
 
 
 class ToProbe(NamedTuple):
+    """A file the diff found new or changed, with what its row needs besides the probe."""
+
     path: bytes
     key: str
     label: str | None  # None: no class (a file directly under ROOT)
@@ -40,6 +44,8 @@ class ToProbe(NamedTuple):
 
 @dataclass
 class UnitDiff:
+    """What one unit's merge-join found; files probed by the same worker come back in ``probed``."""
+
     seen: int = 0
     unchanged: int = 0
     to_probe: list[ToProbe] = field(default_factory=list)
@@ -69,6 +75,8 @@ class UnitDiff:
 
 @dataclass(frozen=True)
 class DiffOptions:
+    """How to walk and what makes an unchanged file worth probing again."""
+
     walk: WalkOptions
     force: bool = False
     label_overrides: dict[str, str | None] | None = None
@@ -86,6 +94,7 @@ class LabelIds:
         self.ids: dict[str, int] = {}
 
     def get(self, name: str | None) -> int | None:
+        """The id of label ``name`` (None: no class, or not in the catalog yet)."""
         if name is None:
             return None  # no class
         found = self.ids.get(name)
@@ -169,7 +178,7 @@ def _diff_linked(
     """The merge-join step for files reached through a link (rare: no need to be flat):
     their stat results come from the walk, and each result carries the file's identity."""
     overrides, label, split = options.label_overrides, folder.label, folder.split
-    for (name, text, lossless, _), st in zip(run, stats):
+    for (name, text, lossless, _), st in zip(run, stats, strict=True):
         key = folder.prefix + text
         ident = (st.st_dev, st.st_ino)
         while known is not None and known[0] < key:

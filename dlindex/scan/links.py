@@ -25,20 +25,25 @@ class Kept:
     missing: list[int] = field(default_factory=list)  # rows of other paths, to mark missing
 
 
+# What is held of one path: a ToProbe still to probe, a (Probe, ToProbe) pair probed
+# already, or the row id of an unchanged file.
+Held = ToProbe | tuple[Probe, ToProbe] | int
+
+
 class LinkedFiles:
     """Files reached through links, by (st_dev, st_ino)."""
 
     def __init__(self) -> None:
-        # (st_dev, st_ino) -> [(file_path, what, payload)]; what: probe | probed | unchanged
-        self.files: dict[tuple[int, int], list[tuple[str, str, object]]] = {}
+        self.files: dict[tuple[int, int], list[tuple[str, Held]]] = {}  # -> [(file_path, held)]
         self.missing_rows: set[int] = set()  # ids of held files whose row is already 'missing'
 
     def __bool__(self) -> bool:
         return bool(self.files)
 
     def add_unchanged(self, unchanged: list[tuple[int, int, str, int]], missing_rows: list[int]) -> None:
+        """Hold unchanged files reached through links: (st_dev, st_ino, file_path, id)."""
         for dev, ino, key, row_id in unchanged:
-            self.files.setdefault((dev, ino), []).append((key, "unchanged", row_id))
+            self.files.setdefault((dev, ino), []).append((key, row_id))
         self.missing_rows.update(missing_rows)
 
     def hold(
@@ -47,10 +52,10 @@ class LinkedFiles:
         """Keep the items reached through links; return the others."""
         for item in to_probe:
             if item.ident:
-                self.files.setdefault(item.ident, []).append((item.key, "probe", item))
+                self.files.setdefault(item.ident, []).append((item.key, item))
         for pair in probed:
             if pair[1].ident:
-                self.files.setdefault(pair[1].ident, []).append((pair[1].key, "probed", pair))
+                self.files.setdefault(pair[1].ident, []).append((pair[1].key, pair))
         return [i for i in to_probe if not i.ident], [p for p in probed if not p[1].ident]
 
     def resolve(self) -> Kept:
@@ -60,19 +65,19 @@ class LinkedFiles:
         duplicates = unchanged_duplicates = 0
         for entries in files.values():
             entries.sort(key=lambda entry: entry[0])
-            (_, what, payload), rest = entries[0], entries[1:]
-            if what == "probe":
-                kept.to_probe.append(payload)  # type: ignore[arg-type]
-            elif what == "probed":
-                kept.probed.append(payload)  # type: ignore[arg-type]
-            for _, what, payload in rest:
+            first = entries[0][1]
+            if isinstance(first, ToProbe):
+                kept.to_probe.append(first)
+            elif not isinstance(first, int):
+                kept.probed.append(first)
+            for _, held in entries[1:]:
                 duplicates += 1
-                if what == "unchanged":
+                row_id: int | None
+                if isinstance(held, int):
                     unchanged_duplicates += 1
-                    row_id = payload
+                    row_id = held
                 else:
-                    item = payload if what == "probe" else payload[1]  # type: ignore[index]
-                    row_id = item.known_id  # type: ignore[union-attr]
+                    row_id = (held if isinstance(held, ToProbe) else held[1]).known_id
                 if row_id is not None and row_id not in self.missing_rows:
-                    kept.missing.append(row_id)  # type: ignore[arg-type]
+                    kept.missing.append(row_id)
         return Kept(kept.to_probe, kept.probed, duplicates, unchanged_duplicates, kept.missing)

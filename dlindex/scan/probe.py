@@ -10,15 +10,16 @@ from __future__ import annotations
 import io
 import os
 import stat
-import struct
 import warnings
 from typing import NamedTuple
 
 import xxhash
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageFile, UnidentifiedImageError
 
 from dlindex.procs import CStderrCapture
-from dlindex.scan.walk import special_reason
+from dlindex.scan.listing import special_reason
+from dlindex.scan.sniff import Header, check_structure, jpeg_scan_start, sniff
+from dlindex.scan.sniff import sniff_header as sniff_header  # re-exported: dlindex's public API
 
 # Files above this are hashed in chunks and checked from their head and tail only.
 WHOLE_READ_LIMIT = 16 * 1024 * 1024
@@ -28,6 +29,8 @@ _ERROR_CHARS = 500
 
 
 class ProbeOptions(NamedTuple):
+    """How a probe judges files: decode them (--verify), the pixel limit, following links."""
+
     verify: bool = False
     max_pixels: int = 89_478_485  # Pillow's MAX_IMAGE_PIXELS; twice this is a bomb
     follow_symlinks: bool = True  # as scan does; False opens with O_NOFOLLOW
@@ -52,14 +55,9 @@ class Probe(NamedTuple):
     pixel_limit: int | None = None
 
 
-class Header(NamedTuple):
-    format: str
-    width: int
-    height: int
-    mode: str
+class Content(NamedTuple):
+    """The bytes read from one file, and what its one read learnt: size, mtime, xxh3-128."""
 
-
-class _Content(NamedTuple):
     size: int
     mtime_ns: int
     digest: str
@@ -71,7 +69,7 @@ NOT_CACHED = Probe("", "not-cached")
 _ONE_BYTE = bytearray(1)
 
 
-def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: bool = False) -> _Content | Probe:
+def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: bool = False) -> Content | Probe:
     """Open without blocking (a FIFO must never hang us), refuse non-regular files, hash it all.
 
     Args:
@@ -94,7 +92,7 @@ def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: boo
             return NOT_CACHED
         if st.st_size <= WHOLE_READ_LIMIT:
             data = _read_all(fd, st.st_size)
-            return _Content(len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data), data, data)
+            return Content(len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data), data, data)
         return _read_large(fd, st)
     except OSError as e:
         return Probe(key, "error", error=_os_error("cannot read", e))
@@ -122,7 +120,7 @@ def _read_all(fd: int, size: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_large(fd: int, st: os.stat_result) -> _Content:
+def _read_large(fd: int, st: os.stat_result) -> Content:
     hasher = xxhash.xxh3_128()
     head = b""
     size = 0
@@ -133,7 +131,7 @@ def _read_large(fd: int, st: os.stat_result) -> _Content:
         hasher.update(chunk)
         size += len(chunk)
         last = (last + chunk)[-_EDGE:]
-    return _Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last)
+    return Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last)
 
 
 def probe_file(path: bytes, key: str, options: ProbeOptions, stderr_capture: CStderrCapture | None = None) -> Probe:
@@ -147,10 +145,11 @@ def probe_file(path: bytes, key: str, options: ProbeOptions, stderr_capture: CSt
 def inspect_content(
     path: bytes,
     key: str,
-    content: _Content,
+    content: Content,
     options: ProbeOptions,
     stderr_capture: CStderrCapture | None = None,
 ) -> Probe:
+    """Judge one file from its bytes: header, pixel limits, truncation, with --verify a decode."""
     size, mtime_ns, digest = content.size, content.mtime_ns, content.digest
     if size == 0:
         return Probe(key, "corrupt", size, mtime_ns, digest, error="empty file")
@@ -160,8 +159,9 @@ def inspect_content(
         # Small files are already in memory; large ones Pillow reads by path.
         return io.BytesIO(content.head) if whole else path
 
-    header, scan_start = _sniff(content.head)
+    header, scan_start = sniff(content.head)
     warning = None
+    limit: int | None = None
     used_pillow = header is None
     if header is None:
         try:
@@ -173,11 +173,10 @@ def inspect_content(
                 pixel_limit=limit,
             )  # fmt: skip
         if header.format in ("JPEG", "MPO"):
-            scan_start = _jpeg_scan_start(content.head)
+            scan_start = jpeg_scan_start(content.head)
     fmt, width, height, mode = header
     pixels = width * height
     problem: str | None = None
-    limit: int | None = None
     if pixels > 2 * options.max_pixels:
         limit = options.max_pixels
         problem = (
@@ -206,143 +205,6 @@ def inspect_content(
     )  # fmt: skip
 
 
-# -- header sniffing -------------------------------------------------------------------
-
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_PNG_MODES = {
-    (1, 0): "1", (2, 0): "L", (4, 0): "L", (8, 0): "L", (16, 0): "I;16",
-    (8, 2): "RGB", (16, 2): "RGB",
-    (1, 3): "P", (2, 3): "P", (4, 3): "P", (8, 3): "P",
-    (8, 4): "LA", (16, 4): "RGBA", (8, 6): "RGBA", (16, 6): "RGBA",
-}  # fmt: skip
-_JPEG_MODES = {1: "L", 3: "RGB", 4: "CMYK"}
-_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-
-
-def sniff_header(data: bytes) -> Header | None:
-    """Read format, size and mode of a JPEG, PNG or WebP in ~2 us; None means ask Pillow.
-
-    Answers only where the result provably equals Pillow's; anything unusual falls back.
-    """
-    return _sniff(data)[0]
-
-
-def _sniff(data: bytes) -> tuple[Header | None, int | None]:
-    """The header, and for a JPEG where its scan data starts (one pass over the markers)."""
-    if data[:3] == b"\xff\xd8\xff":
-        return _sniff_jpeg(data)
-    if data[:8] == _PNG_SIGNATURE:
-        return _sniff_png(data), None
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return _sniff_webp(data), None
-    return None, None
-
-
-def _sniff_jpeg(data: bytes) -> tuple[Header | None, int | None]:
-    pos, end = 2, len(data)
-    found: Header | None = None
-    while pos + 4 <= end:
-        if data[pos] != 0xFF:
-            return None, None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0xDA:  # start of scan: the header is over
-            return found, pos
-        length = (data[pos + 2] << 8) | data[pos + 3]
-        if marker == 0xE2 and data[pos + 4 : pos + 8] == b"MPF\x00":
-            return None, None  # multi-picture: Pillow reports MPO
-        if marker in _JPEG_SOF and found is None and pos + 10 <= end:
-            height = (data[pos + 5] << 8) | data[pos + 6]
-            width = (data[pos + 7] << 8) | data[pos + 8]
-            mode = _JPEG_MODES.get(data[pos + 9])
-            if mode is None or height == 0:
-                return None, None
-            found = Header("JPEG", width, height, mode)
-        pos += 2 + length
-    return None, None
-
-
-def _sniff_png(data: bytes) -> Header | None:
-    if len(data) < 29 or data[12:16] != b"IHDR":
-        return None
-    width, height, depth, color, compression, filtering, interlace = struct.unpack(">IIBBBBB", data[16:29])
-    mode = _PNG_MODES.get((depth, color))
-    if mode is None or compression or filtering or interlace > 1:
-        return None
-    # Pillow inflates compressed text chunks while reading the header (and refuses
-    # oversized ones): leave files with such chunks before the image data to it.
-    pos = 33
-    while pos + 8 <= len(data):
-        chunk = data[pos + 4 : pos + 8]
-        if chunk == b"IDAT":
-            return Header("PNG", width, height, mode)
-        length = int.from_bytes(data[pos : pos + 4], "big")
-        if chunk in (b"zTXt", b"iTXt"):
-            return None
-        if chunk == b"iCCP":
-            name_end = data.find(b"\x00", pos + 8, pos + 8 + min(length, 80))
-            if name_end < 0 or data[name_end + 1 : name_end + 2] != b"\x00" or length > 65536:
-                return None  # an unknown compression method or a huge profile: Pillow's call
-        pos += 12 + length
-    return None
-
-
-def _sniff_webp(data: bytes) -> Header | None:
-    chunk = data[12:16]
-    if chunk == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
-        width, height = struct.unpack("<HH", data[26:30])
-        return Header("WEBP", width & 0x3FFF, height & 0x3FFF, "RGB")
-    if chunk == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
-        bits = int.from_bytes(data[21:25], "little")
-        alpha = bool(bits >> 28 & 1)
-        return Header("WEBP", (bits & 0x3FFF) + 1, (bits >> 14 & 0x3FFF) + 1, "RGBA" if alpha else "RGB")
-    if chunk == b"VP8X" and len(data) >= 30:
-        flags = data[20]
-        if flags & 0x02:
-            return None  # animated: Pillow's own rules apply
-        width = int.from_bytes(data[24:27], "little") + 1
-        height = int.from_bytes(data[27:30], "little") + 1
-        return Header("WEBP", width, height, "RGBA" if flags & 0x10 else "RGB")
-    return None
-
-
-# -- structural checks -----------------------------------------------------------------
-
-
-def check_structure(fmt: str, head: bytes, tail: bytes, size: int, jpeg_scan_start: int | None) -> str | None:
-    """Catch truncation from bytes already read: None when the file ends as its format must."""
-    if fmt in ("JPEG", "MPO"):
-        eoi = tail.rfind(b"\xff\xd9")
-        eoi_at = size - len(tail) + eoi if eoi >= 0 else -1
-        if eoi_at < 0 or (jpeg_scan_start is not None and eoi_at < jpeg_scan_start):
-            return "truncated JPEG: no end-of-image marker after the image data"
-        return None
-    if fmt == "PNG":
-        if tail.rfind(b"IEND") < 0:
-            return "truncated PNG: no IEND chunk"
-        return None
-    if fmt == "WEBP" and len(head) >= 8:
-        riff_size = int.from_bytes(head[4:8], "little")
-        if 8 + riff_size > size:
-            return f"truncated WebP: RIFF header says {8 + riff_size} bytes, file has {size}"
-    return None
-
-
-def _jpeg_scan_start(data: bytes) -> int | None:
-    pos, end = 2, len(data)
-    while pos + 4 <= end and data[pos] == 0xFF:
-        marker = data[pos + 1]
-        if marker == 0xFF:
-            pos += 1
-            continue
-        if marker == 0xDA:
-            return pos
-        pos += 2 + ((data[pos + 2] << 8) | data[pos + 3])
-    return None
-
-
 # -- Pillow ----------------------------------------------------------------------------
 
 
@@ -357,12 +219,12 @@ def _pillow_header(fp: io.BytesIO | bytes, max_pixels: int, size: int) -> tuple[
     return header, _warning_text(caught)
 
 
-def _raw_tiles_problem(im: Image.Image, size: int) -> str | None:
+def _raw_tiles_problem(im: ImageFile.ImageFile, size: int) -> str | None:
     """Uncompressed pixel data must lie inside the file: a free truncation check (BMP, PPM...)."""
     for tile in im.tile:
         if tile.codec_name != "raw":
             continue
-        x0, y0, x1, y1 = tile.extents or (0, 0, im.width, im.height)
+        _, y0, _, y1 = tile.extents or (0, 0, im.width, im.height)
         stride = tile.args[1] if isinstance(tile.args, tuple) and len(tile.args) > 1 else 0
         needed = tile.offset + (stride * (y1 - y0) if isinstance(stride, int) and stride > 0 else 1)
         # Rows are padded to 4 bytes; writers may omit the last row's padding.

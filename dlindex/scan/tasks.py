@@ -23,47 +23,56 @@ from PIL import Image
 from dlindex.errors import DlindexError
 from dlindex.procs import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
 from dlindex.scan.diff import DiffOptions, LabelIds, UnitDiff, diff_unit
-from dlindex.scan.probe import NOT_CACHED, Probe, ProbeOptions, inspect_content, read_content
-from dlindex.scan.walk import Unit
+from dlindex.scan.probe import NOT_CACHED, Content, Probe, ProbeOptions, inspect_content, read_content
+from dlindex.scan.units import Unit
 
-_state: dict[str, object] = {}
+
+@dataclasses.dataclass
+class _Worker:
+    """What one worker process holds between tasks (set by ``init``)."""
+
+    options: ProbeOptions
+    capture: CStderrCapture
+    io: ThreadPoolExecutor | None  # reader threads for batches not in the page cache
+    io_threads: int
+    catalog_path: str | None
+    reader: sqlite3.Connection | None = None  # opened by the first diff task
+    labels: LabelIds | None = None
+
+
+_worker: _Worker | None = None
 
 
 def init(options: ProbeOptions, io_threads: int, catalog_path: str | None = None) -> None:
+    """A scan worker's set-up: the common child set-up, then its probe options and reader threads."""
+    global _worker
     capture = init_child()
     Image.MAX_IMAGE_PIXELS = options.max_pixels
-    _state["options"] = options
-    _state["capture"] = capture
-    _state["io"] = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
-    _state["io_threads"] = io_threads
-    _state["catalog_path"] = catalog_path
-    _state["reader"] = None
+    io = ThreadPoolExecutor(io_threads) if io_threads > 1 else None
+    _worker = _Worker(options, capture, io, io_threads, catalog_path)
 
 
-def stderr_capture() -> CStderrCapture | None:
-    """This worker's capture of what C libraries print (set by ``init``)."""
-    return _state.get("capture")
+def _this_worker() -> _Worker:
+    assert _worker is not None, "scan tasks run in workers set up by init"
+    return _worker
 
 
 def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[UnitDiff]:
     """Walk units and diff them against the catalog through this process's read-only connection;
     probe a unit's new and changed files right here when there are few enough."""
-    reader = _state.get("reader")
-    if reader is None:
+    worker = _this_worker()
+    if worker.reader is None or worker.labels is None:
         from dlindex.catalog.sqlite import connect_readonly  # the one place that builds the read-only URI
 
-        reader = connect_readonly(str(_state["catalog_path"]), timeout=30)
-        _state["reader"] = reader
-        _state["labels"] = LabelIds(reader)
-    assert isinstance(reader, sqlite3.Connection)
-    labels = _state["labels"]
-    assert isinstance(labels, LabelIds)
+        worker.reader = connect_readonly(str(worker.catalog_path), timeout=30)
+        worker.labels = LabelIds(worker.reader)
+    reader, labels = worker.reader, worker.labels
     diffs = []
     for unit in units:
         diff = diff_unit(reader, root_id, unit, options, labels)
         if 0 < len(diff.to_probe) <= options.probe_inline:
             probes = probe_batch([(item.path, item.key) for item in diff.to_probe])
-            diff.probed = list(zip(probes, diff.to_probe))
+            diff.probed = list(zip(probes, diff.to_probe, strict=True))
             diff.to_probe = []
         diffs.append(diff)
     return diffs
@@ -81,32 +90,29 @@ def probe_batch(batch: list[tuple[bytes, str]]) -> list[Probe]:
     A warm batch never touches the thread pool (thread hand-offs cost more than reads
     from memory); a cold one gets up to ``io_threads`` reads in flight.
     """
-    options = _state["options"]
-    capture = _state["capture"]
-    io = _state["io"]
-    assert isinstance(options, ProbeOptions) and isinstance(capture, CStderrCapture)
+    worker = _this_worker()
+    options, capture, io = worker.options, worker.capture, worker.io
     results: list[Probe] = []
     for index, (path, key) in enumerate(batch):
         content = read_content(path, options.follow_symlinks, only_if_cached=io is not None)
-        if content is NOT_CACHED:
-            assert isinstance(io, ThreadPoolExecutor)
+        if content is NOT_CACHED and io is not None:
             rest = batch[index:]
-            groups = _split([p for p, _ in rest], int(_state["io_threads"]))  # type: ignore[call-overload]
+            groups = _split([p for p, _ in rest], worker.io_threads)
             follow = [options.follow_symlinks] * len(groups)
             contents = [c for group in io.map(_read_group, groups, follow) for c in group]
-            results.extend(_inspect(p, k, c, options, capture) for (p, k), c in zip(rest, contents))
+            results.extend(_inspect(p, k, c, options, capture) for (p, k), c in zip(rest, contents, strict=True))
             break
         results.append(_inspect(path, key, content, options, capture))
     return results
 
 
-def _inspect(path: bytes, key: str, content: object, options: ProbeOptions, capture: CStderrCapture) -> Probe:
+def _inspect(path: bytes, key: str, content: Content | Probe, options: ProbeOptions, capture: CStderrCapture) -> Probe:
     if isinstance(content, Probe):
         return content._replace(key=key)
-    return inspect_content(path, key, content, options, capture)  # type: ignore[arg-type]
+    return inspect_content(path, key, content, options, capture)
 
 
-def _read_group(paths: list[bytes], follow_symlinks: bool) -> list[object]:
+def _read_group(paths: list[bytes], follow_symlinks: bool) -> list[Content | Probe]:
     return [read_content(path, follow_symlinks) for path in paths]
 
 
@@ -131,9 +137,11 @@ class WorkerPool:
 
     @property
     def inflight(self) -> int:
+        """Tasks submitted and not answered yet."""
         return len(self.backlog) + self.pool.inflight
 
     def submit(self, kind: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """Run ``fn(*args)`` in a worker; its result comes back from ``wait_any`` as (kind, result)."""
         data = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
         self.backlog.append(((kind, fn, args), data))
         self._dispatch()
@@ -148,6 +156,7 @@ class WorkerPool:
             self.pool.send(idle, task, pickled=data)
 
     def wait_any(self) -> list[tuple[str, Any]]:
+        """Block until some tasks finish: their (kind, result) pairs, a dead worker's redone."""
         answers, orphans = self.pool.wait_any()
         # A worker died: redo its tasks so that one bad file is isolated.
         results = [self._isolate(task) for task in orphans]
@@ -184,4 +193,5 @@ class WorkerPool:
             raise DlindexError("worker processes die as they start; try --workers 1") from None
 
     def close(self, abort: bool = False) -> None:
+        """Stop the workers: when idle, or at once with ``abort``."""
         self.pool.close(abort)
