@@ -1,4 +1,5 @@
-"""The module table of docs/design.md as the code defines it: `python -m tests.design_table` prints it.
+"""The module table of docs/design.md as the code defines it: `python -m tests.design_table` prints it
+(`--write` puts it into docs/design.md).
 
 Each row names one module of dlindex/ (a package by its folder, for its __init__.py) and the first
 line of its docstring, the module's one-line purpose.
@@ -58,5 +59,18 @@ def table() -> str:
     return "\n".join([HEADER, *(f"| `{name}` | {text} |" for name, text in expected_rows().items())])
 
 
+START, END = "<!-- module-table:start -->", "<!-- module-table:end -->"
+
+
+def write_table() -> None:
+    """Rewrite the table between the module-table markers of docs/design.md."""
+    text = DESIGN.read_text(encoding="utf-8")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    DESIGN.write_text(f"{head}{START}\n{table()}\n{END}{tail}", encoding="utf-8")
+
+
 if __name__ == "__main__":
-    print(table())
+    import sys
+
+    write_table() if "--write" in sys.argv else print(table())

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from dlindex import ScanOptions
-from dlindex.scan.walk import SKIP_REASONS
+from dlindex.scan.listing import SKIP_REASONS
 
 from .conftest import make_png, rows, scan
 

@@ -13,7 +13,8 @@ import xxhash
 from PIL import Image
 
 from dlindex.scan import probe
-from dlindex.scan.probe import ProbeOptions, probe_file, sniff_header
+from dlindex.scan.probe import ProbeOptions, probe_file
+from dlindex.scan.sniff import sniff_header
 
 from .conftest import CORPUS, CORPUS_EXPECTED
 

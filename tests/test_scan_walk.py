@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.scan.walk import display_name
+from dlindex.catalog.paths import display_name
 
 from .conftest import make_png, rows, scan
 

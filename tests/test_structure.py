@@ -7,8 +7,6 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dlindex"
 
@@ -155,17 +153,11 @@ def _message(found: list[list[str]]) -> str:
     )
 
 
-# At a723eb8 export/ and features/ still hold cycles (and catalog -> scan); other helpers remove them.
-CYCLES_LEFT = pytest.mark.xfail(strict=False, reason="cycles left by the regroup, being removed; drop after merging")
-
-
-@CYCLES_LEFT
 def test_module_import_graph_has_no_cycle() -> None:
     found = cycles(import_graph())
     assert not found, _message(found)
 
 
-@CYCLES_LEFT
 def test_package_import_graph_has_no_cycle() -> None:
     found = cycles(package_graph())
     assert not found, _message(found)

@@ -20,8 +20,8 @@ from dlindex.cli._shared import (
     stdout_console,
 )
 from dlindex.errors import ExitCode
+from dlindex.scan.listing import DEFAULT_EXTENSIONS
 from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
-from dlindex.scan.walk import DEFAULT_EXTENSIONS
 
 
 @handle_errors

@@ -19,7 +19,6 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 from dlindex.procs import CStderrCapture
 from dlindex.scan.listing import special_reason
 from dlindex.scan.sniff import Header, check_structure, jpeg_scan_start, sniff
-from dlindex.scan.sniff import sniff_header as sniff_header  # re-exported: dlindex's public API
 
 # Files above this are hashed in chunks and checked from their head and tail only.
 WHOLE_READ_LIMIT = 16 * 1024 * 1024

@@ -15,13 +15,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from dlindex.catalog.classes import enter_folder
-
-# Re-exported for modules that import them from here (catalog.roots, query.mark, features,
-# cli.scan); their homes are dlindex.catalog.paths and dlindex.scan.listing.
-from dlindex.catalog.paths import display_name as display_name
-from dlindex.scan.listing import DEFAULT_EXTENSIONS as DEFAULT_EXTENSIONS
 from dlindex.scan.listing import KIND, TEXT, Child, WalkOptions, WalkReport, list_children, special_reason
-from dlindex.scan.listing import SKIP_REASONS as SKIP_REASONS
 from dlindex.scan.units import Unit
 
 
