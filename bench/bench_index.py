@@ -6,11 +6,11 @@ feature runs, 1% corrupt or missing; the generator of bench_query.py) gets three
 and (width, height). Then a three-hour slice of a training day is run against it through
 dlindex, so the query log records it as it happens:
 
-  balanced      `Catalog.query(labels=[L], per_label=32, processed=True, seed=s)`   3,000 calls
+  balanced      `query_rows(catalog, labels=[L], per_label=32, processed=True, seed=s)`   3,000 calls
   label_files   SELECT file_path, label_id ... WHERE label_id = ? AND processed = 1  6,000
-  window_24h    `Catalog.query(since=now-24h, until=now, processed=True)`              360
-  unprocessed   `Catalog.query(processed=False, limit=1000)` (workers fetching work)  360
-  failed        `Catalog.query(processing_status=["failed"])`                         180
+  window_24h    `query_rows(catalog, since=now-24h, until=now, processed=True)`              360
+  unprocessed   `query_rows(catalog, processed=False, limit=1000)` (workers fetching work)  360
+  failed        `query_rows(catalog, processing_status=["failed"])`                         180
   hourly        largest files: WHERE bytes > ? ORDER BY bytes DESC LIMIT 20             3
   report        an ad-hoc full-table report grouped by label                            1
   random        SELECT ... ORDER BY random() LIMIT 64 over the whole table              6

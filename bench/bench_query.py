@@ -8,7 +8,7 @@ secondary indexes: these are the figures `dlindex index` has to improve on.
 
 Cases, every figure a median of --reps runs in this process unless it says otherwise:
   query    per-label 32 sampling among processed rows, a 24-hour window, the unprocessed
-           filter: `Catalog.query(...)` read to the end with the default columns, cold
+           filter: `query_rows(catalog, ...)` read to the end with the default columns, cold
            (cache=False) and answered from the result cache (second and later runs); plus
            the per-label query end to end through the CLI (`dlindex query ... > /dev/null`).
   log      query-log overhead: the same three cold queries with logging on vs off
@@ -273,7 +273,7 @@ def render(meta: dict[str, Any], queries: list[dict[str, Any]], cli: dict[str, f
         f"Machine: {meta['machine']}. Run {meta['when']}; medians of {meta['reps']} runs; load average before"
         f" the run {meta['load']:.2f}.",
         "",
-        "### Queries (library, `Catalog.query(...)` read to the end, default columns)",
+        "### Queries (library, `query_rows(catalog, ...)` read to the end, default columns)",
         "",
         "| query | rows | cold (no cache) | cached | speed-up |",
         "|---|---:|---:|---:|---:|",

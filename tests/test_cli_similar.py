@@ -74,3 +74,13 @@ def test_cli_errors(
     result = runner.invoke(app, ["similar", *args, "--db", str(cli_db[0])])
     assert result.exit_code == code and message in result.stderr, result.output
     assert "Traceback" not in result.output
+
+
+def test_cli_ids_file_lines_are_bounded(
+    runner: CliRunner, cli_db: tuple[Path, np.ndarray, list[str]], tmp_path: Path
+) -> None:
+    db = cli_db[0]
+    (tmp_path / "big.txt").write_bytes(b"1" * (3 << 20))  # one 3 MiB line, no newline: never read whole
+    result = runner.invoke(app, ["similar", "--type", "v", "--ids", str(tmp_path / "big.txt"), "--db", str(db)])
+    assert result.exit_code == 1 and result.stdout == "", result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "line 1" in result.stderr, result.stderr

@@ -36,14 +36,14 @@ def demo(
     say(f"[bold]2. $ dlindex scan {shlex.quote(str(root))} --db {shlex.quote(str(db))}[/]")
     with open_catalog(db, create=True) as catalog:
         summary = scan_tree(catalog, root, ScanOptions())
-    scan_command._print_summary(summary)
+    scan_command.print_summary(summary)
     say("[bold]3. $ dlindex scan ... again[/] (incremental: unchanged files cost one stat)")
     with open_catalog(db) as catalog:
         summary = scan_tree(catalog, root, ScanOptions())
-    scan_command._print_summary(summary)
+    scan_command.print_summary(summary)
     say(f"[bold]4. $ dlindex stats --db {shlex.quote(str(db))}[/]")
     with open_catalog(db) as catalog:
-        stats_command._print(catalog_stats(catalog))
+        stats_command.print_stats(catalog_stats(catalog))
     shards = folder / "shards"
     say(
         f"[bold]5. $ dlindex export {shlex.quote(str(shards))} --format wds --split train=0.9,val=0.1 --shuffle --db {shlex.quote(str(db))}[/]"

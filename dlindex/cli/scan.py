@@ -111,7 +111,7 @@ def scan(
     if as_json:
         print_json(summary.as_dict())
     elif not quiet:
-        _print_summary(summary)
+        print_summary(summary)
     if not quiet and summary.error_samples:
         for path, message in summary.error_samples[:10]:
             stderr_console.print(f"error: {path!r}: {message}", markup=False)
@@ -126,7 +126,7 @@ def scan(
         raise typer.Exit(ExitCode.PARTIAL)
 
 
-def _print_summary(s: ScanSummary) -> None:
+def print_summary(s: ScanSummary) -> None:
     stdout_console.print(
         f"[bold]scanned[/] {s.root}\n"
         f"  seen {s.seen}  new {s.new}  changed {s.changed}  unchanged {s.unchanged}  "

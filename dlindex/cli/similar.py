@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import Annotated
 
 import typer
 
@@ -74,24 +74,12 @@ def similar(
 
 
 def _read_ids(path: Path) -> list[int]:
+    from dlindex.features.samples import read_sample_ids
+
     if str(path) == "-":
-        return _parse_ids(sys.stdin.buffer, "stdin")
+        return read_sample_ids(sys.stdin.buffer, "stdin")
     try:
         with open(path, "rb") as stream:
-            return _parse_ids(stream, str(path))
+            return read_sample_ids(stream, str(path))
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}") from None
-
-
-def _parse_ids(stream: BinaryIO, path: str) -> list[int]:
-    ids = []
-    for number, line in enumerate(stream, start=1):
-        if line.strip():
-            text = line.strip()
-            if not text.isdigit() or len(text) > 19 or int(text) > 2**63 - 1:  # ids are SQLite rowids
-                shown = text[:40].decode("utf-8", "backslashreplace")
-                raise InputError(f"{path}, line {number}: {shown!r} is not a sample id")
-            ids.append(int(text))
-    if not ids:
-        raise InputError(f"{path} holds no ids")
-    return ids

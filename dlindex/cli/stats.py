@@ -42,10 +42,10 @@ def stats(
     if as_json:
         print_json(result.as_dict())
     else:
-        _print(result)
+        print_stats(result)
 
 
-def _print(s: CatalogStats) -> None:
+def print_stats(s: CatalogStats) -> None:
     out = stdout_console
     status = ", ".join(f"{k} {v:,}" for k, v in s.by_status.items())
     out.print(f"[bold]images[/] {s.images:,} ({status})")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from dlindex.catalog.paths import AMBIGUOUS, UNKNOWN, resolve_paths, root_prefixes
 from dlindex.errors import InputError
+from dlindex.query.mark import read_records
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -63,3 +64,24 @@ def neighbour_rows(catalog: Catalog, results: Sequence[Sequence[Neighbour]]) -> 
         for n in answer:
             label, path = info.get(n.id, (None, None))
             yield {"query": n.query, "rank": n.rank, "id": n.id, "distance": n.distance, "label": label, "path": path}
+
+
+def read_sample_ids(stream: BinaryIO, source: str) -> list[int]:
+    """The sample ids of ``similar --ids FILE``: one per line, blank lines skipped, each line
+    bounded (``read_records``) so a file without newlines is never read whole.
+
+    Raises:
+        InputError: a line that is not an id, or no id at all.
+    """
+    ids = []
+    for number, record in enumerate(read_records(stream), start=1):
+        text = record.strip()
+        if not text:
+            continue
+        if not text.isdigit() or len(text) > 19 or int(text) > 2**63 - 1:  # ids are SQLite rowids
+            shown = text[:40].decode("utf-8", "backslashreplace")
+            raise InputError(f"{source}, line {number}: {shown!r} is not a sample id")
+        ids.append(int(text))
+    if not ids:
+        raise InputError(f"{source} holds no ids")
+    return ids

@@ -14,7 +14,7 @@ STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
 ORDERS = ("id", "random")
 # Stored columns, selected by name; path, root, label and label_id are derived from them in
-# Python. label_row is the internal labels.id: never a column users see (dlindex/classes.py).
+# Python. label_row is the internal labels.id: never a column users see (dlindex/catalog/classes.py).
 STORED = {
     "id": "image_metadata.id",
     "root_id": "image_metadata.root_id",
@@ -57,7 +57,7 @@ class QuerySpec:
     ``split`` selects the tree's split folders (``"val"`` or ``"validation"``); ``classes``
     says which class list ``label_id`` indexes: ``"selected"`` (the ``labels`` named, else
     the catalog's) or ``"catalog"`` (always the catalog's); ``has_class`` keeps only files
-    with (True) or without (False) a class. See dlindex/classes.py.
+    with (True) or without (False) a class. See dlindex/catalog/classes.py.
     Sequences may also be given as one string (``columns="id,path"``, ``labels="cat"``);
     ``since``/``until`` take an ISO date-time (UTC unless it says otherwise), a duration
     back from now (``30m``, ``24h``, ``7d``) or a ``datetime``.

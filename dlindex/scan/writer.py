@@ -47,7 +47,7 @@ _PRUNE = "DELETE FROM image_metadata WHERE root_id = ? AND status = 'missing'"
 _INSERT_LABEL = "INSERT OR IGNORE INTO labels (name) VALUES (?)"
 _LABEL_ID = "SELECT id FROM labels WHERE name = ?"
 # The labels table holds only labels that some row has, so it *is* the catalog's class list
-# (dlindex/classes.py) and reading that list costs nothing; see docs/design.md.
+# (dlindex/catalog/classes.py) and reading that list costs nothing; see docs/design.md.
 _DROP_UNUSED_LABELS = (
     "DELETE FROM labels WHERE id NOT IN (SELECT DISTINCT label_id FROM image_metadata WHERE label_id IS NOT NULL)"
 )
