@@ -8,8 +8,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from dlindex import Catalog, InputError
+from dlindex import Catalog, InputError, query_rows
 from dlindex.advisor import Advice, apply_advice, list_indexes, revert_indexes, suggest_indexes
 from dlindex.catalog.fingerprint import fingerprint
 from dlindex.catalog.sandbox import guarded
@@ -26,7 +27,7 @@ from .advisor_workload import (
     run_workload,
     snapshot,
 )
-from .conftest import rows
+from .conftest import invoke, rows
 
 PLANTED = {"planted_wh": "width, height"}
 
@@ -219,3 +220,23 @@ def test_slow_queries_show_current_plans(logged: Path) -> None:
     assert report.queries[0].mean_ms >= report.queries[1].mean_ms
     assert all(q.plan and q.calls for q in report.queries)
     assert any("SCAN image_metadata" in line for q in report.queries for line in q.plan)
+
+
+def test_logged_writes_to_a_without_rowid_table_are_measured(
+    runner: CliRunner, image_tree: Path, db_path: Path
+) -> None:
+    # Found on a real collection: `features compute` logs writes to feature_state, a WITHOUT
+    # ROWID table, and measuring their cost picked rows by rowid (no such column).
+    db = str(db_path)
+    assert invoke(runner, "scan", str(image_tree), "--db", db).exit_code == 0
+    assert invoke(runner, "features", "compute", "--type", "c", "--extractor", "colorhist", "--db", db).exit_code == 0
+    with Catalog(db_path) as catalog:
+        with catalog.write_transaction() as conn:  # one more logged write shape on feature_state
+            conn.execute("UPDATE feature_state SET state = 'queued' WHERE image_id = -1")
+        for _ in range(3):
+            list(query_rows(catalog, processing_status=["failed"], cache=False))
+        suggest_indexes(catalog)
+    logged = rows(db_path, "SELECT count(*) FROM query_log WHERE kind = 'write' AND table_name = 'feature_state'")
+    assert logged[0][0] > 0  # the writes whose cost the advice measures
+    result = invoke(runner, "index", "--suggest", "--db", db)
+    assert result.exit_code == 0, result.output

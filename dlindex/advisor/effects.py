@@ -41,7 +41,7 @@ def _write_effects(bench: Bench, table: str, verdicts: Sequence[Verdict]) -> lis
     scratch, info = bench.scratch, bench.tables[table]
     writes = [w for w in bench.workload.writes if w.table == table]
     columns = tuple(sorted({c for w in writes for col in (w.set_columns or ()) if (c := info.canonical(col))}))
-    scratch.writes.pick_rows(table)
+    scratch.writes.pick_rows(table, info)
     mine = [v.candidate for v in verdicts if v.candidate.table == table]
     with_set = scratch.writes.measure(table, info, columns)
     for candidate in mine:

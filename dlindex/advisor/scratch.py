@@ -107,9 +107,20 @@ class Scratch:
         for (name,) in self.admin.execute(_TABLES).fetchall():
             cols = self.admin.execute(f"PRAGMA table_info({quote_identifier(name)})").fetchall()
             pk = [c for c in cols if c[5]]
-            rowid = pk[0][1] if len(pk) == 1 and str(pk[0][2]).upper() == "INTEGER" else None
-            infos[name] = TableInfo.make(name, [c[1] for c in cols], rowid)
+            if self._has_rowid(name):
+                rowid = pk[0][1] if len(pk) == 1 and str(pk[0][2]).upper() == "INTEGER" else None
+                infos[name] = TableInfo.make(name, [c[1] for c in cols], rowid)
+            else:  # WITHOUT ROWID (feature_state): its primary key names its rows, in key order
+                key = [c[1] for c in sorted(pk, key=lambda c: int(c[5]))]
+                infos[name] = TableInfo.make(name, [c[1] for c in cols], None, key)
         return infos
+
+    def _has_rowid(self, table: str) -> bool:
+        try:
+            self.admin.execute(f"SELECT rowid FROM {quote_identifier(table)} LIMIT 0")
+        except sqlite3.OperationalError:
+            return False
+        return True
 
     def indexes(self) -> list[IndexDef]:
         found: list[IndexDef] = []

@@ -69,11 +69,12 @@ class TableInfo:
     columns: tuple[str, ...]
     rowid: str | None = None  # the INTEGER PRIMARY KEY column, if any
     lower: Mapping[str, str] = field(default_factory=dict)
+    primary_key: tuple[str, ...] = ()  # set only for a WITHOUT ROWID table: what names its rows
 
     @classmethod
-    def make(cls, name: str, columns: Iterable[str], rowid: str | None) -> TableInfo:
+    def make(cls, name: str, columns: Iterable[str], rowid: str | None, primary_key: Iterable[str] = ()) -> TableInfo:
         cols = tuple(columns)
-        return cls(name, cols, rowid, {c.lower(): c for c in cols})
+        return cls(name, cols, rowid, {c.lower(): c for c in cols}, tuple(primary_key))
 
     def canonical(self, column: str) -> str | None:
         low = column.lower()

@@ -40,7 +40,7 @@ def verify(bench: Bench, c: Candidate) -> tuple[Verdict | None, str]:
     scratch, info = bench.scratch, bench.tables[c.table]
     name = c.name
     columns = update_columns(bench, c)
-    scratch.writes.pick_rows(c.table)
+    scratch.writes.pick_rows(c.table, info)
     # Measured right before the candidate exists, so drifting machine load cancels out.
     baseline = scratch.writes.measure(c.table, info, columns)
     scratch.create(name, c.sql(name))

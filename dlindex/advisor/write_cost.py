@@ -28,13 +28,20 @@ class WriteCosts:
         self.stats = stats
         self._counted = 0
 
-    def pick_rows(self, table: str) -> None:
+    def pick_rows(self, table: str, info: TableInfo) -> None:
         """The WRITE_ROWS rows, spread over ``table``, that update measurements change."""
         step = max(1, self.stats.rows(table) // WRITE_ROWS)
         t = quote_identifier(table)
         self.conn.execute("DROP TABLE IF EXISTS temp.dlindex_rows")
+        if not info.primary_key:
+            self.conn.execute(
+                f"CREATE TEMP TABLE dlindex_rows AS SELECT rowid AS rowid FROM {t} WHERE rowid % {step} = 0 LIMIT {WRITE_ROWS}"
+            )
+            return
+        key = _row_key(info)  # WITHOUT ROWID: every step-th row in key order
         self.conn.execute(
-            f"CREATE TEMP TABLE dlindex_rows AS SELECT rowid AS rowid FROM {t} WHERE rowid % {step} = 0 LIMIT {WRITE_ROWS}"
+            f"CREATE TEMP TABLE dlindex_rows AS SELECT {key} FROM (SELECT {key}, row_number() OVER (ORDER BY {key}) AS n"
+            f" FROM {t}) WHERE n % {step} = 0 LIMIT {WRITE_ROWS}"
         )
 
     def measure(
@@ -43,7 +50,7 @@ class WriteCosts:
         """Fastest of ``runs``: inserting WRITE_ROWS rows, and updating ``columns`` of the picked rows."""
         return (
             self._fastest(lambda counted: self._insert(table, info, counted), runs),
-            self._fastest(lambda counted: self._update(table, columns, counted), runs),
+            self._fastest(lambda counted: self._update(table, info, columns, counted), runs),
         )
 
     def _fastest(self, run: Callable[[bool], None], runs: int) -> Timing | None:
@@ -91,7 +98,13 @@ class WriteCosts:
                 keys = [r[2] for r in self.conn.execute(f"PRAGMA index_info({quote_identifier(row[1])})")]
                 unique.add(keys[-1])
         t = quote_identifier(table)
-        top = int(self.conn.execute(f"SELECT coalesce(max(rowid), 0) FROM {t}").fetchone()[0])
+        if info.primary_key:  # WITHOUT ROWID: its key made unique like a unique index's, above the largest value
+            unique.add(info.primary_key[-1])
+            q = quote_identifier(info.primary_key[-1])
+            largest = f"SELECT coalesce(max(CASE WHEN typeof({q}) IN ('integer', 'real') THEN {q} END), 0) FROM {t}"
+        else:
+            largest = f"SELECT coalesce(max(rowid), 0) FROM {t}"
+        top = int(self.conn.execute(largest).fetchone()[0])
         values = []
         for column in info.columns:
             q = quote_identifier(column)
@@ -102,10 +115,12 @@ class WriteCosts:
             else:
                 values.append(q)
         cols = ", ".join(quote_identifier(c) for c in info.columns)
-        sql = f"INSERT INTO {t} ({cols}) SELECT {', '.join(values)} FROM {t} ORDER BY rowid LIMIT {WRITE_ROWS}"
+        sql = (
+            f"INSERT INTO {t} ({cols}) SELECT {', '.join(values)} FROM {t} ORDER BY {_row_key(info)} LIMIT {WRITE_ROWS}"
+        )
         self.conn.execute(self._fresh(sql, counted))
 
-    def _update(self, table: str, columns: Sequence[str], counted: bool = False) -> None:
+    def _update(self, table: str, info: TableInfo, columns: Sequence[str], counted: bool = False) -> None:
         """Flip each column between its two most frequent values on rows spread over the table."""
         if not columns:
             return
@@ -120,5 +135,11 @@ class WriteCosts:
             else:
                 sets.append(f"{q} = {q}")
         t = quote_identifier(table)
-        sql = f"UPDATE {t} SET {', '.join(sets)} WHERE rowid IN (SELECT rowid FROM temp.dlindex_rows)"
+        key = _row_key(info)
+        sql = f"UPDATE {t} SET {', '.join(sets)} WHERE ({key}) IN (SELECT {key} FROM temp.dlindex_rows)"
         self.conn.execute(self._fresh(sql, counted), params)
+
+
+def _row_key(info: TableInfo) -> str:
+    """What names a row of the table in SQL: its rowid, or a WITHOUT ROWID table's primary key."""
+    return ", ".join(quote_identifier(c) for c in info.primary_key) if info.primary_key else "rowid"
