@@ -1,7 +1,9 @@
-"""`dlindex COMMAND --help` shows every option's default, and rich markup eats no help text."""
+"""`dlindex --help`, `--version` and `python -m dlindex`; every COMMAND --help shows each default, uneaten."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -77,3 +79,19 @@ def test_no_help_text_is_swallowed_as_markup(words: tuple[str, ...], command: An
 def test_every_command_is_covered() -> None:
     names = {" ".join(words) for words, _ in LEAVES}
     assert {"query", "export", "features compute", "log show", "roots move", "index"} <= names
+
+
+def test_python_dash_m_help() -> None:
+    done = subprocess.run([sys.executable, "-m", "dlindex", "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for command in ("scan", "stats", "demo"):
+        assert command in done.stdout
+
+
+def test_version(runner: CliRunner) -> None:
+    from dlindex import __version__
+
+    result = runner.invoke(app, ["--version"])
+    assert (result.exit_code, result.stdout) == (0, f"dlindex {__version__}\n")
+    done = subprocess.run([sys.executable, "-m", "dlindex", "--version"], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, f"dlindex {__version__}\n")

@@ -105,13 +105,6 @@ def test_strict_exits_3_on_errors(
     assert "Permission denied" in result.stderr
 
 
-def test_python_dash_m_help() -> None:
-    done = subprocess.run([sys.executable, "-m", "dlindex", "--help"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0
-    for command in ("scan", "stats", "demo"):
-        assert command in done.stdout
-
-
 def test_subprocess_scan_has_no_progress_noise_off_a_terminal(image_tree: Path, db_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dlindex", "scan", str(image_tree), "--db", str(db_path), "--json"],
@@ -187,12 +180,3 @@ def test_quiet_silences_the_summary_not_the_errors(runner: CliRunner, image_tree
     assert "scanned" in loud.stdout
     bad = runner.invoke(app, ["scan", str(image_tree / "nope"), "--db", str(db_path), "-q"])
     assert bad.exit_code == 1 and bad.stderr.startswith("Error: ")
-
-
-def test_version(runner: CliRunner) -> None:
-    from dlindex import __version__
-
-    result = runner.invoke(app, ["--version"])
-    assert (result.exit_code, result.stdout) == (0, f"dlindex {__version__}\n")
-    done = subprocess.run([sys.executable, "-m", "dlindex", "--version"], capture_output=True, text=True, timeout=60)
-    assert (done.returncode, done.stdout) == (0, f"dlindex {__version__}\n")

@@ -1,0 +1,43 @@
+"""`dlindex check` through the CLI: healthy and unhealthy catalogs, --json, --quick, errors.
+
+Damage of every kind, recovery and the random-damage fuzz test are in test_faults_catalog.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from .conftest import invoke, one_error_line
+
+
+def test_a_healthy_catalog_exits_0_and_its_json_has_every_key(runner: CliRunner, scanned_db: Path) -> None:
+    plain = invoke(runner, "check", "--db", str(scanned_db))
+    assert plain.exit_code == 0 and plain.stdout.strip().endswith("healthy"), plain.output
+    result = invoke(runner, "check", "--quick", "--json", "--db", str(scanned_db))
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["healthy"] is True and report["problems"] == [] and report["integrity"] == "ok"
+    assert report["images"] == 7 and report["orphans"] == {} and report["interrupted_scans"] == []
+    assert {"path", "schema_version", "dlindex_schema_version", "seconds"} <= set(report)
+
+
+def test_problems_are_listed_one_per_line_and_exit_1(runner: CliRunner, scanned_db: Path) -> None:
+    with sqlite3.connect(scanned_db) as conn:  # an image row whose root is gone
+        conn.execute("INSERT INTO image_metadata (root_id, file_path) VALUES (99, 'x.png')")
+    conn.close()
+    result = invoke(runner, "check", "--db", str(scanned_db))
+    assert result.exit_code == 1, result.output
+    problems = [line for line in result.stdout.splitlines() if line.startswith("problem: ")]
+    assert len(problems) == 1 and "image_metadata -> roots" in problems[0], result.stdout
+    as_json = json.loads(invoke(runner, "check", "--json", "--db", str(scanned_db)).stdout)
+    assert as_json["healthy"] is False and as_json["orphans"] == {"image_metadata -> roots": 1}
+
+
+def test_no_catalog_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
+    result = invoke(runner, "check", "--db", str(tmp_path / "missing.db"))
+    assert result.exit_code == 1 and result.stdout == ""
+    assert "missing.db" in one_error_line(result)
