@@ -50,6 +50,16 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
+def _absolute(path: Path, module: str | None, level: int) -> str:
+    """The absolute module a ``from`` import names; relative ones resolved against ``path``
+    (ruff bans them, but a cycle must not hide behind one)."""
+    if level == 0:
+        return module or ""
+    package = _module(path).split(".") if path.name == "__init__.py" else _module(path).split(".")[:-1]
+    base = package[: len(package) - (level - 1)]
+    return ".".join([*base, module] if module else base)
+
+
 def _imports(path: Path) -> set[str]:
     """Every dlindex module ``path`` imports: at the top, inside functions and under TYPE_CHECKING."""
     targets: set[str] = set()
@@ -57,9 +67,10 @@ def _imports(path: Path) -> set[str]:
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
             # `from dlindex.cli import scan` imports the module dlindex.cli.scan, not just the package
-            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            base = _absolute(path, node.module, node.level)
+            names = [f"{base}.{alias.name}" for alias in node.names]
         for name in names:
             if name == "dlindex" or name.startswith("dlindex."):
                 target = _resolve(name)
@@ -161,3 +172,11 @@ def test_module_import_graph_has_no_cycle() -> None:
 def test_package_import_graph_has_no_cycle() -> None:
     found = cycles(package_graph())
     assert not found, _message(found)
+
+
+def test_relative_imports_resolve_to_their_modules() -> None:
+    paths = PACKAGE / "catalog" / "paths.py"
+    assert _absolute(paths, "sqlite", 1) == "dlindex.catalog.sqlite"  # from .sqlite import ...
+    assert _absolute(paths, None, 2) == "dlindex"  # from .. import faults
+    assert _absolute(PACKAGE / "catalog" / "__init__.py", "paths", 1) == "dlindex.catalog.paths"
+    assert _absolute(paths, "dlindex.errors", 0) == "dlindex.errors"
