@@ -17,20 +17,21 @@ process has another start time.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
-import multiprocessing
 import os
 import signal
 import socket
-import tempfile
-import traceback
 import warnings
 import zlib
 from collections import deque
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+# multiprocessing, ctypes and tempfile are imported where they are used: every command imports
+# this module (the catalog asks pid_alive), and those three cost ~10 ms of each command's start.
 
 MAX_CAPTURED_CHARS = 500
 
@@ -72,6 +73,8 @@ class ForkPool:
 
     def __init__(self, workers: int, init: Callable[[], None], handle: Callable[[Any], Any]) -> None:
         # fork: workers start in milliseconds and inherit the imported modules.
+        import multiprocessing
+
         self.context = multiprocessing.get_context("fork" if os.name == "posix" else "spawn")
         self.target = (init, handle)
         self.workers = [self._start() for _ in range(max(1, workers))]
@@ -103,6 +106,8 @@ class ForkPool:
         sentinels = {w.process.sentinel: w for w in busy.values()}
         answers: list[tuple[Any, Any]] = []
         orphans: list[Any] = []
+        from multiprocessing.connection import wait
+
         for ready in wait([*busy, *sentinels]):
             w = busy.get(ready) or sentinels[ready]
             if not w.tasks:
@@ -158,6 +163,8 @@ def call_task(message: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:
     try:
         return fn(*args)
     except Exception:  # a bug, not a bad file: the parent re-raises it with this traceback
+        import traceback
+
         return _Failed(traceback.format_exc())
 
 
@@ -197,6 +204,8 @@ class CStderrCapture:
     print warnings straight to stderr end up in the file's record, not on the user's screen."""
 
     def __init__(self) -> None:
+        import tempfile
+
         self._file = tempfile.TemporaryFile()  # noqa: SIM115 (open for the whole life of the worker)
         self._saved_fd: int | None = None
 
@@ -246,6 +255,8 @@ def keep_freed_memory() -> None:
     largest batch in flight.
     """
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None)
         libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
         libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: files up to 32 MiB come from the heap
@@ -257,6 +268,8 @@ def keep_freed_memory() -> None:
 def _die_with_parent() -> None:
     """Linux: if the scan is killed with -9, its workers go too instead of lingering."""
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
