@@ -29,7 +29,7 @@ from typer.testing import CliRunner, Result
 from dlindex import Catalog, QuerySpec, ScanOptions, ScanSummary, scan_tree
 from dlindex.cli import app
 from dlindex.export import ExportOptions, ExportSummary, export_catalog
-from dlindex.export.reader import index_path
+from dlindex.export.index import index_path
 from dlindex.features import ComputeOptions, ComputeSummary, ImportSummary, compute_features, import_features
 
 from .synthetic import Row, balanced, make_catalog

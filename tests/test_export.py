@@ -15,7 +15,7 @@ from PIL import Image
 
 from dlindex import Catalog, InputError, QuerySpec, ScanOptions, scan_tree
 from dlindex.export import ExportError, load_index, manifest_rows, verify_export
-from dlindex.export.reader import INDEX_VERSION, listed_shards
+from dlindex.export.index import INDEX_VERSION, listed_shards
 
 from .conftest import export, make_jpeg, make_png, rows
 

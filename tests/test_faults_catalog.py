@@ -183,6 +183,19 @@ def test_recovery_path_from_the_docs_works(wide_catalog: Path, tmp_path: Path) -
     assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
 
 
+def test_a_negative_schema_version_is_a_damaged_catalog(tmp_path: Path) -> None:
+    # Found by the random-damage test: 0x80 at byte 60 makes the header's user_version negative,
+    # and the migrations were then indexed with it.
+    db = make_catalog(tmp_path / "c.db", [Row("cat")])
+    data = bytearray(db.read_bytes())
+    data[60] = 0x80
+    db.write_bytes(bytes(data))
+    result = CliRunner().invoke(app, ["stats", "--db", str(db)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == ExitCode.DAMAGED, result.output
+    one_line(result.stderr, "damaged", "schema version")
+
+
 def test_text_that_is_not_utf8_is_a_damaged_catalog(tmp_path: Path) -> None:
     # Found by the random-damage test: one byte of a file_path turned to 0x80. dlindex writes only
     # UTF-8 TEXT (other names get stand-ins), so such a value can only be damage.

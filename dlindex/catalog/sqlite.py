@@ -26,6 +26,7 @@ from dlindex.errors import CatalogBusyError, CatalogError, ReadOnlyCatalogError
 DEFAULT_DB = "dlindex.db"
 BUSY_TIMEOUT_S = 30.0
 PAGE_SIZE = 16384  # see _connect and docs/design.md
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # what an SQLite INTEGER (and so a rowid) holds
 _wait_override: float | None = None
 _write_command = False
 
@@ -180,13 +181,16 @@ def readonly_uri(db_path: str | os.PathLike[str]) -> str:
     ``immutable=1`` when no -wal/-shm can be made beside it (a read-only folder or mount)
     and none is there, so the file alone holds every committed change."""
     path = Path(db_path)
-    base = "file:" + urllib.parse.quote(os.fspath(path.absolute()))
     wal = Path(os.fspath(path) + "-wal")
     folder = path.parent if str(path.parent) else Path(".")
     wal_empty = not wal.exists() or wal.stat().st_size == 0
     if wal_empty and not _writable_dir(folder) and not Path(os.fspath(path) + "-shm").exists():
-        return base + "?immutable=1"
-    return base + "?mode=ro"
+        return _file_uri(path, "immutable=1")
+    return _file_uri(path, "mode=ro")
+
+
+def _file_uri(path: Path, query: str) -> str:
+    return f"file:{urllib.parse.quote(os.fspath(path.absolute()))}?{query}"
 
 
 def connect_readonly(
@@ -290,6 +294,8 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
             f"{db_path} has catalog schema version {version}, newer than this dlindex "
             f"supports ({LATEST_VERSION}); upgrade dlindex"
         )
+    if version < 0:  # user_version is a signed 32-bit header field; dlindex never writes a negative one
+        raise faults.damaged_error(db_path, f"the schema version in its header is {version}")
     lost = missing_tables(tables, version)
     if lost:
         raise faults.damaged_error(db_path, f"table {', '.join(lost)} is missing")
@@ -298,14 +304,14 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
 def _read_header(db_path: Path) -> tuple[int, int, set[str]]:
     try:
         try:
-            return _header(db_path, "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=ro")
+            return _header(db_path, _file_uri(db_path, "mode=ro"))
         except sqlite3.Error as e:
             name = faults.sqlite_error_name(e)
             if name == "SQLITE_READONLY_ROLLBACK":
                 # A hot journal: a writer in rollback-journal mode (a large features import)
                 # was killed. Only a read-write open can roll it back, as any SQLite client
                 # does; that restores the last committed state, it changes nothing.
-                return _header(db_path, "file:" + urllib.parse.quote(os.fspath(db_path.absolute())) + "?mode=rw")
+                return _header(db_path, _file_uri(db_path, "mode=rw"))
             if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")) and readonly_uri(db_path).endswith(
                 "immutable=1"
             ):

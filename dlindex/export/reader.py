@@ -20,10 +20,6 @@ from dlindex.export.confine import (
 )
 from dlindex.export.index import (
     INDEX,
-    INDEX_VERSION,
-    PARQUET_INDEX,
-    SHARDS_KEY,
-    index_name,
     index_path,
     listed_shards,
     shards_key,
@@ -32,11 +28,6 @@ from dlindex.export.plan import ExportError
 from dlindex.export.shards import PATH_B64, exact_path
 from dlindex.export.validate import check_index, check_row, check_version
 
-# The index names are re-exported: readers of an export find everything here.
-__all__ = [
-    "INDEX", "INDEX_VERSION", "MANIFEST_SUFFIXES", "PARQUET_INDEX", "SHARDS_KEY", "absolute_paths", "index_name",
-    "index_path", "listed_shards", "load_index", "manifest_files", "manifest_rows", "source_path",
-]  # fmt: skip
 MANIFEST_SUFFIXES = (".jsonl", ".csv", ".parquet")
 _INTS = ("id", "label_id", "width", "height", "bytes")
 

@@ -30,11 +30,11 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy_format
 
+from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
 
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: 4,000,000 x 512 float32 vectors
 FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_HEADER = 10_000  # numpy's own default limit for .npy headers
 _ROW_OVERHEAD = 160  # bytes a parsed JSONL row costs beyond its values
 
@@ -175,7 +175,7 @@ def _read_ids(path: Path, n: int, max_bytes: int) -> npt.NDArray[np.int64]:
                     value = int(line)
                 except ValueError:
                     raise InputError(f"{path}, line {number}: {line.strip()[:40]!r} is not a sample id") from None
-                if not _INT64_MIN <= value <= _INT64_MAX:
+                if not INT64_MIN <= value <= INT64_MAX:
                     raise InputError(f"{path}, line {number}: id {value} is outside the 64-bit integer range")
                 if len(values) > n:
                     raise InputError(f"{path}: more ids than the {n:,} vectors")
@@ -186,7 +186,7 @@ def _read_ids(path: Path, n: int, max_bytes: int) -> npt.NDArray[np.int64]:
 
 
 def _as_int64(ids: npt.NDArray[np.integer[Any]], where: str) -> npt.NDArray[np.int64]:
-    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > _INT64_MAX:
+    if ids.dtype.kind == "u" and ids.size and int(ids.max()) > INT64_MAX:
         raise InputError(f"{where}: id {int(ids.max())} is outside the 64-bit integer range")
     return ids.astype(np.int64)
 
@@ -350,9 +350,7 @@ def _read_jsonl(path: Path, column: str, max_bytes: int) -> Loaded:
             key = obj["file_path"] if by_path else obj["id"]
             if by_path and (not isinstance(key, str) or not key):
                 raise InputError(f'{path}, line {number}: "file_path" must be a non-empty string')
-            if not by_path and (
-                not isinstance(key, int) or isinstance(key, bool) or not _INT64_MIN <= key <= _INT64_MAX
-            ):
+            if not by_path and (not isinstance(key, int) or isinstance(key, bool) or not INT64_MIN <= key <= INT64_MAX):
                 raise InputError(f'{path}, line {number}: "id" must be a 64-bit integer, not {str(key)[:40]}')
             vector = obj[column]
             if not isinstance(vector, list) or not all(

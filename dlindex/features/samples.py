@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from dlindex.catalog.paths import AMBIGUOUS, UNKNOWN, resolve_paths, root_prefixes
+from dlindex.catalog.sqlite import INT64_MAX
 from dlindex.errors import InputError
 from dlindex.query.mark import read_records
 
@@ -28,8 +29,8 @@ def resolve_sample(catalog: Catalog, target: str) -> int:
     """The id of a sample named by its id, its absolute path, or its path under its root."""
     text = target.strip()
     if text.isdigit():
-        if len(text) > 19 or int(text) > 2**63 - 1:  # beyond any SQLite rowid
-            raise InputError(f"no sample with id {text[:30]}: ids go up to {2**63 - 1}")
+        if _rowid(text) is None:
+            raise InputError(f"no sample with id {text[:30]}: ids go up to {INT64_MAX}")
         if catalog.conn.execute(_BY_ID, (int(text),)).fetchone() is None:
             raise InputError(f"no sample with id {text} in the catalog (a file named {text}? write ./{text})")
         return int(text)
@@ -78,10 +79,19 @@ def read_sample_ids(stream: BinaryIO, source: str) -> list[int]:
         text = record.strip()
         if not text:
             continue
-        if not text.isdigit() or len(text) > 19 or int(text) > 2**63 - 1:  # ids are SQLite rowids
+        sample_id = _rowid(text)
+        if sample_id is None:
             shown = text[:40].decode("utf-8", "backslashreplace")
             raise InputError(f"{source}, line {number}: {shown!r} is not a sample id")
-        ids.append(int(text))
+        ids.append(sample_id)
     if not ids:
         raise InputError(f"{source} holds no ids")
     return ids
+
+
+def _rowid(text: str | bytes) -> int | None:
+    """The id ``text`` spells in decimal digits, or None: not digits, or beyond any SQLite rowid."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:  # 19 digits bound int() before the range
+        return None
+    value = int(text)
+    return value if value <= INT64_MAX else None

@@ -20,7 +20,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
-from dlindex.catalog.sqlite import rollback
+from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN, rollback
 from dlindex.errors import InputError
 from dlindex.query.spec import PROCESSING_STATUSES
 
@@ -87,7 +87,6 @@ _CHANGED = {
 }
 
 _STAGE_BATCH = 100_000
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _EXAMPLES = 10
 # One record holds one id or path (PATH_MAX is 4 KiB) or a query row as JSON: a line longer
 # than this is not a record, and must not be read into memory whole.
@@ -214,7 +213,7 @@ def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
                         ids = list(map(int, chunk))
                 except (TypeError, ValueError):  # str records, or not all plain ids
                     pass
-                if ids and not _INT64_MIN <= min(ids) <= max(ids) <= _INT64_MAX:
+                if ids and not INT64_MIN <= min(ids) <= max(ids) <= INT64_MAX:
                     ids = None
             if ids is not None:
                 inputs += len(ids)
@@ -251,7 +250,7 @@ def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> 
         obj = _json_object(text, number)
         if "id" in obj:
             id_ = obj["id"]
-            if not isinstance(id_, int) or isinstance(id_, bool) or not _INT64_MIN <= id_ <= _INT64_MAX:
+            if not isinstance(id_, int) or isinstance(id_, bool) or not INT64_MIN <= id_ <= INT64_MAX:
                 raise InputError(
                     f'line {number}: "id" must be a 64-bit integer, not {_shown(id_)}; nothing was changed'
                 )
@@ -282,7 +281,7 @@ def _parse(raw: bytes, number: int, by: str, roots: list[tuple[bytes, int]]) -> 
         decimal = _DECIMAL.match(text) is not None
         if decimal and len(text) <= 24:  # longer is out of range (and int() limits digits)
             value = int(text)
-            if _INT64_MIN <= value <= _INT64_MAX:
+            if INT64_MIN <= value <= INT64_MAX:
                 return value
         what = (
             "is outside the 64-bit range of sample ids" if decimal else "is not a sample id (for paths use --by path)"

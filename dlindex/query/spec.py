@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from dlindex.catalog.sqlite import INT64_MAX
 from dlindex.errors import InputError
 
 STATUSES = ("ok", "corrupt", "missing")
@@ -44,7 +45,6 @@ DERIVED = {
 COLUMNS = ("id", "path", "root", "file_path", "label", "label_id", "split", *[c for c in STORED if c not in
            ("id", "root_id", "file_path", "file_path_bytes", "label_row", "split")])  # fmt: skip
 DEFAULT_COLUMNS = ("id", "path", "label", "width", "height", "status", "processed", "processing_status", "created_at")
-INT64_MAX = 2**63 - 1  # the largest value SQLite binds
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|day|days|w|wk|wks)\s*$", re.I)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
