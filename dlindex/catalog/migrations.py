@@ -339,9 +339,23 @@ _M008_UNKNOWN_LIMIT = """UPDATE image_metadata SET pixel_limit = 0
         OR warning LIKE '%not decoded: % pixels exceeds --max-pixels%'"""
 
 
+def m009_exports(conn: sqlite3.Connection) -> None:
+    # Each export dlindex wrote from this catalog, so the training loader can find a packed
+    # copy of its selection without being told (docs/training.md#where-the-bytes-come-from).
+    conn.execute(
+        """CREATE TABLE exports (
+            path TEXT PRIMARY KEY,
+            format TEXT NOT NULL,
+            samples INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            catalog_changes INTEGER NOT NULL
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
-    m006_classes, m007_feature_state, m008_pixel_limit,
+    m006_classes, m007_feature_state, m008_pixel_limit, m009_exports,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -382,6 +396,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (3, 7, ("feature_failures",)),  # m007_feature_state moved its rows to feature_state
     (4, None, ("index_changes",)),
     (7, None, ("feature_state",)),
+    (9, None, ("exports",)),
 )
 
 

@@ -14,6 +14,7 @@ from dlindex.catalog.classes import SPLITS, has_presplit_root
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, written_per_split
 from dlindex.export.files import hash_file, packable
+from dlindex.export.ids import write_wds_ids
 from dlindex.export.index import index_name
 from dlindex.export.manifest import write_csv, write_jsonl
 from dlindex.export.mds import split_index, write_mds
@@ -29,6 +30,7 @@ from dlindex.export.plan import (
     select_rows,
     tree_split_choice,
 )
+from dlindex.export.registry import record_export
 from dlindex.export.shards import Context, ShardInfo
 from dlindex.export.vectors import feature_source
 from dlindex.export.wds import arrange, write_wds
@@ -142,6 +144,8 @@ def export_catalog(
                 (output.tmp / name).write_bytes(data)
                 size, digest = hash_file(output.tmp / name)
                 extra.append({"file": name, "bytes": size, "xxh3_128": digest})
+        if fmt == "wds":
+            extra.append(write_wds_ids(output.tmp, shards))
         clients = client_keys(ctx, fmt, shards)
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
@@ -149,6 +153,7 @@ def export_catalog(
         )  # fmt: skip
         (output.tmp / index_name(fmt)).write_bytes(index)
         output.commit()
+        record_export(catalog, target, fmt, plan.samples, changes)  # best effort: the export is done
     except BaseException:
         output.abort()  # never leave a half export that looks whole
         raise

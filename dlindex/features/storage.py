@@ -32,6 +32,7 @@ _VECTORS_OF = (
     "SELECT image_id, vector FROM image_features "
     "WHERE feature_type = :type AND image_id IN (SELECT value FROM json_each(:ids))"
 )
+_IDS_WITH_VECTORS = "SELECT image_id FROM image_features WHERE feature_type = :type ORDER BY image_id"
 _IMAGE_FEATURES = (
     "SELECT feature_type, vector, created_at, updated_at FROM image_features WHERE image_id = ? ORDER BY feature_type"
 )
@@ -249,3 +250,10 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
         name, os.fspath(target), int(ids.size), int(ftype.dim or 0), ftype.dtype, target.stat().st_size,
         round(time.perf_counter() - started, 3),
     )  # fmt: skip
+
+
+def vector_ids(catalog: Catalog, feature_type: str) -> Ids:
+    """The sorted ids that have a vector of ``feature_type`` (InputError: unknown type)."""
+    ftype = get_type(catalog, feature_type)
+    ids = [row[0] for row in catalog.conn.execute(_IDS_WITH_VECTORS, {"type": ftype.name})]
+    return np.asarray(ids, dtype=np.int64)

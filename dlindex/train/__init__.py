@@ -1,0 +1,1 @@
+"""The catalog-backed training loader: epoch selection, layout over ranks and workers, reading, decoding."""

@@ -1,0 +1,148 @@
+"""CatalogDataset: an iterable torch dataset whose samples are a catalog query, read epoch by epoch."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import fields
+from typing import Any
+
+from dlindex.errors import InputError
+from dlindex.loader import rank_and_world
+from dlindex.query.spec import QuerySpec
+from dlindex.train.decode import ImageSpec
+from dlindex.train.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
+from dlindex.train.rows import DEFAULT_SIZE
+from dlindex.train.worker import ON_ERROR, WorkerJob, run_worker
+
+_FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {"columns", "order", "seed", "limit", "offset", "cache"}
+
+
+class CatalogDataset:
+    """The samples a catalog query selects, as an iterable dataset (a torch ``IterableDataset``
+    when torch is installed); see docs/training.md.
+
+    Each epoch (``set_epoch``) resolves the query once — ``per_label=N`` draws a new
+    class-balanced set per (seed, epoch) — splits it into equal rank shares and, within a
+    rank, into whole batches per DataLoader worker. It yields batches of ``batch_size``
+    (dicts of ``id``, ``label``, ``image`` and/or ``features`` arrays), or single samples
+    when ``batch_size`` is None (for torch's own DataLoader to batch).
+
+    Query filters are the keyword arguments of ``dlindex.QuerySpec`` (``labels``, ``split``,
+    ``status``, ``since``, ``min_width``, ``per_label``, ...).
+    """
+
+    _torch_class: type | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CatalogDataset:
+        base = _torch_iterable()
+        if base is not None and not issubclass(cls, base):
+            if cls._torch_class is None or cls._torch_class.__mro__[1] is not cls:
+                cls._torch_class = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
+            cls = cls._torch_class
+        return object.__new__(cls)
+
+    def __init__(
+        self, database_path: str | os.PathLike[str], *, feature_type: str | None = None, images: bool | None = None,
+        image_size: tuple[int, int] | int | None = None, mode: str = "RGB",
+        transform: Callable[[Any], Any] | None = None, source: str | os.PathLike[str] = "auto",
+        batch_size: int | None = None, drop_last: bool = False, shuffle: bool = True, shuffle_buffer: int = 512,
+        seed: int = 0, rank: int | None = None, world_size: int | None = None, missing_features: str = "skip",
+        on_error: str = "skip", row_cache_size: int = DEFAULT_SIZE, **filters: Any,
+    ) -> None:  # fmt: skip
+        unknown = sorted(set(filters) - _FILTERS)
+        if unknown:
+            raise InputError(
+                f"unknown option(s) {', '.join(unknown)}; query filters are: {', '.join(sorted(_FILTERS))}"
+            )
+        if missing_features not in MISSING_FEATURES:
+            raise InputError(f"missing_features must be one of {', '.join(MISSING_FEATURES)}, not {missing_features!r}")
+        if on_error not in ON_ERROR:
+            raise InputError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
+        if batch_size is not None and batch_size < 1:
+            raise InputError(f"batch_size must be 1 or more, not {batch_size}")
+        self.database_path = os.fspath(database_path)
+        if not os.path.isfile(self.database_path):
+            raise InputError(f"no catalog at {self.database_path}; run dlindex scan first")
+        self.feature_type = feature_type
+        self.images = feature_type is None if images is None else bool(images)
+        if not self.images and feature_type is None:
+            raise InputError("images=False needs a feature_type: a batch would carry nothing")
+        size = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.spec = ImageSpec(size=None if size is None else (int(size[0]), int(size[1])), mode=mode)
+        self.transform = transform
+        self.source = source if source in ("auto", "files") else os.fspath(source)
+        self.batch_size = batch_size
+        self.options = EpochOptions(
+            filters=QuerySpec(**filters), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
+            drop_last=bool(drop_last), feature_type=feature_type, missing_features=missing_features, source=self.source,
+        )  # fmt: skip
+        self.rank, self.world_size = rank, world_size
+        self.on_error = on_error
+        self.row_cache_size = int(row_cache_size)
+        self.epoch = 0
+        self.track = False  # set by dlindex.torch.DataLoader, which follows each worker's progress
+        self.history: tuple[Generation, ...] = ()  # generations read before a resume, this epoch
+        self.digest: str | None = None  # the resumed epoch's selection (checked when re-resolved)
+        self._plan: tuple[tuple[Any, ...], EpochPlan] | None = None
+        rank_now, world_now = rank_and_world(rank, world_size)
+        if not 0 <= rank_now < world_now:
+            raise InputError(f"rank {rank_now} is not in a world of size {world_now}")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch`` next (a new per-label draw, a new order)."""
+        if int(epoch) != self.epoch:
+            self.history, self.digest = (), None
+        self.epoch = int(epoch)
+
+    def plan(self, workers: int = 1) -> EpochPlan:
+        """This epoch's plan for ``workers`` DataLoader workers per rank (made once, then kept)."""
+        _, world = rank_and_world(self.rank, self.world_size)
+        now = Generation(world, max(1, workers), self.batch_size or 1)
+        key = (self.epoch, now, self.history, self.digest)
+        if self._plan is None or self._plan[0] != key:
+            from dlindex.catalog.connection import Catalog
+
+            with Catalog(self.database_path) as catalog:  # logged: the query log sees training's queries
+                plan = make_plan(catalog, self.options, self.epoch, self.history, now, self.digest)
+            self._plan = (key, plan)
+        return self._plan[1]
+
+    def __len__(self) -> int:
+        """Batches (samples, without batch_size) this rank yields this epoch."""
+        return self.plan(_workers()[1]).layout.batches()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        worker, workers = _workers()
+        plan = self.plan(workers)
+        rank, _ = rank_and_world(self.rank, self.world_size)
+        job = WorkerJob(plan=plan, rank=rank, worker=worker, database_path=self.database_path, images=self.images,
+                        spec=self.spec, transform=self.transform, feature_type=self.feature_type,
+                        on_error=self.on_error, batch_size=self.batch_size, row_cache_size=self.row_cache_size,
+                        track=self.track)  # fmt: skip
+        return run_worker(job)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the plan travels with it: spawned workers need not query again
+        return (_rebuild, (dict(self.__dict__),))
+
+
+def _rebuild(state: dict[str, Any]) -> CatalogDataset:
+    dataset = CatalogDataset.__new__(CatalogDataset)
+    dataset.__dict__.update(state)
+    return dataset
+
+
+def _workers() -> tuple[int, int]:
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _torch_iterable() -> type | None:
+    try:
+        from torch.utils.data import IterableDataset
+    except ImportError:
+        return None
+    return IterableDataset

@@ -1,0 +1,175 @@
+"""Image bytes to a uint8 H x W x C array at the size training wants, by the fastest exact decoder.
+
+JPEG goes through simplejpeg (libjpeg-turbo's TurboJPEG API, accurate integer IDCT, fancy
+upsampling): when the target is at most half the size it asks for a reduced decode (1/2,
+1/4 or 1/8: libjpeg-turbo's SIMD scaled IDCTs; 5/8 or 3/4 are slower than a full decode).
+Other formats, and JPEGs simplejpeg refuses (CMYK, damaged), go through Pillow, with
+``draft`` for JPEG. The resize to the exact size is antialiased bilinear: torch's uint8
+kernel when torch is already imported (a loader's workers; 3-4x faster, within one level of
+Pillow's), else Pillow's BILINEAR. Both decoders release the GIL (docs/training.md#decoding).
+The pixel limit is checked from the header, before any pixel is allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from statistics import median
+
+import numpy as np
+import numpy.typing as npt
+from PIL import Image
+
+from dlindex.errors import DlindexError
+
+try:
+    import simplejpeg
+except ImportError:  # no wheel for this platform: Pillow decodes every format
+    simplejpeg = None
+
+Pixels = npt.NDArray[np.uint8]
+MODES = {"RGB": ("RGB", 3), "L": ("GRAY", 1)}
+MAX_SIDE = 1 << 15
+_SOI = b"\xff\xd8\xff"
+_SIXTEEN_BIT = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+
+
+class DecodeError(DlindexError):
+    """These bytes are not an image this loader can decode (corrupt, unknown, too large)."""
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    """What a decoded image must be: ``size`` (height, width) or None for its own, ``mode``
+    ``"RGB"`` (3 channels) or ``"L"`` (1)."""
+
+    size: tuple[int, int] | None = None
+    mode: str = "RGB"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise DlindexError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.size is not None and not all(isinstance(s, int) and 0 < s <= MAX_SIDE for s in self.size):
+            raise DlindexError(f"image_size must be two sides of 1 to {MAX_SIDE} pixels, not {self.size!r}")
+
+
+def jpeg_scale(src_h: int, src_w: int, h: int, w: int) -> Fraction:
+    """The smallest of libjpeg's fast scales (1/8, 1/4, 1/2) whose output (each side rounded
+    up) still covers h x w; 1 when none does."""
+    for k in (8, 4, 2):
+        if -(-src_h // k) >= h and -(-src_w // k) >= w:
+            return Fraction(1, k)
+    return Fraction(1)
+
+
+def decode_image(data: bytes, spec: ImageSpec) -> Pixels:
+    """The image in ``data`` as a C-contiguous uint8 H x W x C array; DecodeError if it is not one."""
+    array = _jpeg(data, spec) if simplejpeg is not None and data[:3] == _SOI else None
+    if array is None:
+        array = _pillow(data, spec)
+    if spec.size is not None and array.shape[:2] != spec.size:
+        array = _resize(array, spec.size)
+    return array
+
+
+def _limit() -> int | None:
+    return Image.MAX_IMAGE_PIXELS  # read each time: a user may raise it, as for Pillow itself
+
+
+def _check_pixels(width: int, height: int) -> None:
+    limit = _limit()
+    if limit is not None and width * height > limit:
+        raise DecodeError(f"image of {width}x{height} pixels is over the pixel limit ({limit}); not decoded")
+
+
+def _jpeg(data: bytes, spec: ImageSpec) -> Pixels | None:
+    colorspace, channels = MODES[spec.mode]
+    try:
+        height, width, kind, _ = simplejpeg.decode_jpeg_header(data)
+    except Exception:  # not one simplejpeg reads: Pillow decides
+        return None
+    _check_pixels(width, height)
+    if kind in ("CMYK", "YCCK"):
+        return None
+    want_h = want_w = 0
+    if spec.size is not None:
+        scale = jpeg_scale(height, width, *spec.size)  # asked as the exact scaled size: simplejpeg picks it
+        want_h, want_w = (
+            -(-height * scale.numerator // scale.denominator),
+            -(-width * scale.numerator // scale.denominator),
+        )
+    try:
+        pixels = simplejpeg.decode_jpeg(data, colorspace=colorspace, fastdct=False, fastupsample=False,
+                                        min_height=want_h, min_width=want_w, strict=True)  # fmt: skip
+    except Exception:  # damaged (even a recoverable warning): Pillow's verdict and message
+        return None
+    array: Pixels = np.asarray(pixels, dtype=np.uint8)
+    return array.reshape(array.shape[0], array.shape[1], channels)
+
+
+def _pillow(data: bytes, spec: ImageSpec) -> Pixels:
+    try:
+        with Image.open(io.BytesIO(data)) as opened:
+            _check_pixels(*opened.size)
+            if spec.size is not None and opened.format == "JPEG":
+                opened.draft(spec.mode, (spec.size[1], spec.size[0]))  # DCT scaling, never below the target
+            opened.load()
+            image: Image.Image = opened
+            if image.mode in _SIXTEEN_BIT:
+                image = _eight_bit(image)
+            if image.mode != spec.mode:
+                image = image.convert(spec.mode)
+            array = np.asarray(image, dtype=np.uint8)
+    except DecodeError:
+        raise
+    except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError, struct.error...)
+        raise DecodeError(f"cannot decode image: {_one_line(e)}") from None
+    return np.ascontiguousarray(array.reshape(array.shape[0], array.shape[1], MODES[spec.mode][1]))
+
+
+def _eight_bit(image: Image.Image) -> Image.Image:
+    """A 16-bit or float grey image scaled to 8 bits (Pillow's convert would clip it)."""
+    values = np.asarray(image.convert("F") if image.mode == "F" else image.convert("I"), dtype=np.float64)
+    top = 65535.0 if image.mode != "F" else max(float(values.max(initial=1.0)), 1e-12)
+    return Image.fromarray(np.clip(values / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+
+
+def _resize(array: Pixels, size: tuple[int, int]) -> Pixels:
+    height, width = size
+    torch = sys.modules.get("torch")  # only where the process already has it: never imported for this
+    if torch is not None and hasattr(torch, "nn"):
+        image = torch.from_numpy(array).permute(2, 0, 1)[None]  # a channels-last view: the fast uint8 kernel
+        out = torch.nn.functional.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False)
+        resized: Pixels = out[0].permute(1, 2, 0).contiguous().numpy()
+        return resized
+    if array.shape[2] == 1:
+        out = Image.fromarray(array[:, :, 0], "L").resize((width, height), Image.Resampling.BILINEAR)
+        return np.asarray(out, dtype=np.uint8)[:, :, None].copy()
+    out = Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR)
+    return np.asarray(out, dtype=np.uint8)
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text[:300]
+
+
+def one_core_rate(samples: Sequence[bytes], spec: ImageSpec, seconds: float = 2.0) -> float:
+    """Images a second one thread decodes with ``decode_image`` (median of three rounds)."""
+    if not samples:
+        return 0.0
+    rates = []
+    for _ in range(3):
+        done, started = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - started) < seconds / 3 or not done:
+            for data in samples:
+                with contextlib.suppress(DecodeError):
+                    decode_image(data, spec)
+                done += 1
+        rates.append(done / elapsed)
+    return float(median(rates))

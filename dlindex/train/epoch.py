@@ -1,0 +1,137 @@
+"""One epoch's plan, made the same way by the main process, every worker and a resumed job."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dlindex.errors import DlindexError, InputError
+from dlindex.query.spec import QuerySpec
+from dlindex.train.plan import Layout, chunk_order
+from dlindex.train.selection import Selection, epoch_spec, resolve
+from dlindex.train.sources import WdsExport, arrange_files, arrange_wds, find_export
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+
+Ints = npt.NDArray[np.int64]
+MISSING_FEATURES = ("skip", "compute", "raise")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One stretch of an epoch read with one world: resume starts a new one."""
+
+    world: int
+    workers: int
+    batch_size: int
+    offsets: tuple[int, ...] = ()  # samples each worker had emitted (same on every rank)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"world": self.world, "workers": self.workers, "batch_size": self.batch_size,
+                "offsets": list(self.offsets)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Generation:
+        try:
+            offsets = tuple(int(o) for o in data["offsets"])
+            made = cls(int(data["world"]), int(data["workers"]), int(data["batch_size"]), offsets)
+        except (KeyError, TypeError, ValueError):
+            raise InputError("a loader state's generation needs world, workers, batch_size and offsets") from None
+        if (
+            min(made.world, made.workers, made.batch_size) < 1
+            or len(offsets) != made.workers
+            or min(offsets, default=0) < 0
+        ):
+            raise InputError("a loader state's generation has impossible sizes or offsets")
+        return made
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What to read this epoch and where every sample goes."""
+
+    epoch: int
+    selection: Selection  # in reading order
+    layout: Layout
+    export: WdsExport | None  # read from this export (else from the files)
+    where: Ints | None  # each sample's export position
+    missing_features: int  # samples left out (or computed) for lack of a vector
+    digest: str = field(default="")
+
+
+@dataclass(frozen=True)
+class EpochOptions:
+    filters: QuerySpec
+    seed: int
+    shuffle: bool
+    window: int
+    drop_last: bool
+    feature_type: str | None
+    missing_features: str
+    source: str | os.PathLike[str]  # "auto", "files" or an export folder
+
+
+def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tuple[Generation, ...],
+              now: Generation, digest: str | None = None) -> EpochPlan:  # fmt: skip
+    """Resolve the epoch's selection, choose its source and lay it out over the ranks.
+
+    ``history``: the generations already read this epoch (a resumed job), oldest first.
+    """
+    spec = epoch_spec(options.filters, options.seed, epoch)
+    selection = resolve(catalog, spec)
+    if digest and selection.digest != digest:
+        raise DlindexError("the catalog's selection for this epoch differs from the saved loader state's "
+                           "(the catalog changed since); resume is exact only over the same samples")  # fmt: skip
+    missing = 0
+    if options.feature_type is not None:
+        selection, missing = _with_vectors(catalog, selection, spec, options)
+    export = None
+    if options.source != "files":
+        export = find_export(catalog, selection, None if options.source == "auto" else options.source)
+    where = None
+    if export is not None:
+        selection, starts, where = arrange_wds(selection, export)
+    else:
+        selection, starts = arrange_files(selection)
+    order = chunk_order(starts, len(selection), options.seed, epoch, options.shuffle)
+    first = history[0] if history else now
+    layout = Layout(order=order, world=first.world, workers=first.workers, batch_size=first.batch_size,
+                    window=_window(options, first.batch_size), drop_last=options.drop_last, seed=options.seed,
+                    epoch=epoch)  # fmt: skip
+    for k, done in enumerate(history):
+        following = history[k + 1] if k + 1 < len(history) else now
+        layout = layout.resumed(list(done.offsets), following.world, following.workers, following.batch_size)
+    return EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest)
+
+
+def _window(options: EpochOptions, batch_size: int) -> int:
+    """Shuffle windows hold whole batches (a batch never waits on the next window's reads)."""
+    if not options.shuffle:
+        return batch_size
+    return max(batch_size, round(options.window / batch_size) * batch_size)
+
+
+def _with_vectors(catalog: Catalog, selection: Selection, spec: QuerySpec,
+                  options: EpochOptions) -> tuple[Selection, int]:  # fmt: skip
+    from dlindex.features.storage import vector_ids
+
+    assert options.feature_type is not None
+    have = np.isin(selection.ids, vector_ids(catalog, options.feature_type))
+    missing = int((~have).sum())
+    if not missing:
+        return selection, 0
+    if options.missing_features == "raise":
+        raise InputError(f"{missing} of the {len(selection)} selected samples have no {options.feature_type!r} "
+                         f"vector; run dlindex features compute --type {options.feature_type}, "
+                         "or pass missing_features='skip' or 'compute'")  # fmt: skip
+    if options.missing_features == "compute":
+        from dlindex.features.pipeline import compute_features
+
+        compute_features(catalog, options.feature_type, spec)
+        have = np.isin(selection.ids, vector_ids(catalog, options.feature_type))
+    return selection.keep(have), missing

@@ -1,0 +1,121 @@
+"""Where every sample of an epoch goes: chunk order, equal rank shares, worker spans, shuffle windows.
+
+All pure functions of their arguments (no I/O): every rank, every worker and a restarted job
+compute the same layout, and resume removes exactly what was consumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from dlindex.errors import InputError
+
+Ints = npt.NDArray[np.int64]
+_CHUNK_TAG = 0x636875
+_WINDOW_TAG = 0x77696E
+
+
+def chunk_order(chunk_starts: Ints, n: int, seed: int, epoch: int, shuffle: bool) -> Ints:
+    """Positions 0..n-1 with the chunks (runs starting at ``chunk_starts``) in a seeded order.
+
+    Chunks are what is read sequentially (a run of neighbouring files, one shard); their
+    order changes every epoch, their insides stay in locality order.
+    """
+    positions = np.arange(n, dtype=np.int64)
+    if not shuffle or n == 0:
+        return positions
+    starts = np.asarray(chunk_starts, dtype=np.int64)
+    bounds = np.append(starts, n)
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(seed) >> 32, int(epoch), _CHUNK_TAG])
+    picked = rng.permutation(starts.size)
+    return np.concatenate([positions[bounds[k] : bounds[k + 1]] for k in picked])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One generation of an epoch's layout: ``order`` (the positions still to be read, in reading
+    order) over ``world`` ranks of ``workers`` workers, cut into batches of ``batch_size``."""
+
+    order: Ints
+    world: int
+    workers: int
+    batch_size: int
+    window: int
+    drop_last: bool
+    seed: int
+    epoch: int
+    generation: int = 0  # bumped by each resume within an epoch
+
+    def __post_init__(self) -> None:
+        for name in ("world", "workers", "batch_size", "window"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name} must be 1 or more, not {getattr(self, name)}")
+
+    def share(self) -> int:
+        """Samples every rank reads: equal for all ranks (the rest dropped or padded by repeats)."""
+        n, world = int(self.order.size), self.world
+        if n == 0:
+            return 0
+        if self.drop_last and n >= world:
+            return n // world
+        return -(-n // world)
+
+    def rank_positions(self, rank: int) -> Ints:
+        if not 0 <= rank < self.world:
+            raise InputError(f"rank {rank} is not in a world of size {self.world}")
+        per = self.share()
+        if per == 0:
+            return self.order[:0]
+        at = np.arange(rank * per, (rank + 1) * per) % self.order.size  # past the end: repeats (padding)
+        picked: Ints = self.order[at]
+        return picked
+
+    def batches(self) -> int:
+        """Batches every rank yields."""
+        per = self.share()
+        return per // self.batch_size if self.drop_last else -(-per // self.batch_size)
+
+    def worker_span(self, worker: int) -> tuple[int, int]:
+        """[start, end) of a worker's contiguous piece of its rank's positions: whole batches."""
+        k, w = self.batches(), self.workers
+        first, last = worker * k // w, (worker + 1) * k // w
+        return first * self.batch_size, min(last * self.batch_size, self.share())
+
+    def worker_batches(self, worker: int) -> int:
+        k, w = self.batches(), self.workers
+        return (worker + 1) * k // w - worker * k // w
+
+    def stream(self, rank: int, worker: int) -> Ints:
+        """The positions a worker emits, in order: its span, permuted within shuffle windows."""
+        start, end = self.worker_span(worker)
+        span = self.rank_positions(rank)[start:end]
+        if self.window <= 1 or span.size <= 1:
+            return span
+        rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(self.seed) >> 32, int(self.epoch),
+                                     self.generation, rank, worker, _WINDOW_TAG])  # fmt: skip
+        out = span.copy()
+        for at in range(0, span.size, self.window):
+            piece = out[at : at + self.window]
+            out[at : at + self.window] = piece[rng.permutation(piece.size)]
+        return out
+
+    def consumed(self, offsets: list[int]) -> Ints:
+        """Positions every rank has emitted when each of its workers emitted ``offsets[w]``
+        samples (ranks step in lockstep, as in data-parallel training)."""
+        if len(offsets) != self.workers:
+            raise InputError(f"resume state has {len(offsets)} worker offsets for {self.workers} workers")
+        taken = [self.stream(r, w)[: max(0, int(o))] for r in range(self.world) for w, o in enumerate(offsets)]
+        return np.unique(np.concatenate(taken)) if taken else self.order[:0]
+
+    def resumed(self, offsets: list[int], world: int, workers: int, batch_size: int) -> Layout:
+        """The layout of what is left after ``offsets``, over a (maybe different) world."""
+        done = self.consumed(offsets)
+        left = self.order[~np.isin(self.order, done)]
+        _, first = np.unique(left, return_index=True)  # padding repeats: each sample once
+        left = left[np.sort(first)]
+        return Layout(order=left, world=world, workers=workers, batch_size=batch_size, window=self.window,
+                      drop_last=self.drop_last, seed=self.seed, epoch=self.epoch,
+                      generation=self.generation + 1)  # fmt: skip

@@ -1,0 +1,270 @@
+"""One worker's part of an epoch: read a window ahead in a thread, decode, batch, record failures."""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from dlindex.errors import DlindexError, DlindexWarning
+from dlindex.train.decode import DecodeError, ImageSpec, decode_image
+from dlindex.train.rows import RowCache
+from dlindex.train.sources import FileReader, Read, WdsReader
+
+if TYPE_CHECKING:
+    from dlindex.train.epoch import EpochPlan
+
+Ints = npt.NDArray[np.int64]
+ON_ERROR = ("skip", "replace")
+
+
+@dataclass
+class WorkerStats:
+    """Counters of one worker in one epoch (the loader sums them over workers)."""
+
+    samples: int = 0  # handed out (replacements included)
+    skipped: int = 0
+    replaced: int = 0
+    failed: int = 0  # could not be read or decoded
+    l1_hits: int = 0
+    l1_misses: int = 0
+    export_fallbacks: int = 0  # export members that no longer matched the catalog: read from the file
+    read_s: float = 0.0
+    decode_s: float = 0.0
+    errors: list[str] = field(default_factory=list)  # the first few failures, for the stats
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, list) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class WorkerJob:
+    plan: EpochPlan
+    rank: int
+    worker: int
+    database_path: str
+    images: bool
+    spec: ImageSpec
+    transform: Callable[[Any], Any] | None
+    feature_type: str | None
+    on_error: str
+    batch_size: int | None  # None: one sample at a time
+    row_cache_size: int
+    track: bool  # add the "_dlindex" entry the dlindex DataLoader follows for resume
+
+
+def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
+    """The worker's batches (or samples), in its stream's order."""
+    from dlindex.catalog.connection import Catalog
+
+    layout = job.plan.layout
+    stream = layout.stream(job.rank, job.worker)
+    step = layout.batch_size
+    stats = WorkerStats()
+    catalog = Catalog(job.database_path, log=False)
+    try:
+        windows = _read_ahead(job, stream, stats) if job.images else _no_reads(stream, layout.window)
+        done = 0
+        for positions, reads in windows:
+            samples = [_decoded(job, stats, int(p), r) for p, r in zip(positions.tolist(), reads, strict=True)]
+            _record_failures(catalog, job, samples)
+            for at in range(0, positions.size, step):
+                done += min(step, positions.size - at)
+                piece = _fill(job, stats, samples[at : at + step])
+                if not piece:
+                    continue
+                stats.samples += len(piece)
+                yield from _emit(catalog, job, stats, piece, done)
+    finally:
+        catalog.close()
+
+
+def _no_reads(stream: Ints, window: int) -> Iterator[tuple[Ints, list[Read]]]:
+    for at in range(0, stream.size, window):
+        positions = stream[at : at + window]
+        yield positions, [b""] * positions.size
+
+
+def _read_ahead(job: WorkerJob, stream: Ints, stats: WorkerStats) -> Iterator[tuple[Ints, list[Read]]]:
+    """Windows of the stream with their bytes, read one window ahead in a thread (file reads
+    release the GIL, so the next window's I/O overlaps this window's decode)."""
+    handoff: queue.Queue[tuple[Ints, list[Read]] | BaseException | None] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def read_all() -> None:
+        from dlindex.catalog.connection import Catalog
+
+        try:
+            with Catalog(job.database_path, log=False) as catalog:  # sqlite3 connections stay in their thread
+                rows = RowCache(catalog, job.row_cache_size)
+                files = FileReader(job.plan.selection, rows)
+                reader: FileReader | WdsReader = files
+                if job.plan.export is not None and job.plan.where is not None:
+                    reader = WdsReader(job.plan.selection, job.plan.export, job.plan.where, files)
+                try:
+                    for at in range(0, stream.size, job.plan.layout.window):
+                        if stop.is_set():
+                            return
+                        positions = stream[at : at + job.plan.layout.window]
+                        started = time.perf_counter()
+                        reading = np.sort(positions)  # storage order: file neighbours, shard members
+                        got = dict(zip(reading.tolist(), reader.read(reading), strict=True))
+                        stats.read_s += time.perf_counter() - started
+                        stats.l1_hits, stats.l1_misses = rows.hits, rows.misses
+                        stats.export_fallbacks = getattr(reader, "fallbacks", 0)
+                        handoff.put((positions, [got[p] for p in positions.tolist()]))
+                finally:
+                    if isinstance(reader, WdsReader):
+                        reader.close()
+            handoff.put(None)
+        except BaseException as e:  # re-raised in the worker's main thread
+            handoff.put(e)
+
+    thread = threading.Thread(target=read_all, name="dlindex-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = handoff.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a put() so the thread can see stop
+            with contextlib.suppress(queue.Empty):
+                handoff.get(timeout=0.05)
+
+
+@dataclass
+class _Sample:
+    position: int
+    image: Any = None
+    error: str | None = None
+
+
+def _decoded(job: WorkerJob, stats: WorkerStats, position: int, read: Read) -> _Sample:
+    if not job.images:
+        return _Sample(position)
+    if isinstance(read, str):
+        return _failed(stats, position, read, job)
+    started = time.perf_counter()
+    try:
+        image = decode_image(read, job.spec)
+        if job.transform is not None:
+            image = job.transform(image)
+    except DecodeError as e:
+        return _failed(stats, position, str(e), job)
+    finally:
+        stats.decode_s += time.perf_counter() - started
+    return _Sample(position, image)
+
+
+def _failed(stats: WorkerStats, position: int, error: str, job: WorkerJob) -> _Sample:
+    stats.failed += 1
+    if len(stats.errors) < 5:
+        stats.errors.append(f"sample {int(job.plan.selection.ids[position])}: {error}")
+    return _Sample(position, error=error)
+
+
+def _fill(job: WorkerJob, stats: WorkerStats, samples: list[_Sample]) -> list[_Sample]:
+    """A batch without its failures: dropped, or replaced by a good sample of the same batch."""
+    good = [s for s in samples if s.error is None]
+    bad = len(samples) - len(good)
+    if not bad:
+        return samples
+    if job.on_error == "skip" or not good:
+        stats.skipped += bad
+        return good
+    stats.replaced += bad
+    out, k = [], 0
+    for s in samples:  # the k-th failure takes the k-th good sample's place (deterministic)
+        if s.error is None:
+            out.append(s)
+        else:
+            out.append(good[k % len(good)])
+            k += 1
+    return out
+
+
+def _emit(
+    catalog: Any, job: WorkerJob, stats: WorkerStats, piece: list[_Sample], done: int
+) -> Iterator[dict[str, Any]]:
+    selection = job.plan.selection
+    at = np.fromiter((s.position for s in piece), dtype=np.int64, count=len(piece))
+    ids, labels = selection.ids[at], selection.labels[at]
+    vectors = None
+    if job.feature_type is not None:
+        from dlindex.features.storage import feature_vectors
+
+        vectors = feature_vectors(catalog, ids, job.feature_type)  # one query a batch
+    if job.batch_size is None:
+        for k, s in enumerate(piece):
+            yield _sample_dict(int(ids[k]), int(labels[k]), s.image, None if vectors is None else vectors[k], job)
+        return
+    batch: dict[str, Any] = {"id": ids, "label": labels}
+    if job.images:
+        batch["image"] = _stack([s.image for s in piece], job.transform is None)
+    if vectors is not None:
+        batch["features"] = vectors
+    if job.track:
+        batch["_dlindex"] = {"worker": job.worker, "offset": done, "stats": stats.as_dict()}
+    yield batch
+
+
+def _sample_dict(sample_id: int, label: int, image: Any, vector: Any, job: WorkerJob) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": sample_id, "label": label}
+    if job.images:
+        out["image"] = _channels_first(image) if job.transform is None else image
+    if vector is not None:
+        out["features"] = vector
+    return out
+
+
+def _channels_first(image: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
+    return np.ascontiguousarray(image.transpose(2, 0, 1))
+
+
+def _stack(images: list[Any], decoded: bool) -> Any:
+    """B x C x H x W uint8 when every image has one size; else the list."""
+    if not decoded:
+        first = images[0]
+        if all(isinstance(i, np.ndarray) and i.shape == first.shape for i in images):
+            return np.stack(images)
+        if type(first).__module__.startswith("torch") and all(getattr(i, "shape", None) == first.shape for i in images):
+            import torch
+
+            return torch.stack(images)
+        return images
+    if all(i.shape == images[0].shape for i in images):
+        return np.ascontiguousarray(np.stack(images).transpose(0, 3, 1, 2))
+    return [_channels_first(i) for i in images]
+
+
+_warned_read_only = False
+
+
+def _record_failures(catalog: Any, job: WorkerJob, samples: list[_Sample]) -> None:
+    """Failed samples are marked in the catalog (processing_status 'failed', the error), best effort."""
+    global _warned_read_only
+    failures = {int(job.plan.selection.ids[s.position]): s.error for s in samples if s.error is not None}
+    if not failures:
+        return
+    from dlindex.query.mark import mark_samples
+
+    try:
+        for sample_id, error in failures.items():
+            mark_samples(catalog, [str(sample_id)], processing_status="failed", error=(error or "")[:500])
+    except DlindexError as e:
+        if not _warned_read_only:
+            _warned_read_only = True
+            warnings.warn(f"decode failures were not recorded in the catalog: {e}", DlindexWarning, stacklevel=2)
