@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 from collections import Counter
@@ -233,3 +234,20 @@ def test_bad_options_are_one_clear_error(db: Path, tmp_path: Path) -> None:
         DataLoader(database_path=db, on_error="ignore")
     with pytest.raises(InputError, match="unknown label"):
         read(DataLoader(database_path=db, labels=["yak"]))
+
+
+def test_a_damaged_export_falls_back_to_the_files(db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shards"
+    export(db, out, format="wds", shard_size=10)
+    shard = sorted(out.glob("*.tar"))[1]
+    shard.write_bytes(shard.read_bytes()[:3000])  # cut mid-member
+    loader = DataLoader(database_path=db, batch_size=4, image_size=8, source=out)
+    assert sorted(ids_of(read(loader))) == sorted(all_ids(db))
+    assert loader.stats()["export_fallbacks"] >= 1
+    index = json.loads((out / "index.json").read_text())
+    index["dlindex_shards"][0]["file"] = "../../escape.tar"
+    (out / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DlindexError):
+        read(DataLoader(database_path=db, batch_size=4, image_size=8, source=out))
+    auto = DataLoader(database_path=db, batch_size=4, image_size=8)  # a damaged export is passed over
+    assert len(ids_of(read(auto))) == N and auto.stats()["source"] == "files"

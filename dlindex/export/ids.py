@@ -46,7 +46,7 @@ def wds_ids(out_dir: str | os.PathLike[str], index: Mapping[str, Any]) -> array.
     shown = os.path.join(os.fsdecode(out_dir), IDS_FILE)
     samples = sum(int(s["samples"]) for s in listed_shards(index))
     if entry.get("bytes") != 8 * samples:
-        raise ExportError(f"{shown}: index.json lists {entry.get('bytes')} bytes for {samples} samples; "
+        raise ExportError(f"{shown}: index.json lists {repr(entry.get('bytes'))[:40]} bytes for {samples} samples; "
                           "the export was altered (see dlindex export --verify)")  # fmt: skip
     try:
         path = resolve_inside(os.fsencode(out_dir), IDS_FILE, what="ids file")
