@@ -124,7 +124,7 @@ def _pillow(data: bytes, spec: ImageSpec) -> Pixels:
                 image = _eight_bit(image)
             if image.mode != spec.mode:
                 image = image.convert(spec.mode)
-            array = np.asarray(image, dtype=np.uint8)
+            array = np.array(image, dtype=np.uint8)  # writable: torch takes it without a copy warning
     except DecodeError:
         raise
     except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError, struct.error...)

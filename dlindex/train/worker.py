@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -246,8 +247,29 @@ def _stack(images: list[Any], decoded: bool) -> Any:
             return torch.stack(images)
         return images
     if all(i.shape == images[0].shape for i in images):
-        return np.ascontiguousarray(np.stack(images).transpose(0, 3, 1, 2))
+        height, width, channels = images[0].shape
+        out, handed = _batch_buffer((len(images), channels, height, width))
+        for k, image in enumerate(images):
+            out[k] = image.transpose(2, 0, 1)  # one copy, HWC -> CHW, into the batch
+        return handed
     return [_channels_first(i) for i in images]
+
+
+def _batch_buffer(shape: tuple[int, ...]) -> tuple[npt.NDArray[np.uint8], Any]:
+    """(numpy view, what to hand over) of a uint8 batch: in a DataLoader worker, a tensor in
+    shared memory (as torch's own collate makes), so the batch crosses to the main process
+    without another copy."""
+    torch = sys.modules.get("torch")
+    data = sys.modules.get("torch.utils.data")
+    if torch is not None and data is not None and data.get_worker_info() is not None:
+        try:
+            storage = torch.UntypedStorage._new_shared(int(np.prod(shape)))
+            tensor = torch.empty(0, dtype=torch.uint8).set_(storage).view(shape)
+            return tensor.numpy(), tensor
+        except (AttributeError, RuntimeError):  # another torch: a plain array, copied as usual
+            pass
+    array = np.empty(shape, dtype=np.uint8)
+    return array, array
 
 
 _warned_read_only = False
