@@ -122,6 +122,8 @@ def _pillow(data: bytes, spec: ImageSpec) -> Pixels:
             image: Image.Image = opened
             if image.mode in _SIXTEEN_BIT:
                 image = _eight_bit(image)
+            if image.mode == "LAB":
+                image = image.convert("RGB")  # Pillow converts LAB to RGB only (by ImageCms), not to L
             if image.mode != spec.mode:
                 image = image.convert(spec.mode)
             array = np.array(image, dtype=np.uint8)  # writable: torch takes it without a copy warning
