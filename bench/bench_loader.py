@@ -62,6 +62,20 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
 
 
+def cpu_busy(interval: float = 0.5) -> float:
+    """Share of all CPU time busy over ``interval``, just before a run (nothing of ours runs then)."""
+
+    def snap() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]
+
+    t0, i0 = snap()
+    time.sleep(interval)
+    t1, i1 = snap()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
 def dlindex(*args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run([PY, "-m", "dlindex", *args, "--quiet"], check=True, env=env)
@@ -195,6 +209,7 @@ def run_case(case: str, mode: str, src: lc.Source, a: argparse.Namespace, step_s
     job = {"case": case, "mode": mode, "tree": str(src.tree), "db": str(src.db), "wds": str(src.wds),
            "mds": str(src.mds), "workers": a.workers, "batch_size": a.batch_size, "step_s": step_s,
            "warmup_batches": a.warmup_batches}  # fmt: skip
+    check["others_busy"] = cpu_busy()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([PY, __file__, "--child", json.dumps(job)], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -251,7 +266,8 @@ def render(s: dict[str, Any], meta: dict[str, Any]) -> str:
         f"({meta['images']:,} images); W = {meta['workers']} workers, B = {meta['batch_size']}; medians of "
         f"{meta['reps']} reps, case order rotated per rep. Decode limit: {meta['cores']} cores x "
         f"{meta['one_core']:,.0f} samples/s ({meta['decode_how']}) = {meta['limit']:,.0f} samples/s; "
-        f"step = {meta['step_ms']:.1f} ms per batch. Reproduce: `{meta['command']}`."
+        f"step = {meta['step_ms']:.1f} ms per batch. CPU busy with other processes just before a run: "
+        f"{meta['others_busy']}. Reproduce: `{meta['command']}`."
     )
     lines += ["", "| case | warm samples/s | warm epoch s | warm busy | warm wait p50 / p99 ms/sample "
               "| cold samples/s | cold epoch s | cold busy | cold wait p50 / p99 ms/sample | peak RSS MiB |",
@@ -377,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             "workers": a.workers, "batch_size": a.batch_size, "reps": reps, "cores": len(os.sched_getaffinity(0)),
             "one_core": one_core, "decode_how": how, "limit": limit, "step_ms": step_s * 1e3,
             "command": "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
+    busy = [r["others_busy"] for c in runs.values() for rs in c.values() for r in rs]
+    meta["others_busy"] = f"median {median(busy):.0%}, max {max(busy, default=0):.0%}"
     section = render(s, meta)
     print(section)
     raw = base / f"bench_loader-{time.strftime('%Y%m%d-%H%M%S')}.json"
