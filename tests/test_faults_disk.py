@@ -203,14 +203,29 @@ def test_export_to_a_full_disk_is_one_line_and_the_catalog_is_untouched(
     out = run_on_tmpfs(tmp_path, f"""
 fill
 $DLX export "$M/out" --format {fmt} --db '{catalog}' -q 2>"$OUT/err1"; echo rc1=$?
+cp '{catalog}' "$OUT/after-fail.db"
 unfill
 $DLX export "$M/out2" --format {fmt} --db '{catalog}' -q >/dev/null 2>"$OUT/err2"; echo rc2=$?
 """, size="4m", env={"DLINDEX_NO_LOG": "1"})  # fmt: skip
     assert out["rc1"] == "4", out
     one_error_line(tmp_path / "err1", "disk full")
+    # A failed export leaves no trace in the catalog, not even a record of itself.
+    assert (tmp_path / "after-fail.db").read_bytes() == before, "a failed export changed the catalog"
     assert out["rc2"] == "0", (tmp_path / "err2").read_text()
-    assert catalog.read_bytes() == before
     healthy(catalog)
+    # The export that succeeds adds its own record (for loaders that look for one) and nothing else.
+    assert _dump_without_exports(catalog) == _dump_without_exports(tmp_path / "after-fail.db")
+    conn = sqlite3.connect(catalog)
+    assert conn.execute("SELECT format, samples FROM exports").fetchall() == [(fmt, 40)]
+    conn.close()
+
+
+def _dump_without_exports(db: Path) -> list[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return [line for line in conn.iterdump() if '"exports"' not in line]
+    finally:
+        conn.close()
 
 
 def test_full_tmpdir_names_the_temporary_folder(namespace: None, tmp_path: Path) -> None:
