@@ -120,32 +120,17 @@ def l1_lookup(db: Path, batch: int) -> dict[str, Any]:
     rng = random.Random(0)
     asked = [rng.choice(ids) for _ in range(LOOKUPS)]
     times: list[float] = []
-    try:
-        if not lc.in_checkout("dlindex.train.rows"):
-            raise ImportError("dlindex.train.rows is not in this checkout yet")
-        from dlindex.train.rows import RowCache  # type: ignore[import-not-found]
+    from dlindex import Catalog
+    from dlindex.train.rows import RowCache
 
-        from dlindex import Catalog
-
-        cache = RowCache(Catalog(db), len(ids))
-        cache.get_many(ids)  # fill
-        for start in range(0, len(asked), batch):
-            chunk = asked[start : start + batch]
-            t0 = time.perf_counter()
-            cache.get_many(chunk)
-            times += [(time.perf_counter() - t0) / len(chunk)] * len(chunk)
-        how = f"dlindex.train.rows.RowCache.get_many, batches of {batch}, per sample"
-    except ImportError:
-        from dlindex.loader import MetadataCache
-
-        mc = MetadataCache(db, maxsize=len(ids))
-        for i in ids:
-            mc.get(i)  # fill
-        for i in asked:
-            t0 = time.perf_counter()
-            mc.get(i)
-            times.append(time.perf_counter() - t0)
-        how = "dlindex.loader.MetadataCache.get, one id per call"
+    cache = RowCache(Catalog(db), len(ids))
+    cache.get_many(ids)  # fill
+    for start in range(0, len(asked), batch):
+        chunk = asked[start : start + batch]
+        t0 = time.perf_counter()
+        cache.get_many(chunk)
+        times += [(time.perf_counter() - t0) / len(chunk)] * len(chunk)
+    how = f"dlindex.train.rows.RowCache.get_many, batches of {batch}, per sample"
     return {"p50_ms": pct(times, 0.5) * 1e3, "p99_ms": pct(times, 0.99) * 1e3, "lookups": len(times), "how": how}
 
 

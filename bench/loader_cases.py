@@ -16,7 +16,6 @@ import random
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,7 +138,7 @@ def _run_pipeline(pipeline: Any) -> Iterator[Any]:
 
 
 def _dlindex(source: str, src: Source, p: Params, epoch: int) -> Iterable[Any]:
-    from dlindex.torch import DataLoader  # type: ignore[import-not-found]
+    from dlindex.torch import DataLoader
 
     loader = DataLoader(
         database_path=str(src.db), batch_size=p.batch_size, num_workers=p.workers, image_size=SIZE, source=source,
@@ -162,28 +161,13 @@ MAKERS: dict[str, Callable[[Source, Params, int], Iterable[Any]]] = {
 }  # fmt: skip
 
 
-def in_checkout(module: str) -> bool:
-    """Whether ``module`` comes from this checkout: an editable install of another checkout
-    would otherwise supply dlindex submodules this one lacks."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(module)
-    except ImportError:
-        return False
-    here = str(Path(__file__).resolve().parent.parent / "dlindex") + os.sep
-    return spec is not None and spec.origin is not None and spec.origin.startswith(here)
-
-
 def unavailable(case: str) -> str | None:
     """Why ``case`` cannot run here, or None."""
-    if case in "ef" and not in_checkout("dlindex.torch"):
-        return "dlindex.torch is not in this checkout yet"
     try:
         if case == "d":
             import spdl.io  # noqa: F401  (its FFmpeg bindings load on first decode: spdl_decoder_check)
         elif case in "ef":
-            import dlindex.torch  # type: ignore[import-not-found]  # noqa: F401
+            import dlindex.torch  # noqa: F401
         elif case == "b":
             import webdataset  # noqa: F401
         elif case == "c":
@@ -322,29 +306,7 @@ class TreeRss:
 def one_core_rate(paths: list[Path], seconds: float = 2.0) -> tuple[float, str]:
     """Samples/s one core decodes and resizes to 224x224 (bytes already in memory)."""
     blobs = [p.read_bytes() for p in paths]
-    try:
-        if not in_checkout("dlindex.train.decode"):
-            raise ImportError("dlindex.train.decode is not in this checkout yet")
-        from dlindex.train.decode import ImageSpec  # type: ignore[import-not-found]
-        from dlindex.train.decode import one_core_rate as rate
+    from dlindex.train.decode import ImageSpec
+    from dlindex.train.decode import one_core_rate as rate
 
-        return float(rate(blobs, ImageSpec(size=SIZE), seconds=seconds)), "dlindex.train.decode.one_core_rate"
-    except ImportError:
-        pass
-    import simplejpeg
-    from PIL import Image
-
-    def decode(data: bytes) -> Any:
-        if data[:2] == b"\xff\xd8":  # libjpeg-turbo's reduced (DCT-scaled) decode, never below 224
-            image = Image.fromarray(simplejpeg.decode_jpeg(data, min_height=SIZE[0], min_width=SIZE[1]))
-        else:
-            image = Image.open(io.BytesIO(data))
-            image.draft("RGB", SIZE)
-            image = image.convert("RGB")
-        return image.resize(SIZE, Image.BILINEAR)
-
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        decode(blobs[n % len(blobs)])
-        n += 1
-    return n / (time.perf_counter() - t0), "simplejpeg reduced decode + PIL resize"
+    return float(rate(blobs, ImageSpec(size=SIZE), seconds=seconds)), "dlindex.train.decode.one_core_rate"

@@ -75,6 +75,19 @@ def test_every_format_gives_a_contiguous_uint8_array_of_the_spec(name: str, spec
     assert array.flags.c_contiguous
 
 
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_palette_with_transparency_bytes_decodes_to_its_colours_without_a_warning(mode: str) -> None:
+    # openclipart's PNGs: a palette whose tRNS chunk Pillow keeps as bytes (and warns about on convert)
+    palette = _smooth((48, 40)).convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    data = _encode(palette, "PNG", transparency=bytes([0, 128] + [255] * 14))
+    reference = Image.open(io.BytesIO(data))
+    assert isinstance(reference.info["transparency"], bytes)
+    expected = np.asarray(reference.convert("RGBA").convert(mode), dtype=np.uint8)
+    array = decode_image(data, ImageSpec(mode=mode))
+    assert np.array_equal(array.reshape(expected.shape), expected)
+
+
 def test_sixteen_bit_grey_is_scaled_to_eight_bits_not_clipped() -> None:
     array = decode_image(SAMPLES["png-grey16"], ImageSpec(mode="L"))
     expected = np.round(np.asarray(_grey16(), dtype=np.float64) / 65535 * 255)
@@ -168,7 +181,7 @@ def test_header_over_the_pixel_limit_is_refused_before_decoding(header: bytes) -
         decode_image(header, ImageSpec((32, 32)))
 
 
-@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's own, before ours
+@pytest.mark.filterwarnings("error")  # refused in one DecodeError: no DecompressionBombWarning first
 @pytest.mark.parametrize("fmt", ["JPEG", "PNG"])
 def test_pixel_limit_is_read_at_each_call_and_checked_before_allocation(
     fmt: str, monkeypatch: pytest.MonkeyPatch
@@ -224,6 +237,7 @@ def _decodes_or_refuses(data: bytes, spec: ImageSpec, must_decode: bool = False)
 
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpus is not present")
 @pytest.mark.timeout(300)
+@pytest.mark.filterwarnings("error")  # damage Pillow recovers from: no warning per sample either
 def test_every_corpus_file_decodes_or_raises_decode_error() -> None:
     decodable = {name for name, e in json.loads(CORPUS_EXPECTED.read_text()).items() if e["status"] == "ok"}
     files = sorted(p for p in CORPUS.rglob("*") if p.is_file())

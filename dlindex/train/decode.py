@@ -16,6 +16,7 @@ import contextlib
 import io
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -113,6 +114,15 @@ def _jpeg(data: bytes, spec: ImageSpec) -> Pixels | None:
 
 
 def _pillow(data: bytes, spec: ImageSpec) -> Pixels:
+    """Pillow's decode, without its warnings: an image over the limit is ours to refuse in one
+    DecodeError, and damage Pillow recovers from is no news per sample to a training job
+    (catch_warnings is process-wide: a loader worker decodes in one thread)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"PIL\.")
+        return _pillow_decode(data, spec)
+
+
+def _pillow_decode(data: bytes, spec: ImageSpec) -> Pixels:
     try:
         with Image.open(io.BytesIO(data)) as opened:
             _check_pixels(*opened.size)
