@@ -49,7 +49,9 @@ import make_trees as mt
 from common import compile_sources, write_section
 
 PY = sys.executable
-START, END = "<!-- bench_loader:start -->", "<!-- bench_loader:end -->"
+# one section per kind of tree: the ImageNet-like one and the tiny images (--small)
+MARKERS = {False: ("<!-- bench_loader:start -->", "<!-- bench_loader:end -->"),
+           True: ("<!-- bench_loader_small:start -->", "<!-- bench_loader_small:end -->")}  # fmt: skip
 LOOKUPS = 20_000
 
 
@@ -245,7 +247,9 @@ def _cell(d: dict[str, Any]) -> str:
 
 
 def render(s: dict[str, Any], meta: dict[str, Any]) -> str:
-    lines = [START, "## Loaders into a simulated accelerator (bench/bench_loader.py)", ""]
+    start, end = MARKERS[meta["small"]]
+    kind = "tiny images" if meta["small"] else "ImageNet-like JPEGs"
+    lines = [start, f"## Loaders into a simulated accelerator, {kind} (bench/bench_loader.py)", ""]
     lines.append(
         f"Measured {meta['when']} on {meta['machine']} (Python {meta['python']}); tree: {meta['tree']} "
         f"({meta['images']:,} images); W = {meta['workers']} workers, B = {meta['batch_size']}; medians of "
@@ -289,7 +293,7 @@ def render(s: dict[str, Any], meta: dict[str, Any]) -> str:
         "read first (resident fraction checked), a warm-up pass of a few batches, then a new epoch measured. Cold:",
         "posix_fadvise(POSIX_FADV_DONTNEED) on every source file (images, shards, and the catalog for e/f) after",
         "sync, then the first epoch; directory entries and inodes stay cached (fadvise cannot drop them).",
-        END,
+        end,
     ]
     return "\n".join(lines)
 
@@ -375,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     s["targets"] = targets(summaries, limit, l1, rss_scaling)
     meta = {"when": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "python": platform.python_version(),
             "machine": f"{os.cpu_count()} cores, {platform.machine()}", "tree": tree.name, "images": images,
-            "workers": a.workers, "batch_size": a.batch_size, "reps": reps, "cores": len(os.sched_getaffinity(0)),
+            "small": bool(a.small), "workers": a.workers, "batch_size": a.batch_size, "reps": reps, "cores": len(os.sched_getaffinity(0)),
             "one_core": one_core, "decode_how": how, "limit": limit, "step_ms": step_s * 1e3,
             "command": "python bench/bench_loader.py " + " ".join(argv if argv is not None else sys.argv[1:])}  # fmt: skip
     busy = [r["others_busy"] for c in runs.values() for rs in c.values() for r in rs]
@@ -385,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = base / f"bench_loader-{time.strftime('%Y%m%d-%H%M%S')}.json"
     raw.write_text(json.dumps({"meta": meta, "summary": s, "runs": runs}, indent=1, default=str))
     if not a.quick and not a.no_docs:
-        write_section(Path(a.docs), START, END, section)
+        write_section(Path(a.docs), *MARKERS[bool(a.small)], section)
     return 0
 
 

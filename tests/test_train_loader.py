@@ -251,3 +251,19 @@ def test_a_damaged_export_falls_back_to_the_files(db: Path, tmp_path: Path) -> N
         read(DataLoader(database_path=db, batch_size=4, image_size=8, source=out))
     auto = DataLoader(database_path=db, batch_size=4, image_size=8)  # a damaged export is passed over
     assert len(ids_of(read(auto))) == N and auto.stats()["source"] == "files"
+
+
+def test_a_worker_decodes_one_batch_before_handing_it_over(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch asks a worker for at most prefetch_factor batches ahead: a worker that decoded its
+    # whole shuffle window before the first batch would sit idle while the training step runs
+    import dlindex.train.worker as worker
+
+    decoded: list[int] = []
+    real = worker.decode_image
+    monkeypatch.setattr(worker, "decode_image", lambda data, spec: decoded.append(1) or real(data, spec))
+    dataset = CatalogDataset(db, batch_size=4, shuffle_buffer=32, image_size=8)
+    batches = iter(dataset)
+    assert len(next(batches)["id"]) == 4
+    assert len(decoded) == 4
+    assert len(next(batches)["id"]) == 4
+    assert len(decoded) == 8

@@ -75,11 +75,17 @@ def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
         windows = _read_ahead(job, stream, stats) if job.images else _no_reads(stream, layout.window)
         done = 0
         for positions, reads in windows:
-            samples = [_decoded(job, stats, int(p), r) for p, r in zip(positions.tolist(), reads, strict=True)]
-            _record_failures(catalog, job, samples)
-            for at in range(0, positions.size, step):
-                done += min(step, positions.size - at)
-                piece = _fill(job, stats, samples[at : at + step])
+            order = positions.tolist()
+            for at in range(0, len(order), step):
+                # decode a batch, hand it over, then the next: torch asks for at most prefetch_factor
+                # batches ahead, so decoding the whole window first would idle while the step runs
+                samples = [
+                    _decoded(job, stats, p, r)
+                    for p, r in zip(order[at : at + step], reads[at : at + step], strict=True)
+                ]
+                _record_failures(catalog, job, samples)
+                done += len(samples)
+                piece = _fill(job, stats, samples)
                 if not piece:
                     continue
                 stats.samples += len(piece)
