@@ -9,6 +9,7 @@ import sys
 import tracemalloc
 import zlib
 from fractions import Fraction
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -121,6 +122,25 @@ def test_torch_and_pillow_resizes_agree_within_one_level(mode: str, monkeypatch:
     without_torch = decode_image(data, spec)
     assert without_torch.flags.c_contiguous
     assert np.array_equal(without_torch, pillow)
+
+
+@pytest.mark.parametrize("torch_present", [True, False])
+@pytest.mark.parametrize("size", [(150, 97), (300, 200)])  # resized, and already at the size
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_channels_first_is_the_same_pixels_transposed(
+    mode: str, size: tuple[int, int], torch_present: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if torch_present:
+        pytest.importorskip("torch")
+    else:
+        monkeypatch.delitem(sys.modules, "torch", raising=False)
+    data = _encode(_smooth((300, 200), seed=3).convert(mode), "PNG")
+    spec = ImageSpec(size, mode)
+    hwc = decode_image(data, spec)
+    chw = decode_image(data, spec, channels_first=True)
+    assert hwc.flags.c_contiguous
+    assert chw.shape == (hwc.shape[2], *hwc.shape[:2])
+    assert np.array_equal(chw, hwc.transpose(2, 0, 1))
 
 
 @pytest.mark.parametrize(
@@ -277,3 +297,19 @@ def test_one_core_rate_is_positive_and_zero_without_samples() -> None:
     rate = one_core_rate(samples, ImageSpec((16, 16)), seconds=0.3)
     assert isinstance(rate, float) and rate > 0
     assert one_core_rate([], ImageSpec()) == 0.0
+
+
+def test_one_core_rate_measures_one_thread_and_restores_torchs_setting() -> None:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # what a 2-core machine starts with: the measurement must not use it
+    seen: list[int] = []
+    try:
+        with mock.patch(
+            "dlindex.train.decode.decode_image", side_effect=lambda *_, **__: seen.append(torch.get_num_threads())
+        ):
+            one_core_rate([b"x"], ImageSpec((16, 16)), seconds=0.01)
+        assert seen and set(seen) == {1}
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

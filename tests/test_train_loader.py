@@ -260,7 +260,7 @@ def test_a_worker_decodes_one_batch_before_handing_it_over(db: Path, monkeypatch
 
     decoded: list[int] = []
     real = worker.decode_image
-    monkeypatch.setattr(worker, "decode_image", lambda data, spec: decoded.append(1) or real(data, spec))
+    monkeypatch.setattr(worker, "decode_image", lambda data, spec, **kw: decoded.append(1) or real(data, spec, **kw))
     dataset = CatalogDataset(db, batch_size=4, shuffle_buffer=32, image_size=8)
     batches = iter(dataset)
     assert len(next(batches)["id"]) == 4

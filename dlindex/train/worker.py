@@ -166,9 +166,10 @@ def _decoded(job: WorkerJob, stats: WorkerStats, position: int, read: Read) -> _
         return _failed(stats, position, read, job)
     started = time.perf_counter()
     try:
-        image = decode_image(read, job.spec)
-        if job.transform is not None:
-            image = job.transform(image)
+        if job.transform is None:
+            image = decode_image(read, job.spec, channels_first=True)  # as the batch holds it: no transposes
+        else:
+            image = job.transform(decode_image(read, job.spec))  # a user's transform gets H x W x C
     except DecodeError as e:
         return _failed(stats, position, str(e), job)
     finally:
@@ -231,18 +232,15 @@ def _emit(
 def _sample_dict(sample_id: int, label: int, image: Any, vector: Any, job: WorkerJob) -> dict[str, Any]:
     out: dict[str, Any] = {"id": sample_id, "label": label}
     if job.images:
-        out["image"] = _channels_first(image) if job.transform is None else image
+        out["image"] = np.ascontiguousarray(image) if job.transform is None else image
     if vector is not None:
         out["features"] = vector
     return out
 
 
-def _channels_first(image: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint8]:
-    return np.ascontiguousarray(image.transpose(2, 0, 1))
-
-
 def _stack(images: list[Any], decoded: bool) -> Any:
-    """B x C x H x W uint8 when every image has one size; else the list."""
+    """B x C x H x W uint8 when every image has one size; else the list (decoded images
+    arrive C x H x W)."""
     if not decoded:
         first = images[0]
         if all(isinstance(i, np.ndarray) and i.shape == first.shape for i in images):
@@ -253,12 +251,11 @@ def _stack(images: list[Any], decoded: bool) -> Any:
             return torch.stack(images)
         return images
     if all(i.shape == images[0].shape for i in images):
-        height, width, channels = images[0].shape
-        out, handed = _batch_buffer((len(images), channels, height, width))
+        out, handed = _batch_buffer((len(images), *images[0].shape))
         for k, image in enumerate(images):
-            out[k] = image.transpose(2, 0, 1)  # one copy, HWC -> CHW, into the batch
+            out[k] = image  # already C x H x W: one copy into the batch
         return handed
-    return [_channels_first(i) for i in images]
+    return [np.ascontiguousarray(i) for i in images]
 
 
 def _batch_buffer(shape: tuple[int, ...]) -> tuple[npt.NDArray[np.uint8], Any]:
