@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from statistics import median
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -186,9 +187,10 @@ def one_core_rate(
     if not samples:
         return 0.0
     # torch's resize would spread over every core: pin it to one, as in a DataLoader worker
-    torch = sys.modules.get("torch")
-    threads = torch.get_num_threads() if torch is not None and hasattr(torch, "set_num_threads") else None
-    if threads is not None:
+    module = sys.modules.get("torch")
+    torch: Any = module if module is not None and hasattr(module, "set_num_threads") else None
+    threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
         torch.set_num_threads(1)
     try:
         rates = []
@@ -201,6 +203,6 @@ def one_core_rate(
                     done += 1
             rates.append(done / elapsed)
     finally:
-        if threads is not None:
+        if torch is not None:
             torch.set_num_threads(threads)
     return float(median(rates))
