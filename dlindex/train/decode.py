@@ -158,8 +158,8 @@ def _eight_bit(image: Image.Image) -> Image.Image:
 
 def _resize(array: Pixels, size: tuple[int, int], channels_first: bool) -> Pixels:
     height, width = size
-    torch = sys.modules.get("torch")  # only where the process already has it: never imported for this
-    if torch is not None and hasattr(torch, "nn"):
+    torch = _loaded_torch()
+    if torch is not None:
         image = torch.from_numpy(array).permute(2, 0, 1)[None]  # a channels-last view: the fast uint8 kernel
         out = torch.nn.functional.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False)
         chw: Pixels = out[0].numpy()  # the kernel writes C x H x W, contiguous
@@ -172,6 +172,12 @@ def _resize(array: Pixels, size: tuple[int, int], channels_first: bool) -> Pixel
             Image.fromarray(array, "RGB").resize((width, height), Image.Resampling.BILINEAR), dtype=np.uint8
         )
     return hwc.transpose(2, 0, 1) if channels_first else hwc
+
+
+def _loaded_torch() -> Any:
+    """torch where the process already has it (fully imported), else None: never imported for this."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and hasattr(torch, "nn") else None
 
 
 def _one_line(e: BaseException) -> str:
@@ -187,9 +193,8 @@ def one_core_rate(
     if not samples:
         return 0.0
     # torch's resize would spread over every core: pin it to one, as in a DataLoader worker
-    module = sys.modules.get("torch")
-    torch: Any = module if module is not None and hasattr(module, "set_num_threads") else None
-    threads = torch.get_num_threads() if torch is not None else None
+    torch = _loaded_torch()
+    threads = torch.get_num_threads() if torch is not None else 1
     if torch is not None:
         torch.set_num_threads(1)
     try:
