@@ -67,7 +67,7 @@ def test_brute_force_equals_a_pair_by_pair_count(hashes: np.ndarray, k: int) -> 
     assert collect(brute_force_hash_pairs(hashes[:60], k)) == reference_hash_pairs(hashes[:60], k)
 
 
-@pytest.mark.parametrize("k", [0, 1, 8, 15, 16, 63, 64, 100])
+@pytest.mark.parametrize("k", [0, 1, 8, 15, 16, 63, 64])
 def test_edge_cases(k: int) -> None:
     assert collect(hash_pairs(np.zeros(0, dtype=np.uint64), k)) == {}
     assert collect(hash_pairs(np.array([5], dtype=np.uint64), k)) == {}
@@ -87,7 +87,7 @@ def test_long_runs_come_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch) -> No
     assert len(collect(iter(chunks))) == 3 * 30 * 29 // 2
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "3"])
+@pytest.mark.parametrize("bad", [-1, 65, 1.5, True, "3"])
 def test_a_bad_max_distance_is_an_input_error(bad: object) -> None:
     with pytest.raises(InputError, match="whole number of bits"):
         list(hash_pairs(np.zeros(3, dtype=np.uint64), bad))  # type: ignore[arg-type]

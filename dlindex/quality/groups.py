@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
     from dlindex.features.vectors import Ids
 
-DEFAULT_MAX_DISTANCE = 10  # bits of 64, for hash types (docs/commands/dups.md: how it was chosen)
-DEFAULT_THRESHOLD = 0.05  # cosine distance, for embedding types (same page)
+# Chosen by measurement (docs/commands/dups.md): every resized or re-encoded copy, most 5%
+# crops, and no unrelated pair of 400 synthetic images (dhash, thumb).
+DEFAULT_MAX_DISTANCE = 8  # bits of 64, for hash types
+DEFAULT_THRESHOLD = 0.01  # cosine distance, for embedding types
 # Content hashes shared by more than one row: the candidates for exact duplicates.
 _SHARED_CONTENT = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
     (SELECT xxh3_128 FROM image_metadata WHERE xxh3_128 IS NOT NULL GROUP BY xxh3_128 HAVING count(*) > 1)
@@ -34,6 +36,7 @@ _SHARED_CONTENT = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
 _SIZES = """SELECT id, width, height, bytes, mtime_ns FROM image_metadata
     WHERE id IN (SELECT value FROM json_each(?))"""
 _IDS_PER_STATEMENT = 10_000
+_GROUPS_PER_LOOKUP = 1000
 _NEVER = float("inf")  # the mtime of a file whose mtime is unknown: kept last by --keep oldest
 
 
@@ -123,6 +126,23 @@ def duplicate_groups(
     groups = [DuplicateGroup(tuple(group), _choose(group, policy, sizes), kind) for group in members]
     groups.sort(key=lambda g: (-len(g.ids), g.ids[0]))
     return groups
+
+
+def group_rows(catalog: Catalog, groups: Iterable[DuplicateGroup]) -> Iterator[dict[str, Any]]:
+    """Output rows, one per group: group (1-based), kind, size, kept, ids, paths (absolute)."""
+    from dlindex.features.samples import describe
+
+    batch: list[DuplicateGroup] = []
+    number = 0
+    for group in [*groups, None]:
+        if group is not None:
+            batch.append(group)
+        if batch and (group is None or len(batch) == _GROUPS_PER_LOOKUP):
+            paths = describe(catalog, (i for g in batch for i in g.ids))  # one lookup per batch of groups
+            for g in batch:
+                number += 1
+                yield {"group": number, **g.as_dict(), "paths": [paths.get(i, (None, None))[1] for i in g.ids]}
+            batch = []
 
 
 def group_keys(groups: Iterable[DuplicateGroup]) -> dict[int, int]:

@@ -42,7 +42,8 @@ def popcount(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
 
 
 def check_max_distance(max_distance: int) -> int:
-    if not isinstance(max_distance, int | np.integer) or isinstance(max_distance, bool) or max_distance < 0:
+    whole = isinstance(max_distance, int | np.integer) and not isinstance(max_distance, bool)
+    if not whole or not 0 <= max_distance <= HASH_BITS:
         raise InputError(f"max distance must be a whole number of bits from 0 to {HASH_BITS}, not {max_distance!r}")
     return int(max_distance)
 
