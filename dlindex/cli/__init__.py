@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "index": ("index", "index", False),
     "roots": ("roots", "app", True),
     "check": ("check", "check", False),
+    "dups": ("dups", "dups", False),
 }
 
 

@@ -1,0 +1,125 @@
+"""`dlindex dups`: groups of exact or near-duplicate samples, one per line, or the ids to drop."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Iterator
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from dlindex.catalog.connection import Catalog
+from dlindex.cli._output import OutputFormat, emit_rows, resolve_format
+from dlindex.cli._selection import Selection, selection_options
+from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
+
+COLUMNS = ("group", "kind", "size", "kept", "ids", "paths")
+
+
+class KeepPolicy(StrEnum):  # dlindex.quality.groups.Keep, without importing numpy for --help
+    largest = "largest"
+    oldest = "oldest"
+    first = "first"
+
+
+class GroupFormat(StrEnum):
+    table = "table"
+    jsonl = "jsonl"
+    csv = "csv"
+
+
+@handle_errors
+@selection_options
+def dups(
+    feature_type: Annotated[
+        str | None,
+        typer.Option(
+            "--type",
+            "-t",
+            metavar="NAME",
+            help="Near duplicates by this feature type (dhash: a 64-bit hash; others: an embedding). "
+            "Without it: exact copies, by content hash.",
+            show_default=False,
+        ),
+    ] = None,
+    max_distance: Annotated[
+        int | None,
+        typer.Option(
+            "--max-distance",
+            metavar="BITS",
+            help="Hash types: at most this many of 64 bits apart.",
+            show_default="8",
+        ),
+    ] = None,
+    threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--threshold",
+            metavar="X",
+            help="Embedding types: cosine distance (0 to 2) at most X.",
+            show_default="0.01",
+        ),
+    ] = None,
+    keep: Annotated[
+        KeepPolicy,
+        typer.Option(
+            "--keep",
+            help="Which member each group keeps: largest (pixels, then bytes), oldest (mtime) or first (smallest id).",
+        ),
+    ] = KeepPolicy.largest,
+    rest: Annotated[
+        bool,
+        typer.Option("--rest", help="Print only the ids of the members not kept, one per line (for dlindex mark)."),
+    ] = False,
+    fmt: Annotated[
+        GroupFormat | None,
+        typer.Option(
+            "--format",
+            "-f",
+            help="Output format: table, jsonl or csv; one group per line.",
+            show_default="table at a terminal, jsonl otherwise",
+        ),
+    ] = None,
+    *,
+    select: Selection,
+    no_log: NoLogFlag = False,
+    db: DbOption = None,
+) -> None:
+    """Groups of duplicate samples: exact copies, or near ones by a hash or embedding type.
+
+    dlindex dups --type dhash --rest | dlindex mark --status failed
+    """  # fmt: skip
+    if rest and fmt is not None:
+        raise typer.BadParameter("--rest prints ids only; leave out --format", param_hint="'--rest'")
+    from dlindex.quality.groups import duplicate_groups, group_rows
+
+    with Catalog(db, log=not no_log) as catalog:
+        groups = duplicate_groups(
+            catalog, feature_type=feature_type, max_distance=max_distance, threshold=threshold, keep=keep.value,
+            spec=select.spec(),
+        )  # fmt: skip
+        # --html FILE (issue #17): the lead writes the report of `groups` here.
+        if rest:
+            _print_ids(i for g in groups for i in g.rest)
+            return
+        out = resolve_format(None if fmt is None else OutputFormat(fmt.value))
+        emit_rows(_flat(group_rows(catalog, groups), out), out, COLUMNS)
+
+
+def _print_ids(ids: Iterable[int]) -> None:
+    write = sys.stdout.write
+    for image_id in ids:
+        write(f"{image_id}\n")
+    sys.stdout.flush()
+
+
+def _flat(rows: Iterable[dict[str, Any]], out: OutputFormat) -> Iterator[dict[str, Any]]:
+    """csv and table cells hold one value: ids space-separated, paths as a JSON list (csv) or lines."""
+    if out is OutputFormat.jsonl:
+        yield from rows
+        return
+    for row in rows:
+        paths = json.dumps(row["paths"], ensure_ascii=False) if out is OutputFormat.csv else "\n".join(row["paths"])
+        yield {**row, "ids": " ".join(map(str, row["ids"])), "paths": paths}

@@ -1,0 +1,75 @@
+"""The vectors of a feature type for duplicate search: 64-bit hashes packed, or embeddings as is.
+
+The built-in ``dhash`` type stores 64 float32 values of 0 or 1; packed into one ``uint64``
+each (bit i = element i) they compare by XOR and popcount, 32 times smaller than floats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from dlindex.errors import InputError
+from dlindex.features.matrix import load_matrix
+from dlindex.features.types import find_type, unknown_type_message
+from dlindex.features.vectors import COUNT_VECTORS, Ids
+from dlindex.query.rows import sample_ids
+from dlindex.query.spec import QuerySpec
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+
+HASH_BITS = 64
+BUILTIN_HASHES = ("dhash",)  # built-in extractors whose vectors are 64-bit hashes
+
+Hashes = npt.NDArray[np.uint64]
+Embeddings = npt.NDArray[np.float32]
+
+
+def load_vectors(catalog: Catalog, feature_type: str, spec: QuerySpec | None = None) -> tuple[Ids, Embeddings, bool]:
+    """(ids ascending, float32 vectors, is a 64-bit 0/1 hash) of the samples ``spec`` selects
+    (default: status ok) that have a ``feature_type`` vector.
+
+    InputError for an unknown type or one without vectors, saying how to compute them.
+    """
+    ftype = find_type(catalog, feature_type)
+    if ftype is None:
+        if feature_type in BUILTIN_HASHES:
+            raise InputError(
+                f"no {feature_type!r} vectors: compute it first: "
+                f"dlindex features compute --type {feature_type} --extractor {feature_type}"
+            )
+        raise InputError(unknown_type_message(catalog, feature_type))
+    count = int(catalog.conn.execute(COUNT_VECTORS, (feature_type,)).fetchone()[0])
+    if ftype.dim is None or count == 0:
+        raise InputError(
+            f"feature type {feature_type!r} has no vectors: compute it first: dlindex features compute --type {feature_type}"
+        )
+    matrix = load_matrix(catalog, feature_type)
+    is_hash = ftype.dim == HASH_BITS and bool(np.isin(matrix.vectors, (0.0, 1.0)).all())
+    selected = np.sort(np.asarray(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))), dtype=np.int64))
+    rows = matrix.rows_of(selected)
+    rows = rows[rows >= 0]
+    return matrix.ids[rows].astype(np.int64), np.asarray(matrix.vectors[rows], dtype=np.float32), is_hash
+
+
+def load_hashes(catalog: Catalog, feature_type: str, spec: QuerySpec | None = None) -> tuple[Ids, Hashes]:
+    """(ids ascending, uint64 hashes) of the samples ``spec`` selects (default: status ok).
+
+    InputError if the type is unknown, has no vectors, or is not a 64-bit 0/1 hash.
+    """
+    ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
+    if not is_hash:
+        raise InputError(f"feature type {feature_type!r} is an embedding, not a 64-bit 0/1 hash: use --threshold")
+    return ids, pack_bits(vectors)
+
+
+def pack_bits(bits: npt.ArrayLike) -> Hashes:
+    """(n, 64) values of 0/1 as n uint64, bit i = column i."""
+    array = np.asarray(bits)
+    assert array.ndim == 2 and array.shape[1] == HASH_BITS
+    packed = np.packbits(array.astype(np.uint8), axis=1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<u8").reshape(-1).astype(np.uint64)

@@ -1,0 +1,150 @@
+"""`dlindex dups`: exact and near groups through the CLI, formats, --keep, --rest | mark, errors."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from dlindex.quality.groups import DEFAULT_MAX_DISTANCE, DEFAULT_THRESHOLD
+
+from .conftest import DLINDEX, REPO, invoke, one_error_line
+
+
+def pattern(seed: int, size: tuple[int, int] = (96, 72)) -> Image.Image:
+    """A smooth random picture: its dhash has many 1 bits, unlike a plain colour."""
+    low = np.random.default_rng(seed).random((4, 5, 3)) * 255
+    return Image.fromarray(low.astype(np.uint8)).resize(size, Image.Resampling.BICUBIC)
+
+
+@pytest.fixture
+def dup_db(tmp_path: Path, runner: CliRunner) -> Path:
+    """a/orig.png with a byte copy and a half-size copy; b/other.png with a JPEG re-encode; c/unique.png."""
+    root = tmp_path / "images"
+    for folder in ("a", "b", "c"):
+        (root / folder).mkdir(parents=True)
+    pattern(1).save(root / "a" / "orig.png")
+    shutil.copyfile(root / "a" / "orig.png", root / "a" / "copy.png")
+    pattern(1).resize((48, 36), Image.Resampling.LANCZOS).save(root / "a" / "half.png")
+    pattern(2).save(root / "b" / "other.png")
+    pattern(2).save(root / "b" / "other_q60.jpg", quality=60)
+    pattern(3).save(root / "c" / "unique.png")
+    db = tmp_path / "dups.db"
+    assert invoke(runner, "scan", str(root), "--db", str(db), "--workers", "1", "-q").exit_code == 0
+    return db
+
+
+def compute_dhash(runner: CliRunner, db: Path) -> None:
+    result = invoke(runner, "features", "compute", "--type", "dhash", "--extractor", "dhash", "-w", "1", "-q",
+                    "--db", str(db))  # fmt: skip
+    assert result.exit_code == 0, result.output
+
+
+def ids_by_name(db: Path) -> dict[str, int]:
+    conn = sqlite3.connect(db)
+    try:
+        return {Path(p).name: i for i, p in conn.execute("SELECT id, file_path FROM image_metadata")}
+    finally:
+        conn.close()
+
+
+def jsonl(result: object) -> list[dict[str, object]]:
+    assert result.exit_code == 0 and result.stderr == "", result.output  # type: ignore[attr-defined]
+    return [json.loads(line) for line in result.stdout.splitlines()]  # type: ignore[attr-defined]
+
+
+def test_exact_duplicates_by_content_hash(runner: CliRunner, dup_db: Path) -> None:
+    ids = ids_by_name(dup_db)
+    (group,) = jsonl(invoke(runner, "dups", "--db", str(dup_db)))
+    pair = sorted([ids["orig.png"], ids["copy.png"]])
+    assert group["ids"] == pair and group["kind"] == "exact" and group["size"] == 2 and group["group"] == 1
+    assert group["kept"] == pair[0]  # same pixels and bytes: the smaller id
+    assert [Path(str(p)).name for p in group["paths"]] == [
+        n for i, n in sorted((v, k) for k, v in ids.items()) if i in pair
+    ]  # type: ignore[union-attr]
+    assert all(Path(str(p)).is_absolute() for p in group["paths"])  # type: ignore[union-attr]
+
+
+def test_near_duplicates_by_dhash_and_keep(runner: CliRunner, dup_db: Path) -> None:
+    compute_dhash(runner, dup_db)
+    ids = ids_by_name(dup_db)
+    groups = jsonl(invoke(runner, "dups", "--type", "dhash", "--db", str(dup_db)))
+    a = sorted(ids[n] for n in ("orig.png", "copy.png", "half.png"))
+    b = sorted(ids[n] for n in ("other.png", "other_q60.jpg"))
+    assert [(g["ids"], g["kind"]) for g in groups] == [(a, "near"), (b, "near")]
+    assert groups[0]["kept"] == min(ids["orig.png"], ids["copy.png"])  # largest: not the half-size copy
+    first = jsonl(invoke(runner, "dups", "--type", "dhash", "--keep", "first", "--db", str(dup_db)))
+    assert [g["kept"] for g in first] == [a[0], b[0]]
+    exact_only = jsonl(
+        invoke(runner, "dups", "--type", "dhash", "--max-distance", "0", "--label", "b", "--db", str(dup_db))
+    )
+    assert [g["ids"] for g in exact_only] in ([], [b])  # a JPEG re-encode may or may not keep every bit
+
+
+def test_csv_and_table(runner: CliRunner, dup_db: Path) -> None:
+    result = invoke(runner, "dups", "--format", "csv", "--db", str(dup_db))
+    assert result.exit_code == 0, result.output
+    header, row = list(csv.reader(io.StringIO(result.stdout)))
+    assert header == ["group", "kind", "size", "kept", "ids", "paths"]
+    assert row[:3] == ["1", "exact", "2"] and len(row[4].split()) == 2 and len(json.loads(row[5])) == 2
+    table = invoke(runner, "dups", "--format", "table", "--db", str(dup_db))
+    assert table.exit_code == 0 and " exact " in table.stdout and f" {row[4]} " in table.stdout
+
+
+def test_rest_piped_into_mark_through_real_processes(runner: CliRunner, dup_db: Path) -> None:
+    compute_dhash(runner, dup_db)
+    ids = ids_by_name(dup_db)
+    rest = invoke(runner, "dups", "--type", "dhash", "--rest", "--db", str(dup_db))
+    assert rest.exit_code == 0, rest.output
+    kept = {min(ids["orig.png"], ids["copy.png"]), ids["other.png"]}  # the largest of each group
+    expected = sorted(set(ids.values()) - kept - {ids["unique.png"]})
+    assert sorted(map(int, rest.stdout.split())) == expected
+    cli = " ".join(DLINDEX)
+    shell = f"{cli} dups --type dhash --rest --db {dup_db} | {cli} mark --status failed -q --db {dup_db}"
+    done = subprocess.run(shell, shell=True, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    conn = sqlite3.connect(dup_db)
+    failed = [
+        i for (i,) in conn.execute("SELECT id FROM image_metadata WHERE processing_status = 'failed' ORDER BY id")
+    ]
+    conn.close()
+    assert failed == expected
+
+
+def test_bad_input_is_one_error_line(runner: CliRunner, dup_db: Path, tmp_path: Path) -> None:
+    db = str(dup_db)
+    assert "compute it first: dlindex features compute --type dhash" in one_error_line(
+        invoke(runner, "dups", "--type", "dhash", "--db", db)
+    )
+    compute_dhash(runner, dup_db)
+    np.savez(tmp_path / "e.npz", ids=np.arange(1, 7), vectors=np.random.default_rng(0).random((6, 8)))
+    assert invoke(runner, "features", "import", str(tmp_path / "e.npz"), "--type", "emb", "--db", db).exit_code == 0
+    cases = {
+        ("--type", "nope"): "unknown feature type 'nope'",
+        ("--type", "dhash", "--threshold", "0.1"): "use --max-distance",
+        ("--type", "emb", "--max-distance", "3"): "use --threshold",
+        ("--type", "dhash", "--max-distance", "65"): "from 0 to 64",
+        ("--type", "dhash", "--max-distance", "-1"): "from 0 to 64",
+        ("--type", "emb", "--threshold", "2.5"): "from 0 to 2",
+        ("--max-distance", "3"): "--max-distance needs a feature type",
+    }
+    for args, message in cases.items():
+        assert message in one_error_line(invoke(runner, "dups", *args, "--db", db)), args
+    usage = invoke(runner, "dups", "--rest", "--format", "csv", "--db", db)
+    assert usage.exit_code == 2 and "--rest prints ids only" in usage.stderr
+    assert jsonl(invoke(runner, "dups", "--type", "emb", "--threshold", "0", "--db", db)) == []
+
+
+def test_help_states_the_library_defaults(runner: CliRunner) -> None:
+    text = " ".join(invoke(runner, "dups", "--help", "--db", "x").stdout.split())
+    assert f"[default: ({DEFAULT_MAX_DISTANCE})]" in text or f"[default: {DEFAULT_MAX_DISTANCE}]" in text
+    assert f"{DEFAULT_THRESHOLD}" in text
