@@ -1,0 +1,1 @@
+"""Duplicate groups, near duplicates and leaks across splits."""
