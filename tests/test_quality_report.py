@@ -201,6 +201,17 @@ def test_files_that_cannot_be_shown_get_a_placeholder_with_the_reason(tmp_path: 
     ]
 
 
+def test_transparency_survives_as_png_alpha(tmp_path: Path) -> None:
+    keyed = Image.new("P", (40, 40), 1)
+    keyed.putpalette(bytes([255, 0, 0, 0, 0, 0, 255, 255]), "RGBA")  # entry 1: opaque blue, entry 0: clear
+    keyed.paste(0, (0, 0, 20, 40))
+    keyed.save(tmp_path / "keyed.png")  # a palette with a tRNS chunk
+    preview = thumbnails.make_thumbnail(str(tmp_path / "keyed.png"), 32)
+    assert preview.uri is not None and preview.uri.startswith("data:image/png;base64,")
+    with Image.open(io.BytesIO(base64.b64decode(preview.uri.partition(",")[2]))) as image:
+        assert image.mode == "RGBA" and image.getpixel((2, 2))[3] == 0 and image.getpixel((30, 2)) == (0, 0, 255, 255)
+
+
 def test_size_and_pixel_limits_are_checked_before_decoding(
     tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -92,7 +92,7 @@ def _preview(f: BinaryIO, px: int) -> Thumbnail:
         if opened.format == "JPEG":
             opened.draft(None, (2 * px, 2 * px))  # DCT scaling, never below twice the preview
         orientation = opened.getexif().get(_ORIENTATION)
-        lossless = opened.mode in _ALPHA or opened.mode in ("P", "1") or "transparency" in opened.info
+        lossless = opened.mode in ("P", "1") or _has_alpha(opened)
         image = _displayable(opened)
         image.thumbnail((px, px), Image.Resampling.LANCZOS)
         if image.mode in _HIGH_DEPTH:
@@ -106,15 +106,23 @@ def _preview(f: BinaryIO, px: int) -> Thumbnail:
 def _displayable(image: Image.Image) -> Image.Image:
     """The image in a mode a browser shows and ``thumbnail`` resizes smoothly (not P or 1)."""
     mode = image.mode
-    if mode in ("RGB", "L") and "transparency" not in image.info:
-        return image
-    if mode in _ALPHA or "transparency" in image.info:
+    if _has_alpha(image):
         return image.convert("RGBA")
+    if mode in ("RGB", "L"):
+        return image
     if mode in _HIGH_DEPTH:
         return image.convert("F" if mode == "F" else "I")  # 8 bits after the resize, from its own range
     if mode in ("P", "1"):
         return image.convert("RGB" if mode == "P" else "L")
     return image.convert("RGB")  # CMYK, YCbCr, LAB, HSV
+
+
+def _has_alpha(image: Image.Image) -> bool:
+    """Alpha in the mode, a transparent colour key or palette entries (as features.visible sees it)."""
+    if image.mode in _ALPHA or "transparency" in image.info:
+        return True
+    palette = image.palette if image.mode == "P" else None
+    return palette is not None and palette.mode == "RGBA"
 
 
 def _eight_bit(image: Image.Image) -> Image.Image:
