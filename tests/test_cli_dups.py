@@ -148,3 +148,54 @@ def test_help_states_the_library_defaults(runner: CliRunner) -> None:
     text = " ".join(invoke(runner, "dups", "--help", "--db", "x").stdout.split())
     assert f"[default: ({DEFAULT_MAX_DISTANCE})]" in text or f"[default: {DEFAULT_MAX_DISTANCE}]" in text
     assert f"{DEFAULT_THRESHOLD}" in text
+
+
+def test_html_report_marks_the_kept_image_of_each_group(runner: CliRunner, dup_db: Path, tmp_path: Path) -> None:
+    compute_dhash(runner, dup_db)
+    ids = ids_by_name(dup_db)
+    page = tmp_path / "dups.html"
+    result = invoke(runner, "dups", "--type", "dhash", "--html", str(page), "--db", str(dup_db))
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"wrote {page}: 2 groups, 5 images")
+    groups = [json.loads(line) for line in result.stdout.splitlines()]
+    text = page.read_text(encoding="utf-8")
+    for group in groups:  # every member drawn with its id; the kept one flagged
+        for image_id in group["ids"]:
+            assert f'data-id="{image_id}"' in text
+        assert f'data-id="{group["kept"]}" data-kept="1"' in text or f'data-kept="1" data-id="{group["kept"]}"' in text
+    assert "data:image/" in text and 'src="file:' not in text and "unique.png" not in text
+    assert text.index("orig.png") < text.index("other.png")  # the 3-image group first
+    assert ids["unique.png"] not in {i for g in groups for i in g["ids"]}
+
+
+def test_html_report_is_never_written_over_a_users_file(runner: CliRunner, dup_db: Path, tmp_path: Path) -> None:
+    page = tmp_path / "notes.html"
+    page.write_text("my notes")
+    result = invoke(runner, "dups", "--html", str(page), "--overwrite", "--db", str(dup_db))
+    assert "is not a dlindex report; not overwritten" in one_error_line(result)
+    assert page.read_text() == "my notes"
+    ours = tmp_path / "dups.html"
+    assert invoke(runner, "dups", "--html", str(ours), "--db", str(dup_db)).exit_code == 0
+    assert "exists; give --overwrite" in one_error_line(
+        invoke(runner, "dups", "--html", str(ours), "--db", str(dup_db))
+    )
+    assert invoke(runner, "dups", "--html", str(ours), "--overwrite", "--db", str(dup_db)).exit_code == 0
+    usage = invoke(runner, "dups", "--overwrite", "--db", str(dup_db))
+    assert usage.exit_code == 2 and "give --html FILE" in " ".join(usage.output.split())
+
+
+def test_html_report_opens_in_a_real_browser(runner: CliRunner, dup_db: Path, tmp_path: Path) -> None:
+    browser = next((b for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+    if browser is None:
+        pytest.skip(
+            "no headless browser installed (chromium, chromium-browser, google-chrome); apt-get install chromium"
+        )
+    compute_dhash(runner, dup_db)
+    page = tmp_path / "dups.html"
+    assert invoke(runner, "dups", "--type", "dhash", "--html", str(page), "--db", str(dup_db)).exit_code == 0
+    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}",
+               "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]  # fmt: skip
+    dumped = subprocess.run(command, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert dumped.returncode == 0, dumped.stderr.decode(errors="replace")[-2000:]
+    dom = dumped.stdout.decode()
+    assert 'data-loaded="5"' in dom and 'data-broken="0"' in dom  # the page's script saw every preview decode

@@ -6,6 +6,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -73,6 +74,19 @@ def dups(
         bool,
         typer.Option("--rest", help="Print only the ids of the members not kept, one per line (for dlindex mark)."),
     ] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Also write the groups as one self-contained web page of thumbnails (largest groups first).",
+            show_default=False,
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="With --html: replace FILE if it is an earlier dlindex report."),
+    ] = False,
     fmt: Annotated[
         GroupFormat | None,
         typer.Option(
@@ -93,6 +107,10 @@ def dups(
     """  # fmt: skip
     if rest and fmt is not None:
         raise typer.BadParameter("--rest prints ids only; leave out --format", param_hint="'--rest'")
+    if overwrite and html is None:
+        raise typer.BadParameter(
+            "--overwrite replaces an earlier --html report; give --html FILE", param_hint="'--overwrite'"
+        )
     from dlindex.quality.groups import duplicate_groups, group_rows
 
     with Catalog(db, log=not no_log) as catalog:
@@ -100,12 +118,25 @@ def dups(
             catalog, feature_type=feature_type, max_distance=max_distance, threshold=threshold, keep=keep.value,
             spec=select.spec(),
         )  # fmt: skip
-        # --html FILE (issue #17): the lead writes the report of `groups` here.
+        if html is not None:
+            _write_html(catalog, groups, html, overwrite=overwrite, title=_title(feature_type))
         if rest:
             _print_ids(i for g in groups for i in g.rest)
             return
         out = resolve_format(None if fmt is None else OutputFormat(fmt.value))
         emit_rows(_flat(group_rows(catalog, groups), out), out, COLUMNS)
+
+
+def _write_html(catalog: Catalog, groups: list[Any], path: Path, *, overwrite: bool, title: str) -> None:
+    from dlindex.quality.report import report_groups, write_report
+
+    summary = write_report(path, report_groups(catalog, groups), title=title, overwrite=overwrite)
+    failed = f", {summary.thumbnails_failed} could not be shown" if summary.thumbnails_failed else ""
+    print(f"wrote {summary.path}: {summary.groups} groups, {summary.images} images{failed}", file=sys.stderr)
+
+
+def _title(feature_type: str | None) -> str:
+    return "Exact duplicates" if feature_type is None else f"Near duplicates by {feature_type}"
 
 
 def _print_ids(ids: Iterable[int]) -> None:

@@ -24,13 +24,17 @@ from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from dlindex.errors import DlindexError, InputError, Interrupted
 from dlindex.faults import disk_full_error, is_disk_full
 from dlindex.features import tempfiles
 from dlindex.procs import CStderrCapture
 from dlindex.quality.thumbnails import Thumbnail, make_thumbnail
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+    from dlindex.quality.groups import DuplicateGroup
 
 MARKER = b'<meta name="generator" content="dlindex'  # what makes an existing file ours to replace
 MARKER_WINDOW = 4096  # the marker sits in the <head>, well inside the first few KB
@@ -39,6 +43,8 @@ DEFAULT_MAX_GROUPS = 1000
 DEFAULT_MAX_MEMBERS = 50  # 160 px previews are 5-15 kB: 50,000 previews stay under ~1 GB at worst
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _PROBE_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_DETAILS = """SELECT id, width, height, bytes FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"""
+_IDS_PER_STATEMENT = 5000
 _THREADS = 4  # Pillow decodes without the GIL; more threads only add memory
 
 
@@ -76,6 +82,40 @@ class ReportSummary:
     images: int
     thumbnails_failed: int
     bytes: int
+
+
+def report_groups(
+    catalog: Catalog,
+    groups: Sequence[DuplicateGroup],
+    *,
+    max_groups: int = DEFAULT_MAX_GROUPS,
+    max_members: int = DEFAULT_MAX_MEMBERS,
+) -> list[ReportGroup]:
+    """Report groups for ``groups``, with the catalog's details (path, size, label) looked up
+    only for the members ``write_report`` draws (the first ``max_groups`` groups, up to
+    ``max_members`` of each, the kept one among them); the others stay bare, counted as left out.
+    """
+    import json
+
+    from dlindex.features.samples import describe
+
+    drawn: set[int] = set()
+    for group in groups[:max_groups]:
+        first = group.ids[:max_members]
+        drawn.update(first if group.kept in first else (*first[:-1], group.kept))
+    ids = sorted(drawn)
+    sizes: dict[int, tuple[int | None, int | None, int | None]] = {}
+    for start in range(0, len(ids), _IDS_PER_STATEMENT):
+        chunk = json.dumps(ids[start : start + _IDS_PER_STATEMENT])
+        for image_id, width, height, size in catalog.read(_DETAILS, (chunk,)):
+            sizes[int(image_id)] = (width, height, size)
+    info = describe(catalog, ids)
+
+    def member(i: int, kept: bool) -> ReportMember:
+        label, path = info.get(i, (None, ""))
+        return ReportMember(i, path, *sizes.get(i, (None, None, None)), kept, label)
+
+    return [ReportGroup(g.kind, tuple(member(i, i == g.kept) for i in g.ids)) for g in groups]
 
 
 def write_report(
