@@ -64,7 +64,9 @@ def synthetic_hashes(n: int, seed: int = 17) -> np.ndarray:
     n_clustered, n_blank = int(0.3 * n), int(0.005 * n)
     sizes = rng.integers(2, 9, n_clustered // 2 + 1)
     sizes = sizes[: int(np.searchsorted(np.cumsum(sizes), n_clustered)) + 1]
-    centres = rng.integers(0, 2**63, sizes.size, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, sizes.size, dtype=np.uint64)
+    centres = rng.integers(0, 2**63, sizes.size, dtype=np.uint64) * np.uint64(2) + rng.integers(
+        0, 2, sizes.size, dtype=np.uint64
+    )
     members = np.repeat(centres, sizes)[:n_clustered]
     flips = rng.integers(0, 8, members.size)
     bits = np.uint64(1) << rng.integers(0, 64, (members.size, 7)).astype(np.uint64)
@@ -202,7 +204,9 @@ def part_imagededup(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         hashes = synthetic_hashes(n)
         path, found = work / f"idd-hashes-{n}.npy", work / f"idd-pairs-{n}-{method}.npy"
         np.save(path, hashes)
-        picked = None if queries is None else sorted(np.random.default_rng(n).choice(n, queries, replace=False).tolist())
+        picked = (
+            None if queries is None else sorted(np.random.default_rng(n).choice(n, queries, replace=False).tolist())
+        )
         times = []
         for _ in range(a.reps):
             t0 = time.perf_counter()
@@ -216,7 +220,9 @@ def part_imagededup(a: argparse.Namespace, work: Path) -> dict[str, Any]:
             row["error"] = r["error"]
         else:
             theirs_pairs = np.load(found)
-            theirs = pair_keys(theirs_pairs[:, 0], theirs_pairs[:, 1], n) if theirs_pairs.size else np.zeros(0, np.int64)
+            theirs = (
+                pair_keys(theirs_pairs[:, 0], theirs_pairs[:, 1], n) if theirs_pairs.size else np.zeros(0, np.int64)
+            )
             if picked is not None:  # only the pairs that touch a query are comparable
                 q = np.zeros(n, bool)
                 q[picked] = True
@@ -237,8 +243,13 @@ def definition_images(a: argparse.Namespace, work: Path) -> list[tuple[str, str]
 
     per = 40 if a.quick else 150
     files: list[tuple[str, str]] = []
-    for root, source in ((Path("/usr/share/backgrounds"), "backgrounds"), (Path("/usr/share/openclipart/png"), "openclipart")):
-        found = sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")) if root.is_dir() else []
+    for root, source in (
+        (Path("/usr/share/backgrounds"), "backgrounds"),
+        (Path("/usr/share/openclipart/png"), "openclipart"),
+    ):
+        found = (
+            sorted(p for p in root.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png")) if root.is_dir() else []
+        )
         step = max(1, len(found) // per)
         files += [(str(p), source) for p in found[::step][:per]]
     gen = dups_leaks.definition_set(work / "dhash-defs", per)
@@ -259,7 +270,9 @@ def hash_definitions(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     if "error" in r:
         return {"error": r["error"]}
     keep = [k for k, h in enumerate(r["hashes"]) if h]  # imagededup returns None for files it cannot read
-    theirs_bits = np.unpackbits(np.frombuffer(bytes.fromhex("".join(r["hashes"][k] for k in keep)), np.uint8)).reshape(-1, 64)
+    theirs_bits = np.unpackbits(np.frombuffer(bytes.fromhex("".join(r["hashes"][k] for k in keep)), np.uint8)).reshape(
+        -1, 64
+    )
     ours_bits = []
     for k in keep:
         with Image.open(images[k][0]) as im:
@@ -333,7 +346,9 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> str:
                   "| pairs dlindex / imagededup | only one side |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in d["rows"]:
             if "error" in r:
-                lines.append(f"| {r['n']:,} | {r['method']} | {r['queries']:,} | {r['error']} | {_s(r['dlindex_s'])} | | | |")
+                lines.append(
+                    f"| {r['n']:,} | {r['method']} | {r['queries']:,} | {r['error']} | {_s(r['dlindex_s'])} | | | |"
+                )
                 continue
             est = "" if r["queries"] == r["n"] else f" (measured {_s(r['idd_s'])} s, x {r['n'] // r['queries']:,})"
             lines.append(f"| {r['n']:,} | {r['method']} | {r['queries']:,} | {_s(r['idd_full_s'])}{est} | "

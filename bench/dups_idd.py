@@ -36,7 +36,7 @@ def search(job: dict) -> dict:
     DHash, HashEval = _import_hashing()
     hashes = np.load(job["hashes"])
     names = [str(i) for i in range(hashes.size)]
-    encoding = {name: format(int(h), "016x") for name, h in zip(names, hashes.tolist())}
+    encoding = {name: format(int(h), "016x") for name, h in zip(names, hashes.tolist(), strict=True)}
     queries = encoding if job["queries"] is None else {names[i]: encoding[names[i]] for i in job["queries"]}
     t0 = time.perf_counter()
     if job["queries"] is None:  # the user-facing call, all against all

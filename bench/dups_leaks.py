@@ -22,11 +22,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import make_trees as mt
 import numpy as np
 import xxhash
 from PIL import Image
-
-import make_trees as mt
 
 REPO = Path(__file__).resolve().parent.parent
 SPLITS = {"train": 0.8, "val": 0.2}
@@ -131,7 +130,9 @@ def definition_set(folder: Path, n: int) -> list[str]:
         path = folder / f"d{k:04d}.jpg"
         if not path.exists():
             side = int(rng.integers(96, 257))
-            im = mt._render(int(rng.integers(0, 2**63)), side, int(side * 0.75), float(rng.uniform(0, 6)), int(rng.integers(0, 6)))
+            im = mt._render(
+                int(rng.integers(0, 2**63)), side, int(side * 0.75), float(rng.uniform(0, 6)), int(rng.integers(0, 6))
+            )
             buf = io.BytesIO()
             im.save(buf, "JPEG", quality=90)
             data = near_copy(files_bytes(folder, k - 1), rng) if k % 3 == 1 else buf.getvalue()
@@ -159,7 +160,9 @@ def catalog(tree: Path, work: Path) -> tuple[Path, dict[str, float]]:
     db.unlink(missing_ok=True)
     times = {"scan": dlindex("scan", str(tree), "--db", str(db))}
     for ftype in ("dhash", "thumb"):
-        times[f"features {ftype}"] = dlindex("features", "compute", "--db", str(db), "--type", ftype, "--extractor", ftype)
+        times[f"features {ftype}"] = dlindex(
+            "features", "compute", "--db", str(db), "--type", ftype, "--extractor", ftype
+        )
     (work / f"{tree.name}.db.times").write_text(json.dumps(times))
     stamp.write_text((tree / "planted.json").read_text())
     return db, times
@@ -199,7 +202,9 @@ def measure(db: Path, tree: Path, pairs: list[tuple[str, str]], reps: int, thumb
             sweep.append({"limit": limit, "cross_pairs": len(at), "recall": hit / len(planted),
                           "false": (len(at) - hit) / max(1, len(at)), "false_n": len(at) - hit})  # fmt: skip
         false = sorted([(d, a, b) for a, b, d in found if (a, b) not in planted])[:200]
-        examples = [{"a": path_of[a], "b": path_of[b], "distance": d} for d, a, b in false[:: max(1, len(false) // 4)][:4]]
+        examples = [
+            {"a": path_of[a], "b": path_of[b], "distance": d} for d, a, b in false[:: max(1, len(false) // 4)][:4]
+        ]
         missed = [path_of[a] + " ~ " + path_of[b] for a, b in sorted(planted - {(a, b) for a, b, _ in found})][:4]
         out[ftype] = {"default": default, "run_at": run_at, "sweep": sweep, "leaks_s": float(np.median(leak_times)),
                       "dups_s": float(np.median(dup_times)), "groups": len(groups),
