@@ -7,13 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dlindex import Catalog, InputError, QuerySpec
+from dlindex import Catalog, DlindexWarning, InputError, QuerySpec
 from dlindex.features import import_features
 from dlindex.quality.groups import DuplicateGroup, Keep, Pair, duplicate_groups, duplicate_pairs, group_keys
 from dlindex.quality.hashes import load_hashes
 
-from .conftest import compute
+from .conftest import compute, scan
 from .synthetic import Row, make_catalog
 
 
@@ -81,7 +83,7 @@ def test_keep_policies(exact_db: Path) -> None:
         duplicate_groups(c, keep="newest")
 
 
-def test_near_groups_by_hash_are_connected_components(tmp_path: Path) -> None:
+def test_near_groups_form_around_the_kept_sample_or_as_connected_components(tmp_path: Path) -> None:
     base = 0x0123456789ABCDEF
     hashes = [base, base ^ 0b111, base ^ 0b111111, ~base & (2**64 - 1), ~base & (2**64 - 1), base ^ (0b11 << 60), 2**40]
     db = catalog(tmp_path, len(hashes), {5: "corrupt"})
@@ -89,14 +91,19 @@ def test_near_groups_by_hash_are_connected_components(tmp_path: Path) -> None:
     with Catalog(db) as c:
         ids, packed = load_hashes(c, "h")
         assert ids.tolist() == [1, 2, 3, 4, 6, 7] and packed.tolist() == [hashes[i - 1] for i in ids.tolist()]
-        # 1~2 (3 bits), 2~3 (3 bits), 1~6 (2 bits): one chain although 1 and 3 are 6 bits apart
-        assert duplicate_groups(c, feature_type="h", max_distance=3) == [DuplicateGroup((1, 2, 3, 6), 1, "near")]
+        # 1~2 (3 bits), 2~3 (3 bits), 1~6 (2 bits): connected, one chain although 1 and 3 are
+        # 6 bits apart; around the kept 1, only its own near copies (3 is no copy of 1)
+        connected = duplicate_groups(c, feature_type="h", max_distance=3, grouping="connected")
+        assert connected == [DuplicateGroup((1, 2, 3, 6), 1, "near")]
+        assert duplicate_groups(c, feature_type="h", max_distance=3) == [DuplicateGroup((1, 2, 6), 1, "near")]
         pairs = sorted(duplicate_pairs(c, feature_type="h", max_distance=3))
         assert pairs == [Pair(1, 2, 3), Pair(1, 6, 2), Pair(2, 3, 3)]
         everything = QuerySpec(status=("ok", "corrupt"))
         groups = duplicate_groups(c, feature_type="h", max_distance=0, spec=everything)
         assert groups == [DuplicateGroup((4, 5), 4, "near")]
-        assert group_keys(duplicate_groups(c, feature_type="h", max_distance=6, spec=everything)) == {
+        assert group_keys(
+            duplicate_groups(c, feature_type="h", max_distance=6, spec=everything, grouping="connected")
+        ) == {
             1: 1,
             2: 1,
             3: 1,
@@ -156,5 +163,72 @@ def test_dhash_of_scanned_images(scanned_db: Path) -> None:
     with Catalog(scanned_db) as c:
         ids, hashes = load_hashes(c, "dhash")
         assert len(ids) == 6 and (hashes == 0).all()  # plain colours: no pixel brighter than its neighbour
-        (group,) = duplicate_groups(c, feature_type="dhash")
-        assert group.ids == tuple(ids.tolist()) and group.kind == "near"
+        with pytest.warns(DlindexWarning, match="6 of 6 images are too plain for dhash"):
+            assert duplicate_groups(c, feature_type="dhash") == []  # differently coloured squares are no copies
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.integers(0, 2**12 - 1), min_size=2, max_size=40),
+    st.lists(st.integers(1, 5000), min_size=40, max_size=40),
+    st.integers(0, 4),
+    st.sampled_from(list(Keep)),
+)
+def test_every_member_is_a_near_copy_of_the_kept_one(
+    tmp_path_factory: pytest.TempPathFactory, low_bits: list[int], widths: list[int], k: int, keep: Keep
+) -> None:
+    """Around-kept groups against their definition: disjoint, each member within k of the kept
+    one, the kept one first by the policy among its group, each group inside one connected
+    component, and no two ungrouped samples (or an ungrouped one and a leader) near each other."""
+    tmp = tmp_path_factory.mktemp("kept")
+    hashes = [0xF0F0F0F0F0F0F0F0 ^ v for v in low_bits]  # 12 free bits: many near pairs
+    db = catalog(tmp, len(hashes))
+    update(
+        db,
+        "UPDATE image_metadata SET width = ?, height = 1 WHERE id = ?",
+        [(widths[i], i + 1) for i in range(len(hashes))],
+    )
+    with_vectors(db, tmp, np.stack([bits(h) for h in hashes]))
+    distance = {
+        (a, b): bin(hashes[a - 1] ^ hashes[b - 1]).count("1")
+        for a in range(1, len(hashes) + 1)
+        for b in range(1, len(hashes) + 1)
+    }
+    with Catalog(db) as c:
+        groups = duplicate_groups(c, feature_type="h", max_distance=k, keep=keep)
+        connected = group_keys(duplicate_groups(c, feature_type="h", max_distance=k, grouping="connected"))
+    seen = [i for g in groups for i in g.ids]
+    assert len(seen) == len(set(seen))
+    order = {Keep.largest: lambda i: (-widths[i - 1], i), Keep.oldest: lambda i: (0, i), Keep.first: lambda i: (i,)}[
+        keep
+    ]
+    for g in groups:
+        assert all(distance[(g.kept, i)] <= k for i in g.ids)
+        assert g.kept == min(g.ids, key=order) and len({connected[i] for i in g.ids}) == 1
+    leaders = {g.kept for g in groups}
+    free = [i for i in range(1, len(hashes) + 1) if i not in set(seen)]
+    assert not any(distance[(a, b)] <= k for a in free for b in [*free, *leaders] if a != b)
+
+
+def test_plain_pictures_are_left_out_of_dhash_near_groups(tmp_path: Path) -> None:
+    """A blank canvas and a small drawing on white hash to ~0 by dhash: near each other, yet
+    not copies. They are left out with one warning; a picture with structure is not."""
+    from PIL import Image, ImageDraw
+
+    root = tmp_path / "art" / "a"
+    root.mkdir(parents=True)
+    for n, (x, y) in enumerate([(10, 10), (150, 40), (60, 170)]):
+        image = Image.new("RGB", (240, 240), "white")
+        ImageDraw.Draw(image).ellipse((x, y, x + 12, y + 12), fill="black")  # unrelated small marks
+        image.save(root / f"mark{n}.png")
+    rich = np.random.default_rng(0).random((5, 6, 3)) * 255
+    picture = Image.fromarray(rich.astype(np.uint8)).resize((240, 240), Image.Resampling.BICUBIC)
+    picture.save(root / "picture.png")
+    picture.resize((120, 120)).save(root / "picture_small.png")
+    db = tmp_path / "art.db"
+    scan(db, tmp_path / "art")
+    compute(db, "dhash", extractor="dhash")
+    with Catalog(db) as c, pytest.warns(DlindexWarning, match=r"^3 of 5 images are too plain for dhash"):
+        groups = duplicate_groups(c, feature_type="dhash")
+        names = {i: Path(p).name for i, p in c.conn.execute("SELECT id, file_path FROM image_metadata")}
+    assert [sorted(names[i] for i in g.ids) for g in groups] == [["picture.png", "picture_small.png"]]

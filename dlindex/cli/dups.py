@@ -70,6 +70,13 @@ def dups(
             help="Which member each group keeps: largest (pixels, then bytes), oldest (mtime) or first (smallest id).",
         ),
     ] = KeepPolicy.largest,
+    connected: Annotated[
+        bool,
+        typer.Option(
+            "--connected",
+            help="Near groups as chains of near pairs (a~b~c, what a split needs), not only copies of the kept one.",
+        ),
+    ] = False,
     rest: Annotated[
         bool,
         typer.Option("--rest", help="Print only the ids of the members not kept, one per line (for dlindex mark)."),
@@ -116,7 +123,7 @@ def dups(
     with Catalog(db, log=not no_log) as catalog:
         groups = duplicate_groups(
             catalog, feature_type=feature_type, max_distance=max_distance, threshold=threshold, keep=keep.value,
-            spec=select.spec(),
+            grouping="connected" if connected else "around-kept", spec=select.spec(),
         )  # fmt: skip
         if html is not None:
             _write_html(catalog, groups, html, overwrite=overwrite, title=_title(feature_type))

@@ -1,13 +1,14 @@
 """Duplicate groups: exact copies by content hash, near copies by hash or embedding pairs.
 
-A group is a connected component of the duplicate pairs (union-find), so a chain of near
-copies a~b~c is one group even if a and c are further apart than the limit. Each group
-keeps one member by a policy (largest, oldest, first) and the rest can be marked or dropped.
+Near groups form around the sample the keep policy keeps (every member within the limit of
+it, dlindex.quality.linkage), or with ``Grouping.connected`` as connected components of the
+pairs (chains included: what splits and leak checks need). The rest of a group can be marked.
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dlindex.errors import InputError
-from dlindex.quality.hashes import Hashes, load_vectors, pack_bits
+from dlindex.errors import DlindexWarning, InputError
+from dlindex.quality.hashes import Hashes, load_vectors, pack_bits, plain_hashes
+from dlindex.quality.linkage import around_kept, components
 from dlindex.quality.pairs import PairChunk, Positions, check_max_distance, check_threshold, embedding_pairs, hash_pairs
 from dlindex.query.rows import sample_ids
 from dlindex.query.spec import QuerySpec
@@ -47,6 +49,13 @@ class Pair:
     a: int
     b: int
     distance: float
+
+
+class Grouping(StrEnum):
+    """around_kept: every member is a near copy of the kept one; connected: chains of near pairs."""
+
+    around_kept = "around-kept"
+    connected = "connected"
 
 
 class Keep(StrEnum):
@@ -96,7 +105,7 @@ def duplicate_pairs(
                 for b in members[at + 1 :]:
                     yield Pair(a, b, 0.0)
         return
-    ids, chunks = _near_pairs(catalog, feature_type, max_distance, threshold, spec, distinct=False)
+    ids, chunks = _near_pairs(catalog, feature_type, max_distance, threshold, spec)
     for i, j, distance in chunks:
         for a, b, d in zip(ids[i].tolist(), ids[j].tolist(), distance.tolist(), strict=True):
             yield Pair(a, b, d)
@@ -109,21 +118,26 @@ def duplicate_groups(
     max_distance: int | None = None,
     threshold: float | None = None,
     keep: Keep | str = Keep.largest,
+    grouping: Grouping | str = Grouping.around_kept,
     spec: QuerySpec | None = None,
 ) -> list[DuplicateGroup]:
-    """Groups of 2+ duplicates (connected components of ``duplicate_pairs``), largest first,
-    then by smallest id; each keeps one member by ``keep``."""
+    """Groups of 2+ duplicates, largest first, then by smallest id; each keeps one member by
+    ``keep``. Near groups form by ``grouping`` (exact copies are equal, so both agree)."""
     policy = _keep(keep)
+    linkage = _grouping(grouping)
     if feature_type is None:
         _no_limits(max_distance, threshold)
         members = _content_groups(catalog, spec)
-        kind = "exact"
+        sizes = _sizes(catalog, [i for group in members for i in group])
+        groups = [DuplicateGroup(tuple(g), _choose(g, policy, sizes), "exact") for g in members]
     else:
-        ids, chunks = _near_pairs(catalog, feature_type, max_distance, threshold, spec, distinct=True)
-        members = _components(ids, chunks)
-        kind = "near"
-    sizes = _sizes(catalog, [i for group in members for i in group])
-    groups = [DuplicateGroup(tuple(group), _choose(group, policy, sizes), kind) for group in members]
+        ids, node_of, nodes, chunks = _near_nodes(catalog, feature_type, max_distance, threshold, spec)
+        if linkage is Grouping.connected:
+            members = _by_label(ids, components(nodes, chunks)[node_of])
+            sizes = _sizes(catalog, [i for group in members for i in group])
+            groups = [DuplicateGroup(tuple(g), _choose(g, policy, sizes), "near") for g in members]
+        else:
+            groups = _groups_around_kept(catalog, ids, node_of, nodes, list(chunks), policy)
     groups.sort(key=lambda g: (-len(g.ids), g.ids[0]))
     return groups
 
@@ -157,6 +171,13 @@ def _keep(keep: Keep | str) -> Keep:
         raise InputError(f"unknown keep policy {keep!r}; choose largest, oldest or first") from None
 
 
+def _grouping(grouping: Grouping | str) -> Grouping:
+    try:
+        return Grouping(grouping)
+    except ValueError:
+        raise InputError(f"unknown grouping {grouping!r}; choose around-kept or connected") from None
+
+
 def _no_limits(max_distance: int | None, threshold: float | None) -> None:
     if max_distance is not None or threshold is not None:
         option = "--max-distance" if max_distance is not None else "--threshold"
@@ -174,60 +195,86 @@ def _content_groups(catalog: Catalog, spec: QuerySpec | None) -> list[list[int]]
 
 
 def _near_pairs(
-    catalog: Catalog,
-    feature_type: str,
-    max_distance: int | None,
-    threshold: float | None,
-    spec: QuerySpec | None,
-    *,
-    distinct: bool,
+    catalog: Catalog, feature_type: str, max_distance: int | None, threshold: float | None, spec: QuerySpec | None
 ) -> tuple[Ids, Iterator[PairChunk]]:
-    """(ids, pair chunks of positions into ids); ``distinct``: equal hashes are paired in a
-    chain, not all with all (the same groups, without a quadratic run of identical hashes)."""
+    """(ids, pair chunks of positions into ids): every pair, identical hashes all with all."""
     ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
     if is_hash:
-        if threshold is not None:
-            raise InputError(f"feature type {feature_type!r} is a 64-bit hash: use --max-distance, not --threshold")
-        k = check_max_distance(DEFAULT_MAX_DISTANCE if max_distance is None else max_distance)
-        hashes = pack_bits(vectors)
-        if not distinct:
-            return ids, hash_pairs(hashes, k)
-        unique, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
-        return ids, _distinct_hash_pairs(unique, first, inverse.reshape(-1), k)
+        k = _hash_limit(feature_type, max_distance, threshold)
+        ids, hashes = _informative(catalog, feature_type, ids, pack_bits(vectors), k)
+        return ids, hash_pairs(hashes, k)
+    return ids, embedding_pairs(vectors, _embedding_limit(feature_type, max_distance, threshold))
+
+
+def _informative(catalog: Catalog, feature_type: str, ids: Ids, hashes: Hashes, k: int) -> tuple[Ids, Hashes]:
+    """The samples whose hash says something about the picture; one warning for the others."""
+    plain = plain_hashes(catalog, feature_type, hashes, k)
+    if plain.any():
+        warnings.warn(
+            f"{int(plain.sum())} of {plain.size} images are too plain for {feature_type} (within {k} bits of a "
+            "flat image's hash) and are left out of near duplicates; compare them by an embedding with --type",
+            DlindexWarning,
+            stacklevel=4,
+        )
+    return ids[~plain], hashes[~plain]
+
+
+def _hash_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> int:
+    if threshold is not None:
+        raise InputError(f"feature type {feature_type!r} is a 64-bit hash: use --max-distance, not --threshold")
+    return check_max_distance(DEFAULT_MAX_DISTANCE if max_distance is None else max_distance)
+
+
+def _embedding_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> float:
     if max_distance is not None:
         raise InputError(f"feature type {feature_type!r} is an embedding: use --threshold, not --max-distance")
-    limit = check_threshold(DEFAULT_THRESHOLD if threshold is None else threshold)
-    return ids, embedding_pairs(vectors, limit)
+    return check_threshold(DEFAULT_THRESHOLD if threshold is None else threshold)
 
 
-def _distinct_hash_pairs(unique: Hashes, first: Positions, inverse: Positions, k: int) -> Iterator[PairChunk]:
-    # each position joined to the first position with its hash, then the distinct hashes' pairs
-    positions = np.arange(inverse.size, dtype=np.intp)
-    others = first[inverse] != positions
-    yield first[inverse][others], positions[others], np.zeros(int(others.sum()), dtype=np.float32)
-    for i, j, distance in hash_pairs(unique, k):
-        a, b = first[i], first[j]
-        yield np.minimum(a, b), np.maximum(a, b), distance
+def _near_nodes(
+    catalog: Catalog, feature_type: str, max_distance: int | None, threshold: float | None, spec: QuerySpec | None
+) -> tuple[Ids, Positions, int, Iterator[PairChunk]]:
+    """(ids, the node of each position, the number of nodes, pair chunks of nodes): a node is
+    one distinct hash value (all the samples sharing it) or, for embeddings, one sample."""
+    ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
+    if is_hash:
+        k = _hash_limit(feature_type, max_distance, threshold)
+        ids, hashes = _informative(catalog, feature_type, ids, pack_bits(vectors), k)
+        unique, inverse = np.unique(hashes, return_inverse=True)
+        return ids, inverse.reshape(-1).astype(np.intp), int(unique.size), hash_pairs(unique, k)
+    limit = _embedding_limit(feature_type, max_distance, threshold)
+    return ids, np.arange(ids.size, dtype=np.intp), int(ids.size), embedding_pairs(vectors, limit)
 
 
-def _components(ids: Ids, chunks: Iterable[PairChunk]) -> list[list[int]]:
-    """Connected components with 2+ members, as ascending ids."""
-    parent = list(range(ids.size))
-
-    def root(x: int) -> int:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]  # path halving keeps later lookups short
-            x = parent[x]
-        return x
-
+def _groups_around_kept(
+    catalog: Catalog, ids: Ids, node_of: Positions, nodes: int, chunks: list[PairChunk], policy: Keep
+) -> list[DuplicateGroup]:
+    shared = np.bincount(node_of, minlength=nodes) > 1  # identical hashes: a group without a pair
+    in_pairs = np.zeros(nodes, dtype=bool)
     for i, j, _ in chunks:
-        for a, b in zip(i.tolist(), j.tolist(), strict=True):
-            ra, rb = root(a), root(b)
-            if ra != rb:
-                parent[max(ra, rb)] = min(ra, rb)
+        in_pairs[i] = True
+        in_pairs[j] = True
+    touched = np.flatnonzero((shared | in_pairs)[node_of])  # positions of samples that can be in a group
+    sizes = _sizes(catalog, ids[touched].tolist())
+    best_first = sorted(touched.tolist(), key=lambda x: _priority(int(ids[x]), policy, sizes))
+    sample_rank = np.empty(ids.size, dtype=np.int64)
+    sample_rank[best_first] = np.arange(len(best_first), dtype=np.int64)
+    node_rank = np.full(nodes, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(node_rank, node_of[touched], sample_rank[touched])
+    leader = around_kept(nodes, chunks, node_rank)
+    alone = leader < 0
+    leader[alone] = np.flatnonzero(alone)  # a node without pairs leads its own identical hashes
+    kept_at = {int(node_of[x]): int(ids[x]) for x in reversed(best_first)}  # the best sample of each node
+    groups: dict[int, list[int]] = {}
+    for x in touched.tolist():  # ascending positions, so ascending ids
+        groups.setdefault(int(leader[node_of[x]]), []).append(int(ids[x]))
+    return [DuplicateGroup(tuple(g), kept_at[node], "near") for node, g in groups.items() if len(g) > 1]
+
+
+def _by_label(ids: Ids, labels: Positions) -> list[list[int]]:
     members: dict[int, list[int]] = {}
-    for x in range(ids.size):  # ascending, so each group's list is too
-        members.setdefault(root(x), []).append(int(ids[x]))
+    for x, label in enumerate(labels.tolist()):  # ascending, so each group's list is too
+        members.setdefault(label, []).append(int(ids[x]))
     return [group for group in members.values() if len(group) > 1]
 
 
@@ -242,10 +289,15 @@ def _sizes(catalog: Catalog, ids: list[int]) -> dict[int, tuple[int, int, float]
     return found
 
 
-def _choose(group: list[int], keep: Keep, sizes: dict[int, tuple[int, int, float]]) -> int:
-    unknown = (-1, -1, _NEVER)
+def _priority(image_id: int, keep: Keep, sizes: dict[int, tuple[int, int, float]]) -> tuple[float, ...]:
+    """Sort key of the keep policy: the sample kept first sorts first."""
+    pixels, size, mtime = sizes.get(image_id, (-1, -1, _NEVER))
     if keep is Keep.largest:
-        return min(group, key=lambda i: (-sizes.get(i, unknown)[0], -sizes.get(i, unknown)[1], i))
+        return (-pixels, -size, image_id)
     if keep is Keep.oldest:
-        return min(group, key=lambda i: (sizes.get(i, unknown)[2], i))
-    return min(group)
+        return (mtime, image_id)
+    return (image_id,)
+
+
+def _choose(group: list[int], keep: Keep, sizes: dict[int, tuple[int, int, float]]) -> int:
+    return min(group, key=lambda i: _priority(i, keep, sizes))

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 HASH_BITS = 64
 BUILTIN_HASHES = ("dhash",)  # built-in extractors whose vectors are 64-bit hashes
+# The hash of a picture with no gradient: dhash sets a bit only where a pixel is brighter than
+# its neighbour, so a flat image (a blank canvas, a small drawing on white) hashes to nearly 0.
+FLAT_HASH = {"dhash": 0}
 
 Hashes = npt.NDArray[np.uint64]
 Embeddings = npt.NDArray[np.float32]
@@ -65,6 +68,19 @@ def load_hashes(catalog: Catalog, feature_type: str, spec: QuerySpec | None = No
     if not is_hash:
         raise InputError(f"feature type {feature_type!r} is an embedding, not a 64-bit 0/1 hash: use --threshold")
     return ids, pack_bits(vectors)
+
+
+def plain_hashes(catalog: Catalog, feature_type: str, hashes: Hashes, max_distance: int) -> npt.NDArray[np.bool_]:
+    """Which hashes are within ``max_distance`` bits of a flat image's: they say nothing about
+    the picture, only that it is mostly one colour, so any two are "near" (a page of unrelated
+    clip art on white, all 0-8 bits apart). Only for the built-in hash extractors."""
+    ftype = find_type(catalog, feature_type)
+    flat = None if ftype is None else FLAT_HASH.get(ftype.extractor)
+    if flat is None:
+        return np.zeros(hashes.size, dtype=bool)
+    differ = np.unpackbits((hashes ^ np.uint64(flat)).view(np.uint8)).reshape(-1, HASH_BITS)
+    plain: npt.NDArray[np.bool_] = differ.sum(axis=1, dtype=np.int64) <= max_distance
+    return plain
 
 
 def pack_bits(bits: npt.ArrayLike) -> Hashes:
