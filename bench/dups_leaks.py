@@ -2,9 +2,11 @@
 
 The trees of make_trees.py draw every file from a pool of a few hundred pictures (made unique
 by a metadata tag only), so most of their files are pixel copies of each other: useless for
-counting false pairs. This tree renders every image from its own seed (make_trees._render,
-24-64 px like the small tree), then plants near copies of some: cropped by up to 5% of each
-side in total, resized 0.5-2x, re-encoded as JPEG at quality 50-90. A copy is kept only when
+counting false pairs. This tree renders every image from its own seed (``picture``: 96-256 px,
+a two-colour linear gradient, 3-9 random filled shapes, a band of stripes or checks, 0-2 words
+of text and a little grain; earlier versions drew 24-64 px colour fields, so alike in grayscale
+that different pictures really looked the same), then plants near copies of some: cropped by
+up to 5% of each side in total, resized 0.5-2x, re-encoded as JPEG at quality 50-90. A copy is kept only when
 the content-hash split of ``export --split train=0.8,val=0.2`` (plan.split_of) puts it in the
 other split than its original, until the planted count is reached.
 """
@@ -12,6 +14,7 @@ other split than its original, until the planted count is reached.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -25,21 +28,78 @@ from typing import Any
 import make_trees as mt
 import numpy as np
 import xxhash
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 
 REPO = Path(__file__).resolve().parent.parent
 SPLITS = {"train": 0.8, "val": 0.2}
 PER_CLASS = 1_000
-VERSION = 1
+VERSION = 2
+_FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+_WORDS = ("cat", "dog", "SALE", "2026", "river", "OPEN", "data", "north", "7 km", "blue", "menu", "exit")
+
+
+@functools.lru_cache(maxsize=64)
+def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    try:
+        return ImageFont.truetype(_FONT, size)
+    except OSError:
+        return ImageFont.load_default()
+
+
+def picture(rng: np.random.Generator, w: int, h: int) -> Image.Image:
+    """One distinct structured picture: gradient + shapes + a texture band + text + grain."""
+    c0, c1 = rng.integers(0, 256, 3), rng.integers(0, 256, 3)
+    angle = rng.uniform(0, 2 * np.pi)
+    yy, xx = np.mgrid[0:h, 0:w]
+    t = (xx * np.cos(angle) + yy * np.sin(angle)).astype(np.float32)
+    t = (t - t.min()) / max(1e-6, float(t.max() - t.min()))
+    base = c0[None, None, :] * (1 - t[..., None]) + c1[None, None, :] * t[..., None]
+    im = Image.fromarray(base.astype(np.uint8))
+    d = ImageDraw.Draw(im)
+    for _ in range(int(rng.integers(3, 10))):
+        x0, y0 = int(rng.integers(-w // 4, w)), int(rng.integers(-h // 4, h))
+        x1, y1 = x0 + int(rng.integers(w // 8, w // 2 + 2)), y0 + int(rng.integers(h // 8, h // 2 + 2))
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        kind = int(rng.integers(0, 4))
+        if kind == 0:
+            d.ellipse([x0, y0, x1, y1], fill=colour)
+        elif kind == 1:
+            d.rectangle([x0, y0, x1, y1], fill=colour)
+        elif kind == 2:
+            d.polygon([(int(rng.integers(0, w)), int(rng.integers(0, h))) for _ in range(3)], fill=colour)
+        else:
+            d.line([x0, y0, x1, y1], fill=colour, width=int(rng.integers(2, max(3, w // 16))))
+    # a band of stripes or checks: texture at a random place, period and colour
+    bx, by = int(rng.integers(0, w * 3 // 4)), int(rng.integers(0, h * 3 // 4))
+    bw, bh = int(rng.integers(w // 6, w // 2)), int(rng.integers(h // 6, h // 2))
+    period = int(rng.integers(3, 12))
+    colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+    checks = rng.random() < 0.5
+    for x in range(bx, bx + bw, period * 2):
+        if checks:
+            for y in range(by + (x // period) % 2 * period, by + bh, period * 2):
+                d.rectangle([x, y, x + period - 1, y + period - 1], fill=colour)
+        else:
+            d.rectangle([x, by, x + period - 1, by + bh], fill=colour)
+    for _ in range(int(rng.integers(0, 3))):
+        word = str(rng.choice(_WORDS))
+        font = _font(int(rng.integers(max(10, h // 10), max(12, h // 4))))
+        xy = (int(rng.integers(0, w * 2 // 3)), int(rng.integers(0, h * 3 // 4)))
+        d.text(xy, word, fill=tuple(int(v) for v in rng.integers(0, 256, 3)), font=font)
+    grain = float(rng.uniform(0, 6))
+    if grain > 0.5:
+        a = np.asarray(im, dtype=np.int16) + rng.normal(0, grain, (h, w, 3)).astype(np.int16)
+        im = Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+    return im
 
 
 def _write_block(args: tuple[str, int, int, int]) -> int:
     root, start, stop, seed = args
     for idx in range(start, stop):
         rng = np.random.default_rng([seed, idx])
-        side = int(rng.integers(24, 65))
+        side = int(rng.integers(96, 257))
         w, h = side, int(side * float(rng.choice([1.0, 0.75, 1.25])))
-        im = mt._render(int(rng.integers(0, 2**63)), w, h, float(rng.uniform(0, 6)), int(rng.integers(0, 4)))
+        im = picture(rng, w, h)
         folder = os.path.join(root, f"c{idx // PER_CLASS:04d}")
         os.makedirs(folder, exist_ok=True)
         if rng.random() < 0.7:
@@ -159,7 +219,7 @@ def catalog(tree: Path, work: Path) -> tuple[Path, dict[str, float]]:
         return db, json.loads((work / f"{tree.name}.db.times").read_text())
     db.unlink(missing_ok=True)
     times = {"scan": dlindex("scan", str(tree), "--db", str(db))}
-    for ftype in ("dhash", "thumb"):
+    for ftype in ("dhash", "colorthumb"):
         times[f"features {ftype}"] = dlindex(
             "features", "compute", "--db", str(db), "--type", ftype, "--extractor", ftype
         )
@@ -182,9 +242,9 @@ def measure(db: Path, tree: Path, pairs: list[tuple[str, str]], reps: int, thumb
     planted = {tuple(sorted((id_of[o], id_of[c]))) for o, c in pairs}
     out: dict[str, Any] = {"images": len(rows), "planted": len(planted),
                            "split_sizes": {s: sum(v == s for v in split.values()) for s in SPLITS}}  # fmt: skip
-    for ftype, limits, key, default in (("dhash", (4, 6, 8, DEFAULT_MAX_DISTANCE), "max_distance", DEFAULT_MAX_DISTANCE),
-                                        ("thumb", (0.002, 0.005, 0.01, 0.02, DEFAULT_THRESHOLD), "threshold", DEFAULT_THRESHOLD)):  # fmt: skip
-        limits = tuple(x for x in limits if thumb_limit is None or ftype != "thumb" or x <= thumb_limit)
+    for ftype, limits, key, default in (("dhash", (4, 6, 8, 10, DEFAULT_MAX_DISTANCE), "max_distance", DEFAULT_MAX_DISTANCE),
+                                        ("colorthumb", (0.01, 0.02, 0.03, 0.05, 0.08, 0.1, DEFAULT_THRESHOLD), "threshold", DEFAULT_THRESHOLD)):  # fmt: skip
+        limits = tuple(x for x in limits if thumb_limit is None or ftype != "colorthumb" or x <= thumb_limit)
         run_at = max(limits)
         leak_times, dup_times = [], []
         for _ in range(reps):
@@ -231,13 +291,13 @@ def render(r: dict[str, Any]) -> list[str]:
              + ", ".join(f"{k} {v:.0f} s" for k, v in r["build_s"].items()) + ".", "",
              "| type | limit | cross-split pairs found | recall (planted found) | false pairs (not planted) |",
              "|---|---|---|---|---|"]  # fmt: skip
-    for ftype in ("thumb", "dhash"):
+    for ftype in ("colorthumb", "dhash"):
         for s in r[ftype]["sweep"]:
             mark = " (default)" if s["limit"] == r[ftype]["default"] else ""
             lines.append(f"| {ftype} | {s['limit']}{mark} | {s['cross_pairs']:,} | {s['recall']:.3f} "
                          f"| {s['false']:.2%} ({s['false_n']:,}) |")  # fmt: skip
     lines.append("")
-    for ftype in ("thumb", "dhash"):
+    for ftype in ("colorthumb", "dhash"):
         x = r[ftype]
         lines.append(f"Runtime at {x['run_at']}, {ftype}: cross-split pairs (duplicate_pairs + split_of) {x['leaks_s']:.1f} s "
                      f"vs duplicate_groups (dups) {x['dups_s']:.1f} s: {x['leaks_s'] / x['dups_s']:.2f}x.")  # fmt: skip
