@@ -117,14 +117,35 @@ def reference_embedding_pairs(vectors: np.ndarray, threshold: float) -> Found:
     st.integers(1, 50),
     st.integers(0, 2**32 - 1),
 )
-def test_embedding_pairs_equal_a_brute_force(n: int, dim: int, threshold: float, chunk_rows: int, seed: int) -> None:
+def test_embedding_pairs_equal_a_brute_force(n: int, dim: int, threshold: float, tile_rows: int, seed: int) -> None:
     rng = np.random.default_rng(seed)
     vectors = rng.integers(-2, 3, (n, dim)).astype(np.float32)  # ties, zero vectors, exact copies
     if n:
         vectors[::5] = vectors[0] * 3
-    found = collect(embedding_pairs(vectors, threshold, chunk_rows=chunk_rows))
+    found = collect(embedding_pairs(vectors, threshold, tile_rows=tile_rows))
     assert found == reference_embedding_pairs(vectors, threshold)
     assert not any(np.isnan(d) for d in found.values())
+
+
+@pytest.mark.parametrize("n", [1, 6, 7, 8, 13, 14, 15])
+@pytest.mark.parametrize("tile_rows", [1, 7])
+def test_tiles_at_the_edges_miss_no_pair(n: int, tile_rows: int) -> None:
+    """n rows, every one a copy: each pair is found once, whether it is in a diagonal tile,
+    a full tile or the short last row or column of tiles."""
+    vectors = np.tile(np.array([[1.0, 2.0, 3.0]], dtype=np.float32), (n, 1))
+    found = collect(embedding_pairs(vectors, 0.0, tile_rows=tile_rows))
+    assert set(found) == {(a, b) for a in range(n) for b in range(a + 1, n)}
+
+
+def test_tiles_at_the_edges_equal_a_brute_force() -> None:
+    rng = np.random.default_rng(5)
+    vectors = rng.normal(size=(37, 4)).astype(np.float32)
+    vectors[rng.integers(0, 37, 12)] = vectors[3]  # copies land in every tile
+    vectors[[0, 36]] = 0.0  # zero rows in the first and last tile
+    expected = reference_embedding_pairs(vectors, 0.3)
+    for tile_rows in (1, 5, 18, 36, 37, 2048):
+        assert collect(embedding_pairs(vectors, 0.3, tile_rows=tile_rows)) == expected
+    assert collect(embedding_pairs(vectors, 1.0, tile_rows=5)) == reference_embedding_pairs(vectors, 1.0)
 
 
 def test_zero_vectors_are_at_distance_one() -> None:
@@ -137,3 +158,15 @@ def test_zero_vectors_are_at_distance_one() -> None:
 def test_a_bad_threshold_is_an_input_error(bad: float) -> None:
     with pytest.raises(InputError, match="cosine distance from 0 to 2"):
         list(embedding_pairs(np.ones((2, 2), dtype=np.float32), bad))
+
+
+@pytest.mark.parametrize("k", [10, 15, 16, 32])
+def test_wide_k_comes_in_bounded_chunks(monkeypatch: pytest.MonkeyPatch, k: int) -> None:
+    """Narrow bands (or the brute force beyond 16 bands) still yield at most CHUNK_PAIRS pairs at once."""
+    monkeypatch.setattr(pairs, "CHUNK_PAIRS", 7)
+    rng = np.random.default_rng(k)
+    hashes = rng.integers(0, 2**64, 60, dtype=np.uint64, endpoint=False)
+    hashes[::3] = hashes[0]
+    chunks = list(hash_pairs(hashes, k))
+    assert max(len(i) for i, _, _ in chunks) <= 7
+    assert collect(iter(chunks)) == reference_hash_pairs(hashes, k)

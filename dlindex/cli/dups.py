@@ -60,7 +60,7 @@ def dups(
             "--threshold",
             metavar="X",
             help="Embedding types: cosine distance (0 to 2) at most X.",
-            show_default="0.01",
+            show_default="0.03",
         ),
     ] = None,
     keep: Annotated[

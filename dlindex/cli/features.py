@@ -63,7 +63,7 @@ def compute(
             "--extractor",
             "-e",
             metavar="SPEC",
-            help="colorhist, thumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).",
+            help="colorhist, thumb, colorthumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).",
             show_default=False,
         ),
     ] = None,

@@ -1,6 +1,6 @@
 """Extractors: a function from a PIL image to a 1-D vector, named by a spec string.
 
-Specs: a built-in name (``colorhist``, ``thumb``, ``dhash``); ``module:function`` or
+Specs: a built-in name (``colorhist``, ``thumb``, ``colorthumb``, ``dhash``); ``module:function`` or
 ``path/to/file.py:function`` for your own; ``torch:MODEL_FILE`` (a model saved with
 ``torch.export`` or TorchScript) or ``torchvision:MODEL:WEIGHTS_FILE`` for a torch model
 from local files (torch is optional and nothing is ever downloaded).
@@ -90,6 +90,27 @@ def thumb(image: Image.Image) -> Vector:
     return np.asarray(small, dtype=np.float32).reshape(-1) / 255.0
 
 
+COLORTHUMB_SIDE = 12
+# Below this spread (in 0-255 levels, per value) a thumbnail is plain: its pattern would be
+# JPEG noise, which correlates with nothing, so it is stored as zeros (cosine distance 1 to all).
+_PLAIN_STD = 1.0
+
+
+def colorthumb(image: Image.Image) -> Vector:
+    """432 values: the image as a 12 x 12 RGB thumbnail (over white where transparent), minus
+    its mean and scaled to unit length, so the cosine of two is the Pearson correlation of
+    their pixels, unchanged by brightness and contrast; a plain grey (or nearly) image is all zeros."""
+    side = COLORTHUMB_SIDE
+    image.draft("RGB", (4 * side, 4 * side))
+    small = visible.on_background(image).convert("RGB").resize((side, side), Image.Resampling.BOX)
+    v = np.asarray(small, dtype=np.float64).reshape(-1)
+    v -= v.mean()
+    norm = float(np.sqrt(v @ v))
+    if norm <= _PLAIN_STD * np.sqrt(v.size):
+        return np.zeros(v.size, dtype=np.float32)
+    return (v / norm).astype(np.float32)
+
+
 def dhash(image: Image.Image) -> Vector:
     """64 values of 0 or 1: the difference hash (each pixel brighter than its right neighbour,
     on a 9 x 8 grayscale thumbnail, over white where transparent). L2 distance squared is
@@ -102,10 +123,11 @@ def dhash(image: Image.Image) -> Vector:
 BUILTINS: dict[str, Extractor] = {
     "colorhist": Extractor("colorhist", colorhist, 96, colorhist_file),
     "thumb": Extractor("thumb", thumb, 256),
+    "colorthumb": Extractor("colorthumb", colorthumb, 3 * COLORTHUMB_SIDE**2),
     "dhash": Extractor("dhash", dhash, 64),
 }
 _SPEC_HELP = (
-    "expected a built-in (colorhist, thumb, dhash), module:function, path/to/file.py:function, "
+    "expected a built-in (colorhist, thumb, colorthumb, dhash), module:function, path/to/file.py:function, "
     "torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE"
 )
 

@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
-from dlindex.features.extractors import Extractor, canonical_spec, load_extractor
+from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
 from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
 from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
@@ -172,10 +172,10 @@ def _prepare_type(catalog: Catalog, name: str, options: ComputeOptions) -> tuple
         check_dtype(options.dtype)
     ftype = find_type(catalog, name)
     if ftype is None:
-        spec = options.extractor or (name if name in ("colorhist", "thumb", "dhash") else None)
+        spec = options.extractor or (name if name in BUILTINS else None)
         if spec is None:
             raise InputError(
-                f"feature type {name!r} is new: give --extractor SPEC (colorhist, thumb, dhash, "
+                f"feature type {name!r} is new: give --extractor SPEC (colorhist, thumb, colorthumb, dhash, "
                 "module:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE)"
             )
         return None, load_extractor(spec)

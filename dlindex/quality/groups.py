@@ -28,9 +28,10 @@ if TYPE_CHECKING:
     from dlindex.features.vectors import Ids
 
 # Chosen by measurement (docs/commands/dups.md): every resized or re-encoded copy, most 5%
-# crops, and no unrelated pair of 400 synthetic images (dhash, thumb).
+# crops, and no unrelated pair of 400 synthetic images (dhash); the threshold: colorthumb on
+# 100k generated images with 1,000 planted near copies (docs/benchmarks.md, bench_dups).
 DEFAULT_MAX_DISTANCE = 8  # bits of 64, for hash types
-DEFAULT_THRESHOLD = 0.01  # cosine distance, for embedding types
+DEFAULT_THRESHOLD = 0.03  # cosine distance, for embedding types (measured on colorthumb)
 # Content hashes shared by more than one row: the candidates for exact duplicates.
 _SHARED_CONTENT = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
     (SELECT xxh3_128 FROM image_metadata WHERE xxh3_128 IS NOT NULL GROUP BY xxh3_128 HAVING count(*) > 1)

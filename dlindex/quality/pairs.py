@@ -17,13 +17,13 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
-from dlindex.features.neighbours import exact_distances
 from dlindex.quality.hashes import HASH_BITS
 
 Positions = npt.NDArray[np.intp]
 PairChunk = tuple[Positions, Positions, npt.NDArray[np.float32]]  # (i, j, distance), i < j
 
 CHUNK_PAIRS = 1 << 21  # candidate pairs held at once, at most (each costs ~40 bytes while checked)
+TILE_ROWS = 2048  # embedding_pairs compares 2048 x 2048 rows at once: a 16 MiB float32 tile
 # With more bands than this, bands are under 4 bits wide and almost every pair is a candidate
 # in several bands: comparing every pair once is cheaper.
 _MOST_BANDS = 16
@@ -88,52 +88,62 @@ def brute_force_hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator
         i, j = np.nonzero(distance <= k)
         i = i + start
         later = j > i
-        if later.any():
-            yield (
-                i[later].astype(np.intp),
-                j[later].astype(np.intp),
-                distance[i[later] - start, j[later]].astype(np.float32),
-            )
+        i, j = i[later].astype(np.intp), j[later].astype(np.intp)
+        for at in range(0, i.size, CHUNK_PAIRS):  # one row holds up to n pairs when n > CHUNK_PAIRS
+            ci, cj = i[at : at + CHUNK_PAIRS], j[at : at + CHUNK_PAIRS]
+            yield ci, cj, distance[ci - start, cj].astype(np.float32)
 
 
-def embedding_pairs(vectors: npt.ArrayLike, threshold: float, *, chunk_rows: int = 1024) -> Iterator[PairChunk]:
+def embedding_pairs(vectors: npt.ArrayLike, threshold: float, *, tile_rows: int = TILE_ROWS) -> Iterator[PairChunk]:
     """Every pair of rows (i < j) with cosine distance (1 - cosine) at most ``threshold``, exactly.
 
-    A float32 product of the normalised rows finds the candidates within a proven error
-    bound; each is then scored by ``exact_distances`` (float64), the definition ``similar``
-    uses: a zero vector is at distance 1 from everything.
+    The normalised rows are compared tile by tile (``tile_rows`` x ``tile_rows`` float32
+    products, upper triangle only), so memory is bounded whatever n is. The float32 product
+    finds the candidates within a proven error bound; each is then scored in float64 by the
+    definition ``similar`` uses (``exact_distances``): a zero vector is at distance 1 from everything.
     """
     limit = check_threshold(threshold)
     v = np.asarray(vectors, dtype=np.float32)
     assert v.ndim == 2
     n, dim = v.shape
-    norms = np.sqrt(np.einsum("ij,ij->i", v.astype(np.float64), v.astype(np.float64)))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        unit = np.where(norms[:, None] > 0, v / norms[:, None], 0.0).astype(np.float32)
+    norms = np.zeros(n)
+    unit = np.zeros_like(v)
+    for at in range(0, n, TILE_ROWS):  # float64 a tile of rows at a time
+        wide = v[at : at + TILE_ROWS].astype(np.float64)
+        norms[at : at + TILE_ROWS] = np.sqrt((wide * wide).sum(axis=1))  # as exact_distances computes them
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scaled = wide / norms[at : at + TILE_ROWS, None]
+        unit[at : at + TILE_ROWS] = np.where(norms[at : at + TILE_ROWS, None] > 0, scaled, 0.0)
     # |float32 dot of rounded unit rows - exact cosine| <= (dim + 2) u, for any summation order
-    slack = 4.0 * (dim + 8) * _U32
-    rows = max(1, min(chunk_rows, CHUNK_PAIRS // max(n, 1)))
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        approx = 1.0 - unit[start:stop] @ unit.T
-        approx[:, norms == 0] = 1.0
-        approx[norms[start:stop] == 0, :] = 1.0
-        bi, j = np.nonzero(approx <= limit + slack)
-        later = j > bi + start
-        bi, j = bi[later], j[later]
-        if not bi.size:
-            continue
-        i_out, j_out, d_out = [], [], []
-        bounds = np.flatnonzero(np.diff(bi)) + 1  # np.nonzero lists row by row: split at each new row
-        for b, partners in zip(bi[np.concatenate(([0], bounds))].tolist(), np.split(j, bounds), strict=True):
-            exact = exact_distances(v[partners], v[start + b], "cosine")
-            close = exact <= limit
-            i_out.append(np.full(int(close.sum()), start + b, dtype=np.intp))
-            j_out.append(partners[close].astype(np.intp))
-            d_out.append(exact[close].astype(np.float32))
-        i_all = np.concatenate(i_out)
-        if i_all.size:
-            yield i_all, np.concatenate(j_out), np.concatenate(d_out)
+    least_cosine = 1.0 - limit - 4.0 * (dim + 8) * _U32
+    rows = max(1, tile_rows)
+    for q0 in range(0, n, rows):
+        q1 = min(n, q0 + rows)
+        for d0 in range(q0, n, rows):
+            d1 = min(n, d0 + rows)
+            cosine = unit[q0:q1] @ unit[d0:d1].T
+            bi, bj = np.nonzero(cosine >= least_cosine)  # a zero row's cosine is 0: distance 1, as defined
+            i, j = bi + q0, bj + d0
+            keep = j > i  # the diagonal tiles: upper triangle only
+            yield from _scored(v, norms, i[keep], j[keep], limit)
+
+
+def _scored(
+    v: npt.NDArray[np.float32], norms: npt.NDArray[np.float64], i: Positions, j: Positions, limit: float
+) -> Iterator[PairChunk]:
+    """The candidate pairs (i, j) within ``limit`` by the float64 cosine distance, in bounded chunks."""
+    step = max(1, CHUNK_PAIRS // max(1, v.shape[1]))
+    for at in range(0, i.size, step):
+        ci, cj = i[at : at + step].astype(np.intp), j[at : at + step].astype(np.intp)
+        dots = (v[cj].astype(np.float64) * v[ci].astype(np.float64)).sum(
+            axis=1
+        )  # exact_distances' expression, bit for bit
+        scale = norms[ci] * norms[cj]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            distance = np.where(scale > 0, np.clip(1.0 - dots / scale, 0.0, 2.0), 1.0)
+        close = distance <= limit
+        if close.any():
+            yield ci[close], cj[close], distance[close].astype(np.float32)
 
 
 def _bands(count: int) -> list[tuple[int, int]]:
