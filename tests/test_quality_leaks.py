@@ -18,6 +18,7 @@ from PIL import Image
 
 from dlindex import Catalog
 from dlindex.export.plan import ExportError
+from dlindex.features.matrix import load_matrix
 from dlindex.quality.assignment import export_assignment, rule_assignment
 from dlindex.quality.groups import DEFAULT_MAX_DISTANCE
 from dlindex.quality.hashes import load_hashes
@@ -208,3 +209,25 @@ def test_mutated_index_or_manifest_is_an_export_error_or_reads(leaky: Path, tmp_
             export_assignment(c, out)
         except ExportError as e:
             assert "\n" not in str(e)
+
+
+def test_embedding_leaks_equal_brute_force(leaky: Path, tmp_path: Path) -> None:
+    db = tmp_path / "thumb.db"
+    shutil.copyfile(leaky, db)
+    compute(db, "thumb", extractor="thumb")
+    with Catalog(db) as c:
+        assignment = rule_assignment(c, RULE)
+        matrix = load_matrix(c, "thumb")
+        vectors = {int(i): np.asarray(v, dtype=np.float64) for i, v in zip(matrix.ids, matrix.vectors, strict=True)}
+    split = {int(i): assignment.splits[int(k)] for i, k in zip(assignment.ids, assignment.codes, strict=True)}
+    content = dict(sqlite3.connect(db).execute("SELECT id, xxh3_128 FROM image_metadata"))
+    for threshold in (0.01, 0.05):
+        want = set()
+        for a, b in itertools.combinations(sorted(split), 2):
+            va, vb = vectors[a], vectors[b]
+            d = 1.0 - float(va @ vb / np.sqrt((va @ va) * (vb @ vb)))
+            if split[a] != split[b] and content[a] != content[b] and d <= threshold:
+                want.add((a, b, split[a], split[b], round(d, 6), "near"))
+        got = {(a, b, sa, sb, round(d, 6), k) for a, b, sa, sb, d, k in found(db, assignment, feature_type="thumb",
+                                                                              threshold=threshold)}  # fmt: skip
+        assert got == want and got
