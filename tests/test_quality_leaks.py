@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from dlindex import Catalog
+from dlindex.errors import DlindexWarning
 from dlindex.export.plan import ExportError
 from dlindex.features.matrix import load_matrix
 from dlindex.quality.assignment import export_assignment, rule_assignment
@@ -231,3 +232,23 @@ def test_embedding_leaks_equal_brute_force(leaky: Path, tmp_path: Path) -> None:
         got = {(a, b, sa, sb, round(d, 6), k) for a, b, sa, sb, d, k in found(db, assignment, feature_type="thumb",
                                                                               threshold=threshold)}  # fmt: skip
         assert got == want and got
+
+
+def test_plain_pictures_are_not_near_leaks(tmp_path: Path) -> None:
+    """Two blank pages of different sizes hash alike (dhash 0) but are not copies: dups' rule."""
+    root = tmp_path / "images" / "c"
+    root.mkdir(parents=True)
+    Image.new("RGB", (80, 60), "white").save(root / "white.png")
+    Image.new("RGB", (64, 64), "white").save(root / "white_square.png")
+    pattern(1).save(root / "p.png")
+    pattern(1).save(root / "p_q60.jpg", quality=60)
+    db = tmp_path / "plain.db"
+    scan(db, tmp_path / "images")
+    compute(db, "dhash", extractor="dhash")
+    with Catalog(db) as c:
+        base = rule_assignment(c, RULE)
+        apart = type(base)(("a", "b"), base.ids, (np.arange(base.ids.size) % 2).astype(np.int16), "apart")
+        names = dict(c.conn.execute("SELECT id, file_path FROM image_metadata"))
+        with pytest.warns(DlindexWarning, match="too plain"):
+            pairs = list(leak_pairs(c, apart, feature_type="dhash"))
+    assert [(names[x.a], names[x.b]) for x in pairs] == [("c/p.png", "c/p_q60.jpg")]
