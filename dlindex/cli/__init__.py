@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "roots": ("roots", "app", True),
     "check": ("check", "check", False),
     "dups": ("dups", "dups", False),
+    "leaks": ("leaks", "leaks", False),
 }
 
 
