@@ -103,7 +103,8 @@ def _parse(lines: Iterable[str], name: str) -> LabelsFile:
 def _columns(header: list[str] | None, name: str) -> tuple[str, ...]:
     if not header or "path" not in header or len(header) < 2:
         raise InputError(
-            f"labels file {name} needs a header row with a path column and a label column, attribute columns, or both"
+            f"labels file {name} needs a header row with columns path,label (and any attribute columns), "
+            "or path and attribute columns"
         )
     if len(header) > MAX_COLUMNS + len(RESERVED_COLUMNS):
         raise InputError(f"labels file {name} has {len(header)} columns; at most {MAX_COLUMNS} besides path,label")
