@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 NEAR_DUPS = "near-dups"
 GROUP_MODES = (NEAR_DUPS,)
 DEFAULT_GROUP_TYPE = "dhash"
-_MISSING = """SELECT count(*) FROM image_metadata WHERE status = 'ok' AND id NOT IN
-    (SELECT image_id FROM image_features WHERE feature_type = ?)"""
+# What features compute would extract: ok samples with no vector and no recorded failure.
+_MISSING = """SELECT count(*) FROM image_metadata WHERE status = 'ok'
+    AND id NOT IN (SELECT image_id FROM image_features WHERE feature_type = :type)
+    AND id NOT IN (SELECT image_id FROM feature_state WHERE feature_type = :type AND state = 'failed')"""
 _HASHES = "SELECT id, xxh3_128 FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
 _IDS_PER_STATEMENT = 10_000
 
@@ -99,7 +101,7 @@ def ensure_hashes(catalog: Catalog, grouping: Grouping, note: Callable[[str], No
 
     if grouping.mode != NEAR_DUPS or grouping.feature_type != DEFAULT_GROUP_TYPE:
         return
-    missing = int(catalog.conn.execute(_MISSING, (DEFAULT_GROUP_TYPE,)).fetchone()[0])
+    missing = int(catalog.conn.execute(_MISSING, {"type": DEFAULT_GROUP_TYPE}).fetchone()[0])
     existing = find_type(catalog, DEFAULT_GROUP_TYPE)
     if not missing and existing is not None:
         return
