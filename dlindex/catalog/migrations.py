@@ -353,9 +353,24 @@ def m009_exports(conn: sqlite3.Connection) -> None:
     )
 
 
+def m010_sample_attributes(conn: sqlite3.Connection) -> None:
+    # The extra columns of a `scan --labels` CSV (a source video, a patient id), one row per
+    # sample and name, for `export --group-by NAME` (docs/commands/scan.md#labels). They go
+    # with their image: --prune deletes them by cascade; new content keeps them (a path's
+    # video does not change when its file is re-encoded).
+    conn.execute(
+        """CREATE TABLE sample_attributes (
+            image_id INTEGER NOT NULL REFERENCES image_metadata(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (image_id, name)
+        ) WITHOUT ROWID"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
-    m006_classes, m007_feature_state, m008_pixel_limit, m009_exports,
+    m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -397,6 +412,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (4, None, ("index_changes",)),
     (7, None, ("feature_state",)),
     (9, None, ("exports",)),
+    (10, None, ("sample_attributes",)),
 )
 
 

@@ -111,6 +111,48 @@ def export(
             help="wds: at least N shards per rank (a multiple of N), so DataLoader(num_workers<=N) never starves a worker.",
         ),
     ] = 8,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            metavar="near-dups",
+            help="Keep each near-duplicate group (dhash within 8 bits, as dups --type dhash) in one split; dhash is computed first if missing.",
+            show_default=False,
+        ),
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        typer.Option(
+            "--group-by",
+            metavar="COLUMN",
+            help="Keep the samples sharing a value of this scan --labels column (a video, a patient) in one split.",
+            show_default=False,
+        ),
+    ] = None,
+    group_type: Annotated[
+        str | None,
+        typer.Option(
+            "--group-type", metavar="TYPE", help="--group near-dups by this feature type.", show_default="dhash"
+        ),
+    ] = None,
+    group_max_distance: Annotated[
+        int | None,
+        typer.Option(
+            "--group-max-distance",
+            metavar="BITS",
+            help="Hash types: near duplicates at most BITS of 64 apart.",
+            show_default="8",
+        ),
+    ] = None,
+    group_threshold: Annotated[
+        float | None,
+        typer.Option(
+            "--group-threshold",
+            metavar="X",
+            help="Embedding types: near duplicates within cosine distance X.",
+            show_default="0.01",
+        ),
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")
     ] = False,
@@ -138,6 +180,11 @@ def export(
             typer.echo(f"Error: {result.problem_count} problem(s) in {out_dir}", err=True)
             raise typer.Exit(1)
         return
+    if (group is not None or group_by is not None) and (split is None or "=" not in split):
+        option = "--group" if group is not None else "--group-by"
+        raise typer.BadParameter(
+            f"{option} needs --split NAME=FRACTION,... (e.g. train=0.8,val=0.2)", param_hint=f"'{option}'"
+        )
     if shard_size is not None and shard_bytes is not None:
         raise typer.BadParameter("give --shard-size or --shard-bytes, not both", param_hint="'--shard-bytes'")
     spec = select.spec(
@@ -151,6 +198,8 @@ def export(
         format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
+        group=group, group_by=group_by, group_type=group_type, group_max_distance=group_max_distance,
+        group_threshold=group_threshold,
     )  # fmt: skip
     shown: list[str] = []
 
@@ -160,7 +209,9 @@ def export(
             typer.echo(f"warning: {line}", err=True)
 
     with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
-        summary = export_catalog(catalog, out_dir, options, progress=update, warn=warn)
+        summary = export_catalog(
+            catalog, out_dir, options, progress=update, warn=warn, note=lambda line: typer.echo(line, err=True)
+        )
     if summary.skipped:
         reasons = ", ".join(f"{n} {why.replace('_', ' ')}" for why, n in summary.skipped.items())
         typer.echo(f"skipped {sum(summary.skipped.values())} source file(s), not packed: {reasons}", err=True)

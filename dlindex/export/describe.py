@@ -25,6 +25,7 @@ def build_index(
     selected: int, shards: list[ShardInfo], extra: list[dict[str, Any]], features: Any,
     clients: Mapping[str, Any] | None = None,
     skipped: Mapping[str, int] | None = None,
+    grouping: Mapping[str, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """index.json: the only file with a wall-clock time in it ($SOURCE_DATE_EPOCH fixes it)."""
     from dlindex import __version__
@@ -61,6 +62,7 @@ def build_index(
             "world_size": options.world_size, "drop_last": options.drop_last and options.world_size > 1,
             "shard_size": options.shard_size, "shard_bytes": shard_bytes, "features": options.features,
             "absolute_paths": options.absolute_paths, "workers": options.workers if fmt == "wds" else None,
+            "group": None if grouping is None else dict(grouping),
         },
         "file_root": os.fsdecode(plan.file_root.rstrip(b"/") or b"/"),
         # label_id is the index in "classes"; "class_list" says which list that is ("labels":

@@ -32,6 +32,11 @@ class ExportOptions:
         read_threads: read source files ahead with this many threads (cold caches, packed formats).
         workers: wds: every rank gets at least this many shards (a multiple of it), so a
             ``DataLoader(num_workers=N)`` with N up to this never has a worker without a shard.
+        group: ``"near-dups"``: every near-duplicate group (``group_type``, default dhash
+            within ``group_max_distance`` bits, default 8; an embedding type within
+            ``group_threshold``) goes to one split. Needs fractions in ``split``.
+        group_by: an attribute from the ``scan --labels`` CSV (a video, a patient id): the
+            samples sharing a value go to one split.
     """
 
     format: str = "jsonl"
@@ -48,6 +53,11 @@ class ExportOptions:
     overwrite: bool = False
     read_threads: int = 0
     workers: int = DEFAULT_WORKERS
+    group: str | None = None
+    group_by: str | None = None
+    group_type: str | None = None
+    group_max_distance: int | None = None
+    group_threshold: float | None = None
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ import math
 import os
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -189,8 +190,15 @@ def select_halves(
     return lower, prepared, upper
 
 
-def split_of(fractions: Mapping[str, float]) -> Any:
-    """A function from a row to its split name, by content hash: stable as the catalog grows."""
+def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | None = None) -> Any:
+    """A function from a row to its split name, by content hash: stable as the catalog grows.
+
+    Args:
+        points: sample id -> the point of its group (dlindex.export.groups), for grouped
+            samples; the others go by their own content hash.
+    """
+    _point: Callable[[tuple[Any, ...]], int] = partial(_grouped_point, points) if points else content_point
+
     names = list(fractions)
     bounds: list[float] = []
     total = 0.0
@@ -213,7 +221,13 @@ def split_of(fractions: Mapping[str, float]) -> Any:
     return assign
 
 
-def _point(row: tuple[Any, ...]) -> int:
+def _grouped_point(points: Mapping[int, int], row: tuple[Any, ...]) -> int:
+    found = points.get(row[ID])
+    return content_point(row) if found is None else found
+
+
+def content_point(row: tuple[Any, ...]) -> int:
+    """A row's point in [0, 2**64): the place its split is chosen by."""
     # The top 64 bits of the XXH3-128 of the content: identical files always share a split,
     # so a duplicate can never leak from train into val.
     digest = row[HASH]
@@ -233,6 +247,7 @@ def make_plan(
     *,
     class_list: str = "catalog",
     split: Mapping[str, float] | None,
+    points: Mapping[int, int] | None = None,
     tree_splits: Mapping[str, Sequence[tuple[Any, ...]]] | None = None,
     world_size: int,
     drop_last: bool,
@@ -246,6 +261,7 @@ def make_plan(
         classes, class_index: the selection's class list (dlindex.catalog.classes), whether or not a
             sample of each survives the other filters, so label_id does not shift with
             --min-width or --limit; and internal label row id -> label_id.
+        points: the group points of grouped samples (``export --group``; see split_of).
         tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``
             is then unused.
     """
@@ -265,7 +281,7 @@ def make_plan(
         rows = [row for members in by_split.values() for row in members]
     elif split:
         rows = list(rows)
-        assign = split_of(split)
+        assign = split_of(split, points)
         by_split = {name: [] for name in split}
         for row in rows:
             by_split[assign(row)].append(row)

@@ -14,6 +14,7 @@ from dlindex.catalog.classes import SPLITS, has_presplit_root
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, written_per_split
 from dlindex.export.files import hash_file, packable
+from dlindex.export.groups import check_grouping, ensure_hashes, group_points
 from dlindex.export.ids import write_wds_ids
 from dlindex.export.index import index_name
 from dlindex.export.manifest import write_csv, write_jsonl
@@ -58,6 +59,7 @@ def export_catalog(
     options: ExportOptions | None = None,
     progress: Callable[[int], None] | None = None,
     warn: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> ExportSummary:
     """Write an export of the selected samples to ``out_dir``, atomically; raise ExportError
     (an InputError) before writing anything when an option or the selection is unusable.
@@ -66,6 +68,8 @@ def export_catalog(
         progress: called with the number of samples written since the last call.
         warn: called with one line for each source file skipped (wds, mds: not a regular
             file, or not of its catalogued size); they are counted in ``skipped``.
+        note: called with one line before long work the export does first (computing the
+            dhash that ``group="near-dups"`` needs).
     """
     options = options or ExportOptions()
     started = time.perf_counter()
@@ -76,6 +80,10 @@ def export_catalog(
         pyarrow_modules()
     tree = tree_split_choice(options.split)
     split = None if tree is not None else parse_split(options.split)
+    grouping = check_grouping(
+        options.group, options.group_by, options.group_type, options.group_max_distance, options.group_threshold,
+        fractions=bool(split),
+    )  # fmt: skip
     shard_bytes = parse_size(options.shard_bytes)
     check_bounds(options, shard_bytes)
     if options.shard_size is None and shard_bytes is None:
@@ -87,6 +95,10 @@ def export_catalog(
     restore = sigterm_as_interrupt()  # a SIGTERM removes the temporary folder, as Ctrl-C does
     try:
         features = feature_source(catalog, options.features) if options.features else None
+        points = None
+        if grouping is not None:
+            ensure_hashes(catalog, grouping, note or (lambda line: None))
+            points = group_points(catalog, grouping)
         changes = catalog.changes()
         # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
         # leaves such files out too.
@@ -115,7 +127,8 @@ def export_catalog(
                 rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
         plan = make_plan(
             rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
-            class_list=prepared.class_list or "catalog", split=split, tree_splits=tree_rows,
+            class_list=prepared.class_list or "catalog", split=split,
+            points=None if points is None else points.points, tree_splits=tree_rows,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
             stream=fmt != "dali",
         )  # fmt: skip
@@ -150,6 +163,7 @@ def export_catalog(
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
             shards, extra, features, clients, skipped,
+            None if grouping is None or points is None else grouping.describe(points.groups),
         )  # fmt: skip
         (output.tmp / index_name(fmt)).write_bytes(index)
         output.commit()

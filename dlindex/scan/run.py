@@ -7,12 +7,11 @@ read-only connection) and probes files (read, hash, sniff).
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from dlindex.errors import InputError, Interrupted
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.scan import tasks as worker
 from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
+from dlindex.scan.labels import read_labels_file, write_attributes
 from dlindex.scan.links import LinkedFiles
 from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe, ProbeOptions
@@ -124,7 +124,8 @@ def scan_tree(
     """
     started = time.perf_counter()
     root_bytes = check_root(root)
-    label_overrides = _read_labels_file(options.labels_file) if options.labels_file else None
+    labels_file = read_labels_file(options.labels_file) if options.labels_file else None
+    label_overrides = labels_file.labels if labels_file else None
     root_text, root_lossless = display_name(root_bytes)
     root_id = register_root(catalog, root_text, None if root_lossless else root_bytes)
     recorded = {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
@@ -140,6 +141,8 @@ def scan_tree(
         set_presplit(catalog, root_id, pipeline.presplit)
         pipeline.run()
         writer.flush()
+        if labels_file is not None:
+            write_attributes(catalog, root_id, labels_file)
         if options.prune:
             pruned = prune_missing(catalog, root_id)
         if pruned or counts.relabeled:
@@ -151,9 +154,8 @@ def scan_tree(
         raise
     finally:
         restore()
-    unknown_labels = (
-        _unknown_label_paths(catalog, root_id, label_overrides) if label_overrides and not interrupted else []
-    )
+    listed = (labels_file.labels or labels_file.attributes) if labels_file else None
+    unknown_labels = _unknown_label_paths(catalog, root_id, listed) if listed and not interrupted else []
     seconds = time.perf_counter() - started
     summary = ScanSummary(
         scan_id=scan_id, root=root_text, seen=counts.seen, new=counts.new, changed=counts.changed,
@@ -322,24 +324,6 @@ def check_root(root: str | os.PathLike[str]) -> bytes:
     return os.path.realpath(path)
 
 
-def _read_labels_file(path: Path) -> dict[str, str | None]:
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            if reader.fieldnames is None or not {"path", "label"} <= set(reader.fieldnames):
-                raise InputError(f"labels file {path} needs a header row with columns path,label")
-            labels: dict[str, str | None] = {}
-            for line, row in enumerate(reader, start=2):
-                if not row["path"] or row["label"] is None:
-                    raise InputError(f"labels file {path}, line {line}: empty path or label")
-                labels[row["path"].lstrip("/")] = row["label"] or None  # an empty label: no class
-            return labels
-    except OSError as e:
-        raise InputError(f"cannot read labels file {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise InputError(f"labels file {path} is not a UTF-8 CSV file: {e}") from None
-
-
-def _unknown_label_paths(catalog: Catalog, root_id: int, overrides: dict[str, str | None]) -> list[str]:
-    rows = catalog.conn.execute(_UNKNOWN_LABEL_PATHS, {"paths": json.dumps(list(overrides)), "root_id": root_id})
+def _unknown_label_paths(catalog: Catalog, root_id: int, listed: Mapping[str, object]) -> list[str]:
+    rows = catalog.conn.execute(_UNKNOWN_LABEL_PATHS, {"paths": json.dumps(list(listed)), "root_id": root_id})
     return sorted(str(r[0]) for r in rows)
