@@ -10,7 +10,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from .conftest import export, invoke, one_error_line
-from .test_quality_leaks import RULE, leaky  # noqa: F401  (the module fixture)
+from .test_export_leaks import RULE, leaky  # noqa: F401  (the module fixture)
 
 
 def test_pairs_on_stdout_summary_on_stderr(runner: CliRunner, leaky: Path, tmp_path: Path) -> None:  # noqa: F811

@@ -269,3 +269,25 @@ def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
         assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION == 10
         scan_tree(catalog, tmp_path / "pics", ScanOptions(workers=1, labels_file=labels))
     assert sqlite3.connect(db).execute("SELECT name, value FROM sample_attributes").fetchall() == [("video", "v1")]
+
+
+def test_a_large_group_is_said_and_chains_stay_together(tmp_path: Path) -> None:
+    """Connected groups: a chain of near copies (a~b~c, a and c further apart) is one group, so
+    no near pair crosses the split; a group over 5% of the samples is named in one line."""
+    root = tmp_path / "pics"
+    pairs_tree(root, 0, 10)
+    base = picture(100, 96)
+    for n, size in enumerate((96, 90, 84, 78, 72, 66)):  # one picture at six sizes and crops
+        base.crop((n, n, 96 - n, 96 - n)).resize((size, size)).save(root / "a" / f"chain{n}.png")
+    db = tmp_path / "g.db"
+    with Catalog(db, create=True) as catalog:
+        scan_tree(catalog, root, ScanOptions(workers=1))
+    from dlindex.export import ExportOptions, export_catalog
+
+    said: list[str] = []
+    with Catalog(db) as catalog:
+        export_catalog(catalog, tmp_path / "g", ExportOptions(split=SPLIT, group="near-dups"), warn=said.append)
+    found = splits(tmp_path / "g")
+    assert len({s for p, s in found.items() if "chain" in p}) == 1
+    large = [line for line in said if line.startswith("the largest group holds")]
+    assert len(large) == 1 and "of 26 samples" in large[0], said

@@ -150,7 +150,7 @@ def export(
             "--group-threshold",
             metavar="X",
             help="Embedding types: near duplicates within cosine distance X.",
-            show_default="0.01",
+            show_default="0.03",
         ),
     ] = None,
     verify: Annotated[

@@ -17,7 +17,7 @@ from dlindex.cli.dups import GroupFormat
 from dlindex.errors import ExitCode
 
 if TYPE_CHECKING:
-    from dlindex.quality.leaks import Leak, LeakSearch
+    from dlindex.export.leaks import Leak, LeakSearch
 
 COLUMNS = ("a", "b", "split_a", "split_b", "distance", "kind", "path_a", "path_b")
 _PAIRS_PER_LOOKUP = 1000
@@ -90,8 +90,8 @@ def leaks(
     if export_dir is not None and _selects(select):
         raise typer.BadParameter("the selection options go with --split; an export holds its own samples",
                                  param_hint="'--split'")  # fmt: skip
-    from dlindex.quality.assignment import export_assignment, rule_assignment
-    from dlindex.quality.leaks import leak_pairs
+    from dlindex.export.assignment import export_assignment, rule_assignment
+    from dlindex.export.leaks import leak_pairs
 
     with Catalog(db, log=not no_log) as catalog:
         if export_dir is not None:

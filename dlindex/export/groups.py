@@ -11,6 +11,7 @@ smallest moves with the other.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ _MISSING = """SELECT count(*) FROM image_metadata WHERE status = 'ok'
     AND id NOT IN (SELECT image_id FROM feature_state WHERE feature_type = :type AND state = 'failed')"""
 _HASHES = "SELECT id, xxh3_128 FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
 _IDS_PER_STATEMENT = 10_000
+_OK_SAMPLES = "SELECT count(*) FROM image_metadata WHERE status = 'ok'"
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,9 @@ def ensure_hashes(catalog: Catalog, grouping: Grouping, note: Callable[[str], No
     compute_features(catalog, DEFAULT_GROUP_TYPE, options=ComputeOptions(extractor=extractor))
 
 
+LARGE_GROUP_SHARE = 0.05  # a group above this share of the samples can move a split's fraction visibly
+
+
 @dataclass(frozen=True)
 class GroupPoints:
     """Sample id -> the 64-bit point its split is chosen by, for grouped samples; the others
@@ -122,6 +127,7 @@ class GroupPoints:
 
     points: dict[int, int]
     groups: int
+    largest: int = 0  # samples in the largest group
 
 
 def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
@@ -137,19 +143,33 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
             raise ExportError(f"--group-by {grouping.column}: no sample has that attribute; known: {known}")
         values = attribute_values(catalog, grouping.column)
         points = {i: value_point(v) for i, v in values.items()}
-        return GroupPoints(points, len(set(values.values())))
+        sizes = Counter(values.values())
+        return GroupPoints(points, len(sizes), max(sizes.values(), default=0))
     from dlindex.quality.groups import duplicate_groups
 
     assert grouping.feature_type is not None
     near = duplicate_groups(
         catalog, feature_type=grouping.feature_type, max_distance=grouping.max_distance,
-        threshold=grouping.threshold, keep="first",
-    )  # fmt: skip
+        threshold=grouping.threshold, keep="first", grouping="connected",
+    )  # fmt: skip  # connected: no chain of near copies may cross a split
     exact = duplicate_groups(catalog, keep="first")
     members = merged_groups(g.ids for g in (*near, *exact))
     anchors = {i: group[0] for group in members for i in group}
     anchor_points = content_points(catalog, sorted({group[0] for group in members}))
-    return GroupPoints({i: anchor_points[a] for i, a in anchors.items() if a in anchor_points}, len(members))
+    largest = max(map(len, members), default=0)
+    return GroupPoints({i: anchor_points[a] for i, a in anchors.items() if a in anchor_points}, len(members), largest)
+
+
+def large_group_note(catalog: Catalog, points: GroupPoints) -> str | None:
+    """One line when a single group is big enough to move the split fractions noticeably."""
+    samples = int(catalog.conn.execute(_OK_SAMPLES).fetchone()[0])
+    if samples <= 0 or points.largest <= LARGE_GROUP_SHARE * samples:
+        return None
+    return (
+        f"the largest group holds {points.largest} of {samples} samples ({points.largest / samples:.0%}); it goes "
+        "to one split, so the fractions can be off by that much (a smaller --group-max-distance or an "
+        "embedding --group-type makes smaller groups)"
+    )
 
 
 def merged_groups(groups: Iterable[Iterable[int]]) -> list[list[int]]:

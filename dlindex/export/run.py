@@ -14,7 +14,7 @@ from dlindex.catalog.classes import SPLITS, has_presplit_root
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, written_per_split
 from dlindex.export.files import hash_file, packable
-from dlindex.export.groups import check_grouping, ensure_hashes, group_points
+from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
 from dlindex.export.ids import write_wds_ids
 from dlindex.export.index import index_name
 from dlindex.export.manifest import write_csv, write_jsonl
@@ -99,6 +99,10 @@ def export_catalog(
         if grouping is not None:
             ensure_hashes(catalog, grouping, note or (lambda line: None))
             points = group_points(catalog, grouping)
+            large = large_group_note(catalog, points)
+            say = warn or note
+            if large is not None and say is not None:
+                say(large)
         changes = catalog.changes()
         # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
         # leaves such files out too.

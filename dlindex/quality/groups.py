@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_DISTANCE = 8  # bits of 64, for hash types
 DEFAULT_THRESHOLD = 0.03  # cosine distance, for embedding types (measured on colorthumb)
 # Content hashes shared by more than one row: the candidates for exact duplicates.
-_SHARED_CONTENT = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
+SHARED_CONTENT = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
     (SELECT xxh3_128 FROM image_metadata WHERE xxh3_128 IS NOT NULL GROUP BY xxh3_128 HAVING count(*) > 1)
     ORDER BY xxh3_128, id"""
 _SIZES = """SELECT id, width, height, bytes, mtime_ns FROM image_metadata
@@ -100,7 +100,7 @@ def duplicate_pairs(
             most ``threshold``. Unset limits take DEFAULT_MAX_DISTANCE / DEFAULT_THRESHOLD.
     """
     if feature_type is None:
-        _no_limits(max_distance, threshold)
+        no_limits(max_distance, threshold)
         for members in _content_groups(catalog, spec):
             for at, a in enumerate(members):
                 for b in members[at + 1 :]:
@@ -127,7 +127,7 @@ def duplicate_groups(
     policy = _keep(keep)
     linkage = _grouping(grouping)
     if feature_type is None:
-        _no_limits(max_distance, threshold)
+        no_limits(max_distance, threshold)
         members = _content_groups(catalog, spec)
         sizes = _sizes(catalog, [i for group in members for i in group])
         groups = [DuplicateGroup(tuple(g), _choose(g, policy, sizes), "exact") for g in members]
@@ -179,7 +179,7 @@ def _grouping(grouping: Grouping | str) -> Grouping:
         raise InputError(f"unknown grouping {grouping!r}; choose around-kept or connected") from None
 
 
-def _no_limits(max_distance: int | None, threshold: float | None) -> None:
+def no_limits(max_distance: int | None, threshold: float | None) -> None:
     if max_distance is not None or threshold is not None:
         option = "--max-distance" if max_distance is not None else "--threshold"
         raise InputError(f"{option} needs a feature type (--type dhash); exact duplicates match content only")
@@ -189,7 +189,7 @@ def _content_groups(catalog: Catalog, spec: QuerySpec | None) -> list[list[int]]
     """Ids (ascending) of each content hash that 2+ selected samples share."""
     selected = set(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))))
     groups: dict[str, list[int]] = {}
-    for image_id, content in catalog.read(_SHARED_CONTENT):
+    for image_id, content in catalog.read(SHARED_CONTENT):
         if image_id in selected:
             groups.setdefault(content, []).append(int(image_id))
     return [sorted(ids) for ids in groups.values() if len(ids) > 1]
@@ -201,13 +201,13 @@ def _near_pairs(
     """(ids, pair chunks of positions into ids): every pair, identical hashes all with all."""
     ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
     if is_hash:
-        k = _hash_limit(feature_type, max_distance, threshold)
-        ids, hashes = _informative(catalog, feature_type, ids, pack_bits(vectors), k)
+        k = hash_limit(feature_type, max_distance, threshold)
+        ids, hashes = informative(catalog, feature_type, ids, pack_bits(vectors), k)
         return ids, hash_pairs(hashes, k)
-    return ids, embedding_pairs(vectors, _embedding_limit(feature_type, max_distance, threshold))
+    return ids, embedding_pairs(vectors, embedding_limit(feature_type, max_distance, threshold))
 
 
-def _informative(catalog: Catalog, feature_type: str, ids: Ids, hashes: Hashes, k: int) -> tuple[Ids, Hashes]:
+def informative(catalog: Catalog, feature_type: str, ids: Ids, hashes: Hashes, k: int) -> tuple[Ids, Hashes]:
     """The samples whose hash says something about the picture; one warning for the others."""
     plain = plain_hashes(catalog, feature_type, hashes, k)
     if plain.any():
@@ -220,13 +220,13 @@ def _informative(catalog: Catalog, feature_type: str, ids: Ids, hashes: Hashes, 
     return ids[~plain], hashes[~plain]
 
 
-def _hash_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> int:
+def hash_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> int:
     if threshold is not None:
         raise InputError(f"feature type {feature_type!r} is a 64-bit hash: use --max-distance, not --threshold")
     return check_max_distance(DEFAULT_MAX_DISTANCE if max_distance is None else max_distance)
 
 
-def _embedding_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> float:
+def embedding_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> float:
     if max_distance is not None:
         raise InputError(f"feature type {feature_type!r} is an embedding: use --threshold, not --max-distance")
     return check_threshold(DEFAULT_THRESHOLD if threshold is None else threshold)
@@ -239,11 +239,11 @@ def _near_nodes(
     one distinct hash value (all the samples sharing it) or, for embeddings, one sample."""
     ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
     if is_hash:
-        k = _hash_limit(feature_type, max_distance, threshold)
-        ids, hashes = _informative(catalog, feature_type, ids, pack_bits(vectors), k)
+        k = hash_limit(feature_type, max_distance, threshold)
+        ids, hashes = informative(catalog, feature_type, ids, pack_bits(vectors), k)
         unique, inverse = np.unique(hashes, return_inverse=True)
         return ids, inverse.reshape(-1).astype(np.intp), int(unique.size), hash_pairs(unique, k)
-    limit = _embedding_limit(feature_type, max_distance, threshold)
+    limit = embedding_limit(feature_type, max_distance, threshold)
     return ids, np.arange(ids.size, dtype=np.intp), int(ids.size), embedding_pairs(vectors, limit)
 
 

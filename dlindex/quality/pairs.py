@@ -66,7 +66,7 @@ def hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
     for band, (shift, mask) in enumerate(bands):
         values = (h >> np.uint64(shift)) & np.uint64(mask)
         order = np.argsort(values, kind="stable")
-        for p, q in _equal_runs(values[order]):
+        for p, q in equal_runs(values[order]):
             i, j = order[p], order[q]
             x = h[i] ^ h[j]
             keep = popcount(x) <= k
@@ -152,7 +152,7 @@ def _bands(count: int) -> list[tuple[int, int]]:
     return [(lo, (1 << (hi - lo)) - 1) for lo, hi in itertools.pairwise(edges)]
 
 
-def _equal_runs(sorted_values: npt.NDArray[np.uint64]) -> Iterator[tuple[Positions, Positions]]:
+def equal_runs(sorted_values: npt.NDArray[np.uint64]) -> Iterator[tuple[Positions, Positions]]:
     """(p, q) position arrays, p < q, of every pair within a run of equal sorted values, chunked."""
     n = sorted_values.size
     if n < 2:

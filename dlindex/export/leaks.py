@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.quality.groups import _SHARED_CONTENT, _embedding_limit, _hash_limit, _informative, _no_limits
+from dlindex.quality.groups import SHARED_CONTENT, embedding_limit, hash_limit, informative, no_limits
 from dlindex.quality.hashes import load_vectors, pack_bits
-from dlindex.quality.pairs import _equal_runs, embedding_pairs, hash_pairs
+from dlindex.quality.pairs import embedding_pairs, equal_runs, hash_pairs
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.quality.assignment import Assignment
+    from dlindex.export.assignment import Assignment
 
 Positions = npt.NDArray[np.intp]
 # An export keeps the samples it was written with, whatever their status became since.
@@ -85,7 +85,7 @@ class LeakSearch:
         self._near: Iterator[tuple[Positions, Positions, npt.NDArray[np.float32]]] | None = None
         self.without_vector = 0  # samples of the assignment with no vector of the type
         if feature_type is None:
-            _no_limits(max_distance, threshold)
+            no_limits(max_distance, threshold)
         else:
             self._near, self.without_vector = _near_chunks(catalog, assignment, feature_type, max_distance, threshold)
         splits = len(assignment.splits)
@@ -103,7 +103,7 @@ class LeakSearch:
         content = self._content
         sorted_positions = np.flatnonzero(content >= 0)
         by_content = sorted_positions[np.argsort(content[sorted_positions], kind="stable")]
-        for p, q in _equal_runs(content[by_content].astype(np.uint64)):
+        for p, q in equal_runs(content[by_content].astype(np.uint64)):
             i, j = by_content[p], by_content[q]
             i, j = np.minimum(i, j), np.maximum(i, j)
             cross = codes[i] != codes[j]
@@ -181,7 +181,7 @@ def _content_codes(catalog: Catalog, assignment: Assignment) -> npt.NDArray[np.i
     codes = np.full(ids.size, -1, dtype=np.int64)
     if not ids.size:
         return codes
-    rows = list(catalog.read(_SHARED_CONTENT))  # ordered by content: equal ones are neighbours
+    rows = list(catalog.read(SHARED_CONTENT))  # ordered by content: equal ones are neighbours
     found = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
     changed = np.fromiter((k > 0 and rows[k][1] != rows[k - 1][1] for k in range(len(rows))), bool, len(rows))
     group = np.cumsum(changed)
@@ -198,16 +198,16 @@ def _near_chunks(
     first; dups' rules: plain hashes are left out of near pairs (with its one warning)."""
     vector_ids, vectors, is_hash = load_vectors(catalog, feature_type, _EVERY_STATUS)
     if is_hash:
-        k = _hash_limit(feature_type, max_distance, threshold)
+        k = hash_limit(feature_type, max_distance, threshold)
     else:
-        limit = _embedding_limit(feature_type, max_distance, threshold)
+        limit = embedding_limit(feature_type, max_distance, threshold)
     ids = assignment.ids
     at = np.minimum(np.searchsorted(ids, vector_ids), max(ids.size - 1, 0))
     assigned = (ids[at] == vector_ids) if ids.size else np.zeros(vector_ids.size, dtype=bool)
     without = int(ids.size - assigned.sum())
     vector_ids, vectors = vector_ids[assigned], vectors[assigned]
     if is_hash:
-        vector_ids, hashes = _informative(catalog, feature_type, vector_ids, pack_bits(vectors), k)
+        vector_ids, hashes = informative(catalog, feature_type, vector_ids, pack_bits(vectors), k)
         pairs = hash_pairs(hashes, k)
     else:
         pairs = embedding_pairs(vectors, limit)

@@ -18,12 +18,12 @@ from PIL import Image
 
 from dlindex import Catalog
 from dlindex.errors import DlindexWarning
+from dlindex.export.assignment import export_assignment, rule_assignment
+from dlindex.export.leaks import leak_pairs
 from dlindex.export.plan import ExportError
 from dlindex.features.matrix import load_matrix
-from dlindex.quality.assignment import export_assignment, rule_assignment
 from dlindex.quality.groups import DEFAULT_MAX_DISTANCE
 from dlindex.quality.hashes import load_hashes
-from dlindex.quality.leaks import leak_pairs
 
 from .conftest import compute, export, scan
 
