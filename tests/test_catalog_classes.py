@@ -460,12 +460,13 @@ def test_presplit_flag_follows_the_last_scan(tmp_path: Path) -> None:
     st.binary(max_size=200) | st.text(max_size=120).map(lambda t: ("path,label\n" + t).encode("utf-8", "surrogatepass"))
 )
 def test_labels_csv_is_read_or_refused(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
-    from dlindex.scan.run import _read_labels_file
+    from dlindex.scan.labels import read_labels_file
 
     path = tmp_path_factory.mktemp("csv") / "labels.csv"
     path.write_bytes(data)
     try:
-        labels = _read_labels_file(path)
+        parsed = read_labels_file(path)
     except DlindexError:
         return
+    labels = parsed.labels or {}
     assert all(isinstance(k, str) and (v is None or (isinstance(v, str) and v)) for k, v in labels.items())

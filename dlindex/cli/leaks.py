@@ -61,7 +61,7 @@ def leaks(
     threshold: Annotated[
         float | None,
         typer.Option(
-            "--threshold", metavar="X", help="Embedding types: cosine distance (0 to 2) at most X.", show_default="0.01"
+            "--threshold", metavar="X", help="Embedding types: cosine distance (0 to 2) at most X.", show_default="0.03"
         ),
     ] = None,
     fmt: Annotated[
