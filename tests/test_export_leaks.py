@@ -252,3 +252,20 @@ def test_plain_pictures_are_not_near_leaks(tmp_path: Path) -> None:
         with pytest.warns(DlindexWarning, match="too plain"):
             pairs = list(leak_pairs(c, apart, feature_type="dhash"))
     assert [(names[x.a], names[x.b]) for x in pairs] == [("c/p.png", "c/p_q60.jpg")]
+
+
+def test_a_split_rule_selects_what_export_would(tmp_path: Path) -> None:
+    """Files directly under ROOT have no class: export leaves them out, and so does the rule."""
+    root = tmp_path / "tree"
+    (root / "cat").mkdir(parents=True)
+    for n in range(6):
+        Image.new("RGB", (8, 8), (n * 30, 0, 0)).save(root / "cat" / f"{n}.png")
+        Image.new("RGB", (8, 8), (0, n * 30, 0)).save(root / f"loose{n}.png")
+    db = tmp_path / "c.db"
+    scan(db, root)
+    out = export(db, tmp_path / "out", split="train=0.5,val=0.5")
+    with Catalog(db) as catalog:
+        rule = rule_assignment(catalog, "train=0.5,val=0.5")
+        exported = export_assignment(catalog, tmp_path / "out")
+    assert out.samples == 6 and sum(rule.counts().values()) == 6
+    assert rule.ids.tolist() == exported.ids.tolist() and rule.codes.tolist() == exported.codes.tolist()

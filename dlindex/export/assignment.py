@@ -66,7 +66,8 @@ def rule_assignment(catalog: Catalog, rule: str | Mapping[str, float], spec: Que
     assert fractions is not None
     assign = split_of(fractions)
     code = {name: k for k, name in enumerate(fractions)}
-    rows, _ = select_rows(catalog, replace(spec or QuerySpec(), order="id"), False, 0)
+    # has_class: as export, which leaves out files with no class (directly under ROOT)
+    rows, _ = select_rows(catalog, replace(spec or QuerySpec(), order="id", has_class=True), False, 0)
     ids = array.array("q")
     codes = array.array("h")
     for row in rows:
