@@ -125,11 +125,16 @@ def test_bad_input_is_one_error_line(runner: CliRunner, dup_db: Path, tmp_path: 
     assert "compute it first: dlindex features compute --type dhash" in one_error_line(
         invoke(runner, "dups", "--type", "dhash", "--db", db)
     )
+    # a built-in name needs no --extractor, so the hint gives none (it once said colorhist)
+    assert one_error_line(invoke(runner, "dups", "--type", "colorthumb", "--db", db)).endswith(
+        "run dlindex features compute --type colorthumb (or features import)"
+    )
     compute_dhash(runner, dup_db)
     np.savez(tmp_path / "e.npz", ids=np.arange(1, 7), vectors=np.random.default_rng(0).random((6, 8)))
     assert invoke(runner, "features", "import", str(tmp_path / "e.npz"), "--type", "emb", "--db", db).exit_code == 0
     cases = {
-        ("--type", "nope"): "unknown feature type 'nope'",
+        ("--type", "nope"): "unknown feature type 'nope'; known types: dhash, emb",
+        ("--type", "colorthumb"): "compute it: dlindex features compute --type colorthumb",
         ("--type", "dhash", "--threshold", "0.1"): "use --max-distance",
         ("--type", "emb", "--max-distance", "3"): "use --threshold",
         ("--type", "dhash", "--max-distance", "65"): "from 0 to 64",

@@ -90,6 +90,28 @@ def test_near_duplicates_stay_in_one_split_only_with_group(tmp_path: Path) -> No
     assert sum(c["samples"] for c in counts.values()) == 2 * PAIRS
 
 
+def test_an_embedding_group_type_records_the_threshold_it_used(tmp_path: Path) -> None:
+    """index.json says what grouped the samples: an embedding's default threshold, not null."""
+    from dlindex.export import ExportOptions, export_catalog
+    from dlindex.features.pipeline import ComputeOptions, compute_features
+    from dlindex.quality.groups import DEFAULT_THRESHOLD
+
+    db, _ = scanned(tmp_path)
+    with Catalog(db) as catalog:
+        compute_features(catalog, "colorthumb", options=ComputeOptions(extractor="colorthumb", workers=1))
+        export_catalog(catalog, tmp_path / "g", ExportOptions(split=SPLIT, group="near-dups", group_type="colorthumb"))
+        export_catalog(catalog, tmp_path / "t", ExportOptions(split=SPLIT, group="near-dups", group_type="colorthumb",
+                                                               group_threshold=0.01))  # fmt: skip
+        with pytest.raises(InputError, match="use --threshold"):
+            export_catalog(catalog, tmp_path / "x", ExportOptions(split=SPLIT, group="near-dups",
+                                                                   group_type="colorthumb", group_max_distance=3))  # fmt: skip
+    group = load_index(tmp_path / "g")["options"]["group"]
+    assert group == {"mode": "near-dups", "type": "colorthumb", "max_distance": None,
+                     "threshold": DEFAULT_THRESHOLD, "groups": PAIRS}  # fmt: skip
+    assert load_index(tmp_path / "t")["options"]["group"]["threshold"] == 0.01
+    assert all(len(s) == 1 for s in by_picture(splits(tmp_path / "g")).values())
+
+
 def test_group_export_is_byte_identical(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
     db, _ = scanned(tmp_path, pairs=8)

@@ -49,3 +49,41 @@ def test_a_resized_recompressed_copy_is_close_and_another_picture_is_not() -> No
 def test_a_plain_image_is_all_zeros() -> None:
     assert not colorthumb(reopened(Image.new("RGB", (50, 40), (90, 90, 90)))).any()
     assert not colorthumb(reopened(Image.new("LA", (50, 40), (0, 0)))).any()  # transparent: plain white
+
+
+def test_a_colour_cast_does_not_move_it() -> None:
+    """Each channel is centred on its own mean: a white-balance shift is not a new picture."""
+    base = np.asarray(picture(5), dtype=np.float64)
+    warmer = Image.fromarray(np.clip(base + np.array([30.0, 0.0, -30.0]), 0, 255).round().astype(np.uint8))
+    assert cosine(colorthumb(reopened(picture(5))), colorthumb(reopened(warmer))) > 0.995
+
+
+def shapes(seed: int, size: tuple[int, int] = (160, 120)) -> Image.Image:
+    """Sharp-edged shapes on a gradient: what a crop moves most."""
+    from PIL import ImageDraw
+
+    rng = np.random.default_rng(seed)
+    ramp = np.linspace(0, 1, size[0])[None, :, None] * np.ones((size[1], 1, 1))
+    image = Image.fromarray((rng.integers(0, 256, 3) * ramp + rng.integers(0, 128, 3) * (1 - ramp)).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(6):
+        x, y = int(rng.integers(0, size[0])), int(rng.integers(0, size[1]))
+        w, h = int(rng.integers(15, 60)), int(rng.integers(15, 60))
+        draw.rectangle([x, y, x + w, y + h], fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
+    return image
+
+
+def test_a_cropped_copy_is_within_the_default_threshold() -> None:
+    """Cropped by 5% (3% on one side, 2% on the other), downsized, re-encoded: well inside dups'
+    default 0.03 (the sharp 12 x 12 thumbnail without the blur put 2 of these 20 past 0.02)."""
+    from dlindex.quality.groups import DEFAULT_THRESHOLD
+
+    for seed in range(20):
+        original = shapes(seed)
+        w, h = original.size
+        copy = original.crop((w * 3 // 100, h * 3 // 100, w - w // 50, h - h // 50)).resize(
+            (w * 2 // 3, h * 2 // 3), Image.Resampling.BICUBIC
+        )
+        a, b = colorthumb(reopened(original)), colorthumb(reopened(copy, "JPEG", quality=60))
+        assert 1 - cosine(a, b) < 0.02 < DEFAULT_THRESHOLD, seed
+        assert 1 - cosine(a, colorthumb(reopened(shapes(seed + 100)))) > 2 * DEFAULT_THRESHOLD, seed

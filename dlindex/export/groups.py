@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -128,6 +128,7 @@ class GroupPoints:
     points: dict[int, int]
     groups: int
     largest: int = 0  # samples in the largest group
+    grouping: Grouping | None = None  # as used: the near-dups limit the type's kind took, defaults filled in
 
 
 def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
@@ -144,8 +145,8 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
         values = attribute_values(catalog, grouping.column)
         points = {i: value_point(v) for i, v in values.items()}
         sizes = Counter(values.values())
-        return GroupPoints(points, len(sizes), max(sizes.values(), default=0))
-    from dlindex.quality.groups import duplicate_groups
+        return GroupPoints(points, len(sizes), max(sizes.values(), default=0), grouping)
+    from dlindex.quality.groups import duplicate_groups, near_limits
 
     assert grouping.feature_type is not None
     near = duplicate_groups(
@@ -157,7 +158,10 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
     anchors = {i: group[0] for group in members for i in group}
     anchor_points = content_points(catalog, sorted({group[0] for group in members}))
     largest = max(map(len, members), default=0)
-    return GroupPoints({i: anchor_points[a] for i, a in anchors.items() if a in anchor_points}, len(members), largest)
+    max_distance, threshold = near_limits(catalog, grouping.feature_type, grouping.max_distance, grouping.threshold)
+    used = replace(grouping, max_distance=max_distance, threshold=threshold)
+    points = {i: anchor_points[a] for i, a in anchors.items() if a in anchor_points}
+    return GroupPoints(points, len(members), largest, used)
 
 
 def large_group_note(catalog: Catalog, points: GroupPoints) -> str | None:

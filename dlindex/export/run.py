@@ -167,7 +167,7 @@ def export_catalog(
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
             shards, extra, features, clients, skipped,
-            None if grouping is None or points is None else grouping.describe(points.groups),
+            None if points is None or points.grouping is None else points.grouping.describe(points.groups),
         )  # fmt: skip
         (output.tmp / index_name(fmt)).write_bytes(index)
         output.commit()

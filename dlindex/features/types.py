@@ -96,12 +96,15 @@ def get_type(catalog: Catalog, name: str) -> FeatureType:
 
 
 def unknown_type_message(catalog: Catalog, name: str) -> str:
+    from dlindex.features.extractors import BUILTINS  # numpy and Pillow: only on this error path
+
     known = [row[0] for row in catalog.conn.execute(TYPES)]
+    # a type named like a built-in needs no --extractor; any other needs one (colorhist: an example)
+    compute = f"dlindex features compute --type {name}" + ("" if name in BUILTINS else " --extractor colorhist")
     if not known:
-        return (
-            f"unknown feature type {name!r}: the catalog has none yet; "
-            f"run dlindex features compute --type {name} --extractor colorhist (or features import)"
-        )
+        return f"unknown feature type {name!r}: the catalog has none yet; run {compute} (or features import)"
+    if name in BUILTINS:
+        return f"unknown feature type {name!r}; known types: {', '.join(known)}; compute it: {compute}"
     return f"unknown feature type {name!r}; known types: {', '.join(known)}"
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dlindex.errors import DlindexWarning, InputError
-from dlindex.quality.hashes import Hashes, load_vectors, pack_bits, plain_hashes
+from dlindex.quality.hashes import Hashes, is_hash_type, load_vectors, pack_bits, plain_hashes
 from dlindex.quality.linkage import around_kept, components
 from dlindex.quality.pairs import PairChunk, Positions, check_max_distance, check_threshold, embedding_pairs, hash_pairs
 from dlindex.query.rows import sample_ids
@@ -218,6 +218,16 @@ def informative(catalog: Catalog, feature_type: str, ids: Ids, hashes: Hashes, k
             stacklevel=4,
         )
     return ids[~plain], hashes[~plain]
+
+
+def near_limits(
+    catalog: Catalog, feature_type: str, max_distance: int | None, threshold: float | None
+) -> tuple[int | None, float | None]:
+    """(max_distance, threshold) as duplicate search uses them for ``feature_type``: the one its
+    kind takes, defaulted where unset; InputError for the other kind's limit."""
+    if is_hash_type(catalog, feature_type):
+        return hash_limit(feature_type, max_distance, threshold), None
+    return None, embedding_limit(feature_type, max_distance, threshold)
 
 
 def hash_limit(feature_type: str, max_distance: int | None, threshold: float | None) -> int:

@@ -52,11 +52,23 @@ def load_vectors(catalog: Catalog, feature_type: str, spec: QuerySpec | None = N
             f"feature type {feature_type!r} has no vectors: compute it first: dlindex features compute --type {feature_type}"
         )
     matrix = load_matrix(catalog, feature_type)
-    is_hash = ftype.dim == HASH_BITS and bool(np.isin(matrix.vectors, (0.0, 1.0)).all())
+    is_hash = _holds_hashes(ftype.dim, matrix.vectors)
     selected = np.sort(np.asarray(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))), dtype=np.int64))
     rows = matrix.rows_of(selected)
     rows = rows[rows >= 0]
     return matrix.ids[rows].astype(np.int64), np.asarray(matrix.vectors[rows], dtype=np.float32), is_hash
+
+
+def is_hash_type(catalog: Catalog, feature_type: str) -> bool:
+    """Whether the type's vectors are 64-bit 0/1 hashes (compared in bits) rather than embeddings."""
+    ftype = find_type(catalog, feature_type)
+    if ftype is None or ftype.dim is None:
+        return feature_type in BUILTIN_HASHES
+    return _holds_hashes(ftype.dim, load_matrix(catalog, feature_type).vectors)
+
+
+def _holds_hashes(dim: int | None, vectors: npt.NDArray[np.float32]) -> bool:
+    return dim == HASH_BITS and bool(np.isin(vectors, (0.0, 1.0)).all())
 
 
 def load_hashes(catalog: Catalog, feature_type: str, spec: QuerySpec | None = None) -> tuple[Ids, Hashes]:
