@@ -1,0 +1,70 @@
+"""Static shards: ``--shard I/N`` names the I-th of N deterministic parts of a job (I from 0).
+
+Every machine that runs part I of N computes the same cut from the same input, with no
+coordinator: scan cuts by the walk's units, features by sample id, export by the plan's
+(split, rank) groups. See docs/scale-out.md.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from dlindex.errors import InputError
+
+MAX_SHARDS = 100_000
+_SHARD = re.compile(r"^\s*(\d{1,6})\s*/\s*(\d{1,6})\s*$")
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: consecutive ids spread evenly over shards
+
+
+class Shard(NamedTuple):
+    """Part ``index`` (from 0) of ``count`` parts."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def parse_shard(text: str | Shard | tuple[int, int] | None) -> Shard | None:
+    """``"I/N"`` (0 <= I < N) as a Shard; None stays None; InputError on anything else."""
+    if text is None:
+        return None
+    if isinstance(text, tuple):
+        index, count = (int(v) for v in text)
+    else:
+        found = _SHARD.match(text)
+        if found is None:
+            raise InputError(f"--shard {text[:40]!r}: write I/N, the I-th of N parts counted from 0 (e.g. 0/4)")
+        index, count = int(found.group(1)), int(found.group(2))
+    if not 1 <= count <= MAX_SHARDS:
+        raise InputError(f"--shard {index}/{count}: N must be between 1 and {MAX_SHARDS}")
+    if not 0 <= index < count:
+        raise InputError(
+            f"--shard {index}/{count}: I counts from 0 and must be below N (0/{count} .. {count - 1}/{count})"
+        )
+    return Shard(index, count)
+
+
+def id_shards(ids: npt.NDArray[np.int64], count: int) -> npt.NDArray[np.int64]:
+    """The shard (0..count-1) of each sample id: a multiplicative hash, so that runs of
+    consecutive ids and ids of one class spread evenly, and the same id always lands alike."""
+    mixed = ids.astype(np.uint64) * _MIX  # wraps modulo 2**64 by design
+    shard: npt.NDArray[np.int64] = ((mixed >> np.uint64(32)) % np.uint64(count)).astype(np.int64)
+    return shard
+
+
+def balanced_parts(weights: list[int], count: int) -> list[int]:
+    """The part (0..count-1) of each item, greedy largest first by weight, ties by position:
+    deterministic, and within one item's weight of an even split."""
+    loads = [0] * count
+    part = [0] * len(weights)
+    for item in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        target = min(range(count), key=lambda p: (loads[p], p))
+        part[item] = target
+        loads[target] += weights[item]
+    return part
