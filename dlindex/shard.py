@@ -8,7 +8,7 @@ coordinator: scan cuts by the walk's units, features by sample id, export by the
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -20,7 +20,8 @@ _SHARD = re.compile(r"^\s*(\d{1,6})\s*/\s*(\d{1,6})\s*$")
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: consecutive ids spread evenly over shards
 
 
-class Shard(NamedTuple):
+@dataclass(frozen=True)
+class Shard:
     """Part ``index`` (from 0) of ``count`` parts."""
 
     index: int

@@ -368,9 +368,30 @@ def m010_sample_attributes(conn: sqlite3.Connection) -> None:
     )
 
 
+def m011_shard_runs(conn: sqlite3.Connection) -> None:
+    # Each `--shard I/N` run of scan or features compute, with the digest of the cut it made,
+    # so `dlindex merge` can prove every part of one job is there, once, finished, and cut
+    # alike (docs/scale-out.md). A part catalog carries its runs into the merged catalog.
+    conn.execute(
+        """CREATE TABLE shard_runs (
+            id INTEGER PRIMARY KEY,
+            job TEXT NOT NULL CHECK (job = 'scan' OR job = 'features'),
+            subject TEXT NOT NULL,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            parts INTEGER NOT NULL CHECK (parts > part),
+            plan TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'running'
+                CHECK (state = 'running' OR state = 'completed' OR state = 'interrupted'),
+            started_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+            finished_at TIMESTAMP
+        )"""
+    )
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
+    m011_shard_runs,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -413,6 +434,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (7, None, ("feature_state",)),
     (9, None, ("exports",)),
     (10, None, ("sample_attributes",)),
+    (11, None, ("shard_runs",)),
 )
 
 

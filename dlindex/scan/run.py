@@ -18,6 +18,7 @@ from typing import Any
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.paths import display_name
+from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.errors import InputError, Interrupted
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.scan import tasks as worker
@@ -27,7 +28,7 @@ from dlindex.scan.links import LinkedFiles
 from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe, ProbeOptions
 from dlindex.scan.tasks import WorkerPool
-from dlindex.scan.units import Unit, plan_units
+from dlindex.scan.units import ShardPlan, Unit, plan_units, shard_units
 from dlindex.scan.writer import (
     BatchWriter,
     abandon_scan,
@@ -38,6 +39,7 @@ from dlindex.scan.writer import (
     set_presplit,
     start_scan,
 )
+from dlindex.shard import Shard
 
 # Paths of a --labels file that name no image of this root (a typo, a file not scanned).
 _UNKNOWN_LABEL_PATHS = (
@@ -66,6 +68,7 @@ class ScanOptions:
     io_threads: int = 16
     prune: bool = False
     force: bool = False
+    shard: Shard | None = None  # part I of N of the walk's units (docs/scale-out.md)
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,11 @@ def scan_tree(
         progress: called with the number of files finished since the last call.
     """
     started = time.perf_counter()
+    if options.shard is not None and options.prune:
+        raise InputError(
+            "--prune cannot go with --shard: a part does not know which rows other parts keep; "
+            "merge the parts, then run dlindex scan ROOT --prune on the merged catalog"
+        )
     root_bytes = check_root(root)
     labels_file = read_labels_file(options.labels_file) if options.labels_file else None
     label_overrides = labels_file.labels if labels_file else None
@@ -135,9 +143,12 @@ def scan_tree(
     writer = BatchWriter(catalog, root_id)
     interrupted = False
     pruned = 0
+    shard_run: int | None = None
     restore = sigterm_as_interrupt()
     try:
         pipeline = _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
+        if options.shard is not None and pipeline.shard_plan is not None:
+            shard_run = start_shard_run(catalog, "scan", root_text, options.shard, pipeline.shard_plan.digest)
         set_presplit(catalog, root_id, pipeline.presplit)
         pipeline.run()
         writer.flush()
@@ -154,8 +165,12 @@ def scan_tree(
         raise
     finally:
         restore()
+    if shard_run is not None:
+        finish_shard_run(catalog, shard_run, completed=not interrupted)
     listed = (labels_file.labels or labels_file.attributes) if labels_file else None
-    unknown_labels = _unknown_label_paths(catalog, root_id, listed) if listed and not interrupted else []
+    # A part holds only its own units' rows: the other paths are in the other parts.
+    check_labels = listed and not interrupted and options.shard is None
+    unknown_labels = _unknown_label_paths(catalog, root_id, listed) if check_labels and listed else []
     seconds = time.perf_counter() - started
     summary = ScanSummary(
         scan_id=scan_id, root=root_text, seen=counts.seen, new=counts.new, changed=counts.changed,
@@ -202,8 +217,14 @@ class _Pipeline:
             self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
             options.io_threads, os.fspath(catalog.path),
         )  # fmt: skip
-        self.units: deque[Unit] = deque(plan_units(root, walk_options, report, self.workers))
-        self.presplit = any(unit.presplit for unit in self.units)
+        self.shard_plan: ShardPlan | None = None
+        if options.shard is not None:
+            self.shard_plan = shard_units(root, walk_options, report, options.shard.index, options.shard.count)
+            self.units: deque[Unit] = deque(self.shard_plan.units)
+            self.presplit = self.shard_plan.presplit
+        else:
+            self.units = deque(plan_units(root, walk_options, report, self.workers))
+            self.presplit = any(unit.presplit for unit in self.units)
         self.queued: deque[ToProbe] = deque()
         self.pending: dict[str, ToProbe] = {}
         self.diffs_in_flight = 0

@@ -9,8 +9,11 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+import xxhash
+
 from dlindex.catalog.classes import enter_folder, is_presplit
 from dlindex.scan.listing import KIND, TEXT, Child, WalkOptions, WalkReport, is_dir_kind, list_children, sort_text
+from dlindex.shard import balanced_parts
 
 _FILES_PER_UNIT = 2000
 
@@ -31,7 +34,9 @@ class Unit(NamedTuple):
     presplit: bool = False  # ROOT's folders are split folders: see dlindex.catalog.classes
 
 
-def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelism: int) -> list[Unit]:
+def plan_units(
+    root: bytes, options: WalkOptions, report: WalkReport, parallelism: int, files_per_unit: int = _FILES_PER_UNIT
+) -> list[Unit]:
     """Cut the tree into units for ``parallelism`` processes.
 
     Links do not change the cut: files reached through links carry their (device, inode),
@@ -39,7 +44,7 @@ def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelis
     """
     children = list_children(root, "", options, report)
     presplit = options.split_folders and is_presplit(c[TEXT] for c in children if is_dir_kind(c[KIND]))
-    units = _slices(root, "", b"", True, None, None, presplit, children)
+    units = _slices(root, "", b"", True, None, None, presplit, children, files_per_unit)
     for _ in range(2):  # few large folders: cut one level deeper so every process has work
         if len(units) >= 4 * parallelism:
             break
@@ -53,7 +58,7 @@ def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelis
                 grandchildren = list_children(folder, prefix, options, report)
                 deeper.extend(_slices(
                     folder, prefix, unit.raw_prefix + name + b"/", unit.lossless and lossless, label, split, presplit,
-                    grandchildren,
+                    grandchildren, files_per_unit,
                 ))  # fmt: skip
             else:
                 deeper.append(unit)
@@ -66,7 +71,7 @@ def plan_units(root: bytes, options: WalkOptions, report: WalkReport, parallelis
 
 def _slices(
     folder: bytes, prefix: str, raw_prefix: bytes, lossless: bool, label: str | None, split: str | None,
-    presplit: bool, children: list[Child],
+    presplit: bool, children: list[Child], files_per_unit: int,
 ) -> list[Unit]:  # fmt: skip
     """Each folder its own unit; runs of files between folders grouped in bounded units."""
     units: list[Unit] = []
@@ -86,8 +91,75 @@ def _slices(
             close([child])
         else:
             run.append(child)
-            if len(run) >= _FILES_PER_UNIT:
+            if len(run) >= files_per_unit:
                 close(run)
     if run:
         close(run)
     return units
+
+
+# A sharded scan plans as if for this many processes per shard, whatever the machine has:
+# the cut must be the same on every machine that runs a part.
+_SHARD_PLAN_PARALLELISM = 16
+_SHARD_FILES_PER_UNIT = 256  # finer runs than a local scan's: parts even to a few percent
+_COUNT_LIMIT = 1_000_000  # entries counted under one folder unit before its weight is taken as is
+
+
+class ShardPlan(NamedTuple):
+    """A shard's units, and the digest of the whole cut (every part of one scan has the same)."""
+
+    units: list[Unit]
+    digest: str
+    files: int  # entries weighed for this part (files listed, or counted under folder units)
+    total: int  # the same for all parts together
+    presplit: bool  # ROOT's folders are split folders (a part may have no unit to tell)
+
+
+def shard_units(root: bytes, options: WalkOptions, report: WalkReport, index: int, count: int) -> ShardPlan:
+    """Part ``index`` of ``count`` of the tree's units, balanced by files (docs/scale-out.md).
+
+    The cut does not depend on the machine's CPUs; a folder unit weighs the entries under it
+    (one listing, names only), so that parts of class folders of uneven size come out even.
+    """
+    units = plan_units(root, options, report, _SHARD_PLAN_PARALLELISM * count, _SHARD_FILES_PER_UNIT)
+    weights = [_weight(unit) for unit in units]
+    parts = balanced_parts(weights, count)
+    digest = xxhash.xxh3_128()
+    digest.update(f"{count}\n".encode())
+    for unit, weight in zip(units, weights, strict=True):
+        digest.update(f"{unit.start}\0{unit.end}\0{weight}\n".encode(errors="surrogateescape"))
+    mine = [unit for unit, part in zip(units, parts, strict=True) if part == index]
+    files = sum(w for w, part in zip(weights, parts, strict=True) if part == index)
+    return ShardPlan(mine, digest.hexdigest(), files, sum(weights), any(unit.presplit for unit in units))
+
+
+def _weight(unit: Unit) -> int:
+    """Files in a run of files; entries under a folder unit, counted without stat calls."""
+    total = 0
+    for name, _, _, kind in unit.children:
+        if is_dir_kind(kind):
+            total += _count_entries(os.path.join(unit.folder, name), _COUNT_LIMIT)
+        else:
+            total += 1
+    return max(1, total)
+
+
+def _count_entries(folder: bytes, limit: int) -> int:
+    """Non-folder entries under ``folder`` (links not followed), up to ``limit``."""
+    count = 0
+    stack = [folder]
+    while stack and count < limit:
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        is_dir = False
+                    if is_dir:
+                        stack.append(entry.path)
+                    else:
+                        count += 1
+        except OSError:
+            continue  # the walk reports what it cannot list
+    return count
