@@ -33,8 +33,8 @@ class Shard:
 
 def parse_shard(text: str | Shard | tuple[int, int] | None) -> Shard | None:
     """``"I/N"`` (0 <= I < N) as a Shard; None stays None; InputError on anything else."""
-    if text is None:
-        return None
+    if text is None or isinstance(text, Shard):
+        return text
     if isinstance(text, tuple):
         index, count = (int(v) for v in text)
     else:
