@@ -16,6 +16,7 @@ from dlindex.cli._shared import (  # fmt: skip
     JsonFlag,
     NoLogFlag,
     QuietFlag,
+    ShardOption,
     WaitOption,
     handle_errors,
     human_bytes,
@@ -25,6 +26,7 @@ from dlindex.cli._shared import (  # fmt: skip
     stdout_console,
 )
 from dlindex.errors import ExitCode
+from dlindex.shard import parse_shard
 
 app = typer.Typer(
     name="features",
@@ -74,6 +76,7 @@ def compute(
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")
     ] = False,
+    shard: ShardOption = None,
     *,
     select: Selection,
     per_label: PerLabelOption = None,
@@ -96,7 +99,11 @@ def compute(
 
     spec = select.spec(per_label=per_label, limit=limit, seed=seed)
     options = ComputeOptions(
-        extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed
+        extractor=extractor,
+        dtype=dtype.value if dtype else None,
+        workers=workers,
+        retry_failed=retry_failed,
+        shard=parse_shard(shard),
     )
     with (
         Catalog(db, log=not no_log) as catalog,

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
+from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
@@ -30,6 +32,7 @@ from dlindex.features.workers import Pool, Results
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
+from dlindex.shard import Shard, id_shards
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -51,6 +54,7 @@ class ComputeOptions:
     workers: int = 0  # 0: one per CPU
     batch_size: int = 64  # images per worker task: fewer wake-ups of the writer
     retry_failed: bool = False
+    shard: Shard | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,10 @@ def compute_features(
     selected = already = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
         ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
+        if options.shard is not None:
+            mine = id_shards(ids, options.shard.count) == options.shard.index
+            chunk = [r for r, keep in zip(chunk, mine, strict=True) if keep]
+            ids = ids[mine]
         have, skip = _member(ids, done), _member(ids, failed)
         selected += len(chunk)
         already += int(have.sum())
@@ -112,6 +120,9 @@ def compute_features(
     assert ftype is not None
     writer = _Writer(catalog, ftype)
     interrupted = False
+    shard_run = None
+    if options.shard is not None:
+        shard_run = start_shard_run(catalog, "features", ftype.name, options.shard, _shard_plan(ftype, spec, options))
     restore = sigterm_as_interrupt()
     try:
         if todo:
@@ -122,6 +133,8 @@ def compute_features(
         writer.flush()
     finally:
         restore()
+    if shard_run is not None:
+        finish_shard_run(catalog, shard_run, completed=not interrupted)
     seconds = time.perf_counter() - started
     final = find_type(catalog, feature_type) or ftype
     summary = ComputeSummary(
@@ -137,6 +150,15 @@ def compute_features(
             "run the same command again to finish"
         )
     return summary
+
+
+def _shard_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
+    """What every part of one sharded compute shares: the type, the selection, N."""
+    assert options.shard is not None
+    described = json.dumps(
+        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.shard.count]
+    )
+    return xxhash.xxh3_128_hexdigest(described.encode())
 
 
 def _ids(catalog: Catalog, sql: str, ftype: FeatureType | None) -> Ids:
