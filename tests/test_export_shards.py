@@ -11,9 +11,11 @@ import gc
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,7 +28,7 @@ from dlindex.export.part import parse_part
 from dlindex.export.registry import recorded_exports
 from dlindex.shard import Shard
 
-from .conftest import invoke, make_jpeg, one_error_line, scan
+from .conftest import import_file, invoke, make_jpeg, one_error_line, scan
 
 FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
 CASES = {
@@ -107,6 +109,17 @@ def test_merged_parts_are_the_one_machine_export(tree_db: Path, tmp_path: Path, 
     for name, data in expected.items():
         assert got[name] == data, name
     assert verify_export(merged).ok
+
+
+@pytest.mark.parametrize("fmt", ["wds", "mds", "parquet", "jsonl"])
+def test_features_merge_alike(tree_db: Path, tmp_path: Path, fmt: str) -> None:
+    db = tmp_path / "f.db"
+    shutil.copy(tree_db, db)
+    vectors = np.random.default_rng(0).random((25, 3), dtype=np.float32)
+    np.savez(tmp_path / "v.npz", ids=np.arange(1, 26), vectors=vectors)
+    import_file(db, tmp_path / "v.npz", "emb")
+    whole, merged = one_and_merged(db, tmp_path, 2, format=fmt, features="emb", split="train=0.5,val=0.5", world_size=2)
+    assert files(whole) == files(merged) and load_index(merged)["features"]["dim"] == 3
 
 
 def test_only_created_at_differs_without_source_date_epoch(
@@ -398,3 +411,35 @@ def test_the_sample_manifest_parses(sample_manifest: dict[str, Any]) -> None:
         "g000002",
         "g000003",
     }
+
+
+@pytest.fixture(scope="module")
+def two_parts(tree_db: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    base = tmp_path_factory.mktemp("two")
+    return parts(tree_db, base, 2, format="jsonl", split="train=0.5,val=0.5", world_size=2, shard_size=3)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), replacement=_JSON)
+def test_a_merge_of_a_damaged_part_fails_cleanly_or_verifies(
+    two_parts: list[Path], data: st.DataObject, replacement: Any
+) -> None:
+    """Whatever a part manifest says, merge raises ExportError (nothing written) or writes an export that verifies."""
+    manifest = json.loads((two_parts[0] / PART_INDEX).read_text())
+    where = data.draw(st.sampled_from([p for p in _paths(manifest) if p]))
+    parent = manifest
+    for key in where[:-1]:
+        parent = parent[key]
+    parent[where[-1]] = replacement
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = [Path(tmp) / p.name for p in two_parts]
+        for source, folder in zip(two_parts, folders, strict=True):
+            shutil.copytree(source, folder)
+        (folders[0] / PART_INDEX).write_text(json.dumps(manifest))
+        try:
+            merge_exports(folders, Path(tmp) / "m")
+        except ExportError:
+            assert not (Path(tmp) / "m").exists()
+            assert sorted(os.listdir(tmp)) == ["p0", "p1"]
+            return
+        assert verify_export(Path(tmp) / "m").ok

@@ -258,6 +258,13 @@ def _head(check: _Checker, value: Any) -> dict[str, Any]:
                           f"merge with that version (this is {__version__})")  # fmt: skip
     if head.get("format") not in KNOWN_FORMATS:
         raise ExportError(f"{check.where}: index.format must be one of {', '.join(KNOWN_FORMATS)}")
+    catalog = check.obj(head.get("catalog"), "index.catalog")
+    if "\0" in check.text(catalog.get("path"), "index.catalog.path"):
+        raise ExportError(f"{check.where}: index.catalog.path holds a NUL byte")
+    check.number(catalog.get("changes"), "index.catalog.changes", -MAX_COUNT - 1)
+    root = check.text(head.get("file_root"), "index.file_root")
+    if not root.startswith("/") or "\0" in root:
+        raise ExportError(f"{check.where}: index.file_root must be an absolute path, not {_short(root)}")
     options = check.obj(head.get("options"), "index.options")
     check.number(options.get("world_size"), "index.options.world_size", 1, MAX_WORLD_SIZE)
     if options.get("shard_bytes") is not None:
