@@ -199,8 +199,16 @@ def test_cli_shard_and_merge(tree_db: Path, tmp_path: Path, runner: Any) -> None
                         "--world-size", "2", "--db", str(tree_db))  # fmt: skip
         assert result.exit_code == 0, result.output
         assert f"part {i}/2" in result.stdout
-    merge_exports([tmp_path / "p0", tmp_path / "p1"], tmp_path / "m")
+    result = invoke(runner, "merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "--into", str(tmp_path / "m"))
+    assert result.exit_code == 0 and "merged 2 part(s)" in result.stdout, result.output
     assert verify_export(tmp_path / "m").ok
+    again = invoke(runner, "merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "--into", str(tmp_path / "m"), "--json")
+    assert "not empty" in one_error_line(again)
+    result = invoke(runner, "merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "--into", str(tmp_path / "m"),
+                    "--overwrite", "--json")  # fmt: skip
+    assert result.exit_code == 0 and json.loads(result.stdout)["parts"] == 2, result.output
+    missing = invoke(runner, "merge", str(tmp_path / "p1"), "--into", str(tmp_path / "n"))
+    assert "part 0/2 missing" in one_error_line(missing) and not (tmp_path / "n").exists()
 
 
 @pytest.mark.parametrize("text", ["3/3", "x", "1/0", "-1/2", "1/2/3", "0/100001"])
@@ -443,3 +451,9 @@ def test_a_merge_of_a_damaged_part_fails_cleanly_or_verifies(
             assert sorted(os.listdir(tmp)) == ["p0", "p1"]
             return
         assert verify_export(Path(tmp) / "m").ok
+
+
+def test_cli_an_idle_part_says_so(tree_db: Path, tmp_path: Path, runner: Any) -> None:
+    result = invoke(runner, "export", str(tmp_path / "p1"), "--shard", "1/2", "--db", str(tree_db), "-q")
+    assert result.exit_code == 0 and "part 1/2 has nothing to write" in result.stderr, result.output
+    assert os.listdir(tmp_path / "p1") == [PART_INDEX]

@@ -149,7 +149,7 @@ def export_catalog(
         shards: list[ShardInfo] = []
         if shard is not None:
             return _write_part(catalog, output, ctx, shard, fmt, options, query, split_option, shard_bytes, changes,
-                               features, skipped, points, started)  # fmt: skip
+                               features, skipped, points, started, note)  # fmt: skip
         numbers: Counter[str] = Counter()
         for group in plan.groups:
             written = WRITERS[fmt](ctx, group, numbers[group.split])
@@ -195,7 +195,7 @@ def export_catalog(
 def _write_part(
     catalog: Catalog, output: OutputDir, ctx: Context, shard: Shard, fmt: str, options: ExportOptions,
     query: QuerySpec, split_option: Any, shard_bytes: int | None, changes: int, features: Any,
-    skipped: Counter[str], points: Any, started: float,
+    skipped: Counter[str], points: Any, started: float, note: Callable[[str], None] | None,
 ) -> ExportSummary:  # fmt: skip
     """Part ``shard`` of the export: its groups' shards and dlindex-part.json, no index.json
     (``merge_exports`` writes that); not recorded in the catalog, being no export yet."""
@@ -206,6 +206,9 @@ def _write_part(
             raise ExportError(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
         raise ExportError("no samples match the filters; nothing exported")
     owner = owners(plan, shard.count)
+    if shard.index not in owner and note is not None:
+        note(f"part {shard} has nothing to write: the export has {len(plan.groups)} (split, rank) group(s) "
+             f"for {shard.count} parts; it writes only its part manifest")  # fmt: skip
     digest = plan_digest(plan)
     written = write_groups(ctx, shard, owner, WRITERS[fmt])
     head = describe_export(
