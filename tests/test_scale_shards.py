@@ -317,3 +317,47 @@ def test_cli_merge(tmp_path: Path, runner: CliRunner) -> None:
     assert not (tmp_path / "m2.db").exists()
     with Catalog(tmp_path / "m.db") as catalog:
         assert catalog.conn.execute("SELECT count(*) FROM shard_runs").fetchone()[0] == 2
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_part_is_redone_alone_and_merges_equal(tmp_path: Path) -> None:
+    """kill -9 one part mid-scan: merge refuses it as unfinished; its rerun does only the rest."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from PIL import Image
+
+    root = tmp_path / "tree"
+    image = Image.effect_noise((64, 64), 60).convert("RGB")  # noise: slow enough to verify that the kill lands
+    for i in range(7500):
+        folder = root / f"class{i % 6}"
+        folder.mkdir(parents=True, exist_ok=True)
+        image.putpixel((i % 64, (i // 64) % 64), (i % 256, 7, 7))
+        image.save(folder / f"{i:05d}.png", compress_level=0)
+    p0, _, p2 = sharded_scan(tmp_path, root, 3)
+    p1 = tmp_path / "killed.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlindex", "scan", str(root), "--db", str(p1), "--shard", "1/3", "--workers", "1",
+         "--verify"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    written = 0
+    while not written and time.monotonic() < deadline and proc.poll() is None:
+        try:
+            conn = sqlite3.connect(f"file:{p1}?mode=ro", uri=True, timeout=5)
+            written = conn.execute("SELECT count(*) FROM image_metadata").fetchone()[0]
+            conn.close()
+        except sqlite3.Error:
+            pass
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert written, "the kill should land mid-scan"
+    _refused(tmp_path, [p0, p1, p2], tmp_path / "merged.db", InputError, "did not finish (running)")
+    redone = scan(p1, root, shard=Shard(1, 3))
+    assert redone.unchanged >= written and redone.new == redone.seen - redone.unchanged
+    scan(tmp_path / "full.db", root)
+    merge_catalogs([p0, p1, p2], tmp_path / "merged.db")
+    assert content(tmp_path / "merged.db") == content(tmp_path / "full.db")

@@ -89,6 +89,8 @@ _SAME_ROW = (
 _SAME_AMONG_PARTS = (
     "DELETE FROM temp.{table} WHERE rowid NOT IN (SELECT min(rowid) FROM temp.{table} GROUP BY {columns})"
 )
+_ROWS_BY_KEY = "CREATE INDEX temp.m_rows_key ON m_rows (root_path, file_path)"
+_SHARED_KEY = "SELECT 1 FROM temp.m_rows GROUP BY root_path, file_path HAVING count(*) > 1 LIMIT 1"
 _CONFLICT = (
     "SELECT root_path, file_path{extra}, group_concat(src) FROM temp.{table} "
     "GROUP BY root_path, file_path{extra} HAVING count(*) > 1 LIMIT 1"
@@ -335,6 +337,10 @@ def _stage(conn: sqlite3.Connection, paths: list[Path]) -> None:
     Outside the write transaction: a part read inside it stays locked until the commit, and
     could not be detached; the temp schema is this connection's own, so no one waits.
     """
+    # Sorting a million staged rows in 2 MiB of cache spills to disk page by page: give the
+    # merge a bounded cache of its own (reset by _unstage).
+    conn.execute(f"PRAGMA temp.cache_size = {-_CACHE_KIB}")
+    conn.execute(f"PRAGMA main.cache_size = {-_CACHE_KIB}")
     for statement in _TEMP_TABLES:
         conn.execute(statement)
     for number, path in enumerate(paths):
@@ -353,6 +359,11 @@ def _stage(conn: sqlite3.Connection, paths: list[Path]) -> None:
 def _unstage(conn: sqlite3.Connection) -> None:
     for table in _STAGED:
         conn.execute(f"DROP TABLE IF EXISTS temp.{table}")  # names from this module, never input
+    conn.execute("PRAGMA temp.cache_size = -2000")  # SQLite's default
+    conn.execute("PRAGMA main.cache_size = -2000")
+
+
+_CACHE_KIB = 256 * 1024
 
 
 _STAGED = ("m_roots", "m_rows", "m_types", "m_vectors", "m_state", "m_attrs", "m_scans", "m_runs")
@@ -362,7 +373,8 @@ def _apply(conn: sqlite3.Connection, paths: list[Path]) -> dict[str, int]:
     parted = len(paths) > 1
     (incoming,) = conn.execute("SELECT count(*) FROM temp.m_rows").fetchone()
     same = conn.execute(_SAME_ROW).rowcount
-    if parted:
+    conn.execute(_ROWS_BY_KEY)  # one sort: the duplicate check and the insert in path order use it
+    if parted and conn.execute(_SHARED_KEY).fetchone() is not None:  # parts of one job never share one
         conn.execute(_SAME_AMONG_PARTS.format(table="m_rows", columns=", ".join(("root_path", "file_path", *_CONTENT))))
         _refuse_conflict(conn, paths, "m_rows", "", "both change the sample")
     conn.execute(_ADD_ROOTS)
