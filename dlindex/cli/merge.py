@@ -40,11 +40,14 @@ def merge(
 
     dlindex merge part0.db part1.db part2.db --into catalog.db
     """
+    for part in parts:
+        if not part.exists():
+            raise InputError(f"part {part} does not exist")
     folders = [p.is_dir() for p in parts]
     if any(folders) and not all(folders):
         raise InputError("merge: give part catalogs (files) or part exports (folders), not both")
     if all(folders):
-        from dlindex.export.merge import merge_exports  # type: ignore[import-not-found,unused-ignore]
+        from dlindex.export.merge import merge_exports
 
         exported = merge_exports(parts, into, overwrite=overwrite)
         if as_json:
