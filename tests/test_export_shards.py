@@ -457,3 +457,46 @@ def test_cli_an_idle_part_says_so(tree_db: Path, tmp_path: Path, runner: Any) ->
     result = invoke(runner, "export", str(tmp_path / "p1"), "--shard", "1/2", "--db", str(tree_db), "-q")
     assert result.exit_code == 0 and "part 1/2 has nothing to write" in result.stderr, result.output
     assert os.listdir(tmp_path / "p1") == [PART_INDEX]
+
+
+# ---------------------------------------------------------------- tree splits and group-aware splits
+
+
+@pytest.fixture(scope="module")
+def presplit_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pre-split tree (train/ and val/ folders) with a copy of one image under another name."""
+    base = tmp_path_factory.mktemp("presplit")
+    root = base / "tree"
+    for split, n in (("train", 14), ("val", 6)):
+        for i in range(n):
+            make_jpeg(root / split / ("cat", "dog")[i % 2] / f"{i:02d}.jpg", (12 + i, 10), (i * 9, 3, 4))
+    shutil.copy(root / "train" / "cat" / "00.jpg", root / "train" / "dog" / "copy.jpg")
+    scan(base / "c.db", root)
+    return base / "c.db"
+
+
+@pytest.mark.parametrize("fmt", ["wds", "jsonl", "mds"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"split": "tree", "world_size": 2, "shard_size": 3},
+        {"split": "train=0.7,val=0.3", "group": "near-dups", "group_type": "dhash", "world_size": 2},
+        {"split": "train=0.7,val=0.3", "group": "near-dups", "group_type": "colorthumb", "world_size": 2},
+    ],
+    ids=["tree", "dhash", "colorthumb"],
+)
+def test_tree_and_grouped_splits_merge_alike(
+    presplit_db: Path, tmp_path: Path, fmt: str, options: dict[str, Any]
+) -> None:
+    if options.get("group_type"):
+        db = tmp_path / "c.db"
+        shutil.copy(presplit_db, db)
+        from dlindex.features import ComputeOptions, compute_features
+
+        with Catalog(db) as catalog:  # computed first: parts must see one catalog state
+            compute_features(catalog, options["group_type"], options=ComputeOptions(workers=1))
+    else:
+        db = presplit_db
+    whole, merged = one_and_merged(db, tmp_path, 3, format=fmt, **options)
+    assert files(merged) == files(whole)
+    assert verify_export(merged).ok
