@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
+from typing import TYPE_CHECKING
 
 from dlindex.errors import InputError
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
 MAX_SHARDS = 100_000
 _SHARD = re.compile(r"^\s*(\d{1,6})\s*/\s*(\d{1,6})\s*$")
-_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: consecutive ids spread evenly over shards
+_MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: consecutive ids spread evenly over shards
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,9 @@ def parse_shard(text: str | Shard | tuple[int, int] | None) -> Shard | None:
 def id_shards(ids: npt.NDArray[np.int64], count: int) -> npt.NDArray[np.int64]:
     """The shard (0..count-1) of each sample id: a multiplicative hash, so that runs of
     consecutive ids and ids of one class spread evenly, and the same id always lands alike."""
-    mixed = ids.astype(np.uint64) * _MIX  # wraps modulo 2**64 by design
+    import numpy as np  # here, not at the top: `dlindex scan` starts without numpy
+
+    mixed = ids.astype(np.uint64) * np.uint64(_MIX)  # wraps modulo 2**64 by design
     shard: npt.NDArray[np.int64] = ((mixed >> np.uint64(32)) % np.uint64(count)).astype(np.int64)
     return shard
 

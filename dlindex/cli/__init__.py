@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "check": ("check", "check", False),
     "dups": ("dups", "dups", False),
     "leaks": ("leaks", "leaks", False),
+    "merge": ("merge", "merge", False),
 }
 
 

@@ -30,6 +30,15 @@ DbOption = Annotated[
         show_default="./dlindex.db",
     ),
 ]
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="I/N",
+        help="Do part I of N (I from 0) of the work, for N machines; join the parts with dlindex merge.",
+        show_default=False,
+    ),
+]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 QuietFlag = Annotated[
     bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (errors and warnings still print).")

@@ -153,6 +153,15 @@ def export(
             show_default="0.03",
         ),
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            metavar="I/N",
+            help="Write only part I (from 0) of N: its share of the (split, rank) groups, for dlindex merge.",
+            show_default=False,
+        ),
+    ] = None,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")
     ] = False,
@@ -166,6 +175,7 @@ def export(
     dlindex export shards/ --format wds --split train=0.9,val=0.1 --shuffle --seed 1 --world-size 8
     """
     from dlindex.export import ExportOptions, export_catalog, verify_export
+    from dlindex.shard import parse_shard
 
     if verify:
         with progress_bar(quiet, unit="img", desc="verify") as update:
@@ -199,7 +209,7 @@ def export(
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
         group=group, group_by=group_by, group_type=group_type, group_max_distance=group_max_distance,
-        group_threshold=group_threshold,
+        group_threshold=group_threshold, shard=parse_shard(shard),
     )  # fmt: skip
     shown: list[str] = []
 
@@ -219,8 +229,9 @@ def export(
         print_json(summary.as_dict())
     elif not quiet:
         splits = "  ".join(f"{k} {v}" for k, v in summary.splits.items())
+        what = "exported" if shard is None else f"exported part {parse_shard(shard)} of"
         stdout_console.print(
-            f"[bold]exported[/] {summary.samples} samples ({summary.format}) to {summary.out_dir}\n"
+            f"[bold]{what}[/] {summary.samples} samples ({summary.format}) to {summary.out_dir}\n"
             f"  {splits}  shards {summary.shards}  {human_bytes(summary.bytes)}  "
             f"padded {summary.padded}  dropped {summary.dropped}\n  {summary.seconds:.2f} s",
             highlight=False,

@@ -19,6 +19,7 @@ from dlindex.cli._shared import (  # fmt: skip
     JsonFlag,
     NoLogFlag,
     QuietFlag,
+    ShardOption,
     WaitOption,
     handle_errors,
     human_bytes,
@@ -28,6 +29,7 @@ from dlindex.cli._shared import (  # fmt: skip
     stdout_console,
 )
 from dlindex.errors import ExitCode
+from dlindex.shard import parse_shard
 
 app = typer.Typer(
     name="features",
@@ -82,6 +84,7 @@ def compute(
     ] = False,
     engine: EngineOption = Engine.local,
     address: AddressOption = None,
+    shard: ShardOption = None,
     *,
     select: Selection,
     per_label: PerLabelOption = None,
@@ -105,7 +108,7 @@ def compute(
     spec = select.spec(per_label=per_label, limit=limit, seed=seed)
     options = ComputeOptions(
         extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed,
-        engine=engine.value, address=address,
+        shard=parse_shard(shard), engine=engine.value, address=address,
     )  # fmt: skip
     with (
         Catalog(db, log=not no_log) as catalog,

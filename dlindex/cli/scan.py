@@ -12,6 +12,7 @@ from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
     QuietFlag,
+    ShardOption,
     WaitOption,
     handle_errors,
     print_json,
@@ -22,6 +23,7 @@ from dlindex.cli._shared import (
 from dlindex.errors import ExitCode
 from dlindex.scan.listing import DEFAULT_EXTENSIONS
 from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
+from dlindex.shard import parse_shard
 
 
 @handle_errors
@@ -81,6 +83,7 @@ def scan(
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="Re-probe every file, even unchanged ones.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
+    shard: ShardOption = None,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
 ) -> None:
@@ -101,6 +104,7 @@ def scan(
         io_threads=io_threads,
         prune=prune,
         force=force,
+        shard=parse_shard(shard),
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
     with (

@@ -5,6 +5,9 @@ from dlindex.export import ExportOptions, export_catalog, verify_export
 with Catalog("train.db") as catalog:
     summary = export_catalog(catalog, "out/", ExportOptions(format="wds", shuffle=True, seed=1))
 assert verify_export("out/").ok
+
+A --shard export: part I of N per machine (ExportOptions(shard="I/N")), then
+merge_exports(["out0/", "out1/", ...], "out/").
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ __all__ = [
     "ExportError",
     "ExportOptions",
     "ExportSummary",
+    "MergeSummary",
     "VerifyResult",
     "export_catalog",
     "load_index",
     "manifest_files",
     "manifest_rows",
+    "merge_exports",
     "parse_size",
     "parse_split",
     "source_path",
@@ -43,6 +48,8 @@ _EXPORTS = {
     "FORMATS": "run",
     "export_catalog": "run",
     "VerifyResult": "verify",
+    "MergeSummary": "merge",
+    "merge_exports": "merge",
     "verify_export": "verify",
 }
 
@@ -50,6 +57,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
+    from dlindex.export.merge import MergeSummary, merge_exports
     from dlindex.export.options import ExportOptions, ExportSummary, parse_size
     from dlindex.export.plan import ExportError, parse_split
     from dlindex.export.reader import load_index, manifest_files, manifest_rows, source_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +13,7 @@ from dlindex.export.mds import VERSION as MDS_VERSION
 from dlindex.export.mds import streaming_shards
 from dlindex.export.options import ExportOptions
 from dlindex.export.plan import Plan, parse_split
-from dlindex.export.shards import Context, ShardInfo
+from dlindex.export.shards import ShardInfo
 from dlindex.export.wds import hf_features, image_key_spec
 
 if TYPE_CHECKING:
@@ -28,26 +28,31 @@ def build_index(
     grouping: Mapping[str, Any] | None = None,
 ) -> bytes:  # fmt: skip
     """index.json: the only file with a wall-clock time in it ($SOURCE_DATE_EPOCH fixes it)."""
+    head = describe_export(
+        os.fsdecode(os.path.abspath(catalog.path)), options, fmt, shard_bytes, changes, plan, selected, features,
+        skipped, grouping,
+    )  # fmt: skip
+    counts = split_counts([(g.split, g.rank) for g in plan.groups], plan.tally.samples, label_counts(plan))
+    return complete_index(head, counts, shards, extra, clients or {})
+
+
+def describe_export(
+    catalog_path: str, options: ExportOptions, fmt: str, shard_bytes: int | None, changes: int, plan: Plan,
+    selected: int, features: Any, skipped: Mapping[str, int] | None = None,
+    grouping: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """index.json without what depends on the files written (``created_at``, ``counts.samples``,
+    ``counts.splits``, the shard and file lists, clients' keys: None or empty here), every key
+    in its place: what each part of a ``--shard`` export records for the merge to complete."""
     from dlindex import __version__
 
     spec = options.query
-    counts: dict[str, Any] = {}
-    for group in plan.groups:
-        entry = counts.setdefault(group.split, {"samples": 0, "ranks": [], "labels": {}})
-        n = plan.tally.samples[(group.split, group.rank)]
-        entry["samples"] += n
-        entry["ranks"].append(n)
-    for (split, label), n in plan.tally.labels.items():
-        name = plan.labels[plan.label_index[label]]
-        counts[split]["labels"][name] = counts[split]["labels"].get(name, 0) + n
-    for entry in counts.values():
-        entry["labels"] = dict(sorted(entry["labels"].items()))
-    index = {
+    return {
         "dlindex_export": INDEX_VERSION,
         "format": fmt,
-        "created_at": _created_at(),
+        "created_at": None,
         "dlindex_version": __version__,
-        "catalog": {"path": os.fsdecode(os.path.abspath(catalog.path)), "changes": changes},
+        "catalog": {"path": catalog_path, "changes": changes},
         "filters": {
             "labels": list(spec.labels), "split": list(spec.split), "classes": spec.classes, "status": list(spec.status), "processed": spec.processed,
             "processing_status": list(spec.processing_status),
@@ -73,14 +78,48 @@ def build_index(
         "labels": {str(k): name for k, name in enumerate(plan.labels)},
         "features": None if features is None else {"name": features.name, "dtype": features.dtype, "dim": features.dim},
         "counts": {
-            "samples": plan.samples, "selected": selected,
-            "dropped": plan.dropped, "padded": plan.padded, "splits": counts,
+            "samples": None, "selected": selected,
+            "dropped": plan.dropped, "padded": plan.padded, "splits": None,
             "skipped": dict(sorted((skipped or {}).items())),
         },
-        SHARDS_KEY: [s.as_dict() for s in shards],
-        "files": extra,
-        **(clients or {}),
+        SHARDS_KEY: [],
+        "files": [],
     }  # fmt: skip
+
+
+def label_counts(plan: Plan) -> list[tuple[str, str, int]]:
+    """(split, class name, samples written) from the plan's tally."""
+    return [(split, plan.labels[plan.label_index[label]], n) for (split, label), n in plan.tally.labels.items()]
+
+
+def split_counts(
+    groups: Sequence[tuple[str, int]], samples: Mapping[tuple[str, int], int], labels: Iterable[tuple[str, str, int]]
+) -> dict[str, Any]:
+    """index.json's ``counts.splits``: per split (in group order) its samples, each rank's, and per class."""
+    counts: dict[str, Any] = {}
+    for split, rank in groups:
+        entry = counts.setdefault(split, {"samples": 0, "ranks": [], "labels": {}})
+        n = samples.get((split, rank), 0)
+        entry["samples"] += n
+        entry["ranks"].append(n)
+    for split, name, n in labels:
+        counts[split]["labels"][name] = counts[split]["labels"].get(name, 0) + n
+    for entry in counts.values():
+        entry["labels"] = dict(sorted(entry["labels"].items()))
+    return counts
+
+
+def complete_index(
+    head: Mapping[str, Any], counts: dict[str, Any], shards: Sequence[ShardInfo], extra: list[dict[str, Any]],
+    clients: Mapping[str, Any],
+) -> bytes:  # fmt: skip
+    """index.json's bytes: ``head`` (describe_export) with the time, counts, files and clients' keys filled in."""
+    index = dict(head)
+    index["created_at"] = _created_at()
+    index["counts"] = {**head["counts"], "samples": sum(c["samples"] for c in counts.values()), "splits": counts}
+    index[SHARDS_KEY] = [s.as_dict() for s in shards]
+    index["files"] = extra
+    index.update(clients)
     try:
         text = json.dumps(index, indent=1, ensure_ascii=False)
         return (text + "\n").encode()
@@ -88,21 +127,29 @@ def build_index(
         return (json.dumps(index, indent=1, ensure_ascii=True) + "\n").encode()
 
 
-def client_keys(ctx: Context, fmt: str, shards: list[ShardInfo]) -> dict[str, Any]:
+def client_keys(
+    fmt: str, shards: Sequence[ShardInfo], splits: Sequence[str], seen: Iterable[str], features: Any,
+    shard_bytes: int | None,
+) -> dict[str, Any]:  # fmt: skip
     """What a format's own client reads from index.json: streaming's keys (mds), the
-    webdataset recipe's keys (wds)."""
+    webdataset recipe's keys (wds).
+
+    Args:
+        seen: wds: the image member suffixes written.
+    """
     if fmt == "mds":
         # streaming reads only "version" and "shards" of an index.json: StreamingDataset(local=OUT_DIR)
-        return {"version": MDS_VERSION, "shards": streaming_shards(ctx, shards)}
+        return {"version": MDS_VERSION, "shards": streaming_shards(features, shard_bytes, shards)}
     if fmt == "wds":
+        used = set(seen)
         per_rank: dict[str, int] = {}
         for shard in shards:
             if shard.rank == 0:
                 per_rank[shard.split] = per_rank.get(shard.split, 0) + 1
         return {"wds": {
-            "image_key": image_key_spec(ctx.seen), "shards_per_rank": per_rank,
-            "urls": {split: [s.file for s in shards if s.split == split] for split in ctx.plan.splits},
-            "hf_features": hf_features(ctx.seen, ctx.features),
+            "image_key": image_key_spec(used), "shards_per_rank": per_rank,
+            "urls": {split: [s.file for s in shards if s.split == split] for split in splits},
+            "hf_features": hf_features(used, features),
         }}  # fmt: skip
     return {}
 

@@ -24,7 +24,7 @@ import xxhash
 
 from dlindex.export.files import read_sources
 from dlindex.export.plan import ID, LABEL, Group, absolute_path
-from dlindex.export.shards import Context, ShardInfo, json_maker, sample_key
+from dlindex.export.shards import Context, Features, ShardInfo, json_maker, sample_key
 from dlindex.export.wds import extension
 from dlindex.export.writer import ShardWriter, batches
 
@@ -32,14 +32,14 @@ VERSION = 2
 _NUMPY_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
 
 
-def columns(ctx: Context) -> dict[str, tuple[str, int | None]]:
+def columns(features: Features | None) -> dict[str, tuple[str, int | None]]:
     """Column name -> (MDS encoding, fixed size or None), in name order."""
     cols: dict[str, tuple[str, int | None]] = {
         "ext": ("str", None), "id": ("int", 8), "image": ("bytes", None), "json": ("json", None),
         "key": ("str", None), "label": ("int", 8),
     }  # fmt: skip
-    if ctx.features is not None:
-        f = ctx.features
+    if features is not None:
+        f = features
         size = f.dim * int(f.dtype[-1])
         cols["feature"] = (f"ndarray:{_NUMPY_DTYPES[f.dtype]}:{f.dim}", size)
     return dict(sorted(cols.items()))
@@ -58,7 +58,7 @@ class MdsWriter(ShardWriter[bytes]):
 
     def __init__(self, ctx: Context, group: Group, number: int) -> None:
         super().__init__(ctx, group, number)
-        self.config = json.dumps(shard_config(columns(ctx), ctx.shard_bytes), sort_keys=True).encode()
+        self.config = json.dumps(shard_config(columns(ctx.features), ctx.shard_bytes), sort_keys=True).encode()
         if self.max_bytes is not None:
             self.max_bytes -= 8 + len(self.config)  # the shard's header counts against --shard-bytes
         (ctx.out / group.split).mkdir(exist_ok=True)
@@ -75,7 +75,7 @@ class MdsWriter(ShardWriter[bytes]):
 def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     make = json_maker(ctx)
     index = ctx.plan.label_index
-    cols = columns(ctx)
+    cols = columns(ctx.features)
     sink = MdsWriter(ctx, group, number)
     j = 0
     for batch, vectors in batches(group, ctx):
@@ -109,22 +109,26 @@ def encode_shard(samples: Sequence[bytes], config_bytes: bytes) -> bytes:
     return struct.pack(f"<I{n + 1}I", n, *offsets) + config_bytes + b"".join(samples)
 
 
-def split_index(ctx: Context, shards: Sequence[ShardInfo]) -> dict[str, bytes]:
+def split_index(
+    splits: Sequence[str], features: Features | None, shard_bytes: int | None, shards: Sequence[ShardInfo]
+) -> dict[str, bytes]:
     """streaming's index.json for each split folder, as bytes by file name."""
     out: dict[str, bytes] = {}
-    for split in ctx.plan.splits:
-        entries = streaming_shards(ctx, [s for s in shards if s.split == split], in_split=True)
+    for split in splits:
+        entries = streaming_shards(features, shard_bytes, [s for s in shards if s.split == split], in_split=True)
         out[f"{split}/index.json"] = json.dumps({"shards": entries, "version": VERSION}, sort_keys=True).encode()
     return out
 
 
-def streaming_shards(ctx: Context, shards: Sequence[ShardInfo], in_split: bool = False) -> list[dict[str, Any]]:
+def streaming_shards(
+    features: Features | None, shard_bytes: int | None, shards: Sequence[ShardInfo], in_split: bool = False
+) -> list[dict[str, Any]]:
     """streaming's shard entries: basenames relative to the split folder (``in_split``), else
     to the export root (``train/shard.00000.mds``, as streaming's ``merge_index`` writes them)."""
-    cols = columns(ctx)
+    cols = columns(features)
     entries = []
     for shard in shards:
-        entry = shard_config(cols, ctx.shard_bytes)
+        entry = shard_config(cols, shard_bytes)
         basename = shard.file.split("/", 1)[1] if in_split else shard.file
         entry.update(
             raw_data={"basename": basename, "bytes": shard.bytes, "hashes": {}}, samples=shard.samples, zip_data=None

@@ -10,6 +10,7 @@ from typing import Any
 from dlindex.export.plan import ExportError
 from dlindex.export.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
+from dlindex.shard import Shard
 
 DEFAULT_WORKERS = 8  # wds: DataLoader(num_workers=N) up to this many never finds a worker without a shard
 MAX_SHARD_SAMPLES = 1 << 31
@@ -37,6 +38,8 @@ class ExportOptions:
             ``group_threshold``) goes to one split. Needs fractions in ``split``.
         group_by: an attribute from the ``scan --labels`` CSV (a video, a patient id): the
             samples sharing a value go to one split.
+        shard: ``Shard(I, N)`` or ``"I/N"``: write only part I of N (its plan groups and
+            ``dlindex-part.json``); ``dlindex.export.merge_exports`` joins the N parts.
     """
 
     format: str = "jsonl"
@@ -58,6 +61,7 @@ class ExportOptions:
     group_type: str | None = None
     group_max_distance: int | None = None
     group_threshold: float | None = None
+    shard: Shard | str | None = None
 
 
 @dataclass(frozen=True)

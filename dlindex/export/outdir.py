@@ -122,21 +122,27 @@ def check_replaceable(out_dir: Path, protected_files: Iterable[str], roots: Iter
 
 def check_old_export(out_dir: Path) -> None:
     """Raise ExportError unless everything in OUT_DIR belongs to the dlindex export there."""
-    from dlindex.export.index import INDEX, PARQUET_INDEX, index_path, listed_shards
+    from dlindex.export.index import INDEX, PARQUET_INDEX, PART_INDEX, index_path, listed_shards
+    from dlindex.export.part import load_part
     from dlindex.export.reader import load_index
 
     keep = "remove it yourself or choose another folder"
     own = index_path(out_dir)  # index.json, or _index.json of a parquet export
-    if not os.path.lexists(own):
+    part = not os.path.lexists(own) and os.path.lexists(out_dir / PART_INDEX)  # a part of a --shard export
+    if not os.path.lexists(own) and not part:
         raise ExportError(
             f"refusing to replace {out_dir}: it has no {INDEX}, so it is not a dlindex export "
             f"(nor a parquet one, with {PARQUET_INDEX}); {keep}"
         )
     try:
-        index = load_index(out_dir)
+        if part:
+            own = out_dir / PART_INDEX
+            sizes = load_part(out_dir).listed()
+        else:
+            index = load_index(out_dir)
+            sizes = {entry["file"]: entry["bytes"] for entry in (*listed_shards(index), *index.get("files", []))}
     except ExportError as e:
         raise ExportError(f"refusing to replace {out_dir}: {e}; {keep}") from None
-    sizes = {entry["file"]: entry["bytes"] for entry in (*listed_shards(index), *index.get("files", []))}
     sizes[own.name] = -1
     folders = {os.path.dirname(name) for name in sizes} - {""}
     for parent, dirs, files in os.walk(out_dir):

@@ -20,6 +20,7 @@ from dlindex.export.confine import (
 )
 from dlindex.export.index import (
     INDEX,
+    PART_INDEX,
     index_path,
     listed_shards,
     shards_key,
@@ -40,6 +41,8 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         raw = read_regular(os.fspath(path), MAX_INDEX_BYTES)
     except FileNotFoundError:
+        if os.path.lexists(os.path.join(out_dir, PART_INDEX)):
+            raise ExportError(f"{out_dir} is one part of a --shard export: merge all its parts first") from None
         raise ExportError(f"{out_dir} is not a dlindex export: no {INDEX}") from None
     except OSError as e:
         raise ExportError(f"cannot read {path}: {e.strerror}") from None

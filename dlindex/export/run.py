@@ -11,17 +11,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, has_presplit_root
+from dlindex.catalog.migrations import schema_version
 from dlindex.export.dali import write_dali
-from dlindex.export.describe import build_index, client_keys, written_per_split
+from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import hash_file, packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
 from dlindex.export.ids import write_wds_ids
-from dlindex.export.index import index_name
+from dlindex.export.index import PART_INDEX, index_name
 from dlindex.export.manifest import write_csv, write_jsonl
 from dlindex.export.mds import split_index, write_mds
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.parquet import pyarrow_modules, write_parquet
+from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
     ExportError,
     Group,
@@ -38,6 +40,7 @@ from dlindex.export.wds import arrange, write_wds
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import split_counts
 from dlindex.query.spec import QuerySpec
+from dlindex.shard import Shard, parse_shard
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -74,6 +77,7 @@ def export_catalog(
     options = options or ExportOptions()
     started = time.perf_counter()
     fmt = options.format
+    shard = parse_shard(options.shard)
     if fmt not in WRITERS:
         raise ExportError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
     if fmt == "parquet":
@@ -122,7 +126,7 @@ def export_catalog(
             # Only a plain single jsonl file is written in two halves (the writer appends the
             # second process's part); every other export needs all the rows here.
             halves = (fmt == "jsonl" and options.shard_size is None and shard_bytes is None and features is None
-                      and not split and options.world_size == 1)  # fmt: skip
+                      and not split and options.world_size == 1 and shard is None)  # fmt: skip
             if halves:
                 rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
             else:
@@ -134,7 +138,7 @@ def export_catalog(
             class_list=prepared.class_list or "catalog", split=split,
             points=None if points is None else points.points, tree_splits=tree_rows,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
-            stream=fmt != "dali",
+            stream=fmt != "dali" and shard is None,  # a part digests every group's rows
         )  # fmt: skip
         del rows, tree_rows
         split_option: Any = "tree" if tree_names is not None else split
@@ -143,6 +147,9 @@ def export_catalog(
             progress=progress, read_threads=options.read_threads, upper=upper if fmt == "jsonl" else None,
         )  # fmt: skip
         shards: list[ShardInfo] = []
+        if shard is not None:
+            return _write_part(catalog, output, ctx, shard, fmt, options, query, split_option, shard_bytes, changes,
+                               features, skipped, points, started, note)  # fmt: skip
         numbers: Counter[str] = Counter()
         for group in plan.groups:
             written = WRITERS[fmt](ctx, group, numbers[group.split])
@@ -157,13 +164,13 @@ def export_catalog(
             raise ExportError("no samples match the filters; nothing exported")
         extra: list[dict[str, Any]] = []
         if fmt == "mds":
-            for name, data in split_index(ctx, shards).items():
+            for name, data in split_index(plan.splits, features, shard_bytes, shards).items():
                 (output.tmp / name).write_bytes(data)
                 size, digest = hash_file(output.tmp / name)
                 extra.append({"file": name, "bytes": size, "xxh3_128": digest})
         if fmt == "wds":
             extra.append(write_wds_ids(output.tmp, shards))
-        clients = client_keys(ctx, fmt, shards)
+        clients = client_keys(fmt, shards, plan.splits, ctx.seen, features, shard_bytes)
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
             shards, extra, features, clients, skipped,
@@ -182,6 +189,45 @@ def export_catalog(
         out_dir=str(target), format=fmt, samples=plan.samples, selected=selected, dropped=plan.dropped,
         padded=plan.padded, splits=written_per_split(plan), shards=len(shards), bytes=total,
         skipped=dict(sorted(skipped.items())), seconds=round(time.perf_counter() - started, 3),
+    )  # fmt: skip
+
+
+def _write_part(
+    catalog: Catalog, output: OutputDir, ctx: Context, shard: Shard, fmt: str, options: ExportOptions,
+    query: QuerySpec, split_option: Any, shard_bytes: int | None, changes: int, features: Any,
+    skipped: Counter[str], points: Any, started: float, note: Callable[[str], None] | None,
+) -> ExportSummary:  # fmt: skip
+    """Part ``shard`` of the export: its groups' shards and dlindex-part.json, no index.json
+    (``merge_exports`` writes that); not recorded in the catalog, being no export yet."""
+    plan = ctx.plan
+    selected = plan.selected if plan.selected is not None else plan.samples
+    if not selected:
+        if skipped:
+            raise ExportError(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
+        raise ExportError("no samples match the filters; nothing exported")
+    owner = owners(plan, shard.count)
+    if shard.index not in owner and note is not None:
+        note(f"part {shard} has nothing to write: the export has {len(plan.groups)} (split, rank) group(s) "
+             f"for {shard.count} parts; it writes only its part manifest")  # fmt: skip
+    digest = plan_digest(plan)
+    written = write_groups(ctx, shard, owner, WRITERS[fmt])
+    head = describe_export(
+        os.fsdecode(os.path.abspath(catalog.path)), replace(options, query=query, split=split_option), fmt,
+        shard_bytes, changes, plan, selected, features, skipped,
+        None if points is None or points.grouping is None else points.grouping.describe(points.groups),
+    )  # fmt: skip
+    manifest = part_manifest(
+        shard, plan, owner, digest, schema_version(catalog.conn), head, sorted(ctx.seen), label_counts(plan), written
+    )
+    (output.tmp / PART_INDEX).write_bytes(manifest)
+    output.commit()
+    mine = [s for shards in written.values() for s in shards]
+    samples = sum(plan.tally.samples.values())
+    return ExportSummary(
+        out_dir=str(output.out_dir), format=fmt, samples=samples, selected=selected, dropped=plan.dropped,
+        padded=plan.padded, splits=written_per_split(plan), shards=len(mine),
+        bytes=sum(s.bytes for s in mine) + len(manifest), skipped=dict(sorted(skipped.items())),
+        seconds=round(time.perf_counter() - started, 3),
     )  # fmt: skip
 
 

@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
+from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.engines import check_engine
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
@@ -33,6 +35,7 @@ from dlindex.features.workers import Pool, Results
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
+from dlindex.shard import Shard, id_shards
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -56,6 +59,7 @@ class ComputeOptions:
     retry_failed: bool = False
     engine: str = "local"  # or "ray": batches on a Ray cluster (dlindex.features.onray)
     address: str | None = None  # the Ray cluster's; None: $RAY_ADDRESS, else a local one
+    shard: Shard | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,10 @@ def _compute(
     selected = already = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
         ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
+        if options.shard is not None:
+            mine = id_shards(ids, options.shard.count) == options.shard.index
+            chunk = [r for r, keep in zip(chunk, mine, strict=True) if keep]
+            ids = ids[mine]
         have, skip = _member(ids, done), _member(ids, failed)
         selected += len(chunk)
         already += int(have.sum())
@@ -134,6 +142,9 @@ def _compute(
     assert ftype is not None
     writer = _Writer(catalog, ftype)
     interrupted = False
+    shard_run = None
+    if options.shard is not None:
+        shard_run = start_shard_run(catalog, "features", ftype.name, options.shard, _shard_plan(ftype, spec, options))
     restore = sigterm_as_interrupt()
     try:
         if todo:
@@ -144,6 +155,8 @@ def _compute(
         writer.flush()
     finally:
         restore()
+    if shard_run is not None:
+        finish_shard_run(catalog, shard_run, completed=not interrupted)
     seconds = time.perf_counter() - started
     final = find_type(catalog, feature_type) or ftype
     summary = ComputeSummary(
@@ -159,6 +172,15 @@ def _compute(
             "run the same command again to finish"
         )
     return summary
+
+
+def _shard_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
+    """What every part of one sharded compute shares: the type, the selection, N."""
+    assert options.shard is not None
+    described = json.dumps(
+        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.shard.count]
+    )
+    return xxhash.xxh3_128_hexdigest(described.encode())
 
 
 def _ids(catalog: Catalog, sql: str, ftype: FeatureType | None) -> Ids:

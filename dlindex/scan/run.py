@@ -70,6 +70,13 @@ class ScanOptions:
     force: bool = False
     shard: Shard | None = None  # part I of N of the walk's units (docs/scale-out.md)
 
+    def __post_init__(self) -> None:
+        if self.shard is not None and self.prune:
+            raise InputError(
+                "--prune cannot go with --shard: a part does not know which rows other parts keep; "
+                "merge the parts, then run dlindex scan ROOT --prune on the merged catalog"
+            )
+
 
 @dataclass(frozen=True)
 class ScanSummary:
@@ -126,11 +133,6 @@ def scan_tree(
         progress: called with the number of files finished since the last call.
     """
     started = time.perf_counter()
-    if options.shard is not None and options.prune:
-        raise InputError(
-            "--prune cannot go with --shard: a part does not know which rows other parts keep; "
-            "merge the parts, then run dlindex scan ROOT --prune on the merged catalog"
-        )
     root_bytes = check_root(root)
     labels_file = read_labels_file(options.labels_file) if options.labels_file else None
     label_overrides = labels_file.labels if labels_file else None

@@ -102,6 +102,7 @@ def _slices(
 # the cut must be the same on every machine that runs a part.
 _SHARD_PLAN_PARALLELISM = 16
 _SHARD_FILES_PER_UNIT = 256  # finer runs than a local scan's: parts even to a few percent
+_MIN_RUN = 16
 _COUNT_LIMIT = 1_000_000  # entries counted under one folder unit before its weight is taken as is
 
 
@@ -123,6 +124,11 @@ def shard_units(root: bytes, options: WalkOptions, report: WalkReport, index: in
     """
     units = plan_units(root, options, report, _SHARD_PLAN_PARALLELISM * count, _SHARD_FILES_PER_UNIT)
     weights = [_weight(unit) for unit in units]
+    # No run of files heavier than 1/(16N) of the tree: the greedy split is then within
+    # that of even, small trees included.
+    limit = max(_MIN_RUN, sum(weights) // (_SHARD_PLAN_PARALLELISM * count))
+    units = [piece for unit in units for piece in _split_run(unit, limit)]
+    weights = [_weight(unit) for unit in units]
     parts = balanced_parts(weights, count)
     digest = xxhash.xxh3_128()
     digest.update(f"{count}\n".encode())
@@ -131,6 +137,19 @@ def shard_units(root: bytes, options: WalkOptions, report: WalkReport, index: in
     mine = [unit for unit, part in zip(units, parts, strict=True) if part == index]
     files = sum(w for w, part in zip(weights, parts, strict=True) if part == index)
     return ShardPlan(mine, digest.hexdigest(), files, sum(weights), any(unit.presplit for unit in units))
+
+
+def _split_run(unit: Unit, limit: int) -> list[Unit]:
+    """A run of files longer than ``limit`` as consecutive runs, owning the same keys together."""
+    if len(unit.children) <= limit or any(is_dir_kind(child[KIND]) for child in unit.children):
+        return [unit]
+    pieces = [unit.children[i : i + limit] for i in range(0, len(unit.children), limit)]
+    starts = [unit.start] + [unit.prefix + sort_text(piece[0]) for piece in pieces[1:]]
+    ends = [*starts[1:], unit.end]
+    return [
+        unit._replace(children=piece, start=start, end=end)
+        for piece, start, end in zip(pieces, starts, ends, strict=True)
+    ]
 
 
 def _weight(unit: Unit) -> int:
