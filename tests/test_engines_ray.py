@@ -15,6 +15,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,3 +258,83 @@ def test_the_cli_runs_on_ray(cluster: object, local_db: Path, tmp_path: Path) ->
     result = invoke(CliRunner(), "features", "compute", "--type", "dhash", "--engine", "ray", "--db", str(db), "--json")
     assert result.exit_code == 0, result.output
     assert [(i, v) for i, t, v in rows(db, VECTORS)] == [(i, v) for i, t, v in rows(local_db, VECTORS) if t == "dhash"]
+
+
+# --- scan and export: static shards as Ray tasks, merged ----------------------------------------
+
+SAMPLES = (
+    "SELECT m.file_path, l.name, m.width, m.height, m.format, m.bytes, m.xxh3_128, m.status "
+    "FROM image_metadata AS m LEFT JOIN labels AS l ON l.id = m.label_id ORDER BY m.file_path"
+)
+
+
+def _kill_first_part(killed: list[int], stop: threading.Event) -> None:
+    """Kill -9 the Ray worker running the first part seen (its child process runs the part)."""
+    while not stop.is_set() and not killed:
+        for proc in Path("/proc").iterdir():
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if proc.name.isdigit() and b"child_main" in cmdline:
+                worker = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])  # its parent
+                os.kill(worker, signal.SIGKILL)
+                killed.append(worker)
+                return
+        time.sleep(0.005)
+
+
+def test_scan_on_ray_equals_one_scan_with_a_worker_killed(
+    cluster: object, tree: Path, local_db: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "ray.db"
+    killed: list[int] = []
+    stop = threading.Event()
+    killer = threading.Thread(target=_kill_first_part, args=(killed, stop))
+    killer.start()
+    try:
+        result = invoke(
+            CliRunner(), "scan", str(tree), "--engine", "ray", "--ray-tasks", "3", "--db", str(db), "--json"
+        )
+    finally:
+        stop.set()
+        killer.join()
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert (summary["engine"], summary["parts"], summary["seen"], summary["new"]) == ("ray", 3, IMAGES, IMAGES)
+    assert killed, "no part was seen running"
+    assert rows(db, SAMPLES) == rows(local_db, SAMPLES)
+    assert not (tmp_path / "ray.db.parts").exists()
+    # a rescan on Ray (one part per CPU: 2) keeps every id: stat-only, nothing new
+    ids = rows(db, "SELECT id, file_path FROM image_metadata ORDER BY id")
+    again = json.loads(invoke(CliRunner(), "scan", str(tree), "--engine", "ray", "--db", str(db), "--json").stdout)
+    assert (again["parts"], again["seen"], again["new"], again["unchanged"]) == (2, IMAGES, 0, IMAGES)
+    assert rows(db, "SELECT id, file_path FROM image_metadata ORDER BY id") == ids
+
+
+def test_export_on_ray_equals_one_export(cluster: object, local_db: Path, tmp_path: Path) -> None:
+    args = ("--format", "wds", "--split", "train=0.8,val=0.2", "--world-size", "2", "--shard-size", "16")
+    _dlindex("export", tmp_path / "one", *args, "--db", local_db, "--quiet")
+    result = invoke(
+        CliRunner(), "export", str(tmp_path / "many"), *args, "--engine", "ray", "--ray-tasks", "3",
+        "--db", str(local_db), "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["parts"] == 3
+    one = {p.relative_to(tmp_path / "one"): p for p in (tmp_path / "one").rglob("*") if p.is_file()}
+    many = {p.relative_to(tmp_path / "many"): p for p in (tmp_path / "many").rglob("*") if p.is_file()}
+    assert sorted(one) == sorted(many)
+    for name, path in one.items():
+        if name.name == "index.json":
+            a, b = json.loads(path.read_text()), json.loads(many[name].read_text())
+            a.pop("created_at"), b.pop("created_at")
+            assert a == b
+        else:
+            assert path.read_bytes() == many[name].read_bytes(), name
+    assert not (tmp_path / "many.parts").exists()
+
+
+def test_scan_on_ray_refuses_shard_and_prune(cluster: object, tree: Path, tmp_path: Path) -> None:
+    for extra in (("--shard", "0/2"), ("--prune",)):
+        result = invoke(CliRunner(), "scan", str(tree), "--engine", "ray", *extra, "--db", str(tmp_path / "x.db"))
+        assert "--engine ray" in one_error_line(result)

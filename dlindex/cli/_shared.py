@@ -83,6 +83,15 @@ AddressOption = Annotated[
 ]  # fmt: skip
 
 
+RayTasksOption = Annotated[
+    int,
+    typer.Option(
+        "--ray-tasks", min=0, metavar="N",
+        help="With --engine ray: the number of parts, one Ray task each; 0 means one per CPU of the cluster.",
+    ),
+]  # fmt: skip
+
+
 class _LazyConsole:
     """A rich Console made on first use: importing rich costs ~35 ms of every start-up, and
     `scan --json` or `similar --format jsonl` never print through it."""

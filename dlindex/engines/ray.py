@@ -10,16 +10,22 @@ tables through a pool of actors and yields the result tables in the driver, and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import pickle
 import socket
+import subprocess
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from dlindex.errors import DlindexError, InputError
-from dlindex.procs import CStderrCapture
+from dlindex.procs import CStderrCapture, die_with_parent
 
 INSTALL_HINT = "--engine ray needs the ray extra: pip install 'dlindex[ray]'"
 _PROBE_SECONDS = 5.0  # a TCP connect to the head; ray.init itself would retry for a minute
@@ -50,9 +56,18 @@ def connected(address: str | None = None) -> Iterator[Any]:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is not None and address not in _LOCAL_ADDRESSES:
         _probe(address)
-    if ray.is_initialized():
-        yield ray
-        return
+    # Ray's driver prints its notes ("A worker died ...") on stdout, which carries results only.
+    with contextlib.redirect_stdout(sys.stderr):
+        if ray.is_initialized():
+            yield ray
+            return
+        with _started(ray, address):
+            yield ray
+
+
+@contextmanager
+def _started(ray: Any, address: str | None) -> Iterator[None]:
+    """``ray.init`` for one job, quietly; ``ray.shutdown`` after it."""
     # Ray's C++ core prints notes on stderr as errors ("constructor arguments in the object store"),
     # and says so when told not to: silenced unless the user chose a level, and init's fd 2 captured.
     os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "fatal")
@@ -72,7 +87,7 @@ def connected(address: str | None = None) -> Iterator[Any]:
         capture.stop()
     _quiet_data(ray)
     try:
-        yield ray
+        yield
     finally:
         ray.shutdown()
 
@@ -146,19 +161,65 @@ def map_arrow(
 
 def run_tasks(fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], *, max_retries: int = 3) -> list[T]:
     """``fn(*args)`` for each ``args`` in ``calls``, one Ray task each (a CPU each), in parallel
-    over the cluster; a task whose worker or node dies is run again, up to ``max_retries``
-    times, so ``fn`` must be safe to rerun. The results in the order of ``calls``; the first
-    DlindexError a task raised is raised here as itself."""
+    over the cluster; a task whose worker, node or process dies is run again, up to
+    ``max_retries`` times, so ``fn`` must be safe to rerun (a sharded scan or export is: it
+    resumes). The results in the order of ``calls``; the first DlindexError a task raised is
+    raised here as itself.
+
+    Each call runs in a fresh Python process that the task starts (see ``_isolated``): ``fn``
+    and its arguments must pickle by reference (module-level functions, plain values)."""
     ray = import_ray()
-    remote = ray.remote(fn).options(num_cpus=1, max_retries=max_retries, retry_exceptions=False)
-    refs = [remote.remote(*args) for args in calls]
+    remote = ray.remote(_isolated).options(
+        num_cpus=1, max_retries=max_retries, retry_exceptions=[ProcessDied], name=getattr(fn, "__name__", "task")
+    )
+    refs = [remote.remote(fn, args) for args in calls]
     try:
         results: list[T] = ray.get(refs)
     except ray.exceptions.RayError as e:
         for ref in refs:
-            ray.cancel(ref)
+            ray.cancel(ref, force=True)
         raise _as_dlindex_error(e) from None
     return results
+
+
+class ProcessDied(RuntimeError):
+    """A task's process was killed (a signal, the OOM killer): Ray runs the task again."""
+
+
+def _isolated(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """In a Ray worker: ``fn(*args)`` in a child Python process, whose result comes back pickled.
+
+    A Ray worker holds gRPC threads, and dlindex's scan and export fork worker pools: a fork of
+    a process with gRPC threads can leave it stuck. A fresh interpreter forks safely, gets
+    dlindex's own signal handling, and dies with the worker (PR_SET_PDEATHSIG)."""
+    with tempfile.TemporaryDirectory(prefix="dlindex-task-") as folder:
+        task, result = Path(folder, "task.pickle"), Path(folder, "result.pickle")
+        task.write_bytes(pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL))
+        code = "from dlindex.engines.ray import child_main; child_main()"
+        proc = subprocess.run([sys.executable, "-c", code, str(task), str(result), str(os.getpid())], check=False)
+        if not result.exists():
+            raise ProcessDied(f"{getattr(fn, '__name__', 'the task')} exited with {proc.returncode}")
+        ok, value = pickle.loads(result.read_bytes())
+    if not ok:
+        raise value
+    return cast(T, value)
+
+
+def child_main() -> None:
+    """The child process of ``_isolated``: run the pickled call, pickle (ok, result or error)."""
+    task, result, parent = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    die_with_parent()
+    if os.getppid() != parent:  # the worker died before the kernel was told to take us too
+        sys.exit(ProcessDied.__name__)
+    fn, args = pickle.loads(Path(task).read_bytes())
+    try:
+        outcome: tuple[bool, Any] = (True, fn(*args))
+    except DlindexError as e:
+        outcome = (False, e)
+    except Exception as e:  # any other failure: one line, and the task is not retried
+        outcome = (False, DlindexError(f"{type(e).__name__}: {_line(e)}"))
+    Path(result + ".tmp").write_bytes(pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL))
+    os.replace(result + ".tmp", result)
 
 
 def _as_dlindex_error(error: BaseException) -> DlindexError:
