@@ -238,7 +238,7 @@ def init_child() -> CStderrCapture:
     """The set-up every worker process runs first; returns its capture of C libraries' stderr."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_parent()
+    die_with_parent()
     keep_freed_memory()
     capture = CStderrCapture()
     capture.start()  # libtiff & co. write to fd 2; keep it off the user's terminal
@@ -265,7 +265,7 @@ def keep_freed_memory() -> None:
         pass
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: if the scan is killed with -9, its workers go too instead of lingering."""
     try:
         import ctypes

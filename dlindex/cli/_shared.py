@@ -10,6 +10,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
@@ -57,6 +58,36 @@ WaitOption = Annotated[
     typer.Option(
         "--wait", envvar="DLINDEX_WAIT", min=0, metavar="SECONDS", callback=_set_wait, show_default="30",
         help="Wait up to SECONDS for another process's write lock on the catalog.",
+    ),
+]  # fmt: skip
+
+
+class Engine(StrEnum):
+    local = "local"
+    ray = "ray"
+
+
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        "--engine", envvar="DLINDEX_ENGINE",
+        help="Where the work runs: local worker processes, or a Ray cluster (needs the ray extra).",
+    ),
+]  # fmt: skip
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address", metavar="HOST:PORT", show_default="$RAY_ADDRESS, else a local cluster",
+        help="The Ray cluster's head, for --engine ray.",
+    ),
+]  # fmt: skip
+
+
+RayTasksOption = Annotated[
+    int,
+    typer.Option(
+        "--ray-tasks", min=0, metavar="N",
+        help="With --engine ray: the number of parts, one Ray task each; 0 means one per CPU of the cluster.",
     ),
 ]  # fmt: skip
 

@@ -11,10 +11,14 @@ import typer
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._selection import ClassesOption, ClassList, PerLabelOption, Selection, selection_options
 from dlindex.cli._shared import (
+    AddressOption,
     DbOption,
+    Engine,
+    EngineOption,
     JsonFlag,
     NoLogFlag,
     QuietFlag,
+    RayTasksOption,
     handle_errors,
     human_bytes,
     print_json,
@@ -162,6 +166,9 @@ def export(
             show_default=False,
         ),
     ] = None,
+    engine: EngineOption = Engine.local,
+    address: AddressOption = None,
+    ray_tasks: RayTasksOption = 0,
     verify: Annotated[
         bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")
     ] = False,
@@ -218,6 +225,17 @@ def export(
             shown.append(line)
             typer.echo(f"warning: {line}", err=True)
 
+    if engine is Engine.ray:
+        from dlindex.export.onray import export_on_ray
+
+        merged = export_on_ray(db, out_dir, options, address=address, tasks=ray_tasks)
+        if as_json:
+            print_json(merged.as_dict())
+        elif not quiet:
+            stdout_console.print(merged.describe(), markup=False, highlight=False)
+        return
+    if address is not None:
+        raise typer.BadParameter("--address names a Ray cluster: give --engine ray with it", param_hint="'--address'")
     with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
         summary = export_catalog(
             catalog, out_dir, options, progress=update, warn=warn, note=lambda line: typer.echo(line, err=True)

@@ -12,7 +12,10 @@ from dlindex.catalog.connection import Catalog
 from dlindex.cli._output import FormatOption, emit_rows, resolve_format
 from dlindex.cli._selection import PerLabelOption, Selection, selection_options
 from dlindex.cli._shared import (  # fmt: skip
+    AddressOption,
     DbOption,
+    Engine,
+    EngineOption,
     JsonFlag,
     NoLogFlag,
     QuietFlag,
@@ -71,11 +74,16 @@ def compute(
     ] = None,
     dtype: DtypeOption = None,
     workers: Annotated[
-        int, typer.Option("--workers", "-w", min=0, help="Extractor processes; 0 means one per CPU.")
+        int,
+        typer.Option(
+            "--workers", "-w", min=0, help="Extractor processes (Ray actors with --engine ray); 0 means one per CPU."
+        ),
     ] = 0,
     retry_failed: Annotated[
         bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")
     ] = False,
+    engine: EngineOption = Engine.local,
+    address: AddressOption = None,
     shard: ShardOption = None,
     *,
     select: Selection,
@@ -99,12 +107,9 @@ def compute(
 
     spec = select.spec(per_label=per_label, limit=limit, seed=seed)
     options = ComputeOptions(
-        extractor=extractor,
-        dtype=dtype.value if dtype else None,
-        workers=workers,
-        retry_failed=retry_failed,
-        shard=parse_shard(shard),
-    )
+        extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed,
+        shard=parse_shard(shard), engine=engine.value, address=address,
+    )  # fmt: skip
     with (
         Catalog(db, log=not no_log) as catalog,
         progress_bar(quiet, unit="img", desc=feature_type, smoothing=0.1) as update,

@@ -9,9 +9,13 @@ import typer
 
 from dlindex.catalog.connection import open_catalog
 from dlindex.cli._shared import (
+    AddressOption,
     DbOption,
+    Engine,
+    EngineOption,
     JsonFlag,
     QuietFlag,
+    RayTasksOption,
     ShardOption,
     WaitOption,
     handle_errors,
@@ -84,6 +88,9 @@ def scan(
     force: Annotated[bool, typer.Option("--force", help="Re-probe every file, even unchanged ones.")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
     shard: ShardOption = None,
+    engine: EngineOption = Engine.local,
+    address: AddressOption = None,
+    ray_tasks: RayTasksOption = 0,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
 ) -> None:
@@ -107,13 +114,24 @@ def scan(
         shard=parse_shard(shard),
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
-    with (
-        open_catalog(db, create=True) as catalog,
-        progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update,
-    ):
-        summary = scan_tree(catalog, root, options, progress=update)
+    if engine is Engine.ray:
+        from dlindex.scan.onray import scan_on_ray
+
+        on_ray = scan_on_ray(db, root, options, address=address, tasks=ray_tasks)
+        summary, data = on_ray.scan, on_ray.as_dict()
+    else:
+        if address is not None:
+            raise typer.BadParameter(
+                "--address names a Ray cluster: give --engine ray with it", param_hint="'--address'"
+            )
+        with (
+            open_catalog(db, create=True) as catalog,
+            progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update,
+        ):
+            summary = scan_tree(catalog, root, options, progress=update)
+        data = summary.as_dict()
     if as_json:
-        print_json(summary.as_dict())
+        print_json(data)
     elif not quiet:
         print_summary(summary)
     if not quiet and summary.error_samples:

@@ -51,6 +51,7 @@ class Extractor:
     fn: ExtractFn
     dim: int | None = None  # known in advance for built-ins
     from_file: FileExtractFn | None = None  # the same vector from a path, faster
+    gpu: bool = False  # a torch model: --engine ray gives each actor a GPU where the cluster has them
 
 
 def colorhist(image: Image.Image) -> Vector:
@@ -211,7 +212,7 @@ def _torchvision(spec: str) -> Extractor:
     if model_name not in torchvision.models.list_models():
         raise InputError(f"torchvision has no model {model_name!r}")
     _check_weights(weights)
-    return Extractor(spec, _TorchModel(lambda: _torchvision_model(model_name, weights)))
+    return Extractor(spec, _TorchModel(lambda: _torchvision_model(model_name, weights)), gpu=True)
 
 
 def _torch_file(spec: str) -> Extractor:
@@ -232,7 +233,7 @@ def _torch_file(spec: str) -> Extractor:
         # torch.jit.load carries no annotations in torch's own typing
         return torch.jit.load(path, map_location="cpu").eval()  # type: ignore[no-untyped-call]
 
-    return Extractor(spec, _TorchModel(build))
+    return Extractor(spec, _TorchModel(build), gpu=True)
 
 
 def _import_optional(name: str, spec: str) -> Any:
@@ -249,23 +250,32 @@ def _check_weights(path: str) -> None:
         raise InputError(f"no model file {path}; dlindex never downloads weights, give a local file")
 
 
+def use_gpu(extractor: Extractor) -> None:
+    """Run ``extractor`` (a torch model, ``gpu`` true) on this process's CUDA device from now on;
+    the Ray engine calls it in actors that were given a GPU. Local workers stay on the CPU."""
+    if isinstance(extractor.fn, _TorchModel):
+        extractor.fn.device = "cuda"
+
+
 class _TorchModel:
     """A torch model applied to one image; built on first use, in the worker process."""
 
     def __init__(self, build: Callable[[], Any]) -> None:
         self.build = build
         self.net: Any = None
+        self.device = "cpu"
 
     def __call__(self, image: Image.Image) -> Vector:
         import torch
 
         if self.net is None:
             torch.set_num_threads(1)  # one worker process per core already
-            self.net = self.build()
+            self.net = self.build().to(self.device)
         rgb = np.asarray(image.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR), dtype=np.float32)
         x = torch.from_numpy(np.ascontiguousarray(((rgb / 255.0 - _MEAN) / _STD).transpose(2, 0, 1)))
         with torch.inference_mode():
-            return np.asarray(self.net(x.unsqueeze(0)).reshape(-1).numpy(), dtype=np.float32)
+            out = self.net(x.unsqueeze(0).to(self.device)).reshape(-1)
+            return np.asarray(out.cpu().numpy(), dtype=np.float32)
 
 
 _MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)  # ImageNet statistics, per RGB channel

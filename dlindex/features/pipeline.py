@@ -15,6 +15,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ import numpy.typing as npt
 import xxhash
 
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
+from dlindex.engines import check_engine
+from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
@@ -54,6 +57,8 @@ class ComputeOptions:
     workers: int = 0  # 0: one per CPU
     batch_size: int = 64  # images per worker task: fewer wake-ups of the writer
     retry_failed: bool = False
+    engine: str = "local"  # or "ray": batches on a Ray cluster (dlindex.features.onray)
+    address: str | None = None  # the Ray cluster's; None: $RAY_ADDRESS, else a local one
     shard: Shard | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
 
 
@@ -94,7 +99,24 @@ def compute_features(
         Interrupted: Ctrl-C or SIGTERM, after committing what was finished.
     """
     started = time.perf_counter()
+    check_engine(options.engine)
+    if options.address is not None and options.engine != "ray":
+        raise InputError("--address names a Ray cluster: give --engine ray with it")
     ftype, extractor = _prepare_type(catalog, check_name(feature_type), options)
+    with connected(options.address) if options.engine == "ray" else nullcontext():
+        return _compute(catalog, feature_type, ftype, extractor, spec, options, progress, started)
+
+
+def _compute(
+    catalog: Catalog,
+    feature_type: str,
+    ftype: FeatureType | None,
+    extractor: Extractor,
+    spec: QuerySpec | None,
+    options: ComputeOptions,
+    progress: Callable[[int], None] | None,
+    started: float,
+) -> ComputeSummary:
     rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
     done = _ids(catalog, _DONE, ftype)
     failed = _ids(catalog, state.FAILED_IDS, ftype if not options.retry_failed else None)
@@ -221,6 +243,16 @@ def _run(
     writer: _Writer,
     progress: Callable[[int], None],
 ) -> None:
+    if options.engine == "ray":
+        from dlindex.features.onray import run_on_ray  # pyarrow and Ray, only when asked for
+
+        def add(results: Results) -> None:
+            writer.add(results)
+            progress(len(results))
+            writer.maybe_flush()
+
+        run_on_ray(todo, extractor, ftype.np_dtype, batch_size=options.batch_size, workers=options.workers, add=add)
+        return
     batches = deque(todo[i : i + options.batch_size] for i in range(0, len(todo), options.batch_size))
     workers = max(1, options.workers or os.cpu_count() or 1)
     pool = Pool(workers, extractor, ftype.np_dtype)

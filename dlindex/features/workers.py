@@ -73,9 +73,12 @@ def _init() -> None:
 
 def _extract_batch(batch: Batch) -> Results:
     """In a worker: (id, vector bytes, None) or (id, None, error) for each image."""
-    extractor: Extractor = _state["extractor"]
-    dtype = _state["dtype"]
-    capture = _state.get("capture")
+    return extract_batch(_state["extractor"], _state["dtype"], batch, _state.get("capture"))
+
+
+def extract_batch(extractor: Extractor, dtype: np.dtype[Any], batch: Batch, capture: Any = None) -> Results:
+    """(id, vector bytes, None) or (id, None, error) for each image: the one decode path of
+    every engine, so that they store the same bytes."""
     results: Results = []
     for image_id, path in batch:
         try:

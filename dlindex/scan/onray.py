@@ -1,0 +1,125 @@
+"""``scan --engine ray``: the scan's static shards as Ray tasks, each into a part catalog, then merged.
+
+Part I of N is ``scan --shard I/N`` (dlindex.scan.units cuts the walk's units the same on every
+machine) into ``CATALOG.parts/part-I.db`` beside the catalog, which must be on a file system
+that every node sees at the same path, as must ROOT. A rescan starts each part from a copy of
+the catalog, so ids, flags and vectors survive the merge. A task whose worker or node dies is
+run again and resumes from what its part committed; once all N are done, ``merge_catalogs``
+writes them into the catalog in one transaction and the work folder is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from dlindex.catalog.connection import Catalog
+from dlindex.catalog.merge import CatalogMergeSummary, merge_catalogs
+from dlindex.catalog.sqlite import DEFAULT_DB
+from dlindex.engines.ray import cluster_resources, connected, run_tasks
+from dlindex.errors import InputError
+from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
+from dlindex.shard import MAX_SHARDS, Shard
+
+_RETRIES = 3  # reruns of a part whose worker or node died
+
+
+@dataclass(frozen=True)
+class RayScanSummary:
+    """The parts' scans added up (``scan``), and the merge that wrote them into the catalog."""
+
+    scan: ScanSummary
+    merge: CatalogMergeSummary
+    parts: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.scan.as_dict(), "engine": "ray", "parts": self.parts, "merge": asdict(self.merge)}
+
+
+def scan_on_ray(
+    db: str | Path | None,
+    root: str | Path,
+    options: ScanOptions | None = None,
+    *,
+    address: str | None = None,
+    tasks: int = 0,
+) -> RayScanSummary:
+    """Scan ``root`` into the catalog file ``db`` (made if absent) as ``tasks`` Ray tasks (0: one
+    per CPU of the cluster); see the module doc and docs/scale-out-ray.md.
+
+    Raises:
+        InputError: ``--shard`` or ``--prune`` given too, an unreachable address, ray missing.
+    """
+    options = options or ScanOptions()
+    if options.shard is not None:
+        raise InputError("--engine ray cuts the scan into shards itself: leave out --shard")
+    if options.prune:
+        raise InputError("--prune cannot go with --engine ray (parts cannot tell); run dlindex scan ROOT --prune after")
+    started = time.perf_counter()
+    db, root = _catalog_path(db), Path(root).absolute()
+    check_root(root)
+    with Catalog(db, create=True, log=False):  # a foreign file: one line, before Ray starts
+        pass
+    with connected(address):
+        count = min(MAX_SHARDS, tasks or int(cluster_resources().get("CPU", 1)) or 1)
+        work = db.with_name(db.name + ".parts")
+        work.mkdir(exist_ok=True)
+        parts = [work / f"part-{i}.db" for i in range(count)]
+        for part in parts:
+            if not part.exists():
+                _copy_catalog(db, part)  # each part diffs against the catalog's rows, keeping ids
+        calls = [
+            (str(part), str(root), replace(options, shard=Shard(i, count), workers=1)) for i, part in enumerate(parts)
+        ]
+        summaries = run_tasks(scan_part, calls, max_retries=_RETRIES)
+    merged = merge_catalogs(parts, into=db)
+    shutil.rmtree(work, ignore_errors=True)
+    return RayScanSummary(scan=_add_up(summaries, time.perf_counter() - started), merge=merged, parts=count)
+
+
+def scan_part(part: str, root: str, options: ScanOptions) -> ScanSummary:
+    """One Ray task: part ``options.shard`` of the scan into the part catalog ``part``."""
+    with Catalog(part, create=True, log=False) as catalog:
+        return scan_tree(catalog, Path(root), options)
+
+
+def _copy_catalog(source: Path, target: Path) -> None:
+    """A consistent copy of a catalog in use (SQLite's backup API), written under a temporary name."""
+    partial = target.with_name(target.name + ".tmp")
+    with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(partial) as dst:
+        src.backup(dst)
+    partial.replace(target)
+
+
+def _add_up(summaries: list[ScanSummary], seconds: float) -> ScanSummary:
+    """One summary for the whole tree: counts added, samples joined, the wall time of the job."""
+    first = summaries[0]
+    values: dict[str, Any] = {}
+    for f in fields(ScanSummary):
+        items = [getattr(s, f.name) for s in summaries]
+        if isinstance(items[0], bool):
+            values[f.name] = any(items)
+        elif isinstance(items[0], int):
+            values[f.name] = sum(items)
+        elif isinstance(items[0], tuple):
+            values[f.name] = tuple(x for item in items for x in item)[:20]
+        elif isinstance(items[0], dict):
+            keys = dict.fromkeys(k for item in items for k in item)
+            values[f.name] = {k: sum(item.get(k, 0) for item in items) for k in keys}
+        else:
+            values[f.name] = getattr(first, f.name)
+    # scan_id 0: each part's scan has its own id, and the merge adds them all (merge.scans_added).
+    # Parts do not check --labels paths (a part holds only its own rows): 0 unknown, as with --shard.
+    rate = round(values["seen"] / seconds, 1) if seconds else 0.0
+    values.update(scan_id=0, seconds=round(seconds, 3), files_per_s=rate)
+    return ScanSummary(**values)
+
+
+def _catalog_path(db: str | Path | None) -> Path:
+    """The catalog file, absolute (the tasks run elsewhere): ``db``, ``$DLINDEX_DB`` or ./dlindex.db."""
+    return Path(db if db is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB)).absolute()
