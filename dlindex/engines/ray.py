@@ -5,7 +5,7 @@ joins the cluster at ``address`` (``--address``, else the ``RAY_ADDRESS`` conven
 starts a local one with a CPU per core; a process already connected (a notebook, a test's
 cluster) is used as it is. The stages keep their single writer: ``map_arrow`` streams Arrow
 tables through a pool of actors and yields the result tables in the driver, and
-``run_tasks`` runs one retried task per static shard. See docs/scale-out-ray.md.
+``run_tasks`` runs one retried task per static shard. See docs/scale-out.md.
 """
 
 from __future__ import annotations

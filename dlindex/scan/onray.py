@@ -50,7 +50,7 @@ def scan_on_ray(
     tasks: int = 0,
 ) -> RayScanSummary:
     """Scan ``root`` into the catalog file ``db`` (made if absent) as ``tasks`` Ray tasks (0: one
-    per CPU of the cluster); see the module doc and docs/scale-out-ray.md.
+    per CPU of the cluster); see the module doc and docs/scale-out.md.
 
     Raises:
         InputError: ``--shard`` or ``--prune`` given too, an unreachable address, ray missing.
