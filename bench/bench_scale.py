@@ -187,6 +187,10 @@ def bench_ray(work: Path, tree: Path, reps: int) -> dict[str, Any]:
         db = work / "ray-base.db"
         rm_db(db)
         subprocess.run([*cmd, "scan", str(tree), "--db", str(db), "-q"], check=True)
+        floor = []
+        for _ in range(reps):
+            floor.append(timed([sys.executable, "-c", _RAY_FLOOR], env=env))
+        out["floor_s"] = floor
         jobs = ["scan", "scan-cold", "features", "export"] if can_drop_caches() else ["scan", "features", "export"]
         for job in jobs:
             local, on_ray = [], []
@@ -214,6 +218,16 @@ def bench_ray(work: Path, tree: Path, reps: int) -> dict[str, Any]:
 
 def ray_binary() -> str:
     return shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+
+
+# What any job on Ray pays before and after its work, measured as the CLI pays it: a fresh
+# process imports ray, connects to the running cluster, runs one task and disconnects.
+_RAY_FLOOR = """
+import logging, ray
+ray.init(address="auto", log_to_driver=False, logging_level=logging.ERROR, include_dashboard=False)
+ray.get(ray.remote(lambda: 1).remote())
+ray.shutdown()
+"""
 
 
 def can_drop_caches() -> bool:
@@ -282,6 +296,12 @@ def render(results: dict[str, Any], argv: list[str]) -> str:
             lines.append(f"| `--engine ray` | not run: {r['skipped']} | | | <= 1.3x | |")
         titles = {"scan": "scan, warm", "scan-cold": "scan, cold (page cache dropped)",
                   "features": "features compute --type colorhist", "export": "export wds, 2 splits x 4 ranks"}  # fmt: skip
+        if "floor_s" in r:
+            floor, warm = med(r["floor_s"]), med(r["scan"]["local_s"]) if "scan" in r else float("nan")
+            lines.append(
+                f"| Ray's floor: a process that imports ray, connects, runs one no-op task, disconnects | {floor:.2f} s "
+                f"| local warm scan {warm:.1f} s | {floor / warm:.2f}x of the scan before any work | reported | |"
+            )
         for job, title in titles.items():
             if job in r:
                 t, loc = med(r[job]["ray_s"]), med(r[job]["local_s"])
