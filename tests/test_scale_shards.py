@@ -51,6 +51,14 @@ def content(db: Path) -> dict[str, list[Any]]:
         conn.close()
 
 
+def edit(db: Path, sql: str) -> None:
+    """Change a catalog behind dlindex's back, as a damaged or hand-edited part would be."""
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute(sql)
+    conn.close()
+
+
 def uneven_tree(root: Path) -> Path:
     """Classes of very different sizes, a nested folder, files directly under ROOT, odd names."""
     sizes = {"big": 90, "mid": 30, "small": 4, "tiny": 1, "caf\u00e9 x": 12}
@@ -223,15 +231,11 @@ def test_missing_repeated_and_unfinished_parts(tmp_path: Path) -> None:
     _refused(tmp_path, [p0, p1, p2, p0], into, InputError, "given twice")
     copy = tmp_path / "copy-of-p1.db"
     shutil.copy(p1, copy)
-    conn = sqlite3.connect(copy)  # a run of the same part at another time, in another file
-    conn.execute("UPDATE shard_runs SET started_at = datetime(started_at, '+1 hour')")
-    conn.commit()
-    conn.close()
+    edit(
+        copy, "UPDATE shard_runs SET started_at = datetime(started_at, '+1 hour')"
+    )  # a run of the same part at another time, in another file
     _refused(tmp_path, [p0, p1, p2, copy], into, InputError, "part 1/3 is in both")
-    conn = sqlite3.connect(p2)
-    conn.execute("UPDATE shard_runs SET state = 'interrupted'")
-    conn.commit()
-    conn.close()
+    edit(p2, "UPDATE shard_runs SET state = 'interrupted'")
     _refused(tmp_path, [p0, p1, p2], into, InputError, "part 2/3 in")
     scan(p2, root, shard=Shard(2, 3))  # finishing it is what the message says to do
     merge_catalogs([p0, p1, p2], into)
@@ -258,10 +262,7 @@ def test_conflicting_rows_are_refused(tmp_path: Path) -> None:
     (p0,) = sharded_scan(tmp_path, root, 1)
     twin = tmp_path / "twin.db"
     shutil.copy(p0, twin)
-    conn = sqlite3.connect(twin)
-    conn.execute("UPDATE image_metadata SET width = 999 WHERE file_path = 'mid/002.png'")
-    conn.commit()
-    conn.close()
+    edit(twin, "UPDATE image_metadata SET width = 999 WHERE file_path = 'mid/002.png'")
     _refused(tmp_path, [p0, twin], tmp_path / "merged.db", InputError, "mid/002.png")
 
 
@@ -278,10 +279,7 @@ def test_foreign_damaged_and_other_version_parts(tmp_path: Path) -> None:
     _refused(tmp_path, [p0, foreign], into, CatalogError, "not a dlindex catalog")
     older = tmp_path / "older.db"
     shutil.copy(p1, older)
-    conn = sqlite3.connect(older)
-    conn.execute("PRAGMA user_version = 9")
-    conn.commit()
-    conn.close()
+    edit(older, "PRAGMA user_version = 9")
     _refused(tmp_path, [p0, older], into, CatalogError, "schema version 9")
     _refused(tmp_path, [p0, tmp_path / "absent.db"], into, InputError, "does not exist")
     _refused(tmp_path, [p0, p1], p0, InputError, "is the catalog merged into")
@@ -294,10 +292,7 @@ def test_wrong_size_vectors_in_a_part_are_refused(tmp_path: Path) -> None:
     part = tmp_path / "part.db"
     shutil.copy(catalog, part)
     compute(part, "colorhist", extractor="colorhist", shard=Shard(0, 1))
-    conn = sqlite3.connect(part)
-    conn.execute("UPDATE image_features SET vector = x'00' WHERE rowid = (SELECT min(rowid) FROM image_features)")
-    conn.commit()
-    conn.close()
+    edit(part, "UPDATE image_features SET vector = x'00' WHERE rowid = (SELECT min(rowid) FROM image_features)")
     _refused(tmp_path, [part], catalog, InputError, "wrong size")
 
 

@@ -366,7 +366,7 @@ def _unstage(conn: sqlite3.Connection) -> None:
 _CACHE_KIB = 256 * 1024
 
 
-_STAGED = ("m_roots", "m_rows", "m_types", "m_vectors", "m_state", "m_attrs", "m_scans", "m_runs")
+_STAGED = tuple(statement.split()[3] for statement in _TEMP_TABLES)  # CREATE TEMP TABLE <name> (...)
 
 
 def _apply(conn: sqlite3.Connection, paths: list[Path]) -> dict[str, int]:

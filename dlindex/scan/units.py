@@ -127,8 +127,14 @@ def shard_units(root: bytes, options: WalkOptions, report: WalkReport, index: in
     # No run of files heavier than 1/(16N) of the tree: the greedy split is then within
     # that of even, small trees included.
     limit = max(_MIN_RUN, sum(weights) // (_SHARD_PLAN_PARALLELISM * count))
-    units = [piece for unit in units for piece in _split_run(unit, limit)]
-    weights = [_weight(unit) for unit in units]
+    cut: list[Unit] = []
+    cut_weights: list[int] = []
+    for unit, weight in zip(units, weights, strict=True):
+        pieces = _split_run(unit, limit)
+        cut.extend(pieces)
+        # a piece weighs its files; a unit left whole keeps its weight (no second count under a folder)
+        cut_weights.extend([weight] if len(pieces) == 1 else [len(piece.children) for piece in pieces])
+    units, weights = cut, cut_weights
     parts = balanced_parts(weights, count)
     digest = xxhash.xxh3_128()
     digest.update(f"{count}\n".encode())
