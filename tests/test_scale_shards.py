@@ -231,9 +231,8 @@ def test_missing_repeated_and_unfinished_parts(tmp_path: Path) -> None:
     _refused(tmp_path, [p0, p1, p2, p0], into, InputError, "given twice")
     copy = tmp_path / "copy-of-p1.db"
     shutil.copy(p1, copy)
-    edit(
-        copy, "UPDATE shard_runs SET started_at = datetime(started_at, '+1 hour')"
-    )  # a run of the same part at another time, in another file
+    # a run of the same part at another time, in another file
+    edit(copy, "UPDATE shard_runs SET started_at = datetime(started_at, '+1 hour')")
     _refused(tmp_path, [p0, p1, p2, copy], into, InputError, "part 1/3 is in both")
     edit(p2, "UPDATE shard_runs SET state = 'interrupted'")
     _refused(tmp_path, [p0, p1, p2], into, InputError, "part 2/3 in")
