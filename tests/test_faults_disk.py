@@ -378,3 +378,29 @@ ls "$M" | grep -c dlindex-advisor | sed 's/^/scratch=/'
     one_error_line(tmp_path / "err3", "disk full", "TMPDIR")
     assert out["scratch"] == "0", out
     assert snapshot(db) == before
+
+
+def test_merge_on_a_full_disk_fails_in_one_line_and_merges_nothing(
+    namespace: None, tmp_path: Path, catalog: Path
+) -> None:
+    new = tmp_path / "more"
+    for i in range(60):
+        make_png(new / "bird" / f"{i:03d}.png", (30 + i, 30), (9, i * 3 % 255, 9))
+    parts = [tmp_path / f"part{i}.db" for i in range(2)]
+    out = run_on_tmpfs(tmp_path, f"""
+$DLX scan '{new}' --db '{parts[0]}' --shard 0/2 -q -w 1 && $DLX scan '{new}' --db '{parts[1]}' --shard 1/2 -q -w 1
+cp '{catalog}' "$M/c.db"
+fill
+$DLX merge '{parts[0]}' '{parts[1]}' --into "$M/c.db" -q 2>"$OUT/err1"; echo rc1=$?
+cp "$M/c.db" "$OUT/after-fail.db"; cp "$M/c.db-wal" "$OUT/after-fail.db-wal" 2>/dev/null
+unfill
+$DLX merge '{parts[0]}' '{parts[1]}' --into "$M/c.db" --json >"$OUT/merge.json" 2>"$OUT/err2"; echo rc2=$?
+""")  # fmt: skip
+    assert out["rc1"] == "4", out
+    one_error_line(tmp_path / "err1", "disk full")
+    healthy(tmp_path / "after-fail.db")
+    conn = sqlite3.connect(tmp_path / "after-fail.db")
+    assert conn.execute("SELECT count(*) FROM roots WHERE path = ?", (str(new),)).fetchone()[0] == 0  # nothing merged
+    conn.close()
+    assert out["rc2"] == "0", (tmp_path / "err2").read_text()
+    assert json.loads((tmp_path / "merge.json").read_text())["samples_added"] == 60
