@@ -13,6 +13,8 @@ from types import TracebackType
 from typing import Any
 
 from dlindex import faults
+from dlindex.catalog.postgres import PgConnection, is_server_url, redact
+from dlindex.catalog.postgres import connect as connect_postgres
 from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
 from dlindex.catalog.sqlite import (
     DEFAULT_DB,
@@ -61,15 +63,32 @@ class Catalog:
         reads work, the query log is skipped with one DlindexWarning, and a write raises
         ReadOnlyCatalogError.
         """
-        self.path = Path(path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB))
+        location = path if path is not None else os.environ.get("DLINDEX_DB", DEFAULT_DB)
         self.wait_s = default_wait() if wait is None else max(0.0, float(wait))
         #: why the catalog is read-only ("the file is not writable", ...), or None
-        self.readonly_reason: str | None = readonly_reason(self.path) if self.path.exists() else None
-        if create and self.readonly_reason is not None:
-            raise ReadOnlyCatalogError(
-                f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed"
-            )
-        self.conn = connect(self.path, create=create, readonly=self.readonly_reason is not None, wait_s=self.wait_s)
+        self.readonly_reason: str | None = None
+        #: the catalog file, or the server catalog's URL without its password
+        self.path: Path | str
+        #: what another process opens: the file's path, or the server catalog's full URL
+        self.url: str
+        #: "sqlite" (a file) or "postgresql" (a server catalog, docs/postgres.md)
+        self.backend: str
+        self.conn: Any
+        if is_server_url(location):
+            self.url = str(location)
+            self.path = redact(self.url)
+            self.backend = "postgresql"
+            self.conn = connect_postgres(self.url, create=create, wait_s=self.wait_s)
+        else:
+            self.path = file = Path(location)
+            self.url = os.fspath(file)
+            self.backend = "sqlite"
+            self.readonly_reason = readonly_reason(file) if file.exists() else None
+            if create and self.readonly_reason is not None:
+                raise ReadOnlyCatalogError(
+                    f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed"
+                )
+            self.conn = connect(file, create=create, readonly=self.readonly_reason is not None, wait_s=self.wait_s)
         self._db: Any = None
         self._checked_for_write = False
         if log is None:
@@ -146,12 +165,12 @@ class Catalog:
         log = self.querylog
         if log.enabled and not bookkeeping:
             log.record_lock_wait(time.perf_counter() - started)  # busy retries happen inside BEGIN
-        if log.enabled and not bookkeeping and isinstance(conn, LoggedConnection):
+        if log.enabled and not bookkeeping and isinstance(conn, (LoggedConnection, PgConnection)):
             conn.on_write = log.count_write
         flushed = False
         try:
             yield conn
-            if isinstance(conn, LoggedConnection):
+            if isinstance(conn, (LoggedConnection, PgConnection)):
                 conn.on_write = None
             if not bookkeeping:
                 conn.execute(_BUMP_CHANGES)  # one row per transaction: scan speed is unaffected
@@ -161,7 +180,7 @@ class Catalog:
                     flushed = True
             conn.execute("COMMIT")
         except BaseException as e:
-            if isinstance(conn, LoggedConnection):
+            if isinstance(conn, (LoggedConnection, PgConnection)):
                 conn.on_write = None
             log.discard_writes()
             rollback(conn)
@@ -177,7 +196,12 @@ class Catalog:
         if bookkeeping:
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
-            return CatalogBusyError(faults.busy_message(self.path, self.wait_s))
+            if self.backend == "postgresql":
+                return CatalogBusyError(
+                    f"catalog {self.path}: another transaction held the rows this one needs for over "
+                    f"{self.wait_s:.3g} s ({e}); run the command again, or wait longer with --wait SECONDS"
+                )
+            return CatalogBusyError(faults.busy_message(Path(self.path), self.wait_s))
         if faults.is_disk_full(e):
             self._release_wal()
         return faults.translate_error(e, catalog=self.path) or e
@@ -196,6 +220,11 @@ class Catalog:
         a larger one as far as the budget reaches: every page a write touches is still checked
         by SQLite, and `dlindex check` reads everything).
         """
+        if self.backend == "postgresql":
+            # The server checks its own pages; a scan's pid means nothing on another host,
+            # so a killed scan stays 'running' until the next scan of its root ends it.
+            self._checked_for_write = True
+            return
         from dlindex.catalog.check import quick_check
 
         problems = quick_check(self.conn, budget_s=_QUICK_CHECK_BUDGET_S)
@@ -301,7 +330,7 @@ class Catalog:
             switched = False
         if switched:
             conn.execute("PRAGMA synchronous = FULL")
-        flusher = Writeback(self.path) if switched else None
+        flusher = Writeback(Path(self.path)) if switched else None
         try:
             yield switched
         finally:
@@ -317,6 +346,17 @@ class Catalog:
     def _maybe_flush_log(self) -> None:
         if self.querylog.due() and not self.conn.in_transaction:
             self.flush_log(timeout_ms=_LOG_FLUSH_TIMEOUT_MS)
+
+
+def connect_reader(location: str, *, timeout: float) -> Any:
+    """A read-only connection of the catalog's own backend, for reads in another process."""
+    if is_server_url(location):
+        from dlindex.catalog.postgres import connect_readonly as connect_postgres_readonly
+
+        return connect_postgres_readonly(location, wait_s=timeout)
+    from dlindex.catalog.sqlite import connect_readonly
+
+    return connect_readonly(location, timeout=timeout)
 
 
 def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = False) -> Catalog:

@@ -22,11 +22,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DbOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--db",
         envvar="DLINDEX_DB",
-        help="Catalog database file.",
+        help="Catalog: a database file, or a postgresql:// URL (a server catalog, docs/postgres.md).",
         show_default="./dlindex.db",
     ),
 ]

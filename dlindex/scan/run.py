@@ -217,7 +217,7 @@ class _Pipeline:
         self.workers = max(1, options.workers or os.cpu_count() or 1)
         self.pool = WorkerPool(
             self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
-            options.io_threads, os.fspath(catalog.path),
+            options.io_threads, catalog.url,
         )  # fmt: skip
         self.shard_plan: ShardPlan | None = None
         if options.shard is not None:

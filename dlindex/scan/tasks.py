@@ -62,9 +62,9 @@ def diff_task(root_id: int, units: list[Unit], options: DiffOptions) -> list[Uni
     probe a unit's new and changed files right here when there are few enough."""
     worker = _this_worker()
     if worker.reader is None or worker.labels is None:
-        from dlindex.catalog.sqlite import connect_readonly  # the one place that builds the read-only URI
+        from dlindex.catalog.connection import connect_reader
 
-        worker.reader = connect_readonly(str(worker.catalog_path), timeout=30)
+        worker.reader = connect_reader(str(worker.catalog_path), timeout=30)
         worker.labels = LabelIds(worker.reader)
     reader, labels = worker.reader, worker.labels
     diffs = []

@@ -1,0 +1,453 @@
+"""PostgreSQL connections to a server catalog: the URL, the checks before any write, the
+schema under an advisory lock, and a connection that runs dlindex's SQLite-dialect SQL.
+
+``PgConnection`` offers what dlindex uses of ``sqlite3.Connection`` (execute, executemany,
+fetch, rowcount, lastrowid, in_transaction) and raises sqlite3's exception classes, with
+``sqlite_errorname`` set to SQLite's name for the same condition (SQLITE_BUSY for a lock
+wait that ran out or a deadlock, SQLITE_FULL for a full disk, SQLITE_CONSTRAINT), so the
+layers above handle both backends with one set of rules. Statements are rewritten by
+``dialect.translate``. Bulk inserts use COPY (``copy_rows``). psycopg 3 is imported only
+when a ``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from dlindex.catalog.dialect import Translated, element_type, translate
+from dlindex.catalog.pgschema import APPLICATION, MIGRATION_LOCK, MIGRATIONS, PRIMARY_KEYS, SCHEMA_TABLE
+from dlindex.errors import CatalogError, InputError
+
+SCHEMES = ("postgresql://", "postgres://")
+_CONNECT_TIMEOUT_S = 10
+_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+_VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"  # noqa: S608 - a constant
+
+
+def is_server_url(location: object) -> bool:
+    """Whether a ``--db`` value names a server catalog rather than a file."""
+    return isinstance(location, str) and location.lower().startswith(SCHEMES)
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "postgresql://..."
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = urllib.parse.quote(parts.username or "", safe="")
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError:
+        raise InputError(
+            "a postgresql:// catalog needs psycopg 3: pip install 'dlindex[postgres]'"
+        ) from None
+    return psycopg
+
+
+def connect(url: str, *, create: bool, wait_s: float) -> PgConnection:
+    """Open the server catalog at ``url``; with ``create`` make its tables if the database
+    has none. Raises CatalogError (one line, nothing written) for an unreachable server, a
+    refused login, a database that is not a dlindex catalog or one of another version."""
+    psycopg = _psycopg()
+    shown = redact(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number
+    except ValueError as e:
+        raise InputError(f"--db {shown}: not a valid PostgreSQL URL ({e})") from None
+    try:
+        raw = psycopg.connect(
+            url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name="dlindex"
+        )
+    except psycopg.ProgrammingError as e:
+        raise InputError(f"--db {shown}: not a valid PostgreSQL URL ({_first_line(e)})") from None
+    except psycopg.OperationalError as e:
+        raise CatalogError(f"cannot open the PostgreSQL catalog {shown}: {_first_line(e)}") from None
+    conn = PgConnection(raw, shown)
+    try:
+        conn.set_lock_wait(wait_s)
+        _ensure_schema(conn, create=create)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_readonly(url: str, *, wait_s: float) -> PgConnection:
+    """A read-only connection to an existing server catalog (a scan worker's diff reads)."""
+    psycopg = _psycopg()
+    try:
+        raw = psycopg.connect(
+            url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name="dlindex",
+            options="-c default_transaction_read_only=on",
+        )  # fmt: skip
+    except psycopg.Error as e:
+        raise CatalogError(f"cannot open the PostgreSQL catalog {redact(url)}: {_first_line(e)}") from None
+    conn = PgConnection(raw, redact(url))
+    conn.set_lock_wait(wait_s)
+    return conn
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    # libpq says "connection to server at "HOST", port N failed:" before the reason
+    return re.sub(r'^(?:connection failed: )?(?:connection to server (?:at|on) .*? failed: )?', "", text) or text
+
+
+def _ensure_schema(conn: PgConnection, *, create: bool) -> None:
+    from dlindex.catalog.migrations import LATEST_VERSION
+
+    tables = {row[0] for row in conn.execute(_TABLES).fetchall()}
+    if SCHEMA_TABLE not in tables:
+        ours = sorted(tables & set(PRIMARY_KEYS))
+        if ours:
+            raise CatalogError(
+                f"PostgreSQL database {conn.shown} holds tables dlindex did not make ({', '.join(ours[:3])}); "
+                "nothing was changed: give a database of its own"
+            )
+        if not create:
+            raise CatalogError(
+                f"no dlindex catalog in the PostgreSQL database {conn.shown}; make one with: "
+                f"dlindex scan ROOT --db {conn.shown}"
+            )
+    else:
+        version = _version(conn)
+        if version > LATEST_VERSION:
+            raise CatalogError(
+                f"PostgreSQL catalog {conn.shown} is schema version {version}, newer than this dlindex "
+                f"knows ({LATEST_VERSION}); nothing was changed: upgrade dlindex"
+            )
+        if version == LATEST_VERSION:
+            return
+    _migrate(conn)
+
+
+def _version(conn: PgConnection) -> int:
+    rows = conn.execute(_VERSION).fetchall()
+    if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
+        raise CatalogError(f"PostgreSQL catalog {conn.shown} has a damaged {SCHEMA_TABLE} table; nothing was changed")
+    return int(rows[0][1])
+
+
+def _migrate(conn: PgConnection) -> None:
+    """Create or upgrade the schema in one transaction under an advisory lock, so processes
+    opening a new catalog at once make it once; every step re-reads the version inside."""
+    from dlindex.catalog.migrations import LATEST_VERSION
+
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+        exists = conn.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?",
+            (SCHEMA_TABLE,),
+        ).fetchone()
+        version = _version(conn) if exists else 0
+        for reached, statements in MIGRATIONS:
+            if reached <= version:
+                continue
+            for statement in statements:
+                conn.execute_raw(statement)
+            if version == 0:
+                conn.execute(f"INSERT INTO {SCHEMA_TABLE} (application, version) VALUES (?, ?)", (APPLICATION, reached))
+            else:
+                conn.execute(f"UPDATE {SCHEMA_TABLE} SET version = ?", (reached,))
+            version = reached
+        if version != LATEST_VERSION:
+            raise CatalogError(f"PostgreSQL catalog {conn.shown}: no migration reaches schema {LATEST_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback_quietly()
+        raise
+
+
+class PgCursor:
+    """The rows of one statement, read the way dlindex reads sqlite3 cursors."""
+
+    def __init__(self, cursor: Any, lastrowid: int | None = None) -> None:
+        self._cursor = cursor
+        self.lastrowid = lastrowid
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cursor.rowcount)
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        if self._cursor.description is None:
+            return None
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        return row
+
+    def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
+        if self._cursor.description is None:
+            return []
+        return list(self._cursor.fetchmany(size))
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        if self._cursor.description is None:
+            return []
+        return list(self._cursor.fetchall())
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        row = self.fetchone()
+        if row is None:
+            raise StopIteration
+        return row
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+class PgConnection:
+    """A psycopg connection in autocommit mode (transactions are BEGIN ... COMMIT statements,
+    as on dlindex's SQLite connections) that speaks dlindex's SQLite dialect."""
+
+    backend = "postgresql"
+    on_write: Callable[[str, int, int, float], None] | None = None  # as LoggedConnection's
+
+    def __init__(self, raw: Any, shown: str) -> None:
+        self.raw = raw
+        self.shown = shown
+        self._psycopg = _psycopg()
+        self._register_numeric()
+
+    def _register_numeric(self) -> None:
+        # sum() and avg() of integers are numeric on PostgreSQL; dlindex (like SQLite) wants
+        # int and float, never Decimal, in its results and JSON output.
+        from psycopg.adapt import Loader
+
+        class NumericLoader(Loader):
+            def load(self, data: Any) -> int | float:
+                text = bytes(data).decode()
+                if text in ("NaN", "Infinity", "-Infinity"):
+                    return float(text)
+                return int(text) if "." not in text and "e" not in text.lower() else float(text)
+
+        self.raw.adapters.register_loader("numeric", NumericLoader)
+
+    @property
+    def in_transaction(self) -> bool:
+        status = self.raw.info.transaction_status
+        return bool(status != self._psycopg.pq.TransactionStatus.IDLE)
+
+    def set_lock_wait(self, wait_s: float) -> None:
+        """How long a statement waits for another transaction's row lock before it fails
+        (as SQLITE_BUSY): ``--wait``, like SQLite's busy timeout."""
+        self.execute_raw(f"SET lock_timeout = {int(max(wait_s, 0.001) * 1000)}")  # an int, not input
+
+    def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> PgCursor:
+        special = self._pragma(sql)
+        if special is not None:
+            return special
+        translated = translate(sql)
+        text, params = _bind(translated, parameters)
+        returning_id = _wants_lastrowid(text)
+        if returning_id:
+            text = f"{text} RETURNING id"
+        cursor = self.raw.cursor()
+        started = time.perf_counter()
+        guarded = self._guard(text)
+        try:
+            cursor.execute(text, params)
+        except self._psycopg.Error as e:
+            cursor.close()
+            raise self._failed(e, guarded) from e
+        if guarded:
+            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
+        report = self.on_write
+        if report is not None and cursor.description is None and cursor.rowcount >= 0:
+            report(sql, 1, cursor.rowcount, time.perf_counter() - started)
+        lastrowid = None
+        if returning_id:
+            row = cursor.fetchone()
+            lastrowid = int(row[0]) if row else None
+        return PgCursor(cursor, lastrowid)
+
+    def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
+        """Run PostgreSQL SQL as it is (psycopg parameters)."""
+        cursor = self.raw.cursor()
+        try:
+            cursor.execute(sql, parameters)
+        except self._psycopg.Error as e:
+            cursor.close()
+            raise self.translate_error(e) from e
+        return PgCursor(cursor)
+
+    def executemany(self, sql: str, seq_of_parameters: Iterable[Any], /) -> PgCursor:
+        translated = translate(sql)
+        cursor = self.raw.cursor()
+        rows = calls = 0
+        started = time.perf_counter()
+        guarded = self._guard(translated.text)
+        try:
+            batch: list[Any] = []
+            text = None
+            for parameters in seq_of_parameters:
+                text, params = _bind(translated, parameters)
+                batch.append(params)
+                calls += 1
+                if len(batch) >= 1000:
+                    cursor.executemany(text, batch)
+                    rows += max(cursor.rowcount, 0)
+                    batch = []
+            if batch and text is not None:
+                cursor.executemany(text, batch)
+                rows += max(cursor.rowcount, 0)
+        except self._psycopg.Error as e:
+            cursor.close()
+            raise self._failed(e, guarded) from e
+        if guarded:
+            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
+        report = self.on_write
+        if report is not None and calls:
+            report(sql, calls, rows, time.perf_counter() - started)
+        return _Counted(cursor, rows)
+
+    def _guard(self, text: str) -> bool:
+        """Inside a transaction, put a plain INSERT under a savepoint: dlindex catches its
+        IntegrityError and goes on in the same transaction (as SQLite allows), which
+        PostgreSQL permits only back to a savepoint."""
+        if not (_PLAIN_INSERT.match(text) and self.in_transaction):
+            return False
+        self.raw.execute("SAVEPOINT dlindex_statement")
+        return True
+
+    def _failed(self, e: Exception, guarded: bool) -> sqlite3.Error:
+        if guarded:
+            try:
+                self.raw.execute("ROLLBACK TO SAVEPOINT dlindex_statement")
+            except self._psycopg.Error:
+                pass
+        return self.translate_error(e)
+
+    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+        """COPY ``rows`` into ``table`` (names are dlindex's own, checked): PostgreSQL's bulk path."""
+        for name in (table, *columns):
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"not an identifier: {name!r}")
+        n = 0
+        statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+        try:
+            with self.raw.cursor() as cursor, cursor.copy(statement) as copy:
+                for row in rows:
+                    copy.write_row(row)
+                    n += 1
+        except self._psycopg.Error as e:
+            raise self.translate_error(e) from e
+        return n
+
+    def _pragma(self, sql: str) -> PgCursor | None:
+        """SQLite's PRAGMAs that dlindex sends to any catalog: the busy timeout becomes the lock
+        wait; cache and journal settings have no PostgreSQL counterpart and do nothing."""
+        head = sql.lstrip()[:7].upper()
+        if head != "PRAGMA ":
+            return None
+        m = re.fullmatch(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(-?\d+))?\s*", sql, re.IGNORECASE)
+        if m and m.group(1).lower() == "busy_timeout" and m.group(2) is not None:
+            self.execute_raw(f"SET lock_timeout = {max(int(m.group(2)), 1)}")
+            return PgCursor(self.raw.cursor())
+        if m and m.group(1).lower() in ("cache_size", "synchronous", "wal_checkpoint"):
+            return PgCursor(self.raw.cursor())
+        raise sqlite3.OperationalError(f"not supported on a PostgreSQL catalog: {sql.strip()[:60]}")
+
+    def translate_error(self, e: Exception) -> sqlite3.Error:
+        """The sqlite3 exception class and SQLite error name for a PostgreSQL error."""
+        errors = self._psycopg.errors
+        message = _first_line(e)
+        out: sqlite3.Error
+        if isinstance(e, self._psycopg.IntegrityError):
+            out = sqlite3.IntegrityError(message)
+            name = "SQLITE_CONSTRAINT"
+        elif isinstance(e, (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)):
+            out = sqlite3.OperationalError(f"database is locked ({message})")
+            name = "SQLITE_BUSY"
+        elif isinstance(e, (errors.DiskFull, errors.OutOfMemory)):
+            out = sqlite3.OperationalError(f"database or disk is full ({message})")
+            name = "SQLITE_FULL"
+        elif isinstance(e, (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
+            out = sqlite3.OperationalError(f"attempt to write a readonly database ({message})")
+            name = "SQLITE_READONLY"
+        elif isinstance(e, self._psycopg.DataError):
+            out = sqlite3.DataError(message)
+            name = "SQLITE_MISMATCH"
+        else:
+            out = sqlite3.OperationalError(message)
+            name = "SQLITE_ERROR"
+        out.sqlite_errorname = name
+        return out
+
+    def rollback_quietly(self) -> None:
+        if self.in_transaction:
+            try:
+                self.raw.execute("ROLLBACK")
+            except self._psycopg.Error:
+                pass
+
+    def commit(self) -> None:
+        """Nothing to do: like dlindex's SQLite connections, this one is in autocommit mode."""
+
+    def close(self) -> None:
+        self.raw.close()
+
+
+class _Counted(PgCursor):
+    def __init__(self, cursor: Any, rows: int) -> None:
+        super().__init__(cursor)
+        self._total = rows
+
+    @property
+    def rowcount(self) -> int:
+        return self._total
+
+
+_LASTROWID = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)\b(?!.*\b(?:RETURNING|ON\s+CONFLICT|SELECT)\b)", re.I | re.S)
+_PLAIN_INSERT = re.compile(r"^\s*INSERT\s+INTO\b(?!.*\bON\s+CONFLICT\b)", re.I | re.S)
+_ID_TABLES = frozenset(t for t, key in PRIMARY_KEYS.items() if key == ("id",) and t != "catalog_changes")
+
+
+def _wants_lastrowid(text: str) -> bool:
+    """An INSERT of one row into a table with an id: ask for the id, as sqlite3's lastrowid."""
+    m = _LASTROWID.match(text)
+    return bool(m and m.group(1).lower() in _ID_TABLES)
+
+
+def _bind(
+    translated: Translated, parameters: Sequence[Any] | Mapping[str, Any]
+) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
+    """The statement's text and psycopg parameters; JSON arrays go over as arrays."""
+    if not translated.json_params:
+        return translated.text, parameters
+    params: Any = dict(parameters) if isinstance(parameters, Mapping) else list(parameters)
+    types = {}
+    for p in translated.json_params:
+        raw = params[p.key]
+        values = json.loads(raw) if isinstance(raw, (str, bytes)) else list(raw)
+        kind = element_type(values, p.empty_type)
+        if kind == "jsonb":
+            from psycopg.types.json import Jsonb
+
+            values = [Jsonb(v) for v in values]
+        params[p.key] = values
+        types[p.slot] = kind
+    return translated.text.format(**types), params
