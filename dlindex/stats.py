@@ -9,6 +9,7 @@ from typing import Any
 
 from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
+from dlindex.catalog.dialect import postgres_form
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
 _PROCESSED = "SELECT processed, count(*) FROM image_metadata WHERE status != 'missing' GROUP BY processed"
@@ -25,11 +26,21 @@ _SMALLEST_LABELS = _LABEL_COUNTS.format(direction="ASC")
 _LABEL_TOTAL = "SELECT count(DISTINCT label_id) FROM image_metadata WHERE status = 'ok'"
 _WITHOUT_CLASS = "SELECT count(*) FROM image_metadata WHERE status = 'ok' AND label_id IS NULL"
 _SPLITS = "SELECT split, count(*) FROM image_metadata WHERE status = 'ok' AND split IS NOT NULL GROUP BY split"
-_INDEXES = (
+_INDEXES = postgres_form(
     "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
-    "AND name NOT LIKE 'sqlite_%' ORDER BY tbl_name, name"
+    "AND name NOT LIKE 'sqlite_%' ORDER BY tbl_name, name",
+    # the same list on PostgreSQL: indexes of the catalog's schema that back no constraint
+    "SELECT i.relname, t.relname, pg_get_indexdef(i.oid) FROM pg_index x "
+    "JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid "
+    "WHERE t.relnamespace = current_schema()::regnamespace "
+    "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid) "
+    "ORDER BY t.relname, i.relname",
 )
 _ROOTS = "SELECT id, path, added_at FROM roots ORDER BY id"
+_DATABASE_SIZE = postgres_form(
+    "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
+    "SELECT pg_database_size(current_database())",
+)
 _LAST_SCANS = """SELECT scans.id, roots.path AS root, state, started_at, finished_at, seen, new, changed,
         unchanged, missing, corrupt, skipped, errors, seconds
     FROM scans JOIN roots ON roots.id = scans.root_id ORDER BY scans.id DESC LIMIT ?"""
@@ -102,6 +113,8 @@ def _split_order(split: str) -> tuple[int, str]:
 
 
 def _file_size(catalog: Catalog) -> int:
+    if catalog.backend == "postgresql":
+        return int(catalog.conn.execute(_DATABASE_SIZE).fetchone()[0])
     total = 0
     for suffix in ("", "-wal"):
         with suppress(OSError):

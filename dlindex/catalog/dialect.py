@@ -7,12 +7,14 @@ registers its PostgreSQL form with ``postgres_form`` next to its SQLite one.
 
 The rules (outside quoted strings and identifiers):
 - parameters: ``?`` -> ``%s``, ``:name`` -> ``%(name)s``, a literal ``%`` -> ``%%``;
-- ``BEGIN IMMEDIATE`` -> ``BEGIN``; ``temp.t`` -> ``pg_temp.t``;
+- ``BEGIN IMMEDIATE`` -> ``BEGIN``; ``temp.t`` -> ``pg_temp.t``; ``main.t`` -> ``t``;
 - ``INSERT OR IGNORE`` -> ``... ON CONFLICT DO NOTHING``; ``INSERT OR REPLACE`` -> an upsert
   on the table's primary key;
 - ``json_each(P)`` (a JSON array of ids, names or paths) -> ``unnest(P::T[]) WITH
   ORDINALITY AS alias(value, key)``: P goes over as an array, T is the elements' type;
+- ``JOIN t`` with no ON (SQLite's cross join) -> ``JOIN t ON true``;
 - ``a IS b`` / ``a IS NOT b`` (b not NULL) -> ``IS [NOT] DISTINCT FROM``;
+- ``CURRENT_TIMESTAMP`` -> the same UTC ``YYYY-MM-DD HH:MM:SS`` text SQLite writes;
 - ``LIKE`` -> ``ILIKE`` (SQLite's LIKE ignores ASCII case; under ``COLLATE "C"`` ILIKE does
   the same);
 - in CREATE statements, SQLite's storage words: ``BLOB`` -> ``BYTEA``, ``INTEGER`` ->
@@ -25,12 +27,13 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dlindex.catalog.pgschema import PRIMARY_KEYS
+from dlindex.catalog.pgschema import NOW_TEXT, PRIMARY_KEYS
 
 _QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 _PARAM = re.compile(r"\?|(?<![:\w]):([A-Za-z_]\w*)")
 _BEGIN = re.compile(r"^\s*BEGIN\s+(?:IMMEDIATE|DEFERRED|EXCLUSIVE)\b", re.IGNORECASE)
 _TEMP = re.compile(r"\btemp\.(?=\w)", re.IGNORECASE)
+_MAIN = re.compile(r"\bmain\.(?=\w)", re.IGNORECASE)
 _OR_IGNORE = re.compile(r"\bINSERT\s+OR\s+IGNORE\s+INTO\b", re.IGNORECASE)
 _OR_REPLACE = re.compile(r"\bINSERT\s+OR\s+REPLACE\s+INTO\s+(\w+)\s*\(([^)]*)\)", re.IGNORECASE)
 _RETURNING = re.compile(r"\bRETURNING\b", re.IGNORECASE)
@@ -38,6 +41,11 @@ _JSON_EACH = re.compile(r"\bjson_each\(\s*(\x01\d+\x01)\s*\)(?:\s+AS\s+(\w+))?",
 _IN_JSON_EACH = re.compile(r"(\w+)\s+IN\s+\(\s*SELECT\s+value\s+FROM\s+json_each\(\s*(\x01\d+\x01)", re.IGNORECASE)
 _IS_NOT = re.compile(r"\bIS\s+NOT\s+(?!NULL\b|TRUE\b|FALSE\b|DISTINCT\b)", re.IGNORECASE)
 _IS = re.compile(r"\bIS\s+(?!NOT\b|NULL\b|TRUE\b|FALSE\b|DISTINCT\b)", re.IGNORECASE)
+_BARE_JOIN = re.compile(
+    r"\bJOIN\s+(\w+(?:\.\w+)?(?:\s+AS\s+\w+)?)\s+(?=JOIN\b|WHERE\b|ORDER\b|GROUP\b|LIMIT\b|UNION\b|\))",
+    re.IGNORECASE,
+)
+_NOW = re.compile(r"\bCURRENT_TIMESTAMP\b", re.IGNORECASE)
 _LIKE = re.compile(r"\bLIKE\b", re.IGNORECASE)
 _CREATE = re.compile(r"^\s*CREATE\b", re.IGNORECASE)
 _DDL_WORDS = (
@@ -64,6 +72,7 @@ class Translated:
     text: str  # PostgreSQL SQL; when json_params is not empty, ``text.format(**types)`` first
     json_params: tuple[JsonParam, ...] = ()
     named: bool = False  # parameters are :name (a mapping), not ? (a sequence)
+    names: tuple[str, ...] = ()  # the :names in order of first use (sqlite3 binds a sequence so)
 
 
 def postgres_form(sqlite_sql: str, postgres_sql: str) -> str:
@@ -101,6 +110,7 @@ def translate(sql: str) -> Translated:
     named = any(isinstance(n, str) for n in names)
     text = _BEGIN.sub("BEGIN", text)
     text = _TEMP.sub("pg_temp.", text)
+    text = _MAIN.sub("", text)
     if _OR_IGNORE.search(text):
         text = _append_conflict(_OR_IGNORE.sub("INSERT INTO", text), "ON CONFLICT DO NOTHING")
     replace = _OR_REPLACE.search(text)
@@ -110,7 +120,9 @@ def translate(sql: str) -> Translated:
         for pattern, word in _DDL_WORDS:
             text = pattern.sub(word, text)
         text = _TEXT_COLUMN.sub('TEXT COLLATE "C"', text)
+    text = _BARE_JOIN.sub(r"JOIN \1 ON true ", text)
     text = _LIKE.sub("ILIKE", text)
+    text = _NOW.sub(NOW_TEXT, text)
     text = _IS_NOT.sub("IS DISTINCT FROM ", text)
     text = _IS.sub("IS NOT DISTINCT FROM ", text)
     json_params: list[JsonParam] = []
@@ -134,7 +146,8 @@ def translate(sql: str) -> Translated:
             text = text.replace(f"{{{{{p.slot}}}}}", f"{{{p.slot}}}")
     text = text.replace("%", "%%")
     text = re.sub(r"\x01(\d+)\x01", lambda m: params[int(m.group(1))], text)
-    return Translated(text, tuple(json_params), named)
+    order = tuple(dict.fromkeys(n for n in names if isinstance(n, str)))
+    return Translated(text, tuple(json_params), named, order)
 
 
 def _append_conflict(text: str, clause: str) -> str:

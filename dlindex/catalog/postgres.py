@@ -260,6 +260,8 @@ class PgConnection:
         special = self._pragma(sql)
         if special is not None:
             return special
+        if _EXPLAIN.match(sql):
+            return self._explain(_EXPLAIN.sub("", sql, count=1), parameters)
         translated = translate(sql)
         text, params = _bind(translated, parameters)
         returning_id = _wants_lastrowid(text)
@@ -276,7 +278,7 @@ class PgConnection:
         if guarded:
             self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
         report = self.on_write
-        if report is not None and cursor.description is None and cursor.rowcount >= 0:
+        if report is not None and (cursor.description is None or returning_id) and cursor.rowcount >= 0:
             report(sql, 1, cursor.rowcount, time.perf_counter() - started)
         lastrowid = None
         if returning_id:
@@ -323,6 +325,20 @@ class PgConnection:
         if report is not None and calls:
             report(sql, calls, rows, time.perf_counter() - started)
         return _Counted(cursor, rows)
+
+    def _explain(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> PgCursor:
+        """EXPLAIN QUERY PLAN as SQLite answers it, (id, parent, 0, detail) per line, with
+        PostgreSQL's plan lines ("Seq Scan on t", "Index Scan using i on t") as the details."""
+        text, params = _bind(translate(sql), parameters)
+        cursor = self.raw.cursor()
+        try:
+            cursor.execute(f"EXPLAIN {text}", params)
+            lines = [str(row[0]).strip().removeprefix("->").strip() for row in cursor.fetchall()]
+        except self._psycopg.Error as e:
+            raise self.translate_error(e) from e
+        finally:
+            cursor.close()
+        return _Rows([(i, 0, 0, line) for i, line in enumerate(lines) if not line.startswith(("Filter:", "Index Cond:", "Recheck Cond:", "Sort Key:", "Hash Cond:", "Join Filter:", "Group Key:", "Rows Removed", "Output:"))])
 
     def _guard(self, text: str) -> bool:
         """Inside a transaction, put a plain INSERT under a savepoint: dlindex catches its
@@ -411,6 +427,35 @@ class PgConnection:
         self.raw.close()
 
 
+class _Rows(PgCursor):
+    """Rows made here, read like a cursor's."""
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self._rows = rows
+        self.lastrowid = None
+
+    @property
+    def rowcount(self) -> int:
+        return -1
+
+    @property
+    def description(self) -> Any:
+        return None
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self._rows.pop(0) if self._rows else None
+
+    def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
+        batch, self._rows = self._rows[:size], self._rows[size:]
+        return batch
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.fetchmany(len(self._rows))
+
+    def close(self) -> None:
+        self._rows = []
+
+
 class _Counted(PgCursor):
     def __init__(self, cursor: Any, rows: int) -> None:
         super().__init__(cursor)
@@ -422,6 +467,7 @@ class _Counted(PgCursor):
 
 
 _LASTROWID = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)\b(?!.*\b(?:RETURNING|ON\s+CONFLICT|SELECT)\b)", re.I | re.S)
+_EXPLAIN = re.compile(r"^\s*EXPLAIN\s+QUERY\s+PLAN\s+", re.IGNORECASE)
 _PLAIN_INSERT = re.compile(r"^\s*INSERT\s+INTO\b(?!.*\bON\s+CONFLICT\b)", re.I | re.S)
 _ID_TABLES = frozenset(t for t, key in PRIMARY_KEYS.items() if key == ("id",) and t != "catalog_changes")
 
@@ -436,6 +482,8 @@ def _bind(
     translated: Translated, parameters: Sequence[Any] | Mapping[str, Any]
 ) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
     """The statement's text and psycopg parameters; JSON arrays go over as arrays."""
+    if translated.named and not isinstance(parameters, Mapping):
+        parameters = dict(zip(translated.names, parameters, strict=False))
     if not translated.json_params:
         return translated.text, parameters
     params: Any = dict(parameters) if isinstance(parameters, Mapping) else list(parameters)

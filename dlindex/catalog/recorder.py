@@ -32,7 +32,7 @@ _INSERT_LOCK_WAIT = """INSERT INTO query_log (kind, source, sql, fingerprint, ca
     VALUES ('write', 'dlindex', :sql, :fingerprint, :calls, 0, :ms, :ms)"""
 _UPSERT_TEMPLATE = """INSERT INTO query_log_templates (sql, fingerprint, plan_detail, offered, sample_params)
     VALUES (:sql, :fingerprint, :plan_detail, :offered, :sample_params)
-    ON CONFLICT (sql) DO UPDATE SET plan_detail = coalesce(excluded.plan_detail, plan_detail),
+    ON CONFLICT (sql) DO UPDATE SET plan_detail = coalesce(excluded.plan_detail, query_log_templates.plan_detail),
         offered = excluded.offered, sample_params = excluded.sample_params"""
 FLUSH_ENTRIES = 1000
 FLUSH_SECONDS = 5.0
@@ -209,6 +209,13 @@ def classify_plan(lines: Iterable[str]) -> str:
     scanned = searched = False
     for line in lines:
         words = line.split()
+        # PostgreSQL's plan lines (a server catalog): "Seq Scan on t", "Index Scan using i on t"
+        if line.startswith(("Seq Scan on ", "Parallel Seq Scan on ")):
+            scanned = True
+            continue
+        if line.startswith(("Index Scan", "Index Only Scan", "Bitmap Index Scan", "Parallel Index")):
+            searched = True
+            continue
         if len(words) >= 2 and words[0] in ("MATERIALIZE", "CO-ROUTINE"):
             subqueries.add(words[1])
         elif len(words) >= 2 and words[0] == "SCAN":

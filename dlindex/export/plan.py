@@ -37,8 +37,8 @@ DEFAULT_SPLIT = "train"  # not "all": HF datasets reserves it for the union of a
 _RESERVED_SPLITS = {"all"}
 # A plain selection in id order can be read in two halves by two processes: the query's own
 # statement, cut at an id. SQLite flattens the subquery into a rowid range search.
-_LOWER = "SELECT * FROM ({query}) WHERE id <= :split_id"
-_UPPER = "SELECT * FROM ({query}) WHERE id > :split_id"
+_LOWER = "SELECT * FROM ({query}) AS selected WHERE id <= :split_id"
+_UPPER = "SELECT * FROM ({query}) AS selected WHERE id > :split_id"
 _ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
 HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")

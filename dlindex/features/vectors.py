@@ -69,6 +69,10 @@ def write_vectors(conn: sqlite3.Connection, ftype: FeatureType, rows: Iterable[t
 
     # The query log counts statements through a Python wrapper, a call per row (6% of a
     # million-vector import): run the statement directly and report it once.
+    if not isinstance(conn, sqlite3.Connection):  # a server catalog reports its own writes
+        conn.executemany(_UPSERT_VECTOR, params())
+        conn.execute(_BUMP_VERSION, (name,))
+        return
     report = getattr(conn, "on_write", None)
     started = time.perf_counter()
     cursor = sqlite3.Connection.executemany(conn, _UPSERT_VECTOR, params())

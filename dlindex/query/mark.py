@@ -73,7 +73,7 @@ _TARGETS_BY_PATH = (
 # Distinct samples named: one named by id and by path, or by two spellings of its path, is one.
 _MATCHED = (
     "SELECT count(*) FROM (SELECT image_metadata.id FROM main.image_metadata "
-    "WHERE image_metadata.id IN (SELECT id FROM temp.mark_ids) UNION " + _TARGETS_BY_PATH + ")"
+    "WHERE image_metadata.id IN (SELECT id FROM temp.mark_ids) UNION " + _TARGETS_BY_PATH + ") AS named"
 )
 _SET = {
     "processed": "processed = :processed",

@@ -47,7 +47,7 @@ _SAMPLE = (
     "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN (SELECT sample_id FROM ("
     "SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY sample_rank, sample_id) AS label_rank "
     "FROM (SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, {rank} AS sample_rank "
-    "FROM image_metadata{where})) WHERE label_rank <= :per_label){order}{limit}"
+    "FROM image_metadata{where}) AS ranked) AS numbered WHERE label_rank <= :per_label){order}{limit}"
 )
 # A seeded hash of the id in plain SQL (any SQLite client can rerun the logged statement):
 # an affine map mod a prime, squared (the non-linear step that breaks the lattice pattern
