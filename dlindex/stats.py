@@ -69,10 +69,11 @@ class CatalogStats:
     largest_labels: list[LabelCount]
     smallest_labels: list[LabelCount]
     total_bytes: int
-    catalog_bytes: int
+    catalog_bytes: int  # the file (and its -wal), or the server database's size
     indexes: list[dict[str, str]]
     roots: list[dict[str, Any]]
     last_scans: list[dict[str, Any]]
+    catalog_backend: str = "sqlite"  # or "postgresql" (a server catalog)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +103,7 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         smallest_labels=[LabelCount(*row) for row in read(_SMALLEST_LABELS, (top,))],
         total_bytes=bytes_by_status["ok"] + bytes_by_status["corrupt"],
         catalog_bytes=_file_size(catalog),
+        catalog_backend=catalog.backend,
         indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
         roots=[dict(zip(("id", "path", "added_at"), row, strict=True)) for row in read(_ROOTS)],
         last_scans=[dict(zip(_LAST_SCANS_KEYS, row, strict=True)) for row in read(_LAST_SCANS, (scans,))],

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os as _os
 import re
 import shutil
 from collections.abc import Callable
@@ -19,7 +20,6 @@ from typing import Any
 
 import pytest
 
-import os as _os
 _BASE = _os.environ.get("DLINDEX_TEST_POSTGRES")
 
 from typer.testing import CliRunner
@@ -116,6 +116,7 @@ def scenario(tmp: Path, db: str) -> dict[str, Any]:
 def _stats(text: str) -> dict[str, Any]:
     data = json.loads(text)
     data.pop("catalog_bytes", None)
+    data.pop("catalog_backend", None)
     data["indexes"] = [(i["name"], i["table"]) for i in data.get("indexes", [])]
     for scan in data.get("last_scans", []):
         scan.pop("seconds", None)
@@ -162,7 +163,7 @@ def test_postgres_answers_as_sqlite(tmp_path: Path, pg_url: str) -> None:
 
 @pytest.fixture
 def pg_url() -> str:  # replaced by tests/servers.py
-    import os
+
 
     import psycopg
 

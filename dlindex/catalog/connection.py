@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import sqlite3
 import time
@@ -13,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from dlindex import faults
+from dlindex.catalog.dialect import postgres_form
 from dlindex.catalog.postgres import PgConnection, is_server_url, redact
 from dlindex.catalog.postgres import connect as connect_postgres
 from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
@@ -29,6 +32,10 @@ from dlindex.catalog.sqlite import (
 from dlindex.errors import CatalogBusyError, DlindexWarning, ReadOnlyCatalogError
 from dlindex.procs import pid_alive
 
+_SERVER_IDENTITY = postgres_form(
+    "SELECT 0, 0",
+    "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), 'dlindex_schema'::regclass::oid",
+)
 _BUMP_CHANGES = "UPDATE catalog_changes SET counter = counter + 1 WHERE id = 1"
 _CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
 _LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
@@ -81,7 +88,7 @@ class Catalog:
             self.conn = connect_postgres(self.url, create=create, wait_s=self.wait_s)
         else:
             self.path = file = Path(location)
-            self.url = os.fspath(file)
+            self.url = os.path.abspath(file)
             self.backend = "sqlite"
             self.readonly_reason = readonly_reason(file) if file.exists() else None
             if create and self.readonly_reason is not None:
@@ -100,6 +107,23 @@ class Catalog:
         self.querylog = QueryLog(log)
         # Small lookup tables (labels, roots) with the change counter they were read at.
         self.lookup_cache: dict[str, tuple[int, Any]] = {}
+
+    @property
+    def location(self) -> str:
+        """Where the catalog is, as index.json and messages name it: the file's absolute path,
+        or the server catalog's URL without its password."""
+        return os.fsdecode(self.url) if self.backend == "sqlite" else str(self.path)
+
+    def local_cache_dir(self) -> Path:
+        """This machine's folder for what a server catalog's clients cache (feature matrices):
+        ``$XDG_CACHE_HOME/dlindex/<id>``, the id unique to the database and its catalog
+        tables, so a dropped and remade catalog never meets an old cache."""
+        if self.backend == "sqlite":
+            return Path(os.fspath(self.path) + "-cache")
+        row = self.conn.execute(_SERVER_IDENTITY).fetchone()
+        digest = hashlib.sha256(json.dumps([self.location, *row]).encode()).hexdigest()[:20]
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return Path(base) / "dlindex" / digest
 
     @property
     def db(self) -> Any:

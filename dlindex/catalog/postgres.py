@@ -27,7 +27,7 @@ from dlindex.errors import CatalogError, InputError
 SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 10
 _TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
-_VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"  # noqa: S608 - a constant
+_VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"
 
 
 def is_server_url(location: object) -> bool:
@@ -357,20 +357,33 @@ class PgConnection:
                 pass
         return self.translate_error(e)
 
-    def copy_rows(self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> int:
+    def copy_rows(
+        self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, logged_as: str | None = None
+    ) -> int:
         """COPY ``rows`` into ``table`` (names are dlindex's own, checked): PostgreSQL's bulk path."""
         for name in (table, *columns):
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
                 raise ValueError(f"not an identifier: {name!r}")
         n = 0
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+        guarded = self.in_transaction
+        if guarded:  # a failed COPY (a duplicate key) leaves the transaction usable, as in execute
+            self.raw.execute("SAVEPOINT dlindex_statement")
+        started = time.perf_counter()
         try:
             with self.raw.cursor() as cursor, cursor.copy(statement) as copy:
                 for row in rows:
                     copy.write_row(row)
                     n += 1
         except self._psycopg.Error as e:
-            raise self.translate_error(e) from e
+            raise self._failed(e, guarded) from e
+        if guarded:
+            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
+        report = self.on_write
+        if report is not None and n:
+            # logged as the INSERT it stands for, so the log reads the same on both backends
+            shown = logged_as or f"INSERT INTO {table} ({', '.join(columns)}) VALUES (COPY)"
+            report(shown, n, n, time.perf_counter() - started)
         return n
 
     def _pragma(self, sql: str) -> PgCursor | None:

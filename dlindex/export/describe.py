@@ -29,7 +29,7 @@ def build_index(
 ) -> bytes:  # fmt: skip
     """index.json: the only file with a wall-clock time in it ($SOURCE_DATE_EPOCH fixes it)."""
     head = describe_export(
-        os.fsdecode(os.path.abspath(catalog.path)), options, fmt, shard_bytes, changes, plan, selected, features,
+        catalog.location, options, fmt, shard_bytes, changes, plan, selected, features,
         skipped, grouping,
     )  # fmt: skip
     counts = split_counts([(g.split, g.rank) for g in plan.groups], plan.tally.samples, label_counts(plan))

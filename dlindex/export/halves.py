@@ -11,12 +11,11 @@ reports its counts through a pipe; whatever goes wrong there fails the whole exp
 from __future__ import annotations
 
 import multiprocessing
-import sqlite3
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
 from dlindex.export.jsonl import jsonl_lines
 from dlindex.export.plan import ExportError, Group, Tally, UpperHalf
 from dlindex.export.shards import Context
@@ -79,8 +78,7 @@ def _main(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, con
 
 def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) -> dict[str, Any]:
     lines = jsonl_lines(ctx)
-    uri = readonly_uri(upper.db)
-    db = sqlite3.connect(uri, uri=True)
+    db = connect_reader(upper.db, timeout=30)
     tally = Tally()
     try:
         cursor = db.execute(upper.sql, dict(upper.params))

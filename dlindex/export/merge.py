@@ -221,7 +221,7 @@ def _check_target(target: Path, parts: Sequence[Part]) -> None:
 
 def _check_catalog(catalog: Catalog, head: dict[str, Any]) -> None:
     recorded = head["catalog"]["path"]
-    here = os.fsdecode(os.path.abspath(catalog.path))
+    here = catalog.location
     try:
         same = os.path.samefile(recorded, here)
     except OSError:

@@ -186,7 +186,7 @@ def select_halves(
     rows.close()  # type: ignore[attr-defined]  # never started: nothing was read
     params = {**prepared.params, "split_id": (low + high) // 2}
     lower = catalog.read(_LOWER.replace("{query}", prepared.sql), params)
-    upper = UpperHalf(os.fspath(os.path.abspath(catalog.path)), _UPPER.replace("{query}", prepared.sql), params)
+    upper = UpperHalf(catalog.url, _UPPER.replace("{query}", prepared.sql), params)
     return lower, prepared, upper
 
 

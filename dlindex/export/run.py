@@ -212,7 +212,7 @@ def _write_part(
     digest = plan_digest(plan)
     written = write_groups(ctx, shard, owner, WRITERS[fmt])
     head = describe_export(
-        os.fsdecode(os.path.abspath(catalog.path)), replace(options, query=query, split=split_option), fmt,
+        catalog.location, replace(options, query=query, split=split_option), fmt,
         shard_bytes, changes, plan, selected, features, skipped,
         None if points is None or points.grouping is None else points.grouping.describe(points.groups),
     )  # fmt: skip
@@ -251,5 +251,7 @@ def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | Non
 
 def protected_files(catalog: Catalog) -> list[str]:
     """The catalog file and its journals: no export may replace a folder that holds them."""
+    if catalog.backend != "sqlite":
+        return []  # a server catalog has no files here
     path = os.fspath(catalog.path)
     return [path, *(path + suffix for suffix in ("-wal", "-journal", "-shm"))]

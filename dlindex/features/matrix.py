@@ -58,7 +58,10 @@ class Matrix:
 
 
 def matrix_path(catalog: Catalog, name: str) -> Path:
-    return Path(os.fspath(catalog.path) + "-features") / f"{name}.matrix"
+    """Beside the catalog file; for a server catalog, in this machine's cache folder."""
+    if catalog.backend == "sqlite":
+        return Path(os.fspath(catalog.path) + "-features") / f"{name}.matrix"
+    return catalog.local_cache_dir() / "features" / f"{name}.matrix"
 
 
 def _key(ftype: FeatureType) -> dict[str, Any]:
