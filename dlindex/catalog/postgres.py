@@ -52,9 +52,7 @@ def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
-        raise InputError(
-            "a postgresql:// catalog needs psycopg 3: pip install 'dlindex[postgres]'"
-        ) from None
+        raise InputError("a postgresql:// catalog needs psycopg 3: pip install 'dlindex[postgres]'") from None
     return psycopg
 
 
@@ -70,9 +68,7 @@ def connect(url: str, *, create: bool, wait_s: float) -> PgConnection:
     except ValueError as e:
         raise InputError(f"--db {shown}: not a valid PostgreSQL URL ({e})") from None
     try:
-        raw = psycopg.connect(
-            url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name="dlindex"
-        )
+        raw = psycopg.connect(url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name="dlindex")
     except psycopg.ProgrammingError as e:
         raise InputError(f"--db {shown}: not a valid PostgreSQL URL ({_first_line(e)})") from None
     except psycopg.OperationalError as e:
@@ -106,7 +102,7 @@ def _first_line(e: BaseException) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     text = lines[0] if lines else type(e).__name__
     # libpq says "connection to server at "HOST", port N failed:" before the reason
-    return re.sub(r'^(?:connection failed: )?(?:connection to server (?:at|on) .*? failed: )?', "", text) or text
+    return re.sub(r"^(?:connection failed: )?(?:connection to server (?:at|on) .*? failed: )?", "", text) or text
 
 
 def _ensure_schema(conn: PgConnection, *, create: bool) -> None:
@@ -338,7 +334,25 @@ class PgConnection:
             raise self.translate_error(e) from e
         finally:
             cursor.close()
-        return _Rows([(i, 0, 0, line) for i, line in enumerate(lines) if not line.startswith(("Filter:", "Index Cond:", "Recheck Cond:", "Sort Key:", "Hash Cond:", "Join Filter:", "Group Key:", "Rows Removed", "Output:"))])
+        return _Rows(
+            [
+                (i, 0, 0, line)
+                for i, line in enumerate(lines)
+                if not line.startswith(
+                    (
+                        "Filter:",
+                        "Index Cond:",
+                        "Recheck Cond:",
+                        "Sort Key:",
+                        "Hash Cond:",
+                        "Join Filter:",
+                        "Group Key:",
+                        "Rows Removed",
+                        "Output:",
+                    )
+                )
+            ]
+        )
 
     def _guard(self, text: str) -> bool:
         """Inside a transaction, put a plain INSERT under a savepoint: dlindex catches its

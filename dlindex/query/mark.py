@@ -75,6 +75,10 @@ _MATCHED = (
     "SELECT count(*) FROM (SELECT image_metadata.id FROM main.image_metadata "
     "WHERE image_metadata.id IN (SELECT id FROM temp.mark_ids) UNION " + _TARGETS_BY_PATH + ") AS named"
 )
+# A server catalog takes the row locks of an update in id order first, so writers marking
+# overlapping samples at once queue behind each other instead of deadlocking (docs/postgres.md).
+_LOCK_BY_ID = "SELECT id FROM image_metadata WHERE id IN (SELECT id FROM temp.mark_ids) ORDER BY id FOR UPDATE"
+_LOCK_BY_PATH = "SELECT id FROM image_metadata WHERE id IN (" + _TARGETS_BY_PATH + ") ORDER BY id FOR UPDATE"
 _SET = {
     "processed": "processed = :processed",
     "processing_status": "processing_status = :processing_status",
@@ -171,6 +175,11 @@ def mark_samples(
             if staged_paths:
                 matched = int(tx.execute(_MATCHED).fetchone()[0])
             updated = 0
+            if catalog.backend == "postgresql":
+                if staged_ids:
+                    tx.execute(_LOCK_BY_ID).fetchall()
+                if staged_paths:
+                    tx.execute(_LOCK_BY_PATH).fetchall()
             if staged_ids:
                 sql = _UPDATE_BY_ID.replace("{set}", set_sql).replace("{changed}", changed_sql)
                 updated += tx.execute(sql, values).rowcount
