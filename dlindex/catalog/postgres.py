@@ -18,6 +18,7 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import suppress
 from typing import Any
 
 from dlindex.catalog.dialect import Translated, element_type, translate
@@ -365,10 +366,8 @@ class PgConnection:
 
     def _failed(self, e: Exception, guarded: bool) -> sqlite3.Error:
         if guarded:
-            try:
+            with suppress(self._psycopg.Error):
                 self.raw.execute("ROLLBACK TO SAVEPOINT dlindex_statement")
-            except self._psycopg.Error:
-                pass
         return self.translate_error(e)
 
     def copy_rows(
@@ -442,10 +441,8 @@ class PgConnection:
 
     def rollback_quietly(self) -> None:
         if self.in_transaction:
-            try:
+            with suppress(self._psycopg.Error):
                 self.raw.execute("ROLLBACK")
-            except self._psycopg.Error:
-                pass
 
     def commit(self) -> None:
         """Nothing to do: like dlindex's SQLite connections, this one is in autocommit mode."""

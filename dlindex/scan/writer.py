@@ -10,9 +10,9 @@ import json
 import os
 import sqlite3
 import time
-from typing import Any
 from collections.abc import Mapping
 from contextlib import suppress
+from typing import Any
 
 from dlindex.catalog.connection import Catalog
 from dlindex.errors import DlindexError
