@@ -52,25 +52,24 @@ class MetadataCache:
     """
 
     def __init__(self, catalog: str | os.PathLike[str], maxsize: int = 65536) -> None:
-        self.catalog = os.fspath(catalog)
+        self.catalog = os.fspath(catalog)  # a file, or a postgresql:// URL
         self.maxsize = maxsize
         self._pid = -1
-        self._conn: sqlite3.Connection | None = None
+        self._conn: Any = None
         self.get = lru_cache(maxsize=maxsize)(self._lookup)
 
     def _lookup(self, sample_id: int) -> dict[str, Any] | None:
         if self._conn is None or self._pid != os.getpid():
-            from dlindex.catalog.sqlite import readonly_uri  # mode=ro, or immutable=1 on read-only storage
+            from dlindex.catalog.connection import connect_reader  # mode=ro (or immutable=1), or a server
 
-            uri = readonly_uri(self.catalog)
             try:
-                self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                self._conn = connect_reader(self.catalog, timeout=30, any_thread=True)
             except sqlite3.Error as e:
                 raise DlindexError(f"cannot open catalog {self.catalog}: {e}") from None
-            self._conn.row_factory = sqlite3.Row
             self._pid = os.getpid()
-        row = self._conn.execute(_METADATA, {"id": sample_id}).fetchone()
-        return dict(row) if row is not None else None
+        cursor = self._conn.execute(_METADATA, {"id": sample_id})
+        row = cursor.fetchone()
+        return dict(zip((d[0] for d in cursor.description), row, strict=True)) if row is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"catalog": self.catalog, "maxsize": self.maxsize}

@@ -372,15 +372,19 @@ class Catalog:
             self.flush_log(timeout_ms=_LOG_FLUSH_TIMEOUT_MS)
 
 
-def connect_reader(location: str, *, timeout: float) -> Any:
-    """A read-only connection of the catalog's own backend, for reads in another process."""
+def connect_reader(location: str, *, timeout: float, any_thread: bool = False) -> Any:
+    """A read-only connection of the catalog's own backend, for reads in another process.
+
+    Args:
+        any_thread: the connection may be used from threads other than the opener's.
+    """
     if is_server_url(location):
         from dlindex.catalog.postgres import connect_readonly as connect_postgres_readonly
 
         return connect_postgres_readonly(location, wait_s=timeout)
     from dlindex.catalog.sqlite import connect_readonly
 
-    return connect_readonly(location, timeout=timeout)
+    return connect_readonly(location, timeout=timeout, check_same_thread=not any_thread)
 
 
 def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = False) -> Catalog:

@@ -15,6 +15,7 @@ from dlindex.train.decode import ImageSpec
 from dlindex.train.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
 from dlindex.train.rows import DEFAULT_SIZE
 from dlindex.train.worker import ON_ERROR, WorkerJob, run_worker
+from dlindex.catalog.postgres import is_server_url
 
 _FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {"columns", "order", "seed", "limit", "offset", "cache"}
 
@@ -63,7 +64,7 @@ class CatalogDataset:
         if batch_size is not None and batch_size < 1:
             raise InputError(f"batch_size must be 1 or more, not {batch_size}")
         self.database_path = os.fspath(database_path)
-        if not os.path.isfile(self.database_path):
+        if not is_server_url(self.database_path) and not os.path.isfile(self.database_path):
             raise InputError(f"no catalog at {self.database_path}; run dlindex scan first")
         self.feature_type = feature_type
         self.images = feature_type is None if images is None else bool(images)
