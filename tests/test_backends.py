@@ -27,7 +27,9 @@ from typer.testing import CliRunner
 from .conftest import invoke, make_jpeg, make_png
 
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?")
-_SECONDS = re.compile(r'("?(?:seconds|duration_ms|mean_ms|total_ms|p95_ms|per_s|files_per_s|ms|lock_wait_ms)"?: )[-0-9.e]+')
+_SECONDS = re.compile(
+    r'("?(?:seconds|duration_ms|mean_ms|total_ms|p95_ms|per_s|files_per_s|ms|lock_wait_ms)"?: )[-0-9.e]+'
+)
 
 
 def make_tree(root: Path) -> Path:
@@ -130,7 +132,9 @@ def _log(text: str) -> list[tuple[Any, ...]]:
     entries = data["fingerprints"] if isinstance(data, dict) else data
     # a wait for the write lock is logged when it took 1 ms or more: timing, not work
     return sorted(
-        (e["fingerprint"], e.get("kind"), e["calls"], e.get("rows")) for e in entries if e.get("sql") != "BEGIN IMMEDIATE"
+        (e["fingerprint"], e.get("kind"), e["calls"], e.get("rows"))
+        for e in entries
+        if e.get("sql") != "BEGIN IMMEDIATE"
     )
 
 
@@ -163,7 +167,6 @@ def test_postgres_answers_as_sqlite(tmp_path: Path, pg_url: str) -> None:
 
 @pytest.fixture
 def pg_url() -> str:  # replaced by tests/servers.py
-
 
     import psycopg
 

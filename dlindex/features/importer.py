@@ -128,6 +128,8 @@ def import_features(
             set_dim(conn, name, dim)
         ftype = find_type(catalog, name)
         assert ftype is not None
+        if existing is None and (ftype.extractor != "import" or ftype.dim != dim):
+            raise InputError(f"feature type {name!r} was made meanwhile by another process; nothing was imported")
         try:
             write_vectors(conn, ftype, _rows(ids, vectors, target))
         except sqlite3.IntegrityError as e:

@@ -138,6 +138,8 @@ def _compute(
                 create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
             for start in range(0, len(todo), _QUEUE_CHUNK):
                 state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
+    if ftype is None:  # made just now, by this process or by another one running at once
+        _prepare_type(catalog, feature_type, replace(options, extractor=extractor.spec))
     ftype = find_type(catalog, feature_type)
     assert ftype is not None
     writer = _Writer(catalog, ftype)

@@ -36,7 +36,11 @@ _KEYWORDS = frozenset(_SQL_KEYWORDS.split())
 
 _TYPE = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types WHERE name = ?"
 TYPES = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types ORDER BY name"
-_CREATE_TYPE = "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES (?, ?, ?, ?)"
+# Two computes of one new type at once (many writers on a server catalog) both create it:
+# the second finds it made, and checks it is the same type (features/pipeline.py).
+_CREATE_TYPE = (
+    "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
+)
 _SET_DIM = "UPDATE feature_types SET dim = ? WHERE name = ? AND dim IS NULL"
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
+from dlindex.catalog.postgres import is_server_url
 from dlindex.errors import InputError
 from dlindex.loader import rank_and_world
 from dlindex.query.spec import QuerySpec
@@ -15,7 +16,6 @@ from dlindex.train.decode import ImageSpec
 from dlindex.train.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
 from dlindex.train.rows import DEFAULT_SIZE
 from dlindex.train.worker import ON_ERROR, WorkerJob, run_worker
-from dlindex.catalog.postgres import is_server_url
 
 _FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {"columns", "order", "seed", "limit", "offset", "cache"}
 
