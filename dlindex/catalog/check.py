@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
-from dlindex.errors import CatalogError
+from dlindex.catalog.postgres import is_server_url
+from dlindex.errors import CatalogError, InputError
 
 # The tables each schema version brought and the version that dropped them (None: kept); a
 # catalog at version v must have every table with since <= v < until.
@@ -80,6 +81,11 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
         quick: ``PRAGMA quick_check`` (pages and records) instead of the full
             ``integrity_check`` (also every index entry); several times faster on large files.
     """
+    if is_server_url(path):
+        raise InputError(
+            "dlindex check reads catalog files; a PostgreSQL catalog is kept whole by its server "
+            "(pg_amcheck, docs/postgres.md)"
+        )
     from dlindex.catalog.sqlite import connect_readonly
     from dlindex.procs import pid_alive
 

@@ -28,6 +28,7 @@ from dlindex import faults
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION
 from dlindex.catalog.shard_runs import RUN_COLUMNS, ShardRun
+from dlindex.catalog.postgres import is_server_url
 from dlindex.catalog.sqlite import connect_readonly
 from dlindex.errors import CatalogError, InputError
 
@@ -204,11 +205,19 @@ class CatalogMergeSummary:
 def merge_catalogs(parts: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]) -> CatalogMergeSummary:
     """Merge part catalogs into ``into`` (made if absent) in one transaction; see the module doc.
 
+    Part and target catalogs are SQLite files: the parts of a job on a server catalog write
+    into it directly and need no merge (docs/postgres.md).
+
     Raises:
         InputError: a missing, repeated, unfinished or differently cut part, a conflict;
             nothing is written (a new ``into`` is removed again).
         CatalogError: a part that is no dlindex catalog, of another schema version, or damaged.
     """
+    if is_server_url(into) or any(is_server_url(p) for p in parts):
+        raise InputError(
+            "merge joins part catalog files; on a server catalog the parts of a job write into it "
+            "directly (docs/postgres.md)"
+        )
     started = time.perf_counter()
     paths = _check_paths(parts, into)
     runs = {path: _read_part(path) for path in paths}

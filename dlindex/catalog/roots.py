@@ -27,7 +27,7 @@ __all__ = ["MovedRoot", "RootInfo", "list_roots", "move_root"]
 
 _LIST = (
     "SELECT roots.id, roots.path, roots.path_bytes, count(image_metadata.id), "
-    "sum(image_metadata.status = 'ok') FROM roots "
+    "sum(CASE WHEN image_metadata.status = 'ok' THEN 1 ELSE 0 END) FROM roots "
     "LEFT JOIN image_metadata ON image_metadata.root_id = roots.id GROUP BY roots.id ORDER BY roots.id"
 )
 _ROOTS = "SELECT id, path, path_bytes FROM roots"

@@ -22,7 +22,7 @@ def merge(
         ),
     ],
     into: Annotated[
-        Path,
+        str,
         typer.Option(
             "--into",
             metavar="TARGET",
@@ -49,7 +49,7 @@ def merge(
     if all(folders):
         from dlindex.export.merge import merge_exports
 
-        exported = merge_exports(parts, into, overwrite=overwrite)
+        exported = merge_exports(parts, Path(into), overwrite=overwrite)
         if as_json:
             print_json(exported.as_dict())
         elif not quiet:
