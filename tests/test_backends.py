@@ -104,6 +104,14 @@ def scenario(tmp: Path, db: str) -> dict[str, Any]:
     cli("features-show", "features", "show", "3", "--json")
     cli("similar", "similar", "3", "--type", "thumb", "--top", "3", "--format", "jsonl")
     cli("dups", "dups", "--format", "jsonl")
+    cli("leaks", "leaks", "--type", "dhash", "--split", "train=0.5,val=0.5", "--format", "jsonl")
+    cli("roots", "roots", "list")
+    npz = tmp / "dhash.npz"
+    cli("features-export", "features", "export", str(npz), "--type", "dhash")
+    out["features-export-bytes"] = hashlib.sha256(npz.read_bytes()).hexdigest()
+    cli("features-import", "features", "import", str(npz), "--type", "copy", "--json",
+        keep=lambda t: {k: v for k, v in json.loads(t).items() if k not in ("seconds", "mb_per_s", "journal", "path")})  # fmt: skip
+    cli("features-drop", "features", "drop", "--type", "copy")
     cli("stats", "stats", "--json", keep=_stats)
     cli("log", "log", "show", "--json", "--top", "1000", keep=_log)
     for fmt in ("wds", "parquet", "csv", "mds", "dali"):

@@ -150,6 +150,9 @@ def _page_cache(catalog: Catalog, size: int) -> Iterator[None]:
     default 2 MiB, index pages are spilled to the WAL and rewritten over and over (measured:
     a 1,000,000-vector import 15-20% slower)."""
     conn = catalog.conn
+    if catalog.backend != "sqlite":  # the server sizes its own buffers
+        yield
+        return
     before = int(conn.execute(_CACHE_KIB).fetchone()[0])
     kib = min(_MAX_CACHE_KIB, size // 1024 + 1024)
     conn.execute(f"PRAGMA cache_size = {-int(kib)}")  # PRAGMA takes no parameters; an int
