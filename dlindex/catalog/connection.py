@@ -279,7 +279,8 @@ class Catalog:
         """
         logging = self.querylog.enabled
         started = time.perf_counter()
-        cursor = self.conn.execute(sql, params)
+        # a server catalog streams (bounded memory for any result); a file catalog's cursor already does
+        cursor = self.conn.stream(sql, params) if self.backend == "postgresql" else self.conn.execute(sql, params)
         seconds = time.perf_counter() - started
         rows = 0
         try:

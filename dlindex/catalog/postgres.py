@@ -27,6 +27,7 @@ from dlindex.errors import CatalogError, InputError
 
 SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 10
+_STREAM_ROWS = 2000  # rows a streamed read brings over per round trip
 _TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
 _VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"
 
@@ -226,6 +227,7 @@ class PgConnection:
     def __init__(self, raw: Any, shown: str) -> None:
         self.raw = raw
         self.shown = shown
+        self._cursors = 0
         self._psycopg = _psycopg()
         self._register_numeric()
 
@@ -282,6 +284,21 @@ class PgConnection:
             row = cursor.fetchone()
             lastrowid = int(row[0]) if row else None
         return PgCursor(cursor, lastrowid)
+
+    def stream(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> PgCursor:
+        """Run a read through a server-side cursor, so the client holds one batch of rows at a
+        time, not the whole result (a query of millions of samples); ``Catalog.read`` uses it."""
+        text, params = _bind(translate(sql), parameters)
+        self._cursors += 1
+        cursor = self.raw.cursor(name=f"dlindex_read_{self._cursors}", withhold=True)
+        cursor.itersize = _STREAM_ROWS
+        try:
+            cursor.execute(text, params)
+        except self._psycopg.Error as e:
+            with suppress(self._psycopg.Error):
+                cursor.close()
+            raise self.translate_error(e) from e
+        return _Streamed(cursor)
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
@@ -449,6 +466,31 @@ class PgConnection:
 
     def close(self) -> None:
         self.raw.close()
+
+
+class _Streamed(PgCursor):
+    """A server-side cursor read _STREAM_ROWS at a time, whatever batch the caller asks for."""
+
+    def __init__(self, cursor: Any) -> None:
+        super().__init__(cursor)
+        self._buffer: list[tuple[Any, ...]] = []
+        self._at = 0
+
+    def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
+        if self._at >= len(self._buffer):
+            self._buffer, self._at = list(self._cursor.fetchmany(max(size, _STREAM_ROWS))), 0
+        batch = self._buffer[self._at : self._at + size]
+        self._at += len(batch)
+        return batch
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        batch = self.fetchmany(1)
+        return batch[0] if batch else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        rows = self._buffer[self._at :] + list(self._cursor.fetchall())
+        self._buffer, self._at = [], 0
+        return rows
 
 
 class _Rows(PgCursor):
