@@ -26,7 +26,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="DLINDEX_DB",
-        help="Catalog: a database file, or a postgresql:// URL (a server catalog, docs/postgres.md).",
+        help="Catalog: a file, or a postgresql:// URL (docs/postgres.md).",
         show_default="./dlindex.db",
     ),
 ]
