@@ -27,8 +27,8 @@ from typing import Any
 from dlindex import faults
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION
-from dlindex.catalog.shard_runs import RUN_COLUMNS, ShardRun
 from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.shard_runs import RUN_COLUMNS, ShardRun
 from dlindex.catalog.sqlite import connect_readonly
 from dlindex.errors import CatalogError, InputError
 
