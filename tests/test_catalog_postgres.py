@@ -285,3 +285,13 @@ def test_the_parts_of_a_sharded_scan_write_into_one_server_catalog(pg_url: str, 
         assert server.execute(rows).fetchall() == lite.execute(rows).fetchall()
         runs = server.execute("SELECT part, parts, state FROM shard_runs ORDER BY part").fetchall()
     assert runs == [(0, 3, "completed"), (1, 3, "completed"), (2, 3, "completed")]
+
+
+def test_without_psycopg_one_line_names_the_extra() -> None:
+    code = "import sys; sys.modules['psycopg'] = None; from dlindex.cli import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, "query", "--db", "postgresql://h/x"], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "Error: a postgresql:// catalog needs psycopg 3: pip install 'dlindex[postgres]'"
+    ]
