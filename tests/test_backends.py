@@ -114,6 +114,7 @@ def scenario(tmp: Path, db: str) -> dict[str, Any]:
     cli("features-drop", "features", "drop", "--type", "copy")
     cli("stats", "stats", "--json", keep=_stats)
     cli("log", "log", "show", "--json", "--top", "1000", keep=_log)
+    out["training"] = _epochs(db)
     for fmt in ("wds", "parquet", "csv", "mds", "dali"):
         export = tmp / f"export-{fmt}"
         cli(f"export-{fmt}", "export", str(export), "--format", fmt, "--split", "train=0.5,val=0.5", "--seed", "3",
@@ -121,6 +122,24 @@ def scenario(tmp: Path, db: str) -> dict[str, Any]:
         out[f"export-{fmt}-files"] = _files(export, tmp)
         shutil.rmtree(export)
     return out
+
+
+def _epochs(db: str) -> list[Any]:
+    """Two epochs of dlindex.torch.DataLoader (2 workers) over the catalog: ids, labels, vectors."""
+    from dlindex.torch import DataLoader
+
+    loader = DataLoader(database_path=db, feature_type="dhash", images=True, image_size=8, batch_size=4,
+                        num_workers=2, per_label=2, seed=0)  # fmt: skip
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        seen = []
+        for batch in loader:
+            seen += [(int(i), int(label), hashlib.sha256(f.numpy().tobytes() + im.numpy().tobytes()).hexdigest())
+                     for i, label, f, im in zip(batch["id"], batch["label"], batch["features"], batch["image"],
+                                                strict=True)]  # fmt: skip
+        epochs.append(sorted(seen))
+    return epochs
 
 
 def _stats(text: str) -> dict[str, Any]:
