@@ -321,6 +321,8 @@ def _free_port(host: str) -> int:
 
 def _port_free(host: str, port: int) -> bool:
     with socket.socket(_family(host), socket.SOCK_STREAM) as s:
+        # as the postmaster binds: a port left in TIME_WAIT by the last stop is free, a listener is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
