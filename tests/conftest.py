@@ -7,7 +7,8 @@ dlindex/catalog/connection.py), ``test_<package>.py`` a package as a whole; a su
 property checked across modules (``_fuzz``, ``_safety``, ``_trust``, ``_bounds``); ``test_faults_*``,
 ``test_docs*`` and ``test_user_environment.py`` check the whole program. Helpers shared by more
 than one file live here; catalogs written straight into SQLite come from synthetic.py, logged
-catalogs for index advice from advisor_workload.py.
+catalogs for index advice from advisor_workload.py, real PostgreSQL and Redis servers (the
+``postgres_server``, ``pg_url``, ``redis_server`` and ``redis_url`` fixtures) from servers.py.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dlindex.export import ExportOptions, ExportSummary, export_catalog
 from dlindex.export.index import index_path
 from dlindex.features import ComputeOptions, ComputeSummary, ImportSummary, compute_features, import_features
 
+from .servers import pg_url, postgres_server, redis_server, redis_url  # noqa: F401  (fixtures for every module)
 from .synthetic import Row, balanced, make_catalog
 
 REPO = Path(__file__).resolve().parents[1]

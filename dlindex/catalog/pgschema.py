@@ -1,6 +1,6 @@
-"""The catalog schema on PostgreSQL: the same tables, columns and triggers as SQLite's at
-LATEST_VERSION, written in PostgreSQL's types.
+"""The catalog schema on PostgreSQL: SQLite's tables, columns and triggers in PostgreSQL's types.
 
+The same as SQLite's at LATEST_VERSION.
 Kept the same where it matters to results: every text column compares byte by byte
 (``COLLATE "C"``, SQLite's BINARY, the order the walk relies on); booleans stay integers
 (dlindex's SQL says ``processed = 1``); timestamps stay the text SQLite's CURRENT_TIMESTAMP

@@ -1,6 +1,6 @@
-"""PostgreSQL connections to a server catalog: the URL, the checks before any write, the
-schema under an advisory lock, and a connection that runs dlindex's SQLite-dialect SQL.
+"""PostgreSQL connections to a server catalog, which run dlindex's SQLite-dialect SQL.
 
+The URL, the checks before any write, the schema under an advisory lock, and the connection.
 ``PgConnection`` offers what dlindex uses of ``sqlite3.Connection`` (execute, executemany,
 fetch, rowcount, lastrowid, in_transaction) and raises sqlite3's exception classes, with
 ``sqlite_errorname`` set to SQLite's name for the same condition (SQLITE_BUSY for a lock

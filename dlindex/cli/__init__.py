@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "dups": ("dups", "dups", False),
     "leaks": ("leaks", "leaks", False),
     "merge": ("merge", "merge", False),
+    "postgres": ("postgres", "app", True),
 }
 
 
