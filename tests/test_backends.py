@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os as _os
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
-
-_BASE = _os.environ.get("DLINDEX_TEST_POSTGRES")
 
 from typer.testing import CliRunner
 
@@ -190,17 +185,3 @@ def test_postgres_answers_as_sqlite(tmp_path: Path, pg_url: str) -> None:
     assert a.keys() == b.keys()
     for step in a:
         assert b[step] == a[step], step
-
-
-@pytest.fixture
-def pg_url() -> str:  # replaced by tests/servers.py
-
-    import psycopg
-
-    base = _BASE
-    if not base:
-        pytest.skip("no PostgreSQL server (DLINDEX_TEST_POSTGRES)")
-    with psycopg.connect(base, autocommit=True) as c:
-        c.execute("DROP DATABASE IF EXISTS backends WITH (FORCE)")
-        c.execute("CREATE DATABASE backends")
-    return base.rsplit("/", 1)[0] + "/backends"

@@ -246,47 +246,6 @@ def test_the_library_raises_dlindex_errors() -> None:
         Catalog("postgresql://h:99999999/x")
 
 
-import os as _os  # noqa: E402  - temporary until tests/servers.py lands
-
-_BASE = _os.environ.get("DLINDEX_TEST_POSTGRES")
-
-
-@pytest.fixture
-def postgres_server() -> str:
-    if not _BASE:
-        pytest.skip("no PostgreSQL server")
-    return _BASE
-
-
-@pytest.fixture
-def pg_url(postgres_server: str, request: pytest.FixtureRequest) -> str:
-    name = "t_" + re.sub(r"\W", "_", request.node.name)[:40].lower()
-    with psycopg.connect(postgres_server, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        c.execute(f"CREATE DATABASE {name}")
-    return postgres_server.rsplit("/", 1)[0] + "/" + name
-
-
-def test_the_parts_of_a_sharded_scan_write_into_one_server_catalog(pg_url: str, tmp_path: Path) -> None:
-    """On a server catalog N machines scan their parts into the one catalog at once: no merge."""
-    root = make_tree(tmp_path / "tree", 600)
-    whole = tmp_path / "whole.db"
-    invoke(CliRunner(), "scan", str(root), "--db", str(whole), "--quiet")
-    parts = [subprocess.Popen([*DLINDEX, "scan", str(root), "--db", pg_url, "--shard", f"{i}/3", "--quiet"],
-                              stderr=subprocess.PIPE) for i in range(3)]  # fmt: skip
-    assert [p.wait(timeout=120) for p in parts] == [0, 0, 0]
-    rows = (
-        "SELECT file_path, labels.name, width, height, bytes, xxh3_128, status FROM image_metadata "
-        "JOIN labels ON labels.id = image_metadata.label_id ORDER BY file_path"
-    )
-    import sqlite3
-
-    with sqlite3.connect(whole) as lite, psycopg.connect(pg_url) as server:
-        assert server.execute(rows).fetchall() == lite.execute(rows).fetchall()
-        runs = server.execute("SELECT part, parts, state FROM shard_runs ORDER BY part").fetchall()
-    assert runs == [(0, 3, "completed"), (1, 3, "completed"), (2, 3, "completed")]
-
-
 def test_without_psycopg_one_line_names_the_extra() -> None:
     code = "import sys; sys.modules['psycopg'] = None; from dlindex.cli import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "query", "--db", "postgresql://h/x"], capture_output=True,
