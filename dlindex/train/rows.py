@@ -76,17 +76,16 @@ class RowCache:
         return self.hits / asked if asked else 0.0
 
     def _fetch(self, ids: list[int]) -> dict[int, SampleRow]:
-        found: dict[int, SampleRow] = {}
-        if self.l2 is not None:
-            found = {i: SampleRow(*row) for i, row in self.l2.load_rows(ids, self.changes).items()}
-            self._rows.update(found)
-            if len(found) == len(ids):
-                return found
-            asked = [i for i in ids if i not in found]
+        if self.l2 is None:
+            return self._query(ids)
+        found = {i: SampleRow(*row) for i, row in self.l2.load_rows(ids, self.changes).items()}
+        self._rows.update(found)
+        asked = [i for i in ids if i not in found]
+        if asked:
             fetched = self._query(asked)
             self.l2.store_rows(fetched, self.changes)
-            return found | fetched
-        return self._query(ids)
+            found |= fetched
+        return found
 
     def _query(self, ids: list[int]) -> dict[int, SampleRow]:
         roots = roots_by_id(self.catalog)
