@@ -261,3 +261,11 @@ def test_loaded_selection_matches_the_database_bit_for_bit(db: Path, server: Red
         assert np.array_equal(a.ids, b.ids) and np.array_equal(a.labels, b.labels)
         assert np.array_equal(a.sizes, b.sizes) and a.hashes.tobytes() == b.hashes.tobytes()
         assert (a.digest, a.classes, a.changes) == (b.digest, b.classes, b.changes)
+
+
+def test_dataloader_workers_share_l2(db: Path, server: RedisServer) -> None:
+    epoch(loader(db, server.url, num_workers=2))
+    dl = loader(db, server.url, num_workers=2)
+    assert epoch(dl) == all_ids(db)
+    stats = dl.stats()
+    assert stats["l2_hit"] and stats["l2_hits"] == N and stats["l2_misses"] == 0
