@@ -24,7 +24,8 @@ from dlindex.train.epoch import Generation
 
 __all__ = ["CatalogDataset", "DataLoader"]
 _STATE_VERSION = 1
-_SUMMED = ("samples", "skipped", "replaced", "failed", "l1_hits", "l1_misses", "export_fallbacks", "read_s", "decode_s")
+_SUMMED = ("samples", "skipped", "replaced", "failed", "l1_hits", "l1_misses", "l2_hits", "l2_misses", "export_fallbacks",
+           "read_s", "decode_s")  # fmt: skip
 
 
 class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
@@ -132,6 +133,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             "dropped": len(plan.selection) - plan.layout.share() * plan.layout.world
             if plan.layout.share() * plan.layout.world < len(plan.selection) else 0,
             "missing_features": plan.missing_features, "l1_hit_rate": round(total["l1_hits"] / asked, 4) if asked else 0.0,
+            "l2_hit": plan.selection.l2_hit, "l2": plan.l2_identity is not None,
             "l3_hit": plan.selection.cache_hit, "source": "wds" if plan.export is not None else "files",
             "export": plan.export.out_dir if plan.export is not None else None,
             "errors": [e for s in self._stats.values() for e in s.get("errors", [])][:5],

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import sqlite3
 import time
+import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -114,16 +116,33 @@ class Catalog:
         or the server catalog's URL without its password."""
         return os.fsdecode(self.url) if self.backend == "sqlite" else str(self.path)
 
+    def identity(self) -> str:
+        """Which catalog this is, as a digest that two different catalogs never share: a file by
+        host, real path and inode (a new file at the same path is another catalog); a server
+        catalog by its URL (with this host's name where the URL is local), its database and
+        its tables (a dropped and remade catalog is another one). Keys the L2 cache and the
+        matrix cache of a server catalog."""
+        if self.backend == "sqlite":
+            real = os.path.realpath(self.path)
+            st = os.stat(real)
+            text = f"file:{socket.gethostname()}:{real}:{st.st_dev}:{st.st_ino}"
+        else:
+            parts = urllib.parse.urlsplit(self.location)
+            host = parts.hostname or ""
+            local = host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/")
+            where = f"{host}:{parts.port or ''}" + (f"@{socket.gethostname()}" if local else "")
+            row = self.conn.execute(_SERVER_IDENTITY).fetchone()
+            text = json.dumps([parts.scheme, where, parts.path, *row])
+        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
     def local_cache_dir(self) -> Path:
         """This machine's folder for what a server catalog's clients cache (feature matrices):
-        ``$XDG_CACHE_HOME/dlindex/<id>``, the id unique to the database and its catalog
-        tables, so a dropped and remade catalog never meets an old cache."""
+        ``$XDG_CACHE_HOME/dlindex/<identity>``, so a dropped and remade catalog never meets an
+        old cache."""
         if self.backend == "sqlite":
             return Path(os.fspath(self.path) + "-cache")
-        row = self.conn.execute(_SERVER_IDENTITY).fetchone()
-        digest = hashlib.sha256(json.dumps([self.location, *row]).encode()).hexdigest()[:20]
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return Path(base) / "dlindex" / digest
+        return Path(base) / "dlindex" / self.identity()
 
     @property
     def db(self) -> Any:

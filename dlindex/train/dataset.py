@@ -14,6 +14,7 @@ from dlindex.loader import rank_and_world
 from dlindex.query.spec import QuerySpec
 from dlindex.train.decode import ImageSpec
 from dlindex.train.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
+from dlindex.train.l2 import wanted
 from dlindex.train.rows import DEFAULT_SIZE
 from dlindex.train.worker import ON_ERROR, WorkerJob, run_worker
 
@@ -50,7 +51,8 @@ class CatalogDataset:
         transform: Callable[[Any], Any] | None = None, source: str | os.PathLike[str] = "auto",
         batch_size: int | None = None, drop_last: bool = False, shuffle: bool = True, shuffle_buffer: int = 512,
         seed: int = 0, rank: int | None = None, world_size: int | None = None, missing_features: str = "skip",
-        on_error: str = "skip", row_cache_size: int = DEFAULT_SIZE, **filters: Any,
+        on_error: str = "skip", row_cache_size: int = DEFAULT_SIZE, l2: str = "auto", l2_url: str | None = None,
+        **filters: Any,
     ) -> None:  # fmt: skip
         unknown = sorted(set(filters) - _FILTERS)
         if unknown:
@@ -78,6 +80,7 @@ class CatalogDataset:
         self.options = EpochOptions(
             filters=QuerySpec(**filters), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
             drop_last=bool(drop_last), feature_type=feature_type, missing_features=missing_features, source=self.source,
+            l2_url=wanted(l2, l2_url, self.database_path),
         )  # fmt: skip
         self.rank, self.world_size = rank, world_size
         self.on_error = on_error
@@ -121,7 +124,7 @@ class CatalogDataset:
         job = WorkerJob(plan=plan, rank=rank, worker=worker, database_path=self.database_path, images=self.images,
                         spec=self.spec, transform=self.transform, feature_type=self.feature_type,
                         on_error=self.on_error, batch_size=self.batch_size, row_cache_size=self.row_cache_size,
-                        track=self.track)  # fmt: skip
+                        l2_url=self.options.l2_url, track=self.track)  # fmt: skip
         return run_worker(job)
 
     def __reduce__(self) -> tuple[Any, ...]:

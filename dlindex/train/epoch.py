@@ -11,6 +11,7 @@ import numpy.typing as npt
 
 from dlindex.errors import DlindexError, InputError
 from dlindex.query.spec import QuerySpec
+from dlindex.train.l2 import L2Cache, catalog_identity
 from dlindex.train.plan import Layout, chunk_order
 from dlindex.train.selection import Selection, epoch_spec, resolve
 from dlindex.train.sources import WdsExport, arrange_files, arrange_wds, find_export
@@ -62,6 +63,7 @@ class EpochPlan:
     where: Ints | None  # each sample's export position
     missing_features: int  # samples left out (or computed) for lack of a vector
     digest: str = field(default="")
+    l2_identity: str | None = None  # the catalog's name in the L2 cache, when L2 is on
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class EpochOptions:
     feature_type: str | None
     missing_features: str
     source: str | os.PathLike[str]  # "auto", "files" or an export folder
+    l2_url: str | None = None  # the L2 cache (Redis), when it is on for this catalog
 
 
 def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tuple[Generation, ...],
@@ -83,7 +86,11 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
     ``history``: the generations already read this epoch (a resumed job), oldest first.
     """
     spec = epoch_spec(options.filters, options.seed, epoch)
-    selection = resolve(catalog, spec)
+    l2 = identity = None
+    if options.l2_url is not None:
+        identity = catalog_identity(catalog)
+        l2 = L2Cache(options.l2_url, identity)
+    selection = resolve(catalog, spec, l2)
     if digest and selection.digest != digest:
         raise DlindexError("the catalog's selection for this epoch differs from the saved loader state's "
                            "(the catalog changed since); resume is exact only over the same samples")  # fmt: skip
@@ -106,7 +113,7 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
     for k, done in enumerate(history):
         following = history[k + 1] if k + 1 < len(history) else now
         layout = layout.resumed(list(done.offsets), following.world, following.workers, following.batch_size)
-    return EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest)
+    return EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest, l2_identity=identity)
 
 
 def _window(options: EpochOptions, batch_size: int) -> int:

@@ -1,4 +1,4 @@
-"""The L1 metadata cache: an LRU of sample rows (path, size, hash) by id, filled a batch per query."""
+"""The L1 metadata cache: an LRU of sample rows (path, size, hash) by id, filled a batch per query (or from L2)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dlindex.query.lookups import roots_by_id
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
+    from dlindex.train.l2 import L2Cache
 
 DEFAULT_SIZE = 65536  # rows; ~200 bytes each, so ~13 MB a worker at most
 _ROWS_OF = (
@@ -29,12 +30,16 @@ class SampleRow(NamedTuple):
 class RowCache:
     """Sample rows by id: hits from memory, the misses of a call fetched in one query.
 
-    The seed's loader kept 1,000 rows; a worker here keeps ``size`` (default 65,536).
+    The seed's loader kept 1,000 rows; a worker here keeps ``size`` (default 65,536; 0 keeps
+    none). With ``l2``, misses are asked of the L2 cache first (under the counter ``changes``),
+    and what the catalog then answers is stored there.
     """
 
-    def __init__(self, catalog: Catalog, size: int = DEFAULT_SIZE) -> None:
+    def __init__(self, catalog: Catalog, size: int = DEFAULT_SIZE, l2: L2Cache | None = None,
+                 changes: int = -1) -> None:  # fmt: skip
         self.catalog = catalog
-        self.size = max(1, int(size))
+        self.size = max(0, int(size))
+        self.l2, self.changes = l2, changes
         self.hits = 0
         self.misses = 0
         self._rows: OrderedDict[int, SampleRow] = OrderedDict()
@@ -71,6 +76,18 @@ class RowCache:
         return self.hits / asked if asked else 0.0
 
     def _fetch(self, ids: list[int]) -> dict[int, SampleRow]:
+        if self.l2 is None:
+            return self._query(ids)
+        found = {i: SampleRow(*row) for i, row in self.l2.load_rows(ids, self.changes).items()}
+        self._rows.update(found)
+        asked = [i for i in ids if i not in found]
+        if asked:
+            fetched = self._query(asked)
+            self.l2.store_rows(fetched, self.changes)
+            found |= fetched
+        return found
+
+    def _query(self, ids: list[int]) -> dict[int, SampleRow]:
         roots = roots_by_id(self.catalog)
         found: dict[int, SampleRow] = {}
         for start in range(0, len(ids), 10_000):  # bounded JSON per statement

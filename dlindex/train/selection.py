@@ -16,6 +16,7 @@ from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
+    from dlindex.train.l2 import L2Cache, Labelled
 
 Ints = npt.NDArray[np.int64]
 _COLUMNS = ("id", "label_id", "bytes", "xxh3_128")
@@ -42,6 +43,8 @@ class Selection:
     classes: tuple[str, ...]
     cache_hit: bool  # the L3 result cache answered the query
     digest: str = field(default="")  # what the samples are: resume checks it
+    changes: int = -1  # the catalog's change counter, read before the query ran
+    l2_hit: bool = False  # the L2 cache (Redis) answered the query
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -61,11 +64,17 @@ def epoch_spec(filters: QuerySpec, seed: int, epoch: int) -> QuerySpec:
     return replace(filters, columns=_COLUMNS, order="id", seed=epoch_seed(seed, epoch), has_class=True)
 
 
-def resolve(catalog: Catalog, spec: QuerySpec) -> Selection:
-    """Run the epoch's query once (through the L3 result cache) into arrays."""
+def resolve(catalog: Catalog, spec: QuerySpec, l2: L2Cache | None = None) -> Selection:
+    """Run the epoch's query once (through the L2 cache when given, and the L3 result cache)
+    into arrays."""
     prepared = prepare(catalog, spec)
-    hit = spec.cache and cache.lookup(catalog, cache.cache_key(prepared.selection_sql, prepared.params),
-                                      catalog.changes()) is not None  # fmt: skip
+    changes = catalog.changes()  # before the query: a result is never filed under a newer counter
+    key = cache.cache_key(prepared.selection_sql, prepared.params)
+    classes = tuple(prepared.classes or ())
+    parts = l2.load_selection(key, changes) if l2 is not None and spec.cache else None
+    if parts is not None:
+        return _from_parts(parts, classes, changes, cache_hit=False, l2_hit=True)
+    hit = spec.cache and cache.lookup(catalog, key, changes) is not None
     ids: list[int] = []
     labels: list[int] = []
     sizes: list[int] = []
@@ -77,13 +86,38 @@ def resolve(catalog: Catalog, spec: QuerySpec) -> Selection:
         hashes.append(_hash_bytes(row["xxh3_128"]))
     id_array = np.asarray(ids, dtype=np.int64)
     order = np.argsort(id_array, kind="stable")  # per-label draws come grouped by class
-    classes = tuple(prepared.classes or ())
-    return Selection(
+    selection = Selection(
         ids=id_array[order], labels=np.asarray(labels, dtype=np.int64)[order],
         sizes=np.asarray(sizes, dtype=np.int64)[order],
         hashes=np.frombuffer(b"".join(hashes) or b"", dtype="V16")[order].copy(),
-        classes=classes, cache_hit=bool(hit), digest=_digest(id_array[order], classes),
+        classes=classes, cache_hit=bool(hit), digest=_digest(id_array[order], classes), changes=changes,
     )  # fmt: skip
+    if l2 is not None and spec.cache:
+        l2.store_selection(key, changes, _parts(selection))
+    return selection
+
+
+def _parts(selection: Selection) -> list[Labelled]:
+    """A selection cut by label, each part in id order: one L2 value per (selection, label)."""
+    from dlindex.train.l2 import Labelled
+
+    out = []
+    for label in np.unique(selection.labels).tolist():
+        mask = selection.labels == label
+        out.append(Labelled(int(label), selection.ids[mask], selection.sizes[mask], selection.hashes[mask]))
+    return out
+
+
+def _from_parts(parts: list[Labelled], classes: tuple[str, ...], changes: int, *, cache_hit: bool,
+                l2_hit: bool) -> Selection:  # fmt: skip
+    ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    labels = np.concatenate([np.full(p.ids.size, p.label, dtype=np.int64) for p in parts]) if parts else ids
+    sizes = np.concatenate([p.sizes for p in parts]) if parts else ids
+    hashes = np.concatenate([p.hashes for p in parts]) if parts else np.zeros(0, dtype="V16")
+    return Selection(ids=ids[order], labels=labels[order], sizes=sizes[order], hashes=hashes[order].copy(),
+                     classes=classes, cache_hit=cache_hit, digest=_digest(ids[order], classes), changes=changes,
+                     l2_hit=l2_hit)  # fmt: skip
 
 
 def hash_bytes(text: Any) -> bytes:

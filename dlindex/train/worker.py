@@ -17,6 +17,7 @@ import numpy.typing as npt
 
 from dlindex.errors import DlindexError, DlindexWarning
 from dlindex.train.decode import DecodeError, ImageSpec, decode_image
+from dlindex.train.l2 import L2Cache
 from dlindex.train.rows import RowCache
 from dlindex.train.sources import FileReader, Read, WdsReader
 
@@ -37,6 +38,8 @@ class WorkerStats:
     failed: int = 0  # could not be read or decoded
     l1_hits: int = 0
     l1_misses: int = 0
+    l2_hits: int = 0  # rows the L2 cache answered (of the L1 misses)
+    l2_misses: int = 0
     export_fallbacks: int = 0  # export members that no longer matched the catalog: read from the file
     read_s: float = 0.0
     decode_s: float = 0.0
@@ -59,6 +62,7 @@ class WorkerJob:
     on_error: str
     batch_size: int | None  # None: one sample at a time
     row_cache_size: int
+    l2_url: str | None  # the L2 cache, when on
     track: bool  # add the "_dlindex" entry the dlindex DataLoader follows for resume
 
 
@@ -111,7 +115,10 @@ def _read_ahead(job: WorkerJob, stream: Ints, stats: WorkerStats) -> Iterator[tu
 
         try:
             with Catalog(job.database_path, log=False) as catalog:  # sqlite3 connections stay in their thread
-                rows = RowCache(catalog, job.row_cache_size)
+                l2 = None
+                if job.l2_url is not None and job.plan.l2_identity is not None:
+                    l2 = L2Cache(job.l2_url, job.plan.l2_identity)
+                rows = RowCache(catalog, job.row_cache_size, l2, job.plan.selection.changes)
                 files = FileReader(job.plan.selection, rows)
                 reader: FileReader | WdsReader = files
                 if job.plan.export is not None and job.plan.where is not None:
@@ -126,6 +133,8 @@ def _read_ahead(job: WorkerJob, stream: Ints, stats: WorkerStats) -> Iterator[tu
                         got = dict(zip(reading.tolist(), reader.read(reading), strict=True))
                         stats.read_s += time.perf_counter() - started
                         stats.l1_hits, stats.l1_misses = rows.hits, rows.misses
+                        if l2 is not None:
+                            stats.l2_hits, stats.l2_misses = l2.hits, l2.misses
                         stats.export_fallbacks = getattr(reader, "fallbacks", 0)
                         handoff.put((positions, [got[p] for p in positions.tolist()]))
                 finally:
