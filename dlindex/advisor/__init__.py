@@ -20,7 +20,10 @@ value statistics), ``write_cost`` (what an index adds to inserts and updates),
 ``verify`` (one candidate alone), ``regressions`` (the suggestions together, existing indexes
 without), ``effects`` (the before/after report), ``findings``, ``hints``, ``suggest`` (the
 steps in order), ``memo`` (the advice ``--suggest`` printed, for ``--apply``), ``manage``
-(apply, revert, list), ``model`` (the results).
+(apply, revert, list), ``model`` (the results). A PostgreSQL catalog has its own steps:
+``pgworkload`` (pg_stat_statements joined with the query log), ``pgplans`` (the server's schema,
+statistics, hypopg and timed runs), ``postgres`` (``suggest_server_indexes``), ``dexter``
+(Dexter's rule, for comparison) and ``pgmanage`` (apply, revert, list on the server).
 """
 
 from dlindex.advisor.manage import apply_advice, list_indexes, revert_indexes

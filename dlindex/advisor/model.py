@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import Field, asdict, dataclass
 from typing import Any, ClassVar
 
@@ -136,6 +137,7 @@ class Advice:
     lock_wait_ms: float = 0.0  # logged time spent waiting for the write lock
     slower: tuple[Finding, ...] = ()  # existing indexes the logged statements that use them are faster without
     statements: tuple[Effect, ...] = ()  # every logged statement, before and after the suggestions
+    server: Mapping[str, Any] | None = None  # a PostgreSQL catalog: its workload, verification and Dexter's set
 
     def droppable(self) -> tuple[Finding, ...]:
         return tuple(f for f in (*self.unused, *self.redundant, *self.slower) if f.droppable)
@@ -160,6 +162,7 @@ class Advice:
             },
             "sample": self.sample,
             "seconds": self.seconds,
+            **({"postgresql": dict(self.server)} if self.server is not None else {}),
         }
 
 

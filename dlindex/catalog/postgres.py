@@ -544,6 +544,14 @@ def _wants_lastrowid(text: str) -> bool:
     return bool(m and m.group(1).lower() in _ID_TABLES)
 
 
+def server_statement(
+    sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ()
+) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
+    """``sql`` in dlindex's SQLite dialect as PostgreSQL runs it, with its psycopg parameters
+    (for ``execute_raw``: the index advisor explains and times logged reads this way)."""
+    return _bind(translate(sql), parameters)
+
+
 def _bind(
     translated: Translated, parameters: Sequence[Any] | Mapping[str, Any]
 ) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:

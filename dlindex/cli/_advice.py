@@ -18,6 +18,14 @@ def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[
             memory_mib: int) -> Advice:  # fmt: skip
     """Compute the advice and keep it for a later --apply on the same state."""
     progress = (lambda line: status.update(line[:100])) if status is not None else None
+    if catalog.backend == "postgresql":
+        from dlindex.advisor.pgmanage import server_state
+        from dlindex.advisor.postgres import suggest_server_indexes
+
+        key, state = server_state(catalog, logs, options)
+        advice = suggest_server_indexes(catalog, logs, top=options["top"], progress=progress, time_limit_s=time_limit)
+        save_advice(key, state, advice)
+        return advice
     state = current_state(catalog.path, logs, options)
     advice = suggest_indexes(catalog, logs, top=options["top"], progress=progress, time_limit_s=time_limit,
                              memory_limit_bytes=memory_mib * 2**20)  # fmt: skip
@@ -27,7 +35,13 @@ def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[
 
 def stored(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any]) -> Advice | None:
     """The advice --suggest printed for this very state, or None after saying why it is recomputed."""
-    advice, why = load_advice(catalog.path, current_state(catalog.path, logs, options))
+    if catalog.backend == "postgresql":
+        from dlindex.advisor.pgmanage import server_state
+
+        key, state = server_state(catalog, logs, options)
+        advice, why = load_advice(key, state)
+    else:
+        advice, why = load_advice(catalog.path, current_state(catalog.path, logs, options))
     if advice is not None:
         stderr_console.print("applying the advice `dlindex index --suggest` printed for this state", markup=False)
     else:
@@ -48,8 +62,9 @@ def print_advice(a: Advice) -> None:
                   markup=False)  # fmt: skip
         return
     sample = f" (every {a.sample}th row of large tables)" if a.sample > 1 else ""
+    where = "on the server" if a.server is not None else f"on a scratch copy{sample}"
     out.print(f"{len(a.suggestions)} suggestion(s) for {len(a.hot)} hot of {a.reads} logged read statements "
-              f"({a.read_ms:,.1f} ms logged), verified on a scratch copy{sample} in {a.seconds:.1f} s", markup=False)  # fmt: skip
+              f"({a.read_ms:,.1f} ms logged), verified {where} in {a.seconds:.1f} s", markup=False)  # fmt: skip
     for i, s in enumerate(a.suggestions, 1):
         out.print(f"\n{i}. {s.sql};", markup=False, highlight=False, soft_wrap=True)
         out.print(f"   {s.before_ms:,.3f} -> {s.after_ms:,.3f} ms per call ({s.speedup or '-'}x), {s.saved_ms:,.1f} ms saved "
@@ -69,10 +84,24 @@ def print_advice(a: Advice) -> None:
         for h in a.hints:
             out.print(f"  {h.fingerprint} ({h.calls:,} calls, {_ms(h.mean_ms)}): {_short(h.sql, 80)}\n    {h.hint}",
                       markup=False, highlight=False, soft_wrap=True)  # fmt: skip
+    if a.server is not None:
+        _server(a.server)
     if a.rejected:
         out.print("\nnot worth it:", markup=False)
         for r in a.rejected:
             out.print(f"  {r.sql}\n    {r.reason}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _server(server: Any) -> None:
+    """A server catalog: where the workload came from, how it was verified, and Dexter's set beside ours."""
+    out, w, ms, dexter = stdout_console, server["workload"], server["workload_ms"], server["dexter"]
+    out.print(f"\nworkload: {w['log']} statement(s) from dlindex's query log, {w['pg_stat_statements']} from "
+              f"pg_stat_statements, {w['joined']} in both; {server['verified']}", markup=False, soft_wrap=True)  # fmt: skip
+    out.print(f"Dexter's rule ({dexter['rule']}): {len(dexter['indexes'])} index(es)", markup=False, soft_wrap=True)
+    for sql in dexter["indexes"]:
+        out.print(f"  {sql};", markup=False, highlight=False, soft_wrap=True)
+    out.print(f"logged reads on the server, calls x ms: {_ms(ms['before'])} now, {_ms(ms['dlindex'])} with dlindex's "
+              f"advice, {_ms(ms['dexter'])} with Dexter's set", markup=False, soft_wrap=True)  # fmt: skip
 
 
 def _effects(a: Advice) -> None:
@@ -105,6 +134,10 @@ def confirm_drops(drops: Sequence[Finding]) -> bool:
 
 
 def apply(catalog: Catalog, advice: Advice, *, create: bool, drops: Sequence[Finding]) -> Changes:
+    if catalog.backend == "postgresql":
+        from dlindex.advisor.pgmanage import apply_server_advice
+
+        return apply_server_advice(catalog, advice, create=create, drop=drops)
     return apply_advice(catalog, advice, create=create, drop=drops)
 
 
@@ -119,7 +152,12 @@ def print_changes(c: Changes) -> None:
 
 
 def revert(catalog: Catalog, as_json: bool) -> None:
-    changes = revert_indexes(catalog)
+    if catalog.backend == "postgresql":
+        from dlindex.advisor.pgmanage import revert_server_indexes
+
+        changes = revert_server_indexes(catalog)
+    else:
+        changes = revert_indexes(catalog)
     if as_json:
         print_json(changes.as_dict())
     elif changes.run is None:
@@ -133,7 +171,12 @@ def revert(catalog: Catalog, as_json: bool) -> None:
 
 
 def listing(catalog: Catalog, as_json: bool) -> None:
-    usages = list_indexes(catalog)
+    if catalog.backend == "postgresql":
+        from dlindex.advisor.pgmanage import list_server_indexes
+
+        usages = list_server_indexes(catalog)
+    else:
+        usages = list_indexes(catalog)
     if as_json:
         print_json({"indexes": [u.as_dict() for u in usages]})
         return

@@ -1,0 +1,187 @@
+"""dlindex/advisor/postgres.py, pgworkload, pgplans, pgmanage, dexter: `dlindex index` on a real PostgreSQL server.
+
+A 20,000-row catalog is written by SQL on the server, a workload is run through dlindex (so
+the query log and pg_stat_statements both see it), then the advice, Dexter's set beside it,
+--apply / --list / --revert / --drop-unused and the bad-input lines are checked.
+"""
+
+from __future__ import annotations
+
+import json
+import os as _os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dlindex import Catalog
+from dlindex.advisor.pgworkload import server_fingerprint
+from dlindex.catalog.dialect import translate
+
+from .conftest import invoke, one_error_line
+
+psycopg = pytest.importorskip("psycopg")
+
+ROWS, LABELS = 20_000, 200
+LABEL_FILES = "SELECT file_path, label_id FROM image_metadata WHERE label_id = ? AND processed = 1"
+FAILED = "SELECT id, file_path, error FROM image_metadata WHERE processing_status = 'failed' ORDER BY id"
+HOURLY = "SELECT id FROM image_metadata WHERE bytes > ? ORDER BY bytes DESC LIMIT 5"
+MARK = "UPDATE image_metadata SET processed = 1 WHERE id = ?"
+_FILL = """INSERT INTO image_metadata (id, root_id, file_path, label_id, width, height, format, mode, bytes, mtime_ns,
+    xxh3_128, status, processed, processing_status, created_at, updated_at)
+SELECT i, 1, 'class_' || lpad(((i / 100) * 7919 %% 200 + 1)::text, 4, '0') || '/' || lpad(i::text, 8, '0') || '.jpg',
+    (i / 100) * 7919 %% 200 + 1, 64 + a %% 961, 64 + (a / 961) %% 961, 'JPEG', 'RGB', 20000 + a %% 200000, i,
+    lpad(to_hex(a), 16, '0'), CASE WHEN b %% 1000 < 10 THEN 'corrupt' ELSE 'ok' END,
+    CASE WHEN b %% 100 < 70 THEN 1 ELSE 0 END,
+    CASE WHEN b %% 100 < 70 THEN 'completed' WHEN b %% 100 < 72 THEN 'failed' END, '2026-01-01 00:00:00', '2026-01-01 00:00:00'
+FROM (SELECT i, (i::bigint * 2654435761) %% 4294967296 AS a, (i::bigint * 40503 + 12345) %% 65536 AS b
+      FROM generate_series(1, %s) i) s"""
+
+
+def make_server_catalog(url: str, planted: dict[str, str] | None = None) -> None:
+    """ROWS images in LABELS labels on the server; ``planted`` name -> columns indexes; ANALYZE."""
+    with Catalog(url, create=True, log=False) as catalog:
+        conn = catalog.conn
+        conn.execute_raw("INSERT INTO roots (id, path) VALUES (1, '/data/train')")
+        conn.execute_raw(
+            "INSERT INTO labels (id, name) SELECT i, 'class_' || lpad(i::text, 4, '0') FROM generate_series(1, %s) i",
+            (LABELS,),
+        )
+        conn.execute_raw(_FILL, (ROWS,))
+        for name, columns in (planted or {}).items():
+            conn.execute_raw(f"CREATE INDEX {name} ON image_metadata ({columns})")
+        conn.execute_raw("ANALYZE")
+        conn.execute_raw("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+
+
+def run_workload(url: str) -> None:
+    rng = random.Random(0)
+    with Catalog(url) as catalog:
+        for _ in range(300):
+            list(catalog.read(LABEL_FILES, (rng.randint(1, LABELS),)))
+        for _ in range(30):
+            list(catalog.read(FAILED))
+        list(catalog.read(HOURLY, (210_000,)))
+        with catalog.write_transaction() as conn:
+            conn.executemany(MARK, [(i,) for i in range(1, 200)])
+
+
+def index_defs(url: str) -> list[tuple[str, str]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'public' ORDER BY 1"
+        ).fetchall()
+
+
+def extensions(url: str) -> set[str]:
+    with psycopg.connect(url) as conn:
+        return {r[0] for r in conn.execute("SELECT extname FROM pg_extension").fetchall()}
+
+
+@pytest.fixture
+def logged(pg_url: str) -> str:
+    make_server_catalog(pg_url, {"planted_width_height": "width, height"})
+    run_workload(pg_url)
+    return pg_url
+
+
+def suggest_json(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> dict[str, Any]:
+    monkeypatch.setenv("DLINDEX_CACHE_DIR", str(tmp_path / "cache"))
+    result = invoke(CliRunner(), "index", *args, "--json", "--db", url)
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_a_logged_statement_joins_its_pg_stat_statements_entry() -> None:
+    logged = translate("SELECT id, name FROM labels WHERE name IN (SELECT value FROM json_each(:names))").text
+    seen = ('DECLARE "dlindex_read_7" CURSOR WITH HOLD FOR SELECT id, name FROM labels WHERE name IN '
+            "(SELECT value FROM unnest($1::text[]) WITH ORDINALITY AS json_each(value, key))")  # fmt: skip
+    assert server_fingerprint(logged) == server_fingerprint(seen)
+    assert server_fingerprint("UPDATE image_metadata SET processed = $2 WHERE id = $1") == server_fingerprint(
+        translate(MARK.replace("1 WHERE", "? WHERE")).text
+    )
+
+
+def test_suggest_verifies_on_the_server_with_dexter_beside(
+    logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = index_defs(logged)
+    advice = suggest_json(logged, tmp_path, monkeypatch, "--suggest")
+    assert index_defs(logged) == before  # --suggest builds nothing that stays
+    sqls = [s["sql"] for s in advice["suggestions"]]
+    assert any(re.search(r"\(label_id\).* WHERE processed = 1$", s) for s in sqls), sqls
+    assert any("WHERE processing_status = 'failed'" in s for s in sqls), sqls
+    assert all(len(s["name"]) < 64 for s in advice["suggestions"])
+    server = advice["postgresql"]
+    assert server["workload"]["joined"] >= 3
+    assert server["verified"].startswith("timed on the server")
+    assert server["dexter"]["indexes"], server["dexter"]
+    ms = server["workload_ms"]
+    assert ms["dlindex"] < ms["before"] / 5 and ms["dexter"] < ms["before"], ms  # times: the bench compares them
+    assert len(advice["suggestions"]) <= len(server["dexter"]["indexes"])
+    unused = {f["name"]: f for f in advice["unused"]}
+    assert unused["planted_width_height"]["droppable"] is False  # made by hand: reported, never dropped
+    assert not [e for e in advice["statements"] if e["change"] == "slower"]
+
+
+def test_apply_list_revert_and_drop_unused(logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = index_defs(logged)
+    suggest_json(logged, tmp_path, monkeypatch, "--suggest")
+    result = invoke(CliRunner(), "index", "--apply", "--db", logged)
+    assert result.exit_code == 0, result.output
+    assert "applying the advice `dlindex index --suggest` printed for this state" in result.stderr
+    created = [line.split()[1] for line in result.stdout.splitlines() if line.startswith("created ")]
+    assert created and all(n.startswith("idx_dlindex_") for n in created)
+    with psycopg.connect(logged) as conn:
+        assert not conn.execute("SELECT 1 FROM pg_index WHERE NOT indisvalid").fetchall()
+        runs = conn.execute("SELECT DISTINCT run, action FROM index_changes").fetchall()
+    assert runs == [(1, "create")]
+    listed = json.loads(invoke(CliRunner(), "index", "--list", "--json", "--db", logged).stdout)["indexes"]
+    origins = {u["name"]: u["origin"] for u in listed}
+    assert {origins[n] for n in created} == {"dlindex"}
+    assert origins["planted_width_height"] == "manual" and origins["image_metadata_pkey"] == "constraint"
+    # nothing ran since: every new index is unused, and --drop-unused drops only dlindex's
+    dropped = invoke(CliRunner(), "index", "--drop-unused", "--yes", "--json", "--db", logged)
+    assert dropped.exit_code == 0, dropped.output
+    assert sorted(json.loads(dropped.stdout)["applied"]["dropped"]) == sorted(created)
+    assert "planted_width_height" in dict(index_defs(logged))
+    reverted = invoke(CliRunner(), "index", "--revert", "--db", logged)  # undo the drop: they are back
+    assert reverted.exit_code == 0 and "reverted run 2" in reverted.stdout
+    assert {n for n in created} <= dict(index_defs(logged)).keys()
+    invoke(CliRunner(), "index", "--revert", "--db", logged)  # undo the apply
+    assert index_defs(logged) == before
+
+
+def test_no_workload_is_one_line_and_nothing_is_written(pg_url: str) -> None:
+    make_server_catalog(pg_url)
+    line = one_error_line(invoke(CliRunner(), "index", "--suggest", "--db", pg_url))
+    assert line.startswith("Error: no workload yet:"), line
+    assert "hypopg" not in extensions(pg_url)
+
+
+def test_without_the_pg_stat_statements_extension(pg_url: str) -> None:
+    make_server_catalog(pg_url)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP EXTENSION pg_stat_statements")
+    run_workload(pg_url)
+    line = one_error_line(invoke(CliRunner(), "index", "--suggest", "--db", pg_url))
+    assert "CREATE EXTENSION pg_stat_statements" in line and "nothing was changed" in line, line
+    assert not {"hypopg", "pg_stat_statements"} & extensions(pg_url)
+
+
+_BASE = _os.environ.get("DLINDEX_TEST_POSTGRES")  # read at import: conftest's autouse fixture clears DLINDEX_*
+
+
+@pytest.fixture
+def pg_url(request: pytest.FixtureRequest) -> str:  # temporary: replaced by tests/servers.py's pg_url
+    if not _BASE:
+        pytest.skip("no PostgreSQL server (DLINDEX_TEST_POSTGRES)")
+    name = "t_adv_" + re.sub(r"\W", "_", request.node.name)[:40].lower()
+    with psycopg.connect(_BASE, autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        c.execute(f"CREATE DATABASE {name}")
+    return _BASE.rsplit("/", 1)[0] + "/" + name
