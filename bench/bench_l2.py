@@ -223,6 +223,29 @@ def render(meta: dict[str, Any], results: list[dict[str, Any]], backends: list[s
     return "\n".join(lines)
 
 
+def copy_to_postgres(db: Path, url: str) -> None:
+    """This run's SQLite catalog into the PostgreSQL database at ``url`` (empty, or already a
+    copy of it), ids kept, by COPY: both backends then hold the same rows."""
+    count = "SELECT count(*) FROM image_metadata"
+    with Catalog(url, create=True, log=False) as pg, sqlite3.connect(db) as lite:
+        have, want = pg.conn.execute(count).fetchone()[0], lite.execute(count).fetchone()[0]
+        if have == want:
+            return
+        if have:
+            raise SystemExit(f"{url} holds {have:,} rows, not {want:,}: give an empty database")
+        print(f"copying {want:,} rows into {pg.location}")
+        with pg.write_transaction() as conn:
+            server: Any = conn
+            for table in ("roots", "labels", "image_metadata"):
+                columns = [row[1] for row in lite.execute(f"PRAGMA table_info({table})")]
+                rows = lite.execute(f"SELECT {', '.join(columns)} FROM {table}")
+                server.copy_rows(table, columns, rows)
+                server.execute_raw(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT max(id) FROM {table}))"
+                )
+            server.execute_raw("ANALYZE")
+
+
 def main(argv: list[str] | None = None) -> int:
     compile_sources()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -253,11 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             make_catalog(db, rows, a.labels)
         backends = {"SQLite": str(db)}
         if a.postgres:
-            with Catalog(a.postgres, log=False) as pg, Catalog(db, log=False) as lite:
-                count = "SELECT count(*) FROM image_metadata"
-                have, want = pg.conn.execute(count).fetchone()[0], lite.conn.execute(count).fetchone()[0]
-            if have != want:
-                raise SystemExit(f"{a.postgres} holds {have:,} rows, not {want:,}: dlindex merge {db} --into URL first")
+            copy_to_postgres(db, a.postgres)
             backends["PostgreSQL"] = a.postgres
         url, proc = (a.redis, None) if a.redis else start_redis(work)
         try:

@@ -8,7 +8,6 @@ the query log and pg_stat_statements both see it), then the advice, Dexter's set
 from __future__ import annotations
 
 import json
-import os as _os
 import random
 import re
 from pathlib import Path
@@ -171,17 +170,3 @@ def test_without_the_pg_stat_statements_extension(pg_url: str) -> None:
     line = one_error_line(invoke(CliRunner(), "index", "--suggest", "--db", pg_url))
     assert "CREATE EXTENSION pg_stat_statements" in line and "nothing was changed" in line, line
     assert not {"hypopg", "pg_stat_statements"} & extensions(pg_url)
-
-
-_BASE = _os.environ.get("DLINDEX_TEST_POSTGRES")  # read at import: conftest's autouse fixture clears DLINDEX_*
-
-
-@pytest.fixture
-def pg_url(request: pytest.FixtureRequest) -> str:  # temporary: replaced by tests/servers.py's pg_url
-    if not _BASE:
-        pytest.skip("no PostgreSQL server (DLINDEX_TEST_POSTGRES)")
-    name = "t_adv_" + re.sub(r"\W", "_", request.node.name)[:40].lower()
-    with psycopg.connect(_BASE, autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        c.execute(f"CREATE DATABASE {name}")
-    return _BASE.rsplit("/", 1)[0] + "/" + name

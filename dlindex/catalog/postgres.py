@@ -227,7 +227,7 @@ class PgConnection:
     def __init__(self, raw: Any, shown: str) -> None:
         self.raw = raw
         self.shown = shown
-        self._cursors = 0
+        self._open_reads: set[int] = set()  # slots of streamed reads not yet closed
         self._psycopg = _psycopg()
         self._register_numeric()
 
@@ -289,16 +289,20 @@ class PgConnection:
         """Run a read through a server-side cursor, so the client holds one batch of rows at a
         time, not the whole result (a query of millions of samples); ``Catalog.read`` uses it."""
         text, params = _bind(translate(sql), parameters)
-        self._cursors += 1
-        cursor = self.raw.cursor(name=f"dlindex_read_{self._cursors}", withhold=True)
+        # the lowest free name: pg_stat_statements keys a DECLARE by its text, cursor name
+        # included, so reused names keep one entry per statement (index advice reads them)
+        slot = min(set(range(len(self._open_reads) + 1)) - self._open_reads)
+        self._open_reads.add(slot)
+        cursor = self.raw.cursor(name=f"dlindex_read_{slot}", withhold=True)
         cursor.itersize = _STREAM_ROWS
         try:
             cursor.execute(text, params)
         except self._psycopg.Error as e:
             with suppress(self._psycopg.Error):
                 cursor.close()
+            self._open_reads.discard(slot)
             raise self.translate_error(e) from e
-        return _Streamed(cursor)
+        return _Streamed(cursor, lambda: self._open_reads.discard(slot))
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
@@ -471,10 +475,17 @@ class PgConnection:
 class _Streamed(PgCursor):
     """A server-side cursor read _STREAM_ROWS at a time, whatever batch the caller asks for."""
 
-    def __init__(self, cursor: Any) -> None:
+    def __init__(self, cursor: Any, on_close: Callable[[], None]) -> None:
         super().__init__(cursor)
         self._buffer: list[tuple[Any, ...]] = []
         self._at = 0
+        self._on_close = on_close
+
+    def close(self) -> None:
+        try:
+            self._cursor.close()
+        finally:
+            self._on_close()
 
     def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
         if self._at >= len(self._buffer):

@@ -34,6 +34,8 @@ _CREATE_PATHS = (
 )
 _DROP_IDS = "DROP TABLE IF EXISTS temp.mark_ids"
 _DROP_PATHS = "DROP TABLE IF EXISTS temp.mark_paths"
+_EMPTY_IDS = "DELETE FROM temp.mark_ids"
+_EMPTY_PATHS = "DELETE FROM temp.mark_paths"
 _STAGE_IDS = "INSERT OR IGNORE INTO temp.mark_ids (id) SELECT value FROM json_each(:ids)"
 _STAGE_PATH = "INSERT OR IGNORE INTO temp.mark_paths (root_id, file_path) VALUES (?, ?)"
 _COUNT_IDS = "SELECT count(*) FROM temp.mark_ids"
@@ -187,8 +189,14 @@ def mark_samples(
                 sql = _UPDATE_BY_PATH.replace("{set}", set_sql).replace("{changed}", changed_sql)
                 updated += tx.execute(sql, values).rowcount
     finally:
-        conn.execute(_DROP_IDS)
-        conn.execute(_DROP_PATHS)
+        if catalog.backend == "postgresql":
+            # emptied, not dropped: a new temp table each call is a new statement to the
+            # server's statistics (pg_stat_statements), which would crowd out the real workload
+            conn.execute(_EMPTY_IDS)
+            conn.execute(_EMPTY_PATHS)
+        else:
+            conn.execute(_DROP_IDS)
+            conn.execute(_DROP_PATHS)
     return MarkResult(
         inputs=inputs, matched=matched, updated=updated, unknown=unknown,
         seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(examples),
