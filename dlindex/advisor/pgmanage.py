@@ -18,6 +18,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+# index_changes is the same table on both backends: the same statements (the dialect rewrites them)
+from dlindex.advisor.manage import _LAST_RUN, _MARK_REVERTED, _NEXT_RUN, _RECORD, _RUN_CHANGES
 from dlindex.advisor.memo import State
 from dlindex.advisor.model import Advice, Changes, Finding, IndexChange, IndexUsage
 from dlindex.advisor.postgres import PREFIX
@@ -29,12 +31,6 @@ if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
     from dlindex.catalog.postgres import PgConnection
 
-_NEXT_RUN = "SELECT coalesce(max(run), 0) + 1 FROM index_changes"
-_RECORD = """INSERT INTO index_changes (run, action, name, table_name, sql, fingerprints)
-    VALUES (:run, :action, :name, :table, :sql, :fingerprints)"""
-_LAST_RUN = "SELECT max(run) FROM index_changes WHERE reverted_at IS NULL"
-_RUN_CHANGES = "SELECT action, name, table_name, sql FROM index_changes WHERE run = ? ORDER BY id DESC"
-_MARK_REVERTED = "UPDATE index_changes SET reverted_at = CURRENT_TIMESTAMP WHERE run = ?"
 _INDEX = """SELECT pg_get_indexdef(c.oid), t.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
     JOIN pg_class t ON t.oid = i.indrelid WHERE c.oid = to_regclass(%s)"""
 _LIST = """SELECT s.indexrelname, s.relname, pg_get_indexdef(s.indexrelid), s.idx_scan,
