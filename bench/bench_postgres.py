@@ -522,7 +522,7 @@ def render(meta: dict[str, Any], insert: dict[str, Any], copies: dict[str, float
         "",
         "| | SQLite | PostgreSQL |",
         "|---|---:|---:|",
-        f"| scan insert: median {FLUSH_ROWS:,}-row flush, ms (of it: label ids, 2 statements per label)"
+        f"| scan insert: median {FLUSH_ROWS:,}-row flush, ms (of it: label ids, 2 statements per flush)"
         f" | {insert[s]['flush_ms']:.1f} ({insert[s]['labels_ms']:.1f}) | {insert[p]['flush_ms']:.1f}"
         f" ({insert[p]['labels_ms']:.1f}) |",
         f"| scan insert: client / server CPU s, WAL MB | {insert[s]['client_cpu']:.1f} / - | {insert[p]['client_cpu']:.1f}"
@@ -587,14 +587,14 @@ def meaning(insert: dict[str, Any], copies: dict[str, float], mark: dict[str, An
         "A SQLite write is a library call into pages of this process; a PostgreSQL write is statements sent over a"
         " socket to a server process that, here, shares the 2 cores with the clients. Scan insert: COPY itself is"
         f" not the cost, the foreign keys are: PostgreSQL checks both (roots, labels) with a query per row, {fk:.0f} ms"
-        f" a batch against {nofk:.0f} ms without them; and the writer fetches label ids with 2 statements per label"
-        f" per flush ({insert[p]['labels_ms']:.1f} ms of a {insert[p]['flush_ms']:.0f} ms flush, round trips)."
+        f" a batch against {nofk:.0f} ms without them; the writer's label ids (2 statements per flush)"
+        f" take {insert[p]['labels_ms']:.1f} ms of a {insert[p]['flush_ms']:.0f} ms flush."
         " `mark` of every id: PostgreSQL writes a new version of every row (MVCC) with new entries in both"
         f" its indexes ({mark[p]['wal_mb']:,.0f} MB of WAL), after locking every row in id order; its server process"
         f" spends {mark[p]['server_cpu']:.1f} s of CPU where SQLite's whole mark takes {mark[s]['seconds']:.1f} s."
         f" Many small writers: one `mark_samples` call costs {pg['cpu_per_tx_ms']:.1f} ms of CPU on PostgreSQL"
-        " (client and server; each call creates and drops its two temporary tables, four catalog changes, and sends"
-        " about 16 statements), so the cores allow at most"
+        " (client and server: it stages the ids in a temporary table kept for the connection, locks the rows"
+        " in id order, updates them and moves the change counter), so the cores allow at most"
         f" {pg['ceiling']:.1f}x one writer's rate, and {w} writers reached {pg['ratio']:.2f}x. "
     )
     if wo is not None:
