@@ -6,6 +6,7 @@ PostgreSQL server (tests/servers.py), with many writers in real processes.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import subprocess
@@ -246,11 +247,22 @@ def test_the_library_raises_dlindex_errors() -> None:
         Catalog("postgresql://h:99999999/x")
 
 
-def test_without_psycopg_one_line_names_the_extra() -> None:
-    code = "import sys; sys.modules['psycopg'] = None; from dlindex.cli import main; main()"
-    proc = subprocess.run([sys.executable, "-c", code, "query", "--db", "postgresql://h/x"], capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
-    assert proc.returncode == 1
+def test_without_psycopg_one_line_names_the_extra(tmp_path: Path) -> None:
+    """An install without the extra: every package this environment has, but psycopg."""
+    import sysconfig
+
+    packages = Path(sysconfig.get_paths()["purelib"])
+    kept = tmp_path / "site-packages"
+    kept.mkdir()
+    for entry in packages.iterdir():
+        if not entry.name.lower().startswith("psycopg"):
+            (kept / entry.name).symlink_to(entry)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(kept), str(Path(__file__).resolve().parents[1])])}
+    env.pop("PYTHONHOME", None)
+    # -S: no site-packages but the one named above (no .pth files: the repo goes on the path)
+    proc = subprocess.run([sys.executable, "-S", "-m", "dlindex", "query", "--db", "postgresql://h/x"],
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
     assert proc.stderr.strip().splitlines() == [
         "Error: a postgresql:// catalog needs psycopg 3: pip install 'dlindex[postgres]'"
     ]
