@@ -18,7 +18,7 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from dlindex.catalog.dialect import Translated, element_type, translate
@@ -268,14 +268,8 @@ class PgConnection:
             text = f"{text} RETURNING id"
         cursor = self.raw.cursor()
         started = time.perf_counter()
-        guarded = self._guard(text)
-        try:
+        with self._statement(self._may_fail_and_go_on(text), cursor):
             cursor.execute(text, params)
-        except self._psycopg.Error as e:
-            cursor.close()
-            raise self._failed(e, guarded) from e
-        if guarded:
-            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
         report = self.on_write
         if report is not None and (cursor.description is None or returning_id) and cursor.rowcount >= 0:
             report(sql, 1, cursor.rowcount, time.perf_counter() - started)
@@ -296,22 +290,18 @@ class PgConnection:
         cursor = self.raw.cursor(name=f"dlindex_read_{slot}", withhold=True)
         cursor.itersize = _STREAM_ROWS
         try:
-            cursor.execute(text, params)
-        except self._psycopg.Error as e:
-            with suppress(self._psycopg.Error):
-                cursor.close()
+            with self._statement(False, cursor):
+                cursor.execute(text, params)
+        except sqlite3.Error:
             self._open_reads.discard(slot)
-            raise self.translate_error(e) from e
+            raise
         return _Streamed(cursor, lambda: self._open_reads.discard(slot))
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
         cursor = self.raw.cursor()
-        try:
+        with self._statement(False, cursor):
             cursor.execute(sql, parameters)
-        except self._psycopg.Error as e:
-            cursor.close()
-            raise self.translate_error(e) from e
         return PgCursor(cursor)
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Any], /) -> PgCursor:
@@ -319,8 +309,7 @@ class PgConnection:
         cursor = self.raw.cursor()
         rows = calls = 0
         started = time.perf_counter()
-        guarded = self._guard(translated.text)
-        try:
+        with self._statement(self._may_fail_and_go_on(translated.text), cursor):
             batch: list[Any] = []
             text = None
             for parameters in seq_of_parameters:
@@ -334,11 +323,6 @@ class PgConnection:
             if batch and text is not None:
                 cursor.executemany(text, batch)
                 rows += max(cursor.rowcount, 0)
-        except self._psycopg.Error as e:
-            cursor.close()
-            raise self._failed(e, guarded) from e
-        if guarded:
-            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
         report = self.on_write
         if report is not None and calls:
             report(sql, calls, rows, time.perf_counter() - started)
@@ -376,20 +360,30 @@ class PgConnection:
             ]
         )
 
-    def _guard(self, text: str) -> bool:
-        """Inside a transaction, put a plain INSERT under a savepoint: dlindex catches its
-        IntegrityError and goes on in the same transaction (as SQLite allows), which
-        PostgreSQL permits only back to a savepoint."""
-        if not (_PLAIN_INSERT.match(text) and self.in_transaction):
-            return False
-        self.raw.execute("SAVEPOINT dlindex_statement")
-        return True
+    def _may_fail_and_go_on(self, text: str) -> bool:
+        """A plain INSERT inside a transaction: dlindex catches its IntegrityError and goes on
+        in the same transaction (as SQLite allows), which PostgreSQL permits only back to a
+        savepoint."""
+        return bool(_PLAIN_INSERT.match(text)) and self.in_transaction
 
-    def _failed(self, e: Exception, guarded: bool) -> sqlite3.Error:
-        if guarded:
-            with suppress(self._psycopg.Error):
-                self.raw.execute("ROLLBACK TO SAVEPOINT dlindex_statement")
-        return self.translate_error(e)
+    @contextmanager
+    def _statement(self, savepoint: bool, cursor: Any = None) -> Iterator[None]:
+        """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as sqlite3's
+        (``translate_error``), after rolling back to the savepoint and closing ``cursor``."""
+        if savepoint:
+            self.raw.execute("SAVEPOINT dlindex_statement")
+        try:
+            yield
+        except self._psycopg.Error as e:
+            if savepoint:
+                with suppress(self._psycopg.Error):
+                    self.raw.execute("ROLLBACK TO SAVEPOINT dlindex_statement")
+            if cursor is not None:
+                with suppress(self._psycopg.Error):
+                    cursor.close()
+            raise self.translate_error(e) from e
+        if savepoint:
+            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
 
     def copy_rows(
         self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, logged_as: str | None = None
@@ -400,19 +394,12 @@ class PgConnection:
                 raise ValueError(f"not an identifier: {name!r}")
         n = 0
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-        guarded = self.in_transaction
-        if guarded:  # a failed COPY (a duplicate key) leaves the transaction usable, as in execute
-            self.raw.execute("SAVEPOINT dlindex_statement")
         started = time.perf_counter()
-        try:
-            with self.raw.cursor() as cursor, cursor.copy(statement) as copy:
-                for row in rows:
-                    copy.write_row(row)
-                    n += 1
-        except self._psycopg.Error as e:
-            raise self._failed(e, guarded) from e
-        if guarded:
-            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
+        # a failed COPY (a duplicate key) leaves the transaction usable, as a plain INSERT does
+        with self._statement(self.in_transaction), self.raw.cursor() as cursor, cursor.copy(statement) as copy:
+            for row in rows:
+                copy.write_row(row)
+                n += 1
         report = self.on_write
         if report is not None and n:
             # logged as the INSERT it stands for, so the log reads the same on both backends
