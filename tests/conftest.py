@@ -8,7 +8,8 @@ property checked across modules (``_fuzz``, ``_safety``, ``_trust``, ``_bounds``
 ``test_docs*`` and ``test_user_environment.py`` check the whole program. Helpers shared by more
 than one file live here; catalogs written straight into SQLite come from synthetic.py, logged
 catalogs for index advice from advisor_workload.py, real PostgreSQL and Redis servers (the
-``postgres_server``, ``pg_url``, ``redis_server`` and ``redis_url`` fixtures) from servers.py.
+``postgres_server``, ``pg_url``, ``redis_server`` and ``redis_url`` fixtures) from servers.py, and
+the running of one module's tests on both backends (``catalog_backend``) from backends.py.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sqlite3
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from dlindex.export import ExportOptions, ExportSummary, export_catalog
 from dlindex.export.index import index_path
 from dlindex.features import ComputeOptions, ComputeSummary, ImportSummary, compute_features, import_features
 
+from .backends import Location, catalog_backend, raw, where  # noqa: F401  (catalog_backend: a fixture)
 from .servers import pg_url, postgres_server, redis_server, redis_url  # noqa: F401  (fixtures for every module)
 from .synthetic import Row, balanced, make_catalog
 
@@ -66,8 +67,11 @@ def image_tree(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "catalog.db"
+def db_path(tmp_path: Path, request: pytest.FixtureRequest) -> Location:
+    """The catalog of the test: a file, or on a ``[postgresql]`` run of a module on both backends, a server database."""
+    if "catalog_backend" in request.fixturenames:
+        request.getfixturevalue("catalog_backend")  # the backend first, whatever the order of the arguments
+    return where(tmp_path / "catalog.db")
 
 
 @pytest.fixture
@@ -79,8 +83,10 @@ def scanned_db(image_tree: Path, db_path: Path) -> Path:
 
 
 @pytest.fixture
-def cats(tmp_path: Path) -> Path:
+def cats(tmp_path: Path, request: pytest.FixtureRequest) -> Location:
     """A synthetic catalog of eight samples: cat/0001.png ... is ids 1-4, dog/0001.png ... ids 5-8."""
+    if "catalog_backend" in request.fixturenames:
+        request.getfixturevalue("catalog_backend")
     return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})
 
 
@@ -98,16 +104,13 @@ def _no_dlindex_env(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- reading a catalog behind dlindex's back --------------------------------------------------
 
 
-def rows(db: Path, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
-    """Read the catalog with plain sqlite3, independent of dlindex's own code."""
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql, params).fetchall()
-    finally:
-        conn.close()
+def rows(db: Location, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Read the catalog with the backend's own driver (sqlite3, psycopg), independent of dlindex's code."""
+    with raw(db) as conn:
+        return [tuple(row) for row in conn.execute(sql, params).fetchall()]
 
 
-def processed_ids(db: Path) -> list[int]:
+def processed_ids(db: Location) -> list[int]:
     """The ids whose processed flag is set, in id order."""
     return [int(str(r[0])) for r in rows(db, "SELECT id FROM image_metadata WHERE processed = 1 ORDER BY id")]
 

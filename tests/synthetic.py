@@ -1,13 +1,15 @@
-"""Catalogs written straight into SQLite, for query and mark tests that need no image files."""
+"""Catalogs written straight into the database (behind dlindex's back), for query and mark tests that
+need no image files; on the backend of the run (tests/backends.py)."""
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dlindex import Catalog
+
+from .backends import Location, raw, where
 
 ROOT = "/data/train"
 
@@ -28,32 +30,33 @@ def stamp(hours_ago: float) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
-def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Path:
-    """A catalog whose image rows have ids 1..len(rows), in order, under one root."""
-    Catalog(path, create=True).close()
-    conn = sqlite3.connect(path)
-    try:
-        with conn:
-            conn.execute("INSERT INTO roots (id, path) VALUES (1, ?)", (root,))
-            labels = sorted({r.label for r in rows})
-            conn.executemany("INSERT INTO labels (name) VALUES (?)", [(name,) for name in labels])
-            ids = dict(conn.execute("SELECT name, id FROM labels"))
-            counts: dict[str, int] = {}
-            for i, r in enumerate(rows, start=1):
-                counts[r.label] = counts.get(r.label, 0) + 1
-                created = stamp(r.age_hours)
-                conn.execute(
-                    "INSERT INTO image_metadata (id, root_id, file_path, label_id, width, height, format, "
-                    "mode, bytes, mtime_ns, xxh3_128, status, processed, processing_status, created_at, updated_at) "
-                    "VALUES (?, 1, ?, ?, ?, ?, 'PNG', 'RGB', 100, 1, 'x', ?, ?, ?, ?, ?)",
-                    (i, f"{r.label}/{counts[r.label]:04d}.png", ids[r.label], r.width, r.height, r.status,
-                     r.processed, r.processing_status, created, created),
-                )  # fmt: skip
-    finally:
-        conn.close()
-    return path
+def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
+    """A catalog whose image rows have ids 1..len(rows), in order, under one root; its location."""
+    location = where(path)
+    Catalog(location, create=True).close()
+    with raw(location) as conn:
+        conn.execute("INSERT INTO roots (id, path) VALUES (1, ?)", (root,))
+        labels = sorted({r.label for r in rows})
+        conn.executemany("INSERT INTO labels (name) VALUES (?)", [(name,) for name in labels])
+        ids = dict(conn.execute("SELECT name, id FROM labels").fetchall())
+        counts: dict[str, int] = {}
+        values = []
+        for i, r in enumerate(rows, start=1):
+            counts[r.label] = counts.get(r.label, 0) + 1
+            created = stamp(r.age_hours)
+            values.append((i, f"{r.label}/{counts[r.label]:04d}.png", ids[r.label], r.width, r.height, r.status,
+                           r.processed, r.processing_status, created, created))  # fmt: skip
+        conn.executemany(
+            "INSERT INTO image_metadata (id, root_id, file_path, label_id, width, height, format, "
+            "mode, bytes, mtime_ns, xxh3_128, status, processed, processing_status, created_at, updated_at) "
+            "VALUES (?, 1, ?, ?, ?, ?, 'PNG', 'RGB', 100, 1, 'x', ?, ?, ?, ?, ?)",
+            values,
+        )
+        if hasattr(conn, "reset_ids"):
+            conn.reset_ids()
+    return location
 
 
-def balanced(path: Path, labels: dict[str, int]) -> Path:
+def balanced(path: Path, labels: dict[str, int]) -> Location:
     """``labels`` maps a label to its number of plain ok, unprocessed rows."""
     return make_catalog(path, [Row(label) for label, n in labels.items() for _ in range(n)])

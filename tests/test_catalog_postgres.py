@@ -50,6 +50,7 @@ psycopg = pytest.importorskip("psycopg")
         ("SELECT 1 WHERE a IS ? AND b IS NULL AND c IS NOT NULL", "SELECT 1 WHERE a IS NOT DISTINCT FROM %s AND b IS NULL AND c IS NOT NULL"),
         ("SELECT 1 FROM a JOIN b JOIN c ON c.x = b.x", "SELECT 1 FROM a JOIN b ON true JOIN c ON c.x = b.x"),
         ("SELECT 'it''s ? :x 50%' WHERE e LIKE ?", "SELECT 'it''s ? :x 50%%' WHERE e ILIKE %s"),
+        ("SELECT id FROM t ORDER BY id LIMIT -1 OFFSET :offset", "SELECT id FROM t ORDER BY id LIMIT ALL OFFSET %(offset)s"),
         ("UPDATE t SET at = CURRENT_TIMESTAMP",
          "UPDATE t SET at = to_char(timezone('UTC', now()), 'YYYY-MM-DD HH24:MI:SS')"),
         ("CREATE TEMP TABLE x (id INTEGER PRIMARY KEY, p TEXT, v BLOB, r REAL) WITHOUT ROWID",
@@ -157,6 +158,27 @@ def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
         queued = conn.execute("SELECT count(*) FROM feature_state").fetchone()[0]
     assert got_completed == completed and got_processed == processed
     assert vectors == (800, 800) and queued == 0
+
+
+def test_a_read_left_open_past_close_ends_quietly(pg_url: str) -> None:
+    """`query | head -1`: the reader stops, the catalog closes, then the half-read generator is
+    finalised and logs its read; on a closed server connection that must be as quiet as on a file."""
+    from dlindex import query_rows
+
+    with Catalog(pg_url, create=True) as catalog, catalog.write_transaction() as conn:
+        conn.execute("INSERT INTO roots (path) VALUES ('/r')")
+        conn.executemany(
+            "INSERT INTO image_metadata (root_id, file_path) VALUES (1, ?)", [(f"{i}.png",) for i in range(3)]
+        )
+    catalog = Catalog(pg_url)
+    reading = query_rows(catalog, columns="id", cache=False)
+    assert next(reading) == {"id": 1}
+    catalog.close()
+    reading.close()  # type: ignore[attr-defined]
+    with Catalog(pg_url) as catalog, pytest.raises(Exception, match="closed") as closed:
+        catalog.close()
+        catalog.conn.execute("SELECT 1")
+    assert type(closed.value).__name__ == "ProgrammingError"
 
 
 def test_vectors_keep_their_bytes(pg_url: str, tmp_path: Path) -> None:

@@ -12,8 +12,11 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import processed_ids, rows
 from .synthetic import ROOT
+
+pytestmark = ON_BOTH_BACKENDS
 
 DLINDEX = f"{shlex.quote(sys.executable)} -m dlindex"
 

@@ -12,8 +12,11 @@ import pytest
 
 from dlindex import Catalog, InputError, mark_samples
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import make_png, processed_ids, rows
 from .synthetic import ROOT, Row, make_catalog
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def mark(db: Path, records: list[str], **options: object) -> object:
@@ -34,7 +37,7 @@ def test_mark_ids_counts_matched_updated_unknown(cats: Path) -> None:
 
 def test_mark_status_and_error(cats: Path) -> None:
     mark(cats, ["5", "6"], processing_status="failed", error="decoder crashed")
-    assert rows(cats, "SELECT id, processing_status, error, processed FROM image_metadata WHERE id IN (5, 6, 7)") == [
+    assert rows(cats, "SELECT id, processing_status, error, processed FROM image_metadata WHERE id IN (5, 6, 7) ORDER BY id") == [
         (5, "failed", "decoder crashed", 0), (6, "failed", "decoder crashed", 0), (7, None, None, 0),
     ]  # fmt: skip
     result = mark(cats, ["5"], processing_status="completed", processed=True)

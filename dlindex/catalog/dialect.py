@@ -15,6 +15,7 @@ The rules (outside quoted strings and identifiers):
 - ``JOIN t`` with no ON (SQLite's cross join) -> ``JOIN t ON true``;
 - ``a IS b`` / ``a IS NOT b`` (b not NULL) -> ``IS [NOT] DISTINCT FROM``;
 - ``CURRENT_TIMESTAMP`` -> the same UTC ``YYYY-MM-DD HH:MM:SS`` text SQLite writes;
+- ``LIMIT -1`` (SQLite's "no limit", which it needs before an OFFSET) -> ``LIMIT ALL``;
 - ``LIKE`` -> ``ILIKE`` (SQLite's LIKE ignores ASCII case; under ``COLLATE "C"`` ILIKE does
   the same);
 - in CREATE statements, SQLite's storage words: ``BLOB`` -> ``BYTEA``, ``INTEGER`` ->
@@ -47,6 +48,7 @@ _BARE_JOIN = re.compile(
 )
 _NOW = re.compile(r"\bCURRENT_TIMESTAMP\b", re.IGNORECASE)
 _LIKE = re.compile(r"\bLIKE\b", re.IGNORECASE)
+_NO_LIMIT = re.compile(r"\bLIMIT\s+-\s*1\b", re.IGNORECASE)
 _CREATE = re.compile(r"^\s*CREATE\b", re.IGNORECASE)
 _DDL_WORDS = (
     (re.compile(r"\bBLOB\b", re.IGNORECASE), "BYTEA"),
@@ -122,6 +124,7 @@ def translate(sql: str) -> Translated:
         text = _TEXT_COLUMN.sub('TEXT COLLATE "C"', text)
     text = _BARE_JOIN.sub(r"JOIN \1 ON true ", text)
     text = _LIKE.sub("ILIKE", text)
+    text = _NO_LIMIT.sub("LIMIT ALL", text)
     text = _NOW.sub(NOW_TEXT, text)
     text = _IS_NOT.sub("IS DISTINCT FROM ", text)
     text = _IS.sub("IS NOT DISTINCT FROM ", text)

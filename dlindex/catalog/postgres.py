@@ -266,7 +266,7 @@ class PgConnection:
         returning_id = _wants_lastrowid(text)
         if returning_id:
             text = f"{text} RETURNING id"
-        cursor = self.raw.cursor()
+        cursor = self._cursor()
         started = time.perf_counter()
         with self._statement(self._may_fail_and_go_on(text), cursor):
             cursor.execute(text, params)
@@ -287,7 +287,7 @@ class PgConnection:
         # included, so reused names keep one entry per statement (index advice reads them)
         slot = min(set(range(len(self._open_reads) + 1)) - self._open_reads)
         self._open_reads.add(slot)
-        cursor = self.raw.cursor(name=f"dlindex_read_{slot}", withhold=True)
+        cursor = self._cursor(name=f"dlindex_read_{slot}", withhold=True)
         cursor.itersize = _STREAM_ROWS
         try:
             with self._statement(False, cursor):
@@ -299,14 +299,14 @@ class PgConnection:
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
-        cursor = self.raw.cursor()
+        cursor = self._cursor()
         with self._statement(False, cursor):
             cursor.execute(sql, parameters)
         return PgCursor(cursor)
 
     def executemany(self, sql: str, seq_of_parameters: Iterable[Any], /) -> PgCursor:
         translated = translate(sql)
-        cursor = self.raw.cursor()
+        cursor = self._cursor()
         rows = calls = 0
         started = time.perf_counter()
         with self._statement(self._may_fail_and_go_on(translated.text), cursor):
@@ -332,7 +332,7 @@ class PgConnection:
         """EXPLAIN QUERY PLAN as SQLite answers it, (id, parent, 0, detail) per line, with
         PostgreSQL's plan lines ("Seq Scan on t", "Index Scan using i on t") as the details."""
         text, params = _bind(translate(sql), parameters)
-        cursor = self.raw.cursor()
+        cursor = self._cursor()
         try:
             cursor.execute(f"EXPLAIN {text}", params)
             lines = [str(row[0]).strip().removeprefix("->").strip() for row in cursor.fetchall()]
@@ -366,6 +366,13 @@ class PgConnection:
         savepoint."""
         return bool(_PLAIN_INSERT.match(text)) and self.in_transaction
 
+    def _cursor(self, **options: Any) -> Any:
+        """A psycopg cursor; on a closed connection, sqlite3's error for one (ProgrammingError), which
+        code finishing a read after close() expects, as on a file catalog."""
+        if self.raw.closed:
+            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+        return self.raw.cursor(**options)
+
     @contextmanager
     def _statement(self, savepoint: bool, cursor: Any = None) -> Iterator[None]:
         """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as sqlite3's
@@ -396,7 +403,7 @@ class PgConnection:
         statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
         started = time.perf_counter()
         # a failed COPY (a duplicate key) leaves the transaction usable, as a plain INSERT does
-        with self._statement(self.in_transaction), self.raw.cursor() as cursor, cursor.copy(statement) as copy:
+        with self._statement(self.in_transaction), self._cursor() as cursor, cursor.copy(statement) as copy:
             for row in rows:
                 copy.write_row(row)
                 n += 1
@@ -416,9 +423,9 @@ class PgConnection:
         m = re.fullmatch(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(-?\d+))?\s*", sql, re.IGNORECASE)
         if m and m.group(1).lower() == "busy_timeout" and m.group(2) is not None:
             self.execute_raw(f"SET lock_timeout = {max(int(m.group(2)), 1)}")
-            return PgCursor(self.raw.cursor())
+            return PgCursor(self._cursor())
         if m and m.group(1).lower() in ("cache_size", "synchronous", "wal_checkpoint"):
-            return PgCursor(self.raw.cursor())
+            return PgCursor(self._cursor())
         raise sqlite3.OperationalError(f"not supported on a PostgreSQL catalog: {sql.strip()[:60]}")
 
     def translate_error(self, e: Exception) -> sqlite3.Error:

@@ -1,0 +1,134 @@
+"""The same tests on both catalog backends: a SQLite file, and a database on a real PostgreSQL server.
+
+A test module opts in with ``pytestmark = ON_BOTH_BACKENDS``: each of its tests then runs twice,
+as ``[sqlite]`` and as ``[postgresql]``. Its catalogs are still named as files
+(``tmp_path / "c.db"``); ``where(path)`` turns that name into the catalog's location on the
+backend of the run: the path itself, or the URL of a new database on the session's server
+(tests/servers.py), made on first use and dropped after the test. ``raw(location)`` reads and
+writes a catalog behind dlindex's back with the backend's own driver (sqlite3 or psycopg), with
+``?`` parameters on both. A test about SQLite files themselves (journals, file names, sqlite3's
+own plan text) is marked ``@SQLITE_ONLY``.
+
+The postgresql runs skip, with the reason, where no server can be started.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .servers import with_database
+
+BACKENDS = ("sqlite", "postgresql")
+ON_BOTH_BACKENDS = pytest.mark.usefixtures("catalog_backend")
+SQLITE_ONLY = pytest.mark.parametrize("catalog_backend", ["sqlite"], indirect=True)
+
+Location = Path | str  # a catalog file, or a postgresql:// URL
+
+
+class _ServerDatabases:
+    """The databases one test made on the session's PostgreSQL server, by the file name they stand for."""
+
+    def __init__(self, server_url: str) -> None:
+        self.server_url = server_url
+        self.urls: dict[Path, str] = {}
+
+    def url_for(self, path: Path) -> str:
+        if path not in self.urls:
+            from psycopg import connect, sql
+
+            name = f"dlindex_test_{uuid.uuid4().hex[:12]}"
+            with connect(self.server_url, autocommit=True) as conn:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            self.urls[path] = with_database(self.server_url, name)
+        return self.urls[path]
+
+    def drop_all(self) -> None:
+        from psycopg import connect, sql
+
+        with connect(self.server_url, autocommit=True) as conn:
+            for url in self.urls.values():
+                name = url.rsplit("/", 1)[1]
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+_active: _ServerDatabases | None = None  # set while a [postgresql] test runs
+
+
+@pytest.fixture(params=BACKENDS)
+def catalog_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The backend this run of the test puts its catalogs on."""
+    global _active
+    if request.param == "sqlite":
+        yield "sqlite"
+        return
+    server = request.getfixturevalue("postgres_server")  # skips, saying why, where there is none
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
+    databases = _ServerDatabases(server)
+    _active = databases
+    try:
+        yield "postgresql"
+    finally:
+        _active = None
+        databases.drop_all()
+
+
+def on_postgresql() -> bool:
+    return _active is not None
+
+
+def where(path: Path) -> Location:
+    """Where the catalog named ``path`` lives in this run: the file itself, or its server database."""
+    return path if _active is None else _active.url_for(path)
+
+
+def is_server(location: Location) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+class _PgRaw:
+    """psycopg behind the sqlite3 calls the tests make: ``?`` parameters, execute and executemany."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url)
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        return sql.replace("%", "%%").replace("?", "%s")  # the tests' SQL has no '?' inside literals
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> Any:
+        return self.conn.execute(self._sql(sql), tuple(params))  # type: ignore[arg-type]
+
+    def executemany(self, sql: str, seq: Any) -> Any:
+        with self.conn.cursor() as cursor:
+            cursor.executemany(self._sql(sql), seq)
+
+    def reset_ids(self) -> None:
+        """Rows inserted with explicit ids leave the identity sequences behind: move them past."""
+        for table in ("roots", "labels", "image_metadata"):
+            self.conn.execute(
+                f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), coalesce(max(id), 0) + 1, false) FROM {table}"
+            )
+
+
+@contextmanager
+def raw(location: Location) -> Iterator[Any]:
+    """A connection to the catalog that is not dlindex's, committed at the end of the block."""
+    if is_server(location):
+        conn = _PgRaw(str(location))
+        try:
+            with conn.conn.transaction():
+                yield conn
+        finally:
+            conn.conn.close()
+    else:
+        with closing(sqlite3.connect(location)) as lite, lite:
+            yield lite
