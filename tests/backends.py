@@ -9,7 +9,8 @@ writes a catalog behind dlindex's back with the backend's own driver (sqlite3 or
 ``?`` parameters on both. A test about SQLite files themselves (journals, file names, sqlite3's
 own plan text) is marked ``@SQLITE_ONLY``.
 
-The postgresql runs skip, with the reason, where no server can be started.
+The postgresql runs skip, with the reason, where no server can be started, and fail where the test
+left a catalog file in its temp folder: it did not put its catalog on the server.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def catalog_backend(request: pytest.FixtureRequest) -> Iterator[str]:
         return
     server = request.getfixturevalue("postgres_server")  # skips, saying why, where there is none
     pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    # a server catalog's client cache (feature matrices) goes under XDG_CACHE_HOME: the test's, not ~/.cache
+    request.getfixturevalue("monkeypatch").setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     databases = _ServerDatabases(server)
     _active = databases
     try:
@@ -77,6 +81,9 @@ def catalog_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     finally:
         _active = None
         databases.drop_all()
+    # a catalog file made in a [postgresql] run means the test did not go through where(): it ran on SQLite
+    stray = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*") if p.name.endswith((".db", ".sqlite")))
+    assert not stray, f"a [postgresql] run made SQLite catalogs: {stray}"
 
 
 def on_postgresql() -> bool:

@@ -264,6 +264,20 @@ def test_a_damaged_version_table(pg_url: str, tmp_path: Path) -> None:
         Catalog(pg_url)
 
 
+def test_a_catalog_missing_a_table_is_damaged_and_left_alone(pg_url: str) -> None:
+    Catalog(pg_url, create=True).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP TABLE image_features")
+    result = invoke(CliRunner(), "query", "--db", pg_url)
+    assert result.exit_code == 6, result.output  # ExitCode.DAMAGED, as for a damaged catalog file
+    assert result.stderr.splitlines() == [
+        f"Error: PostgreSQL catalog {redact(pg_url)} is damaged (table image_features is missing); nothing was "
+        "changed: restore the database from a backup (pg_dump / pg_restore)"
+    ]
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # not re-created by a migration
+        assert conn.execute("SELECT to_regclass('image_features')").fetchone() == (None,)
+
+
 def test_the_library_raises_dlindex_errors() -> None:
     with pytest.raises(InputError, match="not a valid PostgreSQL URL"):
         Catalog("postgresql://h:99999999/x")

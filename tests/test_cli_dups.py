@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import shutil
-import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -17,7 +16,10 @@ from typer.testing import CliRunner
 
 from dlindex.quality.groups import DEFAULT_MAX_DISTANCE, DEFAULT_THRESHOLD
 
-from .conftest import DLINDEX, REPO, invoke, one_error_line
+from .backends import ON_BOTH_BACKENDS, where
+from .conftest import DLINDEX, REPO, invoke, one_error_line, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def pattern(seed: int, size: tuple[int, int] = (96, 72)) -> Image.Image:
@@ -38,7 +40,7 @@ def dup_db(tmp_path: Path, runner: CliRunner) -> Path:
     pattern(2).save(root / "b" / "other.png")
     pattern(2).save(root / "b" / "other_q60.jpg", quality=60)
     pattern(3).save(root / "c" / "unique.png")
-    db = tmp_path / "dups.db"
+    db = where(tmp_path / "dups.db")
     assert invoke(runner, "scan", str(root), "--db", str(db), "--workers", "1", "-q").exit_code == 0
     return db
 
@@ -50,11 +52,7 @@ def compute_dhash(runner: CliRunner, db: Path) -> None:
 
 
 def ids_by_name(db: Path) -> dict[str, int]:
-    conn = sqlite3.connect(db)
-    try:
-        return {Path(p).name: i for i, p in conn.execute("SELECT id, file_path FROM image_metadata")}
-    finally:
-        conn.close()
+    return {Path(str(p)).name: int(str(i)) for i, p in rows(db, "SELECT id, file_path FROM image_metadata")}
 
 
 def jsonl(result: object) -> list[dict[str, object]]:
@@ -112,11 +110,9 @@ def test_rest_piped_into_mark_through_real_processes(runner: CliRunner, dup_db: 
     shell = f"{cli} dups --type dhash --rest --db {dup_db} | {cli} mark --status failed -q --db {dup_db}"
     done = subprocess.run(shell, shell=True, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    conn = sqlite3.connect(dup_db)
     failed = [
-        i for (i,) in conn.execute("SELECT id FROM image_metadata WHERE processing_status = 'failed' ORDER BY id")
+        i for (i,) in rows(dup_db, "SELECT id FROM image_metadata WHERE processing_status = 'failed' ORDER BY id")
     ]
-    conn.close()
     assert failed == expected
 
 

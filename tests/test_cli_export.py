@@ -11,7 +11,10 @@ from dlindex.cli import app
 from dlindex.export import load_index
 from dlindex.export.index import listed_shards
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import invoke, make_png
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def test_default_is_one_jsonl_manifest(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:

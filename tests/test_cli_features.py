@@ -10,7 +10,10 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def invoke(runner: CliRunner, db: Path, *args: str, input: str | None = None):  # type: ignore[no-untyped-def]

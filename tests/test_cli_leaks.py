@@ -9,8 +9,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import export, invoke, one_error_line
 from .test_export_leaks import RULE, leaky  # noqa: F401  (the module fixture)
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def test_pairs_on_stdout_summary_on_stderr(runner: CliRunner, leaky: Path, tmp_path: Path) -> None:  # noqa: F811

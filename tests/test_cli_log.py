@@ -10,8 +10,11 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import rows
 from .synthetic import Row, make_catalog
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 @pytest.fixture

@@ -10,6 +10,10 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS
+
+pytestmark = ON_BOTH_BACKENDS
+
 
 def test_list_then_move_and_errors(runner: CliRunner, scanned_db: Path, image_tree: Path, tmp_path: Path) -> None:
     listed = runner.invoke(app, ["roots", "list", "--format", "jsonl", "--db", str(scanned_db)])

@@ -11,8 +11,11 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import brute_force, catalog_with
 from .synthetic import ROOT
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 @pytest.fixture

@@ -11,7 +11,10 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY
 from .synthetic import Row, make_catalog
+
+pytestmark = ON_BOTH_BACKENDS
 
 ROOT = "/data/" + "/".join(f"level_{i:02d}" for i in range(12))  # a 107-character root
 
@@ -60,6 +63,7 @@ def test_quiet_silences_import_summaries(runner: CliRunner, tmp_path: Path) -> N
     assert (quiet.exit_code, quiet.stdout, quiet.stderr) == (0, "", ""), quiet.output
 
 
+@SQLITE_ONLY
 def test_stats_without_catalog(runner: CliRunner, db_path: Path) -> None:
     result = runner.invoke(app, ["stats", "--db", str(db_path)])
     assert result.exit_code == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sqlite3
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,10 @@ from dlindex import Catalog, InputError, QuerySpec, ScanOptions, scan_tree
 from dlindex.export import ExportError, load_index, manifest_rows, verify_export
 from dlindex.export.index import INDEX_VERSION, listed_shards
 
+from .backends import ON_BOTH_BACKENDS, on_postgresql, raw, where
 from .conftest import export, make_jpeg, make_png, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
 
@@ -30,7 +32,7 @@ def manifest_path(meta: dict[str, Any]) -> str:
 
 
 def catalogued(db: Path) -> dict[str, tuple[int, str, int, str]]:
-    """file_path -> (id, label, bytes, xxh3_128) of the ok rows, read with plain sqlite3."""
+    """file_path -> (id, label, bytes, xxh3_128) of the ok rows, read with the backend's own driver."""
     found = rows(
         db,
         "SELECT file_path, image_metadata.id, labels.name, bytes, xxh3_128 FROM image_metadata "
@@ -56,7 +58,7 @@ def mixed_db(tmp_path: Path) -> Path:
         else:
             make_png(root / label / f"{i:03d}.png", (10 + i, 10), (i * 12, 3, 9))
     (root / "cat" / "bad.png").write_bytes(b"\x89PNG broken")
-    db = tmp_path / "mixed.db"
+    db = where(tmp_path / "mixed.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     return db
@@ -93,7 +95,7 @@ def test_manifests_hold_every_ok_sample(mixed_db: Path, tmp_path: Path, fmt: str
     assert {r["path"]: (r["id"], r["label"], r["bytes"], r["xxh3_128"]) for r in got} == expected
     assert index["labels"] == {"0": "cat", "1": "dog", "2": "eel"}
     assert all(index["labels"][str(r["label_id"])] == r["label"] for r in got)
-    assert index["file_root"] == str(mixed_db.parent / "mixed")
+    assert index["file_root"] == str(tmp_path / "mixed")
     assert verify_export(out).ok
 
 
@@ -237,7 +239,7 @@ def test_splits_are_stable_as_the_catalog_grows(tmp_path: Path) -> None:
     root = tmp_path / "grow"
     for i in range(30):
         make_png(root / ("a" if i % 2 else "b") / f"{i:03d}.png", (8, 8), (i, i * 3 % 256, 1))
-    db = tmp_path / "g.db"
+    db = where(tmp_path / "g.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     export(db, tmp_path / "e1", split="train=0.8,val=0.2")
@@ -320,7 +322,7 @@ def test_tar_members_are_safe_and_fixed(mixed_db: Path, tmp_path: Path) -> None:
 def test_verify_detects_a_modified_image(mixed_db: Path, tmp_path: Path) -> None:
     export(mixed_db, tmp_path / "o", format="jsonl")
     assert verify_export(tmp_path / "o").ok
-    victim = mixed_db.parent / "mixed" / "dog" / "001.png"
+    victim = tmp_path / "mixed" / "dog" / "001.png"
     make_png(victim, (11, 10), (1, 2, 3))
     result = verify_export(tmp_path / "o")
     assert not result.ok and result.problem_count == 1 and "dog/001.png" in result.problems[0]
@@ -352,7 +354,7 @@ def _leftovers(parent: Path, name: str) -> list[str]:
 
 def test_a_changed_source_fails_the_export_and_leaves_nothing(mixed_db: Path, tmp_path: Path) -> None:
     # Same size, other bytes: found only while packing (a changed size is skipped: test_export_safety).
-    source = mixed_db.parent / "mixed" / "eel" / "002.png"
+    source = tmp_path / "mixed" / "eel" / "002.png"
     data = bytearray(source.read_bytes())
     data[-1] ^= 0xFF
     source.write_bytes(bytes(data))
@@ -362,7 +364,7 @@ def test_a_changed_source_fails_the_export_and_leaves_nothing(mixed_db: Path, tm
 
 
 def test_a_vanished_source_fails_the_export(mixed_db: Path, tmp_path: Path) -> None:
-    (mixed_db.parent / "mixed" / "eel" / "002.png").unlink()
+    (tmp_path / "mixed" / "eel" / "002.png").unlink()
     with pytest.raises(ExportError, match="is gone"):
         export(mixed_db, tmp_path / "m", format="mds")
     assert _leftovers(tmp_path, "m") == []
@@ -416,7 +418,7 @@ def hostile_db(tmp_path: Path) -> Path:
     with open(raw, "wb") as f:
         Image.new("RGB", (30, 9), (200, 0, 0)).save(f, "PNG")
     make_png(root / "ok" / "plain.png")
-    db = tmp_path / "hostile.db"
+    db = where(tmp_path / "hostile.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     assert rows(db, "SELECT count(*) FROM image_metadata WHERE status = 'ok'") == [(9,)]
@@ -461,7 +463,7 @@ def test_absolute_paths(hostile_db: Path, tmp_path: Path) -> None:
 
 
 def test_several_roots_share_a_common_file_root(tmp_path: Path) -> None:
-    db = tmp_path / "two.db"
+    db = where(tmp_path / "two.db")
     for name in ("one", "two"):
         make_png(tmp_path / "data" / name / "x" / "a.png", (5, 5), (len(name), 0, 0))
         with Catalog(db, create=True) as catalog:
@@ -479,35 +481,21 @@ def test_several_roots_share_a_common_file_root(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- features
 
 
-def _has_feature_cache(db: Path) -> bool:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'image_features'").fetchone()[0] == 1
-    finally:
-        conn.close()
-
-
 def _feature_cache(db: Path, dim: int = 4) -> dict[int, list[float]]:
     """Vectors of type 'tiny' written straight into the feature cache's tables."""
     import array
 
-    if not _has_feature_cache(db):
-        pytest.skip("the feature cache (feature_types, image_features) is not in the schema yet")
-    conn = sqlite3.connect(db)
     vectors = {}
-    try:
-        with conn:
+    with raw(db) as conn:
+        conn.execute(
+            "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES ('tiny', ?, 'float32', 'test')", (dim,)
+        )
+        for (ident,) in conn.execute("SELECT id FROM image_metadata WHERE status = 'ok' ORDER BY id").fetchall():
+            vectors[ident] = [ident + k / 4 for k in range(dim)]
+            blob = array.array("f", vectors[ident]).tobytes()
             conn.execute(
-                "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES ('tiny', ?, 'float32', 'test')", (dim,)
+                "INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, 'tiny', ?)", (ident, blob)
             )
-            for (ident,) in conn.execute("SELECT id FROM image_metadata WHERE status = 'ok'").fetchall():
-                vectors[ident] = [ident + k / 4 for k in range(dim)]
-                blob = array.array("f", vectors[ident]).tobytes()
-                conn.execute(
-                    "INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, 'tiny', ?)", (ident, blob)
-                )
-    finally:
-        conn.close()
     return vectors
 
 
@@ -543,10 +531,8 @@ def test_features_go_with_their_samples(mixed_db: Path, tmp_path: Path, fmt: str
 
 def test_features_missing_for_some_samples(mixed_db: Path, tmp_path: Path) -> None:
     _feature_cache(mixed_db)
-    conn = sqlite3.connect(mixed_db)
-    with conn:
+    with raw(mixed_db) as conn:
         conn.execute("DELETE FROM image_features WHERE image_id = (SELECT min(image_id) FROM image_features)")
-    conn.close()
     with pytest.raises(ExportError, match=r"1 sample.*no 'tiny' features"):
         export(mixed_db, tmp_path / "f", format="wds", features="tiny")
     assert _leftovers(tmp_path, "f") == []
@@ -559,11 +545,11 @@ def test_features_of_an_unknown_type(mixed_db: Path, tmp_path: Path) -> None:
 
 
 def test_a_catalog_without_a_feature_cache(mixed_db: Path, tmp_path: Path) -> None:
-    conn = sqlite3.connect(mixed_db)
-    with conn:
+    with raw(mixed_db) as conn:
         for table in ("image_features", "feature_failures", "feature_types"):
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
-    conn.close()
+            conn.execute(
+                f"DROP TABLE IF EXISTS {table} CASCADE" if on_postgresql() else f"DROP TABLE IF EXISTS {table}"
+            )
     from dlindex.errors import DamagedCatalogError
 
     # Tables of its schema version gone: the catalog is damaged, and says so before any export.
@@ -599,10 +585,9 @@ def test_missing_count_spans_every_batch(
 ) -> None:
     _feature_cache(mixed_db)
     monkeypatch.setattr("dlindex.export.writer._BATCH", 3)  # 20 samples: seven batches
-    with sqlite3.connect(mixed_db) as conn:
+    with raw(mixed_db) as conn:
         conn.execute("DELETE FROM image_features WHERE image_id % 2 = 0")  # half, in every batch
         (lacking,) = conn.execute("SELECT count(*) FROM image_metadata WHERE status = 'ok' AND id % 2 = 0").fetchone()
-    conn.close()
     assert lacking > 3
     kwargs = {"split": split} if split else {}
     with pytest.raises(ExportError) as raised:

@@ -19,7 +19,10 @@ from dlindex.export.reader import load_index
 from dlindex.export.registry import recorded_exports
 from dlindex.export.verify import verify_export
 
-from .conftest import export, rewrite_export_file
+from .backends import ON_BOTH_BACKENDS, on_postgresql, raw
+from .conftest import export, rewrite_export_file, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 wds = pytest.importorskip("webdataset")
 
@@ -61,16 +64,20 @@ def test_a_catalog_that_cannot_take_the_record_still_exports(
     scanned_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DLINDEX_WAIT", "0.1")
-    held = sqlite3.connect(scanned_db, isolation_level=None)
-    held.execute("BEGIN IMMEDIATE")  # another writer holds the lock for the whole export
-    try:
-        summary = export(scanned_db, tmp_path / "busy", format="wds", shard_size=2)
-    finally:
-        held.execute("ROLLBACK")
-        held.close()
+    if on_postgresql():
+        with raw(scanned_db) as held:  # another writer holds the table's lock for the whole export
+            held.execute("LOCK TABLE exports IN EXCLUSIVE MODE")  # reads go on, writes wait
+            summary = export(scanned_db, tmp_path / "busy", format="wds", shard_size=2)
+    else:
+        lite = sqlite3.connect(scanned_db, isolation_level=None)
+        lite.execute("BEGIN IMMEDIATE")  # another writer holds the lock for the whole export
+        try:
+            summary = export(scanned_db, tmp_path / "busy", format="wds", shard_size=2)
+        finally:
+            lite.execute("ROLLBACK")
+            lite.close()
     assert summary.samples and (tmp_path / "busy" / IDS_FILE).is_file()
-    with sqlite3.connect(scanned_db) as conn:
-        assert conn.execute("SELECT count(*) FROM exports").fetchone()[0] == 0
+    assert rows(scanned_db, "SELECT count(*) FROM exports") == [(0,)]
 
 
 def test_a_tampered_ids_file_is_one_clear_error(scanned_db: Path, tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +11,10 @@ from dlindex import Catalog, InputError, QuerySpec
 from dlindex.features import import_features, load_matrix, nearest
 from dlindex.features.matrix import matrix_path
 
+from .backends import ON_BOTH_BACKENDS, raw
 from .conftest import brute_force, catalog_with
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def answer(found: list[list[object]]) -> list[list[tuple[int, float]]]:
@@ -88,10 +90,8 @@ def test_a_stale_or_foreign_matrix_file_is_never_used(tmp_path: Path) -> None:
 def test_errors(tmp_path: Path) -> None:
     vectors = np.ones((5, 2), np.float32)
     db, _ = catalog_with(tmp_path, vectors[:4])
-    conn = sqlite3.connect(db)
-    with conn:
+    with raw(db) as conn:
         conn.execute("INSERT INTO image_metadata (id, root_id, file_path, label_id) VALUES (9, 1, 'a/9.png', 1)")
-    conn.close()
     with Catalog(db) as catalog:
         with pytest.raises(InputError, match="unknown feature type 'w'; known types: v"):
             nearest(catalog, [1], "w")

@@ -15,7 +15,10 @@ from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS
 from dlindex.cli import app
 from dlindex.features import ComputeOptions, compute_features, import_features, list_feature_types, show_features
 
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY
 from .conftest import compute, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def marks(db: Path) -> dict[int, tuple[object, ...]]:
@@ -127,6 +130,7 @@ def test_import_into_a_computed_type_is_refused(scanned_db: Path, tmp_path: Path
     ) == [(0,)]
 
 
+@SQLITE_ONLY
 def test_migration_moves_failures_and_clears_only_what_compute_wrote(tmp_path: Path) -> None:
     db = tmp_path / "v5.db"
     conn = sqlite3.connect(db, isolation_level=None)

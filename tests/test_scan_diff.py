@@ -9,7 +9,10 @@ from PIL import Image
 
 from dlindex import Catalog
 
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY
 from .conftest import rows, scan
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def row(db: Path, path: str) -> tuple[object, ...]:
@@ -56,6 +59,7 @@ def test_verify_records_the_limit_it_did_not_decode_under(tmp_path: Path, db_pat
     )
 
 
+@SQLITE_ONLY
 def test_rows_judged_before_the_column_existed_are_probed_once(tmp_path: Path, db_path: Path) -> None:
     from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS, m008_pixel_limit
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,10 @@ import pytest
 from dlindex import InputError, ScanOptions
 from dlindex.scan import tasks as worker_module
 
+from .backends import ON_BOTH_BACKENDS, raw, where
 from .conftest import make_jpeg, make_png, rows, scan
+
+pytestmark = ON_BOTH_BACKENDS
 
 ONE = ScanOptions(workers=1)
 
@@ -66,10 +68,8 @@ def test_rescan_of_unchanged_tree_changes_nothing(image_tree: Path, db_path: Pat
 def test_rescan_detects_new_changed_and_missing_with_stable_ids(image_tree: Path, db_path: Path) -> None:
     scan(db_path, image_tree)
     before = by_path(db_path)
-    conn = sqlite3.connect(db_path)
-    conn.execute("UPDATE image_metadata SET processed = 1, processing_status = 'completed'")
-    conn.commit()
-    conn.close()
+    with raw(db_path) as conn:
+        conn.execute("UPDATE image_metadata SET processed = 1, processing_status = 'completed'")
     make_png(image_tree / "cat" / "001.png", (50, 40), (1, 2, 3))  # new content
     (image_tree / "dog" / "002.png").unlink()
     make_png(image_tree / "dog" / "new.png")
@@ -86,10 +86,8 @@ def test_rescan_detects_new_changed_and_missing_with_stable_ids(image_tree: Path
 
 def test_touch_without_new_content_keeps_processed(image_tree: Path, db_path: Path) -> None:
     scan(db_path, image_tree)
-    conn = sqlite3.connect(db_path)
-    conn.execute("UPDATE image_metadata SET processed = 1")
-    conn.commit()
-    conn.close()
+    with raw(db_path) as conn:
+        conn.execute("UPDATE image_metadata SET processed = 1")
     target = image_tree / "cat" / "000.png"
     os.utime(target, ns=(1, 1_000_000_000))
     summary = scan(db_path, image_tree)
@@ -106,13 +104,11 @@ def test_rows_written_by_a_racing_scan_are_updated_not_duplicated(
 
     scan(db_path, image_tree)
     before = by_path(db_path)
-    conn = sqlite3.connect(db_path)
-    conn.execute("UPDATE image_metadata SET processed = 1")
-    conn.commit()
-    conn.close()
+    with raw(db_path) as conn:
+        conn.execute("UPDATE image_metadata SET processed = 1")
     # Make the walk blind to the existing rows, as if they were written after it looked.
-    monkeypatch.setattr(treediff, "_ROWS_FROM", treediff._ROWS_FROM.replace("WHERE", "WHERE 0 AND"))
-    monkeypatch.setattr(treediff, "_ROWS_BETWEEN", treediff._ROWS_BETWEEN.replace("WHERE", "WHERE 0 AND"))
+    monkeypatch.setattr(treediff, "_ROWS_FROM", treediff._ROWS_FROM.replace("WHERE", "WHERE false AND"))
+    monkeypatch.setattr(treediff, "_ROWS_BETWEEN", treediff._ROWS_BETWEEN.replace("WHERE", "WHERE false AND"))
     summary = scan(db_path, image_tree)
     assert summary.new == len(before)
     after = by_path(db_path)
@@ -193,7 +189,7 @@ def test_symlinks_are_followed_unless_told_not_to(image_tree: Path, db_path: Pat
     summary = scan(db_path, image_tree)
     assert "cat/link.png" in by_path(db_path)
     assert summary.skipped_by_reason == {"broken_link": 1}
-    other = db_path.with_name("other.db")
+    other = where(tmp_path / "other.db")
     summary = scan(other, image_tree, ScanOptions(workers=1, follow_symlinks=False))
     assert "cat/link.png" not in by_path(other)
     assert (summary.skipped, summary.skipped_by_reason) == (2, {"symlink": 2})
@@ -230,14 +226,14 @@ def test_fifo_and_socket_with_image_names_are_skipped(image_tree: Path, db_path:
     assert (summary.seen, summary.skipped_by_reason) == (7, {"fifo": 1, "socket": 1})
 
 
-def test_hidden_ext_and_exclude_options(image_tree: Path, db_path: Path) -> None:
+def test_hidden_ext_and_exclude_options(image_tree: Path, db_path: Path, tmp_path: Path) -> None:
     make_png(image_tree / ".cache" / "x.png")
     make_png(image_tree / "cat" / ".hidden.png")
     (image_tree / "cat" / "notes.txt").write_text("hi")
     make_png(image_tree / "tmp" / "scratch.png")
     summary = scan(db_path, image_tree, ScanOptions(workers=1, exclude=("tmp",)))
     assert summary.seen == 7
-    other = db_path.with_name("other.db")
+    other = where(tmp_path / "other.db")
     summary = scan(other, image_tree, ScanOptions(workers=1, hidden=True, extensions=("png",)))
     assert summary.seen == 9  # 6 PNGs + tmp/scratch.png + 2 hidden; no .jpg, no .txt
     assert ".cache/x.png" in by_path(other)

@@ -18,18 +18,25 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from dlindex.catalog.dialect import postgres_form
+
 if TYPE_CHECKING:
     import sqlite3
 
     from dlindex.catalog.connection import Catalog
 
 _ROOTS = "SELECT id, path, path_bytes FROM roots"
-# Each staged [root_id or null, key] pair, numbered by its place: the ids it names.
-_BY_KEY = (
+# Each staged [root_id or null, key] pair, numbered by its place from 0: the ids it names.
+_BY_KEY = postgres_form(
     "SELECT staged.key, image_metadata.id FROM json_each(:keys) AS staged "
     "JOIN roots JOIN image_metadata ON image_metadata.root_id = roots.id "
     "AND image_metadata.file_path = json_extract(staged.value, '$[1]') "
-    "WHERE json_extract(staged.value, '$[0]') IS NULL OR json_extract(staged.value, '$[0]') = roots.id"
+    "WHERE json_extract(staged.value, '$[0]') IS NULL OR json_extract(staged.value, '$[0]') = roots.id",
+    # the pairs as one jsonb array; ORDINALITY counts from 1 where json_each's key counts from 0
+    "SELECT staged.key - 1, image_metadata.id "
+    "FROM jsonb_array_elements(%(keys)s::jsonb) WITH ORDINALITY AS staged(value, key) "
+    "JOIN image_metadata ON image_metadata.file_path = staged.value ->> 1 "
+    "WHERE jsonb_typeof(staged.value -> 0) = 'null' OR image_metadata.root_id = (staged.value ->> 0)::bigint",
 )
 _CHUNK = 10_000
 NO_ROOT = -1  # path_key's root for an absolute path under no scanned root: it names no sample

@@ -23,7 +23,7 @@ from typing import Any
 
 from dlindex.catalog.dialect import Translated, element_type, translate
 from dlindex.catalog.pgschema import APPLICATION, MIGRATION_LOCK, MIGRATIONS, PRIMARY_KEYS, SCHEMA_TABLE
-from dlindex.errors import CatalogError, InputError
+from dlindex.errors import CatalogError, DamagedCatalogError, InputError
 
 SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 10
@@ -108,7 +108,7 @@ def _first_line(e: BaseException) -> str:
 
 
 def _ensure_schema(conn: PgConnection, *, create: bool) -> None:
-    from dlindex.catalog.migrations import LATEST_VERSION
+    from dlindex.catalog.migrations import LATEST_VERSION, missing_tables
 
     tables = {row[0] for row in conn.execute(_TABLES).fetchall()}
     if SCHEMA_TABLE not in tables:
@@ -129,6 +129,12 @@ def _ensure_schema(conn: PgConnection, *, create: bool) -> None:
             raise CatalogError(
                 f"PostgreSQL catalog {conn.shown} is schema version {version}, newer than this dlindex "
                 f"knows ({LATEST_VERSION}); nothing was changed: upgrade dlindex"
+            )
+        lost = missing_tables(tables, version)
+        if lost:  # as on a file catalog: a damaged catalog is neither read nor migrated
+            raise DamagedCatalogError(
+                f"PostgreSQL catalog {conn.shown} is damaged (table {', '.join(lost)} is missing); nothing was "
+                "changed: restore the database from a backup (pg_dump / pg_restore)"
             )
         if version == LATEST_VERSION:
             return

@@ -11,15 +11,29 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from dlindex.catalog.dialect import postgres_form
 from dlindex.export.plan import ExportError
 from dlindex.export.shards import Features
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('feature_types', 'image_features')"
-_TYPE_COLUMNS = "SELECT name, type FROM pragma_table_info('feature_types')"
-_FEATURE_COLUMNS = "SELECT name, type FROM pragma_table_info('image_features')"
+# the catalog's own tables and columns: SQLite's schema table and pragmas, PostgreSQL's information_schema
+_TABLES = postgres_form(
+    "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('feature_types', 'image_features')",
+    "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema() "
+    "AND table_name IN ('feature_types', 'image_features')",
+)
+_TYPE_COLUMNS = postgres_form(
+    "SELECT name, type FROM pragma_table_info('feature_types')",
+    "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = 'feature_types'",
+)
+_FEATURE_COLUMNS = postgres_form(
+    "SELECT name, type FROM pragma_table_info('image_features')",
+    "SELECT column_name, data_type FROM information_schema.columns WHERE table_schema = current_schema() "
+    "AND table_name = 'image_features'",
+)
 _TYPE = "SELECT * FROM feature_types WHERE name = :name"
 _TYPE_NAMES = "SELECT name FROM feature_types ORDER BY name"
 _VECTORS = (

@@ -142,7 +142,7 @@ def _save(
     header = _MAGIC + json.dumps({**key, "n": n}).encode()
     assert len(header) <= _HEADER
     try:
-        path.parent.mkdir(exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)  # a server catalog's: ~/.cache/dlindex/<identity>/features
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     except OSError:
         return None  # a read-only folder: this process keeps the matrix in memory
