@@ -99,6 +99,14 @@ def is_server(location: Location) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
 
 
+def catalog_exists(location: Location) -> bool:
+    """Is there a catalog at ``location``: a file, or dlindex's tables in the server database."""
+    if not is_server(location):
+        return Path(location).exists()
+    with raw(location) as conn:
+        return bool(conn.execute("SELECT to_regclass('dlindex_schema') IS NOT NULL").fetchone()[0])
+
+
 class _PgRaw:
     """psycopg behind the sqlite3 calls the tests make: ``?`` parameters, execute and executemany."""
 

@@ -20,7 +20,10 @@ from dlindex.export import ExportOptions, export_catalog, load_index, manifest_f
 from dlindex.export.plan import tree_split_choice
 from dlindex.query.spec import QuerySpec
 
-from .conftest import make_png, scan
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, raw, where
+from .conftest import make_png, rows, scan
+
+pytestmark = ON_BOTH_BACKENDS
 
 ONE = ScanOptions(workers=1)  # follows links by default, as ImageFolder does
 # Code-point order differs from a case-blind or locale order: ImageFolder sorts str.
@@ -52,7 +55,7 @@ def imagefolder(root: Path, **kwargs: Any) -> Any:
 
 def test_class_to_idx_is_imagefolders_on_a_tree_of_class_folders(tmp_path: Path) -> None:
     root = class_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     folder = imagefolder(root)
     found = query(db)
@@ -66,7 +69,7 @@ def test_class_to_idx_is_imagefolders_on_a_tree_of_class_folders(tmp_path: Path)
 
 def test_files_directly_under_root_have_no_class_anywhere(tmp_path: Path) -> None:
     root = class_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     loose = [r for r in query(db) if r["path"].endswith("/loose.png")]
     assert loose == [{"path": loose[0]["path"], "label": None, "label_id": None, "split": None}]
@@ -96,7 +99,7 @@ def test_documented_differences_from_imagefolder(tmp_path: Path) -> None:
     from PIL import Image
 
     Image.new("RGB", (8, 8)).save(root / "gifs" / "0.gif")  # GIF: a class here, not a file for ImageFolder
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     with Catalog(db) as catalog:
         from dlindex.catalog.classes import catalog_classes
@@ -111,9 +114,9 @@ def test_query_label_id_is_the_index_in_index_json_classes_and_the_loader_label(
     from dlindex.loader import ManifestDataset
 
     root = class_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
-    internal = dict(sqlite3.connect(db).execute("SELECT name, id FROM labels").fetchall())
+    internal = dict(rows(db, "SELECT name, id FROM labels"))
     shown = {r["label"]: r["label_id"] for r in query(db) if r["label"]}
     assert set(shown) == set(internal) and set(shown.values()) == set(range(len(shown)))
     assert 0 not in internal.values()  # the row ids (from 1) are not what is shown
@@ -146,7 +149,7 @@ def test_cli_query_label_id_and_classes(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     root = class_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     runner = CliRunner()
     result = runner.invoke(app, ["query", "--db", str(db), "-c", "label,label_id", "--label", "b", "--label", "apple"])
@@ -175,7 +178,7 @@ def presplit_tree(root: Path) -> Path:
 @pytest.mark.parametrize("options", [ONE, ScanOptions(workers=2)], ids=["one-unit", "units-cut-deeper"])
 def test_presplit_tree_class_is_the_folder_under_the_split(tmp_path: Path, options: ScanOptions) -> None:
     root = presplit_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root, options)
     found = query(db)
     train = imagefolder(root / "train")
@@ -212,7 +215,7 @@ def test_presplit_tree_of_links_keeps_splits_classes_and_one_row_per_file(tmp_pa
         (root / "val" / name).symlink_to(store / "val" / name, target_is_directory=True)
     (store / "train" / "owl").symlink_to(elsewhere, target_is_directory=True)
     (root / "val" / "owl2").symlink_to(elsewhere, target_is_directory=True)  # the same files again
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     first = scan(db, root, ScanOptions(workers=workers))
     found = query(db)
     assert {(r["split"], r["label"]) for r in found} == {
@@ -237,7 +240,7 @@ def test_presplit_tree_of_links_keeps_splits_classes_and_one_row_per_file(tmp_pa
 
 def test_presplit_export_keeps_the_tree_splits(tmp_path: Path) -> None:
     root = presplit_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     with Catalog(db) as catalog:
         summary = export_catalog(catalog, tmp_path / "auto", ExportOptions())  # default: the tree's splits
@@ -257,7 +260,7 @@ def test_presplit_export_keeps_the_tree_splits(tmp_path: Path) -> None:
 
 def test_presplit_detection_can_be_turned_off_and_rescans_relabel(tmp_path: Path) -> None:
     root = presplit_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root, ScanOptions(workers=1, split_folders=False))
     assert {(r["label"], r["split"]) for r in query(db)} == {("train", None), ("val", None)}
     summary = scan(db, root)  # detection on: same files, new labels and splits, nothing re-read
@@ -272,7 +275,7 @@ def test_presplit_detection_can_be_turned_off_and_rescans_relabel(tmp_path: Path
 def test_a_tree_with_one_class_folder_among_split_folders_is_not_presplit(tmp_path: Path) -> None:
     root = presplit_tree(tmp_path / "tree")
     make_png(root / "zebra" / "0.png")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     assert {r["label"] for r in query(db)} == {"train", "val", "zebra"}
     assert imagefolder(root).class_to_idx == {"train": 0, "val": 1, "zebra": 2}
@@ -282,7 +285,7 @@ def test_export_refuses_to_mix_split_and_unsplit_trees(tmp_path: Path) -> None:
     root = presplit_tree(tmp_path / "tree")
     flat = tmp_path / "flat"
     make_png(flat / "cat" / "0.png")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     scan(db, flat)
     with Catalog(db) as catalog:
@@ -299,21 +302,20 @@ def test_export_refuses_to_mix_split_and_unsplit_trees(tmp_path: Path) -> None:
 
 def test_old_catalog_rows_with_the_empty_label_lose_it_on_rescan(tmp_path: Path) -> None:
     root = class_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
-    conn = sqlite3.connect(db)
-    with conn:  # what dlindex before this change wrote for files directly under ROOT
+    with raw(db) as conn:  # what dlindex before this change wrote for files directly under ROOT
         conn.execute("INSERT INTO labels (name) VALUES ('')")
         conn.execute(
             "UPDATE image_metadata SET label_id = (SELECT id FROM labels WHERE name = '') WHERE file_path = 'loose.png'"
         )
-    conn.close()
     assert [r["label_id"] for r in query(db) if r["label"] == ""] == [0]  # "" shifts every class
     assert scan(db, root).relabeled == 1
     assert not [r for r in query(db) if r["label"] == ""]
     assert {r["label"]: r["label_id"] for r in query(db) if r["label"]} == imagefolder(root).class_to_idx
 
 
+@SQLITE_ONLY  # an old catalog file, migrated
 def test_migration_makes_label_id_nullable_and_adds_split_keeping_everything(tmp_path: Path) -> None:
     from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, m006_classes
 
@@ -398,7 +400,7 @@ def test_cli_split_options(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     root = presplit_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     runner = CliRunner()
     result = runner.invoke(app, ["scan", str(root), "--db", str(db), "--no-split-folders", "-w", "1", "-q"])
     assert result.exit_code == 0, result.output
@@ -426,7 +428,7 @@ def test_labels_no_file_has_leave_the_class_list(tmp_path: Path) -> None:
     from dlindex.catalog.classes import catalog_classes
 
     root = class_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     csv = tmp_path / "labels.csv"
     csv.write_text("path,label\nb/0.png,special\nb/1.png,special\n")
     scan(db, root, ScanOptions(workers=1, labels_file=csv))
@@ -437,7 +439,7 @@ def test_labels_no_file_has_leave_the_class_list(tmp_path: Path) -> None:
     scan(db, root, ScanOptions(workers=1, prune=True))
     with Catalog(db) as catalog:
         assert list(catalog_classes(catalog)) == imagefolder(root).classes
-    names = {n for (n,) in sqlite3.connect(db).execute("SELECT name FROM labels")}
+    names = {n for (n,) in rows(db, "SELECT name FROM labels")}
     assert names == set(imagefolder(root).classes)  # the table holds exactly the class list
 
 
@@ -445,7 +447,7 @@ def test_presplit_flag_follows_the_last_scan(tmp_path: Path) -> None:
     from dlindex.catalog.classes import has_presplit_root
 
     root = presplit_tree(tmp_path / "tree")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     scan(db, root)
     with Catalog(db) as catalog:
         assert has_presplit_root(catalog)

@@ -17,7 +17,10 @@ from dlindex.features.importer import _resolve_paths
 from dlindex.features.samples import resolve_sample
 from dlindex.query.mark import mark_samples
 
+from .backends import ON_BOTH_BACKENDS, where
 from .conftest import make_png
+
+pytestmark = ON_BOTH_BACKENDS
 
 PARTS = st.sampled_from([b".", b"..", b"", b"a", b"b", b"\xff", b"\\xff", b"c.png"])
 PATHS = st.builds(lambda lead, parts: lead + b"/".join(parts), st.sampled_from([b"", b"/", b"//", b"./"]),
@@ -88,22 +91,23 @@ def test_every_scanned_key_resolves_to_its_own_id_everywhere(tmp_path_factory: p
         folder = os.fsencode(root / "cat")
         os.makedirs(folder, exist_ok=True)
         make_png(Path(os.fsdecode(folder + b"/" + name + b".png")))
-    _scan(base / "c.db", root)
-    samples = _samples(base / "c.db")
+    db = where(base / "c.db")
+    _scan(db, root)
+    samples = _samples(db)
     assert len(samples) == len(names)
     for id_, absolute, rel, key in samples:
-        _every_entry_point(base / "c.db", absolute, id_)
-        _every_entry_point(base / "c.db", rel, id_)
-        _every_entry_point(base / "c.db", b"./" + rel, id_, json_key=key)
+        _every_entry_point(db, absolute, id_)
+        _every_entry_point(db, rel, id_)
+        _every_entry_point(db, b"./" + rel, id_, json_key=key)
 
 
 def test_stand_in_copied_from_file_path_names_its_sample(tmp_path: Path) -> None:
     root = tmp_path / "images"
     make_png(Path(os.fsdecode(os.fsencode(root) + b"/caf\xe9.png")))
-    _scan(tmp_path / "c.db", root)
-    ((id_, _, _, key),) = _samples(tmp_path / "c.db")
+    _scan(where(tmp_path / "c.db"), root)
+    ((id_, _, _, key),) = _samples(where(tmp_path / "c.db"))
     assert key == "caf\\xe9.png"
-    with Catalog(tmp_path / "c.db") as catalog:
+    with Catalog(where(tmp_path / "c.db")) as catalog:
         assert resolve_paths(catalog, [key.encode()]) == [id_]
         assert resolve_sample(catalog, key) == id_
 
@@ -112,8 +116,8 @@ def test_a_relative_path_under_two_roots(tmp_path: Path) -> None:
     first, second = tmp_path / "one", tmp_path / "two"
     make_png(first / "cat" / "1.png")
     make_png(second / "cat" / "1.png")
-    _scan(tmp_path / "c.db", first, second)
-    with Catalog(tmp_path / "c.db") as catalog:
+    _scan(where(tmp_path / "c.db"), first, second)
+    with Catalog(where(tmp_path / "c.db")) as catalog:
         assert resolve_paths(catalog, [b"cat/1.png", b"cat/2.png"]) == [AMBIGUOUS, UNKNOWN]
         with pytest.raises(InputError, match="under several roots"):
             resolve_sample(catalog, "cat/1.png")
@@ -127,8 +131,8 @@ def test_a_relative_path_under_two_roots(tmp_path: Path) -> None:
 
 def test_absolute_path_under_no_root(tmp_path: Path) -> None:
     make_png(tmp_path / "images" / "1.png")
-    _scan(tmp_path / "c.db", tmp_path / "images")
-    with Catalog(tmp_path / "c.db") as catalog:
+    _scan(where(tmp_path / "c.db"), tmp_path / "images")
+    with Catalog(where(tmp_path / "c.db")) as catalog:
         assert resolve_paths(catalog, [b"/nowhere/1.png"]) == [UNKNOWN]
         with pytest.raises(InputError, match="is under no scanned root"):
             _resolve_paths(catalog, ["/nowhere/1.png"], Path("v.jsonl"))

@@ -11,7 +11,10 @@ from dlindex import Catalog, InputError, ScanOptions, scan_tree
 from dlindex.catalog.roots import list_roots, move_root
 from dlindex.export import ExportOptions, export_catalog, verify_export
 
+from .backends import ON_BOTH_BACKENDS, where
 from .conftest import rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def test_move_a_root_then_scan_and_export_from_the_new_place(
@@ -58,7 +61,7 @@ def test_a_folder_without_the_files_is_refused(scanned_db: Path, image_tree: Pat
 def test_another_roots_path_is_refused(tmp_path: Path) -> None:
     from .conftest import make_png
 
-    db = tmp_path / "two.db"
+    db = where(tmp_path / "two.db")
     for name in ("one", "two"):
         make_png(tmp_path / name / "x" / "a.png")
         with Catalog(db, create=True) as catalog:

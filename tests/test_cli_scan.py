@@ -14,6 +14,10 @@ from typer.testing import CliRunner
 from dlindex.catalog.migrations import LATEST_VERSION
 from dlindex.cli import app
 
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, catalog_exists, where
+
+pytestmark = ON_BOTH_BACKENDS
+
 SUMMARY_KEYS = {"seen", "new", "changed", "unchanged", "missing", "corrupt", "errors", "seconds", "skipped"}
 
 
@@ -35,7 +39,7 @@ def test_scan_human_summary(runner: CliRunner, image_tree: Path, db_path: Path) 
 def test_db_from_environment(runner: CliRunner, image_tree: Path, db_path: Path) -> None:
     result = runner.invoke(app, ["scan", str(image_tree), "-q", "-w", "1"], env={"DLINDEX_DB": str(db_path)})
     assert result.exit_code == 0, result.output
-    assert db_path.exists()
+    assert catalog_exists(db_path)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +60,7 @@ def test_bad_root_is_one_line_and_creates_no_catalog(
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ") and message in result.stderr
     assert result.stderr.count("\n") == 1
-    assert not db_path.exists()
+    assert not catalog_exists(db_path)
 
 
 def test_unwritable_db_location(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
@@ -65,6 +69,7 @@ def test_unwritable_db_location(runner: CliRunner, image_tree: Path, tmp_path: P
     assert "cannot create catalog" in result.stderr
 
 
+@SQLITE_ONLY  # catalog files that are not dlindex's
 def test_not_a_catalog_and_newer_schema(runner: CliRunner, image_tree: Path, tmp_path: Path) -> None:
     text = tmp_path / "text.db"
     text.write_text("not sqlite")
@@ -144,7 +149,7 @@ def test_scan_json_start_up_imports_neither_rich_nor_tqdm_nor_pydantic(image_tre
         "print([m for m in ('rich.console', 'tqdm', 'pydantic') if m in sys.modules], file=sys.stderr)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(image_tree), str(tmp_path / "c.db")],
+        [sys.executable, "-c", code, str(image_tree), str(where(tmp_path / "c.db"))],
         capture_output=True,
         text=True,
         timeout=120,

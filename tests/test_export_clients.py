@@ -22,7 +22,10 @@ from dlindex.export import ExportError, load_index, manifest_rows, verify_export
 from dlindex.export.index import listed_shards
 from dlindex.loader import ManifestDataset, WdsDataset
 
+from .backends import ON_BOTH_BACKENDS, where
 from .conftest import exported, make_jpeg, make_png, scan
+
+pytestmark = ON_BOTH_BACKENDS
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 FORMATS = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "BMP": "bmp", "WEBP": "webp"}
@@ -39,8 +42,9 @@ def formats_db(tmp_path: Path) -> Path:
         path = root / ("b", "c")[i % 2] / f"{i:02d}.{FORMATS[fmt]}"
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.new("RGB", (10 + i, 12), (i * 9, 3, 4)).save(path, fmt)
-    scan(tmp_path / "f.db", root)
-    return tmp_path / "f.db"
+    db = where(tmp_path / "f.db")
+    scan(db, root)
+    return db
 
 
 def tar_keys(out: Path, shards: list[dict[str, Any]]) -> list[str]:
@@ -225,8 +229,9 @@ def odd_name_db(tmp_path: Path) -> tuple[Path, bytes]:
     raw = b"z/bad-\xff\xfe.png"
     with open(os.fsencode(root) + b"/" + raw, "wb") as f:
         Image.new("RGB", (5, 5)).save(f, "PNG")
-    scan(tmp_path / "odd.db", root)
-    return tmp_path / "odd.db", raw
+    db = where(tmp_path / "odd.db")
+    scan(db, root)
+    return db, raw
 
 
 _DUCKDB = {"jsonl": "SELECT * FROM read_json(?)", "csv": "SELECT * FROM read_csv(?)"}

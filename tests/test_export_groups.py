@@ -21,7 +21,10 @@ from dlindex.export.index import listed_shards
 from dlindex.export.plan import HASH, ID, ROW, split_of
 from dlindex.scan.labels import _parse
 
-from .conftest import export
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, where
+from .conftest import export, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 PAIRS = 24
 SPLIT = "train=0.5,val=0.5"
@@ -48,7 +51,7 @@ def pairs_tree(root: Path, start: int, stop: int) -> None:
 def scanned(tmp_path: Path, labels: Path | None = None, pairs: int = PAIRS) -> tuple[Path, Path]:
     root = tmp_path / "pics"
     pairs_tree(root, 0, pairs)
-    db = tmp_path / "g.db"
+    db = where(tmp_path / "g.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1, labels_file=labels))
     return db, root
@@ -152,7 +155,7 @@ def test_group_by_a_labels_column(tmp_path: Path) -> None:
     lines = ["path,video"] + [f"{('a', 'b')[i % 2]}/{i:03d}.png,v{i % 5}" for i in range(PAIRS)]
     labels.write_text("\n".join(lines) + "\n", encoding="utf-8")
     db, _ = scanned(tmp_path, labels)
-    stored = sqlite3.connect(db).execute("SELECT count(*), count(DISTINCT value) FROM sample_attributes").fetchone()
+    stored = rows(db, "SELECT count(*), count(DISTINCT value) FROM sample_attributes")[0]
     assert stored == (PAIRS, 5)
     export(db, tmp_path / "g", split=SPLIT, group_by="video")
     found = splits(tmp_path / "g")
@@ -276,6 +279,7 @@ def test_hostile_labels_files_parse_or_fail_in_one_line(header: list[str], cells
     assert all(set(values) == set(parsed.columns) for values in parsed.attributes.values())
 
 
+@SQLITE_ONLY  # an old catalog file, migrated
 def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
     from dlindex.catalog.migrations import LATEST_VERSION
 
@@ -291,7 +295,7 @@ def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
     with Catalog(db) as catalog:
         assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION >= 10
         scan_tree(catalog, tmp_path / "pics", ScanOptions(workers=1, labels_file=labels))
-    assert sqlite3.connect(db).execute("SELECT name, value FROM sample_attributes").fetchall() == [("video", "v1")]
+    assert rows(db, "SELECT name, value FROM sample_attributes") == [("video", "v1")]
 
 
 def test_a_large_group_is_said_and_chains_stay_together(tmp_path: Path) -> None:
@@ -302,7 +306,7 @@ def test_a_large_group_is_said_and_chains_stay_together(tmp_path: Path) -> None:
     base = picture(100, 96)
     for n, size in enumerate((96, 90, 84, 78, 72, 66)):  # one picture at six sizes and crops
         base.crop((n, n, 96 - n, 96 - n)).resize((size, size)).save(root / "a" / f"chain{n}.png")
-    db = tmp_path / "g.db"
+    db = where(tmp_path / "g.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     from dlindex.export import ExportOptions, export_catalog

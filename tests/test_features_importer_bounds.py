@@ -16,7 +16,10 @@ from dlindex import Catalog, InputError
 from dlindex.cli import app
 from dlindex.features import import_features
 
+from .backends import ON_BOTH_BACKENDS
 from .conftest import import_file, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def refused(db: Path, file: Path, match: str, **options: object) -> None:

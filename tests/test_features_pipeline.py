@@ -29,7 +29,10 @@ from dlindex import (
 from dlindex.features import ComputeOptions, compute_features
 from dlindex.features.extractors import colorhist, dhash, thumb
 
+from .backends import ON_BOTH_BACKENDS, where
 from .conftest import compute, make_png, rows
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def extractor_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, name: str = "userfeat") -> str:
@@ -204,7 +207,7 @@ def many(tmp_path: Path) -> Path:
     root = tmp_path / "many"
     for i in range(120):
         make_png(root / f"l{i % 3}" / f"{i:03d}.png", (8 + i % 5, 8), (i, 255 - i, i % 7))
-    db = tmp_path / "many.db"
+    db = where(tmp_path / "many.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     return db

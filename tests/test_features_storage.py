@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +22,24 @@ from dlindex.features import (
 from dlindex.features.matrix import matrix_path
 from dlindex.features.vectors import write_vectors
 
+from .backends import ON_BOTH_BACKENDS, on_postgresql, raw, where
 from .conftest import make_png, rows
+
+pytestmark = ON_BOTH_BACKENDS
+
+
+_files: list[Path] = []  # the running test's temp folder, for the .npz files it imports
+
+
+@pytest.fixture(autouse=True)
+def _files_folder(tmp_path: Path) -> Iterator[None]:
+    _files.append(tmp_path)
+    yield
+    _files.pop()
 
 
 def store(db: Path, name: str, vectors: np.ndarray, ids: list[int] | None = None, **options: object) -> None:
-    path = db.parent / f"{name}.npz"
+    path = _files[-1] / f"{name}.npz"
     np.savez(path, ids=np.asarray(ids or list(range(1, len(vectors) + 1))), vectors=vectors)
     with Catalog(db) as catalog:
         import_features(catalog, name, path, **options)  # type: ignore[arg-type]
@@ -92,10 +105,8 @@ def test_a_vector_of_the_wrong_size_is_refused_on_write_and_reported_on_read(cat
             catalog.write_transaction() as conn,
         ):
             write_vectors(conn, ftype, [(1, b"\0" * 4)])
-    conn = sqlite3.connect(cats)  # another program, bypassing dlindex
-    with conn:
-        conn.execute("UPDATE image_features SET vector = x'00' WHERE image_id = 3")
-    conn.close()
+    with raw(cats) as conn:  # another program, bypassing dlindex
+        conn.execute("UPDATE image_features SET vector = ? WHERE image_id = 3", (b"\0",))
     with Catalog(cats) as catalog:
         with pytest.raises(InputError, match="'v' vector of sample 3 has 1 bytes, not 8"):
             feature_vectors(catalog, [3], "v")
@@ -148,11 +159,10 @@ def test_matrix_is_rebuilt_after_any_change_to_the_vectors(cats: Path) -> None:
     store(cats, "v", np.ones((1, 2), np.float32), ids=[3])
     with Catalog(cats) as catalog:
         assert load_matrix(catalog, "v").vectors[2].tolist() == [1.0, 1.0]
-    conn = sqlite3.connect(cats)
-    conn.execute("PRAGMA foreign_keys = ON")
-    with conn:
+    with raw(cats) as conn:
+        if not on_postgresql():
+            conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("DELETE FROM image_metadata WHERE id = 4")  # someone else's delete: a trigger notes it
-    conn.close()
     with Catalog(cats) as catalog:
         assert 4 not in load_matrix(catalog, "v").ids.tolist()
 
@@ -161,7 +171,7 @@ def test_prune_deletes_the_vectors_of_pruned_images(tmp_path: Path) -> None:
     root = tmp_path / "img"
     for i in range(3):
         make_png(root / "a" / f"{i}.png", color=(i * 50, 0, 0))
-    db = tmp_path / "p.db"
+    db = where(tmp_path / "p.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     store(db, "v", np.ones((3, 2), np.float32), ids=[1, 2, 3])
@@ -176,7 +186,7 @@ def test_new_content_drops_stale_vectors_and_a_touch_keeps_them(tmp_path: Path) 
     root = tmp_path / "img"
     make_png(root / "a" / "0.png", color=(1, 2, 3))
     make_png(root / "a" / "1.png", color=(4, 5, 6))
-    db = tmp_path / "p.db"
+    db = where(tmp_path / "p.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     store(db, "v", np.ones((2, 2), np.float32), ids=[1, 2])

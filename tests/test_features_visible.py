@@ -14,6 +14,10 @@ from dlindex.features import ComputeOptions, compute_features, nearest
 from dlindex.features.extractors import colorhist, dhash, thumb
 from dlindex.features.visible import BACKGROUND
 
+from .backends import ON_BOTH_BACKENDS, where
+
+pytestmark = ON_BOTH_BACKENDS
+
 SHAPES = {  # class -> (colour, shape)
     "red_disc": ((220, 20, 20), "disc"),
     "blue_column": ((20, 40, 210), "column"),
@@ -166,7 +170,7 @@ def test_pipeline_neighbours_on_a_transparent_tree(tmp_path: Path) -> None:
     for kind, v in itertools.product(SHAPES, range(4)):
         (root / kind).mkdir(parents=True, exist_ok=True)
         clipart(kind, v).save(root / kind / f"{v}.png")
-    db = tmp_path / "c.db"
+    db = where(tmp_path / "c.db")
     with Catalog(db, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
         for name in ("colorhist", "thumb", "dhash"):

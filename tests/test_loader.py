@@ -15,7 +15,10 @@ from PIL import Image
 from dlindex import Catalog, ScanOptions, scan_tree
 from dlindex.loader import ManifestDataset, WdsDataset, iter_tar
 
+from .backends import ON_BOTH_BACKENDS, where
 from .conftest import exported, make_png
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 @pytest.fixture
@@ -23,7 +26,7 @@ def db(tmp_path: Path) -> Path:
     root = tmp_path / "imgs"
     for i in range(24):
         make_png(root / ("ant", "bee", "cow")[i % 3] / f"{i:03d}.png", (8 + i, 8), (i * 10, 0, 0))
-    path = tmp_path / "l.db"
+    path = where(tmp_path / "l.db")
     with Catalog(path, create=True) as catalog:
         scan_tree(catalog, root, ScanOptions(workers=1))
     return path

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,11 @@ from dlindex.features import import_features
 from dlindex.quality.groups import DuplicateGroup, Keep, Pair, duplicate_groups, duplicate_pairs, group_keys
 from dlindex.quality.hashes import load_hashes
 
+from .backends import ON_BOTH_BACKENDS, raw, where
 from .conftest import compute, scan
 from .synthetic import Row, make_catalog
+
+pytestmark = ON_BOTH_BACKENDS
 
 
 def catalog(tmp_path: Path, n: int, statuses: dict[int, str] | None = None) -> Path:
@@ -25,10 +27,8 @@ def catalog(tmp_path: Path, n: int, statuses: dict[int, str] | None = None) -> P
 
 
 def update(db: Path, sql: str, rows: list[tuple[object, ...]]) -> None:
-    conn = sqlite3.connect(db)
-    with conn:
+    with raw(db) as conn:
         conn.executemany(sql, rows)
-    conn.close()
 
 
 def with_vectors(db: Path, tmp_path: Path, vectors: np.ndarray, name: str = "h") -> None:
@@ -225,7 +225,7 @@ def test_plain_pictures_are_left_out_of_dhash_near_groups(tmp_path: Path) -> Non
     picture = Image.fromarray(rich.astype(np.uint8)).resize((240, 240), Image.Resampling.BICUBIC)
     picture.save(root / "picture.png")
     picture.resize((120, 120)).save(root / "picture_small.png")
-    db = tmp_path / "art.db"
+    db = where(tmp_path / "art.db")
     scan(db, tmp_path / "art")
     compute(db, "dhash", extractor="dhash")
     with Catalog(db) as c, pytest.warns(DlindexWarning, match=r"^3 of 5 images are too plain for dhash"):

@@ -16,7 +16,10 @@ import pytest
 from dlindex import ScanOptions
 from dlindex.scan.listing import SKIP_REASONS
 
+from .backends import ON_BOTH_BACKENDS, where
 from .conftest import make_png, rows, scan
+
+pytestmark = ON_BOTH_BACKENDS
 
 PARALLEL = ScanOptions(workers=2)
 
@@ -201,7 +204,7 @@ def test_a_copy_of_a_tree_with_symlinked_classes_matches_the_original(tmp_path: 
     for label in ("cat", "dog"):
         (linked / label).symlink_to(image_tree / label)
     shutil.copy(image_tree / "cat" / "000.png", linked / "top.png")
-    a, b = tmp_path / "a.db", tmp_path / "b.db"
+    a, b = where(tmp_path / "a.db"), where(tmp_path / "b.db")
     scan(a, image_tree, workers=2)
     scan(b, linked, workers=2)
     query = "SELECT file_path, labels.name, xxh3_128 FROM image_metadata JOIN labels ON labels.id = label_id"

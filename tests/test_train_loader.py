@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,10 @@ from dlindex import Catalog, QuerySpec, ScanOptions, scan_tree  # noqa: E402
 from dlindex.errors import DlindexError, InputError  # noqa: E402
 from dlindex.torch import CatalogDataset, DataLoader  # noqa: E402
 
+from .backends import ON_BOTH_BACKENDS, raw, where  # noqa: E402
 from .conftest import compute, export, make_jpeg  # noqa: E402
+
+pytestmark = ON_BOTH_BACKENDS
 
 CLASSES = ("ant", "bee", "cow")
 N = 45
@@ -34,14 +36,14 @@ def tree(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def db(tree: Path, tmp_path: Path) -> Path:
-    path = tmp_path / "train.db"
+    path = where(tmp_path / "train.db")
     with Catalog(path, create=True) as catalog:
         scan_tree(catalog, tree, ScanOptions(workers=1))
     return path
 
 
 def all_ids(db: Path) -> set[int]:
-    with sqlite3.connect(db) as conn:
+    with raw(db) as conn:
         return {r[0] for r in conn.execute("SELECT id FROM image_metadata")}
 
 
@@ -73,7 +75,7 @@ def test_the_seed_call_gives_every_sample_once_as_tensors(db: Path) -> None:
 
 def test_labels_are_the_catalog_classes(db: Path) -> None:
     loader = DataLoader(database_path=db, batch_size=5, image_size=8)
-    with sqlite3.connect(db) as conn:
+    with raw(db) as conn:
         names = dict(conn.execute("SELECT image_metadata.id, labels.name FROM image_metadata JOIN labels "
                                   "ON labels.id = image_metadata.label_id"))  # fmt: skip
     for batch in loader:
@@ -160,14 +162,14 @@ def test_a_corrupt_image_mid_epoch_is_counted_and_recorded(db: Path, tree: Path,
     loader = DataLoader(database_path=db, batch_size=4, num_workers=2, image_size=8, on_error=on_error)
     got = ids_of(read(loader))
     stats = loader.stats()
-    with sqlite3.connect(db) as conn:
+    with raw(db) as conn:
         (bad_id,) = conn.execute("SELECT id FROM image_metadata WHERE file_path = 'bee/010.jpg'").fetchone()
     assert stats["failed"] == 1 and stats["errors"][0].startswith(f"sample {bad_id}: ")
     if on_error == "skip":
         assert len(got) == N - 1 and stats["skipped"] == 1
     else:
         assert len(got) == N and stats["replaced"] == 1 and len(set(got)) == N - 1
-    with sqlite3.connect(db) as conn:
+    with raw(db) as conn:
         status, error = conn.execute("SELECT processing_status, error FROM image_metadata "
                                      "WHERE file_path = 'bee/010.jpg'").fetchone()  # fmt: skip
     assert status == "failed" and error

@@ -315,7 +315,7 @@ class PgConnection:
         cursor = self._cursor()
         rows = calls = 0
         started = time.perf_counter()
-        with self._statement(self._may_fail_and_go_on(translated.text), cursor):
+        with self._statement(self._may_fail_and_go_on(translated.text, bulk=True), cursor):
             batch: list[Any] = []
             text = None
             for parameters in seq_of_parameters:
@@ -366,11 +366,13 @@ class PgConnection:
             ]
         )
 
-    def _may_fail_and_go_on(self, text: str) -> bool:
-        """A plain INSERT inside a transaction: dlindex catches its IntegrityError and goes on
-        in the same transaction (as SQLite allows), which PostgreSQL permits only back to a
-        savepoint."""
-        return bool(_PLAIN_INSERT.match(text)) and self.in_transaction
+    def _may_fail_and_go_on(self, text: str, *, bulk: bool = False) -> bool:
+        """A plain INSERT inside a transaction, or any bulk INSERT (an upsert of many rows, whose
+        foreign keys may refuse one): dlindex catches its IntegrityError and goes on in the same
+        transaction (as SQLite allows), which PostgreSQL permits only back to a savepoint. One
+        savepoint per bulk call costs nothing; one per single-row upsert would."""
+        pattern = _INSERT if bulk else _PLAIN_INSERT
+        return bool(pattern.match(text)) and self.in_transaction
 
     def _cursor(self, **options: Any) -> Any:
         """A psycopg cursor; on a closed connection, sqlite3's error for one (ProgrammingError), which
@@ -545,6 +547,7 @@ class _Counted(PgCursor):
 
 _LASTROWID = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)\b(?!.*\b(?:RETURNING|ON\s+CONFLICT|SELECT)\b)", re.I | re.S)
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+QUERY\s+PLAN\s+", re.IGNORECASE)
+_INSERT = re.compile(r"^\s*INSERT\s+INTO\b", re.I)
 _PLAIN_INSERT = re.compile(r"^\s*INSERT\s+INTO\b(?!.*\bON\s+CONFLICT\b)", re.I | re.S)
 _ID_TABLES = frozenset(t for t, key in PRIMARY_KEYS.items() if key == ("id",) and t != "catalog_changes")
 

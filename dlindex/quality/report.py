@@ -331,7 +331,7 @@ def text(value: str) -> str:
         try:
             value = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
         except UnicodeEncodeError:  # a lone surrogate that is no escaped byte
-            value = value.encode("utf-8", "backslashreplace").decode("ascii")
+            value = value.encode("utf-8", "backslashreplace").decode("utf-8")  # other characters stay themselves
     return html.escape(value.translate(_CONTROL), quote=True)
 
 
