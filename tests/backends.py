@@ -86,6 +86,13 @@ def catalog_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     assert not stray, f"a [postgresql] run made SQLite catalogs: {stray}"
 
 
+def backend_first(request: pytest.FixtureRequest) -> None:
+    """In a fixture that places a catalog: set the run's backend up first, whatever the order of
+    the test's arguments (a module on one backend has no ``catalog_backend``)."""
+    if "catalog_backend" in request.fixturenames:
+        request.getfixturevalue("catalog_backend")
+
+
 def on_postgresql() -> bool:
     return _active is not None
 

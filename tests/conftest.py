@@ -33,7 +33,7 @@ from dlindex.export import ExportOptions, ExportSummary, export_catalog
 from dlindex.export.index import index_path
 from dlindex.features import ComputeOptions, ComputeSummary, ImportSummary, compute_features, import_features
 
-from .backends import Location, catalog_backend, raw, where  # noqa: F401  (catalog_backend: a fixture)
+from .backends import Location, backend_first, catalog_backend, raw, where  # noqa: F401  (catalog_backend: a fixture)
 from .servers import pg_url, postgres_server, redis_server, redis_url  # noqa: F401  (fixtures for every module)
 from .synthetic import Row, balanced, make_catalog
 
@@ -69,8 +69,7 @@ def image_tree(tmp_path: Path) -> Path:
 @pytest.fixture
 def db_path(tmp_path: Path, request: pytest.FixtureRequest) -> Location:
     """The catalog of the test: a file, or on a ``[postgresql]`` run of a module on both backends, a server database."""
-    if "catalog_backend" in request.fixturenames:
-        request.getfixturevalue("catalog_backend")  # the backend first, whatever the order of the arguments
+    backend_first(request)
     return where(tmp_path / "catalog.db")
 
 
@@ -85,8 +84,7 @@ def scanned_db(image_tree: Path, db_path: Path) -> Path:
 @pytest.fixture
 def cats(tmp_path: Path, request: pytest.FixtureRequest) -> Location:
     """A synthetic catalog of eight samples: cat/0001.png ... is ids 1-4, dog/0001.png ... ids 5-8."""
-    if "catalog_backend" in request.fixturenames:
-        request.getfixturevalue("catalog_backend")
+    backend_first(request)
     return balanced(tmp_path / "c.db", {"cat": 4, "dog": 4})
 
 

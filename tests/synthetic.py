@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dlindex import Catalog
 
-from .backends import Location, raw, where
+from .backends import Location, is_server, raw, where
 
 ROOT = "/data/train"
 
@@ -52,7 +52,7 @@ def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
             "VALUES (?, 1, ?, ?, ?, ?, 'PNG', 'RGB', 100, 1, 'x', ?, ?, ?, ?, ?)",
             values,
         )
-        if hasattr(conn, "reset_ids"):
+        if is_server(location):
             conn.reset_ids()
     return location
 

@@ -11,10 +11,6 @@ from dlindex.export.plan import Group
 from dlindex.export.shards import Context
 from dlindex.export.writer import FileWriter, ShardWriter
 
-from .backends import ON_BOTH_BACKENDS
-
-pytestmark = ON_BOTH_BACKENDS
-
 
 class _Lines(FileWriter[bytes]):
     suffix = ".txt"

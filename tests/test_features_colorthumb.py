@@ -9,10 +9,6 @@ from PIL import Image
 
 from dlindex.features.extractors import BUILTINS, COLORTHUMB_SIDE, colorthumb, load_extractor
 
-from .backends import ON_BOTH_BACKENDS
-
-pytestmark = ON_BOTH_BACKENDS
-
 
 def picture(seed: int, size: tuple[int, int] = (120, 90)) -> Image.Image:
     rng = np.random.default_rng(seed)

@@ -10,10 +10,6 @@ import dlindex.features
 from dlindex.features import _EXPORTS
 from dlindex.features.matrix import Matrix
 
-from .backends import ON_BOTH_BACKENDS
-
-pytestmark = ON_BOTH_BACKENDS
-
 
 def test_rows_of_marks_ids_without_a_vector() -> None:
     ids = np.array([2, 5, 9], dtype=np.int64)

@@ -13,10 +13,6 @@ from dlindex.quality import pairs
 from dlindex.quality.hashes import pack_bits
 from dlindex.quality.pairs import brute_force_hash_pairs, embedding_pairs, hash_pairs, popcount
 
-from .backends import ON_BOTH_BACKENDS
-
-pytestmark = ON_BOTH_BACKENDS
-
 Found = dict[tuple[int, int], float]
 
 

@@ -23,10 +23,7 @@ from dlindex.quality import report as report_module
 from dlindex.quality import thumbnails
 from dlindex.quality.report import ReportError, ReportGroup, ReportMember, text, write_report
 
-from .backends import ON_BOTH_BACKENDS
 from .conftest import CORPUS, CORPUS_EXPECTED
-
-pytestmark = ON_BOTH_BACKENDS
 
 HOSTILE = "<script>alert(1)</script> \"q\" 'x'\nname.png"  # a folder "<script>alert(1)<", then a file
 

@@ -10,10 +10,6 @@ from hypothesis import strategies as st
 from dlindex.errors import InputError
 from dlindex.train.plan import Layout, chunk_order
 
-from .backends import ON_BOTH_BACKENDS
-
-pytestmark = ON_BOTH_BACKENDS
-
 
 def layout(n: int, world: int = 1, workers: int = 1, batch: int = 4, window: int = 8, drop_last: bool = False,
            seed: int = 0, epoch: int = 0) -> Layout:  # fmt: skip
