@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 from dlindex.cli import app
 
 from .backends import ON_BOTH_BACKENDS
-from .conftest import rows
+from .conftest import DLINDEX, rows
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -114,3 +115,15 @@ def test_import_bad_input_exit_1(runner: CliRunner, scanned_db: Path, tmp_path: 
     result = invoke(runner, scanned_db, "import", str(tmp_path / "v.npz"), "--type", "emb")
     assert result.exit_code == 1 and "has NaN or infinite values" in result.stderr and "Traceback" not in result.output
     assert rows(scanned_db, "SELECT count(*) FROM image_features") == [(0,)]
+
+
+def test_an_import_of_unknown_ids_is_one_error_line(cats: Path, tmp_path: Path) -> None:
+    """On a server catalog the refused bulk insert ends a psycopg pipeline, which logs what it
+    ignored: in a real process (pytest's own log handlers would swallow it) that must not reach
+    stderr beside the one error line."""
+    np.savez(tmp_path / "u.npz", ids=np.array([1, 2, 99, 100]), vectors=np.ones((4, 3), np.float32))
+    done = subprocess.run([*DLINDEX, "features", "import", str(tmp_path / "u.npz"), "--type", "u", "--db", str(cats)],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"Error: {tmp_path / 'u.npz'}: 2 unknown id(s): 99, 100; nothing was imported"]
+    assert rows(cats, "SELECT count(*) FROM feature_types WHERE name = 'u'") == [(0,)]

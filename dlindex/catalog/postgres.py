@@ -13,6 +13,7 @@ when a ``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``)
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import time
@@ -50,11 +51,18 @@ def redact(url: str) -> str:
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
+_QUIET = logging.NullHandler()  # one instance: addHandler ignores a handler it already has
+
+
 def _psycopg() -> Any:
     try:
         import psycopg
     except ImportError:
         raise InputError("a postgresql:// catalog needs psycopg 3: pip install 'dlindex[postgres]'") from None
+    # psycopg logs what it ignores while ending a failed pipeline ("error ignored terminating …");
+    # with no logging set up, Python's last-resort handler would print that beside dlindex's one
+    # error line. A NullHandler keeps it off stderr; an application's own handlers still get it.
+    logging.getLogger("psycopg").addHandler(_QUIET)
     return psycopg
 
 
