@@ -45,13 +45,19 @@ class ForkWorker:
 
     def __init__(self, context: Any, init: Callable[[], None], handle: Callable[[Any], Any]) -> None:
         self.conn, child_conn = context.Pipe(duplex=True)
-        self.process = context.Process(target=_serve, args=(child_conn, init, handle), daemon=True)
+        args = (child_conn, self.conn, os.getpid(), init, handle)
+        self.process = context.Process(target=_serve, args=args, daemon=True)
         self.process.start()
         child_conn.close()
         self.tasks: deque[Any] = deque()
 
 
-def _serve(conn: Connection, init: Callable[[], None], handle: Callable[[Any], Any]) -> None:
+def _serve(
+    conn: Connection, parent_end: Connection, parent: int, init: Callable[[], None], handle: Callable[[Any], Any]
+) -> None:
+    # First of all: a worker that outlives a parent killed with -9 keeps the catalog open.
+    die_with_parent(parent)
+    parent_end.close()  # the parent's end, inherited by the fork: else recv never sees EOF
     init()
     while True:
         try:
@@ -238,7 +244,6 @@ def init_child() -> CStderrCapture:
     """The set-up every worker process runs first; returns its capture of C libraries' stderr."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what Ctrl-C means
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    die_with_parent()
     keep_freed_memory()
     capture = CStderrCapture()
     capture.start()  # libtiff & co. write to fd 2; keep it off the user's terminal
@@ -265,15 +270,19 @@ def keep_freed_memory() -> None:
         pass
 
 
-def die_with_parent() -> None:
-    """Linux: if the scan is killed with -9, its workers go too instead of lingering."""
+def die_with_parent(parent: int) -> None:
+    """In a child of process ``parent``: die when it dies, even of kill -9 (Linux), instead of
+    lingering with the catalog open; exits at once if it is already gone."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+    # A parent killed between the fork and the prctl sent no signal: it is gone if we were
+    # handed to another parent (init or a subreaper).
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def host_tag() -> str:

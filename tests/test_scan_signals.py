@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -123,3 +124,63 @@ def test_sigterm_and_ctrl_c_stop_cleanly(big_tree: Path, tmp_path: Path, signum:
     conn.close()
     summary = _rescan(big_tree, db)
     assert (summary["new"], summary["unchanged"]) == (FILES - written, written)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except OSError:
+        return []
+
+
+def _kill_as_it_forks(args: list[str], nth: int) -> int:
+    """Run dlindex ARGS, stop its ``nth`` worker the moment it is forked (before it can ask the
+    kernel to follow its parent), kill -9 the parent, let the worker go on; the worker's pid."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dlindex", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    seen: list[int] = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(seen) <= nth and time.monotonic() < deadline and proc.poll() is None:
+            seen += [child for child in _children(proc.pid) if child not in seen]
+        assert len(seen) > nth, f"dlindex {args[0]} forked only {len(seen)} worker(s)"
+        worker = seen[nth]
+        os.kill(worker, signal.SIGSTOP)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    os.kill(worker, signal.SIGCONT)
+    return worker
+
+
+def _gone(pid: int, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    return True  # dead, waiting for its new parent to reap it
+        except OSError:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", ["scan", "features"])
+def test_workers_die_with_a_parent_killed_as_they_fork(image_tree: Path, tmp_path: Path, command: str) -> None:
+    db = tmp_path / "orphans.db"
+    if command == "features":
+        _rescan(image_tree, db)
+        args = ["features", "compute", "--type", "colorhist", "--workers", "2", "--db", str(db)]
+    else:
+        args = ["scan", str(image_tree), "--workers", "2", "--db", str(db)]
+    for nth in (0, 1):  # the first worker forked, and one forked while another already runs
+        worker = _kill_as_it_forks(args, nth)
+        try:
+            assert _gone(worker, 3.0), f"worker {worker} outlived its killed parent"
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)

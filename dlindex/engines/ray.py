@@ -208,9 +208,7 @@ def _isolated(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
 def child_main() -> None:
     """The child process of ``_isolated``: run the pickled call, pickle (ok, result or error)."""
     task, result, parent = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    die_with_parent()
-    if os.getppid() != parent:  # the worker died before the kernel was told to take us too
-        sys.exit(ProcessDied.__name__)
+    die_with_parent(parent)
     fn, args = pickle.loads(Path(task).read_bytes())
     try:
         outcome: tuple[bool, Any] = (True, fn(*args))
