@@ -20,6 +20,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -70,6 +71,30 @@ def test_an_unreachable_address_is_one_line(scanned_db: Path) -> None:
     line = one_error_line(result)
     assert f"cannot reach the Ray cluster at 127.0.0.1:{port}" in line
     assert rows(scanned_db, "SELECT count(*) FROM feature_types") == [(0,)]  # nothing written
+
+
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b""])
+def test_a_listener_that_is_not_ray_is_one_line(tree: Path, tmp_path: Path, answer: bytes) -> None:
+    """An HTTP server, or one that hangs up: ray.init would wait on it forever."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+
+        def serve() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(1024)
+                conn.sendall(answer)
+
+        thread = threading.Thread(target=serve)
+        thread.start()
+        result = invoke(
+            CliRunner(), "scan", str(tree), "--engine", "ray", "--address", f"127.0.0.1:{port}",
+            "--db", str(tmp_path / "c.db"),
+        )  # fmt: skip
+        thread.join()
+    assert f"something listens at 127.0.0.1:{port}, but it does not answer as a Ray cluster" in one_error_line(result)
 
 
 def test_ray_address_from_the_environment(scanned_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,6 +194,13 @@ def _copy_scan(local_db: Path, tmp_path: Path) -> Path:
         conn.execute("DELETE FROM image_features")
         conn.execute("DELETE FROM feature_state")
     return db
+
+
+def test_a_real_clusters_address_passes_the_check(cluster: Any) -> None:
+    from dlindex.engines.ray import connected
+
+    with connected(cluster.address) as connection:  # the head's GCS answers the HTTP/2 handshake
+        assert connection.is_initialized()
 
 
 def test_ray_stores_the_local_engines_bytes(cluster: object, local_db: Path, tmp_path: Path) -> None:

@@ -29,6 +29,8 @@ from dlindex.procs import CStderrCapture, die_with_parent
 
 INSTALL_HINT = "--engine ray needs the ray extra: pip install 'dlindex[ray]'"
 _PROBE_SECONDS = 5.0  # a TCP connect to the head; ray.init itself would retry for a minute
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and empty SETTINGS
+_SETTINGS_FRAME = 4
 _LOCAL_ADDRESSES = ("auto", "local")  # ray.init's own: find a cluster on this machine / start one
 
 T = TypeVar("T")
@@ -99,12 +101,37 @@ def _probe(address: str) -> None:
     if not sep or not port.isdigit():
         raise InputError(f"bad Ray address {address!r}: expected HOST:PORT (the head's GCS port, 6379 by default)")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_SECONDS).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=_PROBE_SECONDS) as conn:
+            speaks_grpc = _answers_http2(conn)
     except OSError as e:
         raise InputError(
             f"cannot reach the Ray cluster at {address}: {e.strerror or e}; "
             "start it with `ray start --head`, or leave out --address and RAY_ADDRESS for a local one"
         ) from None
+    if not speaks_grpc:
+        # ray.init would wait forever on a listener that is not Ray's (an HTTP server, redis)
+        raise InputError(
+            f"something listens at {address}, but it does not answer as a Ray cluster does (gRPC); "
+            "give the head's GCS address, which `ray start --head` prints"
+        )
+
+
+def _answers_http2(conn: socket.socket) -> bool:
+    """Whether the server on ``conn`` answers an HTTP/2 client preface with a SETTINGS frame,
+    as Ray's GCS and Ray Client servers (gRPC) do; True unchecked where Ray uses TLS."""
+    if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+        return True
+    conn.sendall(_HTTP2_PREFACE)
+    head = b""
+    try:
+        while len(head) < 9:  # a frame header: length (3), type (1), flags (1), stream (4)
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return False
+    return len(head) == 9 and head[3] == _SETTINGS_FRAME
 
 
 def _quiet_data(ray: Any) -> None:
