@@ -7,11 +7,13 @@ One cluster for the module (a head and a second raylet, one CPU each, through Ra
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -370,3 +372,60 @@ def test_scan_on_ray_refuses_shard_and_prune(cluster: object, tree: Path, tmp_pa
     for extra in (("--shard", "0/2"), ("--prune",)):
         result = invoke(CliRunner(), "scan", str(tree), "--engine", "ray", *extra, "--db", str(tmp_path / "x.db"))
         assert "--engine ray" in one_error_line(result)
+
+
+# --- run folders (#32) --------------------------------------------------------------------------
+
+
+def _killed_scan_on_ray(cluster: Any, tree: Path, db: Path) -> None:
+    """Start ``scan --engine ray`` in a process of its own and kill -9 it once both parts have
+    begun their scans: what a Ctrl-\\ or an OOM kill of the driver leaves behind."""
+    env = {**os.environ, "RAY_ADDRESS": cluster.address}
+    args = [*DLINDEX, "scan", str(tree), "--engine", "ray", "--ray-tasks", "2", "--db", str(db), "--quiet"]
+    proc = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = [db.with_name(db.name + ".parts") / f"part-{i}.db" for i in range(2)]
+    begun: set[Path] = set()
+    deadline = time.monotonic() + 120
+    while len(begun) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        for part in set(parts) - begun:
+            with contextlib.suppress(sqlite3.Error), contextlib.closing(sqlite3.connect(part, timeout=1)) as conn:
+                if conn.execute("SELECT count(*) FROM shard_runs WHERE job = 'scan'").fetchone()[0]:
+                    begun.add(part)
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait(timeout=30)
+    assert len(begun) == 2, "the scan finished (or failed) before both parts began"
+
+
+def test_a_rerun_after_a_kill_keeps_the_marks_made_meanwhile_and_takes_a_changed_tree(
+    cluster: Any, tree: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "images"
+    shutil.copytree(tree, root)
+    db = tmp_path / "catalog.db"
+    _dlindex("scan", root, "--db", db, "--workers", "1", "--quiet")
+    for path in (root / "c1").iterdir():  # the parts now have rows to write
+        os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    _killed_scan_on_ray(cluster, root, db)
+    marked = rows(db, "SELECT count(*) FROM image_metadata")[0][0]
+    invoke(CliRunner(), "mark", "--processed", "-", "--db", str(db), input="\n".join(map(str, range(1, marked + 1))))
+    make_png(root / "c9" / "new.png", (9, 9), (1, 2, 3))  # and the tree changes: the parts' cut is stale
+    result = invoke(CliRunner(), "scan", str(root), "--engine", "ray", "--ray-tasks", "2", "--db", str(db), "--json")
+    assert result.exit_code == 0, result.output
+    assert rows(db, "SELECT processed, count(*) FROM image_metadata GROUP BY processed") == [(0, 1), (1, marked)]
+    assert not db.with_name(db.name + ".parts").exists()
+
+
+@pytest.mark.parametrize("job", ["scan", "export"])
+def test_a_run_folder_dlindex_did_not_make_is_refused_untouched(tree: Path, tmp_path: Path, job: str) -> None:
+    db = tmp_path / "catalog.db"
+    _dlindex("scan", tree, "--db", db, "--workers", "1", "--quiet")
+    folder = tmp_path / ("catalog.db.parts" if job == "scan" else "out.parts")
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    shutil.copy(db, folder / "part-0.db")  # a catalog the user keeps there
+    target = str(tree) if job == "scan" else str(tmp_path / "out")
+    result = invoke(CliRunner(), job, target, "--engine", "ray", "--db", str(db))
+    assert f"{folder} exists and dlindex did not make it" in one_error_line(result)
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "part-0.db"]
+    assert (folder / "part-0.db").read_bytes() == db.read_bytes()

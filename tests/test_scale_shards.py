@@ -355,3 +355,34 @@ def test_a_killed_part_is_redone_alone_and_merges_equal(tmp_path: Path) -> None:
     scan(tmp_path / "full.db", root)
     merge_catalogs([p0, p1, p2], tmp_path / "merged.db")
     assert content(tmp_path / "merged.db") == content(tmp_path / "full.db")
+
+
+def test_merge_against_the_cut_keeps_what_the_catalog_changed_after_it(tmp_path: Path) -> None:
+    """scan --engine ray's parts start as copies of the catalog (the cut): a mark, or a vector
+    removed, after the cut must survive the merge, and a part's change to a sample changed
+    after the cut loses to the later change (#32)."""
+    root = uneven_tree(tmp_path / "tree")
+    catalog = tmp_path / "catalog.db"
+    scan(catalog, root)
+    compute(catalog, "colorhist", extractor="colorhist")
+    cut = tmp_path / "cut.db"
+    shutil.copy(catalog, cut)
+    make_png(root / "mid" / "new.png", (9, 9), (1, 2, 3))
+    make_png(root / "small" / "000.png", (20, 20), (200, 1, 1))
+    parts = []
+    for i in range(2):
+        parts.append(tmp_path / f"part-{i}.db")
+        shutil.copy(cut, parts[-1])
+        scan(parts[-1], root, shard=Shard(i, 2))
+    # meanwhile, in the catalog: every sample marked, the vectors of class "big" removed
+    edit(catalog, "UPDATE image_metadata SET processed = 1")
+    edit(catalog, "DELETE FROM image_features WHERE image_id IN (SELECT id FROM image_metadata WHERE label_id = "
+         "(SELECT id FROM labels WHERE name = 'big'))")  # fmt: skip
+    vectors = len(content(catalog)["vectors"])
+    summary = merge_catalogs(parts, catalog, cut=cut)
+    marked = sqlite3.connect(catalog).execute("SELECT file_path, processed FROM image_metadata").fetchall()
+    assert {path for path, flag in marked if not flag} == {os.path.join("mid", "new.png")}  # the part's new row
+    assert (summary.samples_added, summary.samples_updated, summary.samples_kept_newer) == (1, 0, 1)
+    assert len(content(catalog)["vectors"]) == vectors  # the removed vectors stay removed
+    # the sample changed after the cut keeps the catalog's row; a plain rescan then sees the new file
+    assert scan(catalog, root).changed == 1

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dlindex import faults
+from dlindex.catalog import merge_cut
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION
 from dlindex.catalog.postgres import is_server_url
@@ -196,14 +197,19 @@ class CatalogMergeSummary:
     vectors_stale: int  # computed from content the merged row no longer has: left out
     scans_added: int
     jobs: list[str] = field(default_factory=list)  # the sharded jobs whose parts were merged
+    samples_kept_newer: int = 0  # part rows of samples the catalog changed after the cut: left out
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def merge_catalogs(parts: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]) -> CatalogMergeSummary:
+def merge_catalogs(
+    parts: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str], *, cut: str | os.PathLike[str] | None = None
+) -> CatalogMergeSummary:
     """Merge part catalogs into ``into`` (made if absent) in one transaction; see the module doc.
+    With ``cut``, the copy of ``into`` the parts started from, what ``into`` changed after the
+    cut wins over the parts (dlindex.catalog.merge_cut).
 
     Part and target catalogs are SQLite files: the parts of a job on a server catalog write
     into it directly and need no merge (docs/postgres.md).
@@ -229,7 +235,10 @@ def merge_catalogs(parts: Sequence[str | os.PathLike[str]], into: str | os.PathL
             jobs = check_jobs({path: [run for run in found if run not in known] for path, found in runs.items()})
             try:
                 _stage(catalog.conn, paths)
+                if cut is not None:
+                    merge_cut.drop_copies(catalog.conn, Path(cut), _CONTENT)
                 with catalog.write_transaction() as conn:
+                    kept = merge_cut.drop_overtaken(conn, _CONTENT) if cut is not None else 0
                     counts = _apply(conn, paths)
             except sqlite3.IntegrityError as e:
                 raise InputError(f"a part holds rows this catalog refuses ({e}); nothing was merged") from None
@@ -241,8 +250,9 @@ def merge_catalogs(parts: Sequence[str | os.PathLike[str]], into: str | os.PathL
                 Path(os.fspath(target) + suffix).unlink(missing_ok=True)
         raise
     return CatalogMergeSummary(
-        into=os.fspath(target), parts=len(paths), jobs=jobs, seconds=round(time.perf_counter() - started, 3), **counts
-    )
+        into=os.fspath(target), parts=len(paths), jobs=jobs, samples_kept_newer=kept,
+        seconds=round(time.perf_counter() - started, 3), **counts,
+    )  # fmt: skip
 
 
 def _check_paths(parts: Sequence[str | os.PathLike[str]], into: str | os.PathLike[str]) -> list[Path]:
@@ -368,6 +378,7 @@ def _stage(conn: sqlite3.Connection, paths: list[Path]) -> None:
 def _unstage(conn: sqlite3.Connection) -> None:
     for table in _STAGED:
         conn.execute(f"DROP TABLE IF EXISTS temp.{table}")  # names from this module, never input
+    merge_cut.drop_cut(conn)
     conn.execute("PRAGMA temp.cache_size = -2000")  # SQLite's default
     conn.execute("PRAGMA main.cache_size = -2000")
 

@@ -2,7 +2,8 @@
 
 Part I of N is ``export --shard I/N`` (the plan's (split, rank) groups dealt out by size) into
 ``OUT.parts/part-I/`` beside OUT, on a file system that every node sees at the same path, as
-are the catalog and the images. A task whose worker or node dies is run again (a finished part
+are the catalog and the images. The run folder is dlindex's own (dlindex.engines.runfolder):
+one it did not make is refused, and only what it wrote there is removed. A task whose worker or node dies is run again (a finished part
 is kept: its ``dlindex-part.json`` is written last); once all N are done, ``merge_exports``
 joins them into OUT, byte for byte the export one machine writes, and the work folder goes.
 """
@@ -10,13 +11,13 @@ joins them into OUT, byte for byte the export one machine writes, and the work f
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.sqlite import DEFAULT_DB
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
+from dlindex.engines.runfolder import check_run_folder, claim_run_folder, options_digest, remove_run_folder
 from dlindex.errors import InputError
 from dlindex.export.index import PART_INDEX
 from dlindex.export.merge import MergeSummary, merge_exports
@@ -46,18 +47,28 @@ def export_on_ray(
     if options.shard is not None:
         raise InputError("--engine ray cuts the export into shards itself: leave out --shard")
     db, out = _catalog_path(db), Path(out_dir).absolute()
-    with Catalog(db):  # a missing or foreign catalog: one line, before Ray starts
-        pass
+    with Catalog(db) as catalog:  # a missing or foreign catalog: one line, before Ray starts
+        changes = catalog.changes()
     work = out.with_name(out.name + ".parts")
+    check_run_folder(work)  # a folder dlindex did not make: one line, before Ray starts
     with connected(address):
         count = min(MAX_SHARDS, tasks or int(cluster_resources().get("CPU", 1)) or 1)
-        work.mkdir(exist_ok=True)
-        parts = [work / f"part-{i}" for i in range(count)]
+        # parts of another catalog state would not merge: a rerun after a write starts afresh
+        job = {
+            "job": "export",
+            "catalog": str(db),
+            "out": str(out),
+            "options": options_digest(options),
+            "changes": changes,
+        }
+        names = [f"part-{i}" for i in range(count)]
+        claim_run_folder(work, job, names)
+        parts = [work / name for name in names]
         calls = [(str(db), str(part), replace(options, shard=Shard(i, count))) for i, part in enumerate(parts)]
         run_tasks(export_part, calls, max_retries=_RETRIES)
     with Catalog(db) as catalog:
         summary = merge_exports(parts, out, options.overwrite, catalog=catalog)
-    shutil.rmtree(work, ignore_errors=True)
+    remove_run_folder(work)
     return summary
 
 

@@ -2,16 +2,21 @@
 
 Part I of N is ``scan --shard I/N`` (dlindex.scan.units cuts the walk's units the same on every
 machine) into ``CATALOG.parts/part-I.db`` beside the catalog, which must be on a file system
-that every node sees at the same path, as must ROOT. A rescan starts each part from a copy of
-the catalog, so ids, flags and vectors survive the merge. A task whose worker or node dies is
-run again and resumes from what its part committed; once all N are done, ``merge_catalogs``
-writes them into the catalog in one transaction and the work folder is removed.
+that every node sees at the same path, as must ROOT. The run folder is dlindex's own
+(dlindex.engines.runfolder). Every part starts from one copy of the catalog, the cut
+(``cut.db``), so ids, flags and vectors survive the merge, which is made against the cut:
+what the catalog changed after it (a ``mark`` meanwhile) wins over the parts' copies. A task
+whose worker or node dies is run again and resumes from what its part committed; so does a
+rerun of a killed job. Parts cut from trees that differ (the tree changed between a killed
+run and its rerun) are thrown away and the scan starts once more from a fresh cut. Once all N
+are done, ``merge_catalogs`` writes them into the catalog in one transaction and the run folder
+is removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import sqlite3
 import time
 from dataclasses import asdict, dataclass, fields, replace
@@ -20,13 +25,23 @@ from typing import Any
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.merge import CatalogMergeSummary, merge_catalogs
-from dlindex.catalog.sqlite import DEFAULT_DB
+from dlindex.catalog.sqlite import DEFAULT_DB, connect_readonly
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
+from dlindex.engines.runfolder import (
+    check_run_folder,
+    claim_run_folder,
+    discard_entries,
+    options_digest,
+    remove_run_folder,
+)
 from dlindex.errors import InputError
 from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
 from dlindex.shard import MAX_SHARDS, Shard
 
 _RETRIES = 3  # reruns of a part whose worker or node died
+_CUT = "cut.db"  # the copy of the catalog every part starts from; the merge's base
+_SQLITE_FILES = ("", "-wal", "-shm", "-journal", ".tmp")  # a catalog file, its companions, its copy in progress
+_SCAN_RUNS = "SELECT plan, subject, part, started_at FROM shard_runs WHERE job = 'scan'"
 
 
 @dataclass(frozen=True)
@@ -65,20 +80,26 @@ def scan_on_ray(
     check_root(root)
     with Catalog(db, create=True, log=False):  # a foreign file: one line, before Ray starts
         pass
+    work = db.with_name(db.name + ".parts")
+    check_run_folder(work)  # a folder dlindex did not make: one line, before Ray starts
     with connected(address):
         count = min(MAX_SHARDS, tasks or int(cluster_resources().get("CPU", 1)) or 1)
-        work = db.with_name(db.name + ".parts")
-        work.mkdir(exist_ok=True)
-        parts = [work / f"part-{i}.db" for i in range(count)]
-        for part in parts:
-            if not part.exists():
-                _copy_catalog(db, part)  # each part diffs against the catalog's rows, keeping ids
-        calls = [
-            (str(part), str(root), replace(options, shard=Shard(i, count), workers=1)) for i, part in enumerate(parts)
-        ]
-        summaries = run_tasks(scan_part, calls, max_retries=_RETRIES)
-    merged = merge_catalogs(parts, into=db)
-    shutil.rmtree(work, ignore_errors=True)
+        part_options = replace(options, workers=1)
+        job = {"job": "scan", "catalog": str(db), "root": str(root), "options": options_digest(part_options)}
+        names = [_CUT, *(f"part-{i}.db" for i in range(count))]
+        claim_run_folder(work, job, [name + end for name in names for end in _SQLITE_FILES])
+        cut, parts = work / _CUT, [work / name for name in names[1:]]
+        calls = [(str(part), str(root), replace(part_options, shard=Shard(i, count))) for i, part in enumerate(parts)]
+        for _ in range(2):
+            _cut_parts(db, cut, parts)
+            summaries = run_tasks(scan_part, calls, max_retries=_RETRIES)
+            if len(_plans(cut, parts)) <= 1:
+                break
+            discard_entries(work)  # parts cut from trees that differ (a rerun after the tree changed): afresh
+        else:
+            raise InputError(f"{root} changed while it was scanned, twice; run the scan again once it is still")
+    merged = merge_catalogs(parts, into=db, cut=cut)
+    remove_run_folder(work)
     return RayScanSummary(scan=_add_up(summaries, time.perf_counter() - started), merge=merged, parts=count)
 
 
@@ -88,12 +109,35 @@ def scan_part(part: str, root: str, options: ScanOptions) -> ScanSummary:
         return scan_tree(catalog, Path(root), options)
 
 
+def _cut_parts(db: Path, cut: Path, parts: list[Path]) -> None:
+    """The cut, a copy of the catalog, and a copy of it for each part not begun yet."""
+    if not cut.exists():
+        for part in parts:  # begun from a cut that is gone: their base is unknown
+            for end in _SQLITE_FILES:
+                Path(f"{part}{end}").unlink(missing_ok=True)
+        _copy_catalog(db, cut)
+    for part in parts:
+        if not part.exists():
+            _copy_catalog(cut, part)  # each part diffs against the catalog's rows, keeping ids
+
+
 def _copy_catalog(source: Path, target: Path) -> None:
     """A consistent copy of a catalog in use (SQLite's backup API), written under a temporary name."""
     partial = target.with_name(target.name + ".tmp")
     with sqlite3.connect(f"file:{source}?mode=ro", uri=True) as src, sqlite3.connect(partial) as dst:
         src.backup(dst)
     partial.replace(target)
+
+
+def _plans(cut: Path, parts: list[Path]) -> set[str]:
+    """The cuts of the tree that the parts' scans made in this run folder."""
+    plans: set[str] = set()
+    with contextlib.closing(connect_readonly(cut, timeout=30)) as conn:
+        before = set(conn.execute(_SCAN_RUNS))
+    for part in parts:
+        with contextlib.closing(connect_readonly(part, timeout=30)) as conn:
+            plans.update(row[0] for row in set(conn.execute(_SCAN_RUNS)) - before)
+    return plans
 
 
 def _add_up(summaries: list[ScanSummary], seconds: float) -> ScanSummary:
