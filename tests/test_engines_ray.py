@@ -418,14 +418,17 @@ def test_a_rerun_after_a_kill_keeps_the_marks_made_meanwhile_and_takes_a_changed
 
 @pytest.mark.parametrize("job", ["scan", "export"])
 def test_a_run_folder_dlindex_did_not_make_is_refused_untouched(tree: Path, tmp_path: Path, job: str) -> None:
-    db = tmp_path / "catalog.db"
-    _dlindex("scan", tree, "--db", db, "--workers", "1", "--quiet")
-    folder = tmp_path / ("catalog.db.parts" if job == "scan" else "out.parts")
+    other = tmp_path / "other.db"
+    _dlindex("scan", tree, "--db", other, "--workers", "1", "--quiet")
+    if job == "scan":  # a new catalog: not even made
+        db, target, folder = tmp_path / "new.db", str(tree), tmp_path / "new.db.parts"
+    else:
+        db, target, folder = other, str(tmp_path / "out"), tmp_path / "out.parts"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
-    shutil.copy(db, folder / "part-0.db")  # a catalog the user keeps there
-    target = str(tree) if job == "scan" else str(tmp_path / "out")
+    shutil.copy(other, folder / "part-0.db")  # a catalog the user keeps there
     result = invoke(CliRunner(), job, target, "--engine", "ray", "--db", str(db))
     assert f"{folder} exists and dlindex did not make it" in one_error_line(result)
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "part-0.db"]
-    assert (folder / "part-0.db").read_bytes() == db.read_bytes()
+    assert (folder / "part-0.db").read_bytes() == other.read_bytes()
+    assert db.exists() == (job == "export")

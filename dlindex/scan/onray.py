@@ -78,10 +78,10 @@ def scan_on_ray(
     started = time.perf_counter()
     db, root = _catalog_path(db), Path(root).absolute()
     check_root(root)
-    with Catalog(db, create=True, log=False):  # a foreign file: one line, before Ray starts
-        pass
     work = db.with_name(db.name + ".parts")
     check_run_folder(work)  # a folder dlindex did not make: one line, before Ray starts
+    with Catalog(db, create=True, log=False):  # a foreign file: one line, before Ray starts
+        pass
     with connected(address):
         count = min(MAX_SHARDS, tasks or int(cluster_resources().get("CPU", 1)) or 1)
         part_options = replace(options, workers=1)
