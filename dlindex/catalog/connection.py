@@ -31,7 +31,7 @@ from dlindex.catalog.sqlite import (
     readonly_reason,
     rollback,
 )
-from dlindex.errors import CatalogBusyError, DlindexWarning, ReadOnlyCatalogError
+from dlindex.errors import CatalogBusyError, CatalogConnectionLost, DlindexWarning, ReadOnlyCatalogError
 from dlindex.procs import pid_alive
 
 _SERVER_IDENTITY = postgres_form(
@@ -339,8 +339,8 @@ class Catalog:
             # A mid-run flush keeps its entries for the next try, up to a bound.
             if timeout_ms is None or len(log.entries) > 10 * FLUSH_ENTRIES:
                 log.flushed()
-        except sqlite3.ProgrammingError:
-            log.flushed()  # the connection is already closed
+        except (sqlite3.ProgrammingError, CatalogConnectionLost):
+            log.flushed()  # the connection is already closed (by the server: the next command says so)
 
     @contextmanager
     def busy_timeout(self, timeout_ms: int | None) -> Iterator[None]:
