@@ -31,6 +31,7 @@ from dlindex.catalog.sqlite import (
     readonly_reason,
     rollback,
 )
+from dlindex.catalog.state import BUMP, CatalogState, new_token, read_state
 from dlindex.errors import CatalogBusyError, CatalogConnectionLost, DlindexWarning, ReadOnlyCatalogError
 from dlindex.procs import pid_alive
 
@@ -38,7 +39,6 @@ _SERVER_IDENTITY = postgres_form(
     "SELECT 0, 0",
     "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), 'dlindex_schema'::regclass::oid",
 )
-_BUMP_CHANGES = "UPDATE catalog_changes SET counter = counter + 1 WHERE id = 1"
 _CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
 _LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
 _RUNNING_SCANS = "SELECT id, pid FROM scans WHERE state = 'running'"
@@ -216,7 +216,7 @@ class Catalog:
             if isinstance(conn, (LoggedConnection, PgConnection)):
                 conn.on_write = None
             if not bookkeeping:
-                conn.execute(_BUMP_CHANGES)  # one row per transaction: scan speed is unaffected
+                conn.execute(BUMP, {"token": new_token()})  # one row per transaction: scan speed is unaffected
                 log.commit_writes()
                 if log.due():
                     log.flush_into(conn)  # rides along: no transaction of its own
@@ -324,6 +324,11 @@ class Catalog:
     def changes(self) -> int:
         """The catalog change counter: it moves with every committed dlindex write."""
         return int(self.conn.execute(_CHANGES).fetchone()[0])
+
+    def state(self) -> CatalogState:
+        """The counter with the token of the last write: names this content even across a
+        restore from a backup (dlindex.catalog.state), as caches outside the catalog need."""
+        return read_state(self.conn)
 
     def flush_log(self, timeout_ms: int | None = None) -> None:
         """Write buffered query-log entries now (``close()`` does this)."""
