@@ -173,7 +173,15 @@ class Catalog:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc is not None:
+            self._found_damaged(exc)
         self.close()
+
+    def _found_damaged(self, exc: BaseException) -> None:
+        """After an error that says the file is damaged, write nothing more into it: the user
+        was told "nothing was written", and `dlindex check` must read the file as it was found."""
+        if faults.is_damage(exc):
+            self.querylog.enabled = False
 
     def ensure_writable(self) -> None:
         """Raise now, before any long work, what the first write would raise: the catalog is
@@ -236,6 +244,7 @@ class Catalog:
     def _translate(self, e: sqlite3.Error, bookkeeping: bool) -> BaseException:
         """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
         read-only catalog quietly. The user's writes get the one-line DlindexError."""
+        self._found_damaged(e)
         if bookkeeping:
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
@@ -313,11 +322,14 @@ class Catalog:
                 yield from batch
             if on_done is not None:
                 on_done(seconds, rows)
+        except sqlite3.Error as e:
+            self._found_damaged(e)  # before the log below would record (and flush) this read
+            raise
         finally:
             # Also runs when the reader stops early (a closed pipe), maybe after close().
             with suppress(sqlite3.ProgrammingError):
                 cursor.close()
-                if logging:
+                if logging and self.querylog.enabled:
                     self.querylog.record_read(self.conn, sql, params, seconds, rows)
                     self._maybe_flush_log()
 
