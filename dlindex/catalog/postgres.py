@@ -388,7 +388,7 @@ class PgConnection:
         """A psycopg cursor; on a closed connection, sqlite3's error for one (ProgrammingError), which
         code finishing a read after close() expects, as on a file catalog."""
         if self.raw.closed:
-            if self.raw.broken:  # closed by the server, not by dlindex
+            if getattr(self.raw, "broken", False):  # closed by the server, not by dlindex
                 raise self.lost_error(None)
             raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
         return self.raw.cursor(**options)
@@ -456,7 +456,7 @@ class PgConnection:
         errors = self._psycopg.errors
         if isinstance(e, (errors.AdminShutdown, errors.CrashShutdown, errors.CannotConnectNow)):
             return True
-        return bool(self.raw.broken) or str(getattr(e, "sqlstate", None) or "").startswith("08")
+        return bool(getattr(self.raw, "broken", False)) or str(getattr(e, "sqlstate", None) or "").startswith("08")
 
     def lost_error(self, e: Exception | None) -> CatalogConnectionLost:
         """One line for a lost server: PostgreSQL rolled back the open transaction, so what
