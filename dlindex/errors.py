@@ -36,6 +36,10 @@ class CatalogBusyError(CatalogError):
     exit_code = ExitCode.BUSY
 
 
+class CatalogConnectionLost(CatalogError):
+    """The server of a server catalog went away mid-command (stopped, crashed, network)."""
+
+
 class DamagedCatalogError(CatalogError):
     """The catalog file is damaged (corrupt pages, missing tables): nothing is written to it."""
 

@@ -39,6 +39,20 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
+def is_damage(exc: BaseException) -> bool:
+    """Whether ``exc`` says the catalog file is damaged (a corrupt page, not a database, text
+    that is not UTF-8): such a file is written no more, not even dlindex's own log."""
+    if isinstance(exc, DamagedCatalogError):
+        return True
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    name = sqlite_error_name(exc)
+    return (
+        name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB" or "malformed" in str(exc)
+        or _NOT_UTF8.match(str(exc)) is not None
+    )  # fmt: skip
+
+
 def translate_error(
     exc: BaseException, *, catalog: str | os.PathLike[str] | None = None, paths: Iterable[str | os.PathLike[str]] = ()
 ) -> DlindexError | None:

@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from dlindex.errors import DlindexError
+
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
@@ -168,6 +170,8 @@ def call_task(message: tuple[Callable[..., Any], tuple[Any, ...]]) -> Any:
     fn, args = message
     try:
         return fn(*args)
+    except DlindexError as e:  # the user's to fix (a lost server): the parent says it in one line
+        return _Refused(type(e), str(e))
     except Exception:  # a bug, not a bad file: the parent re-raises it with this traceback
         import traceback
 
@@ -179,8 +183,17 @@ class _Failed:
     traceback: str
 
 
+@dataclasses.dataclass(frozen=True)
+class _Refused:
+    kind: type[DlindexError]
+    message: str
+
+
 def task_result(result: Any) -> Any:
-    """In the parent: the answer of ``call_task``, re-raising a worker's bug with its traceback."""
+    """In the parent: the answer of ``call_task``, re-raising a worker's DlindexError as it
+    was, and a worker's bug with its traceback."""
+    if isinstance(result, _Refused):
+        raise result.kind(result.message)
     if isinstance(result, _Failed):
         raise RuntimeError(f"a dlindex worker failed:\n{result.traceback}")
     return result

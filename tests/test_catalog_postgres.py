@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.dialect import element_type, translate
+from dlindex.catalog.migrations import LATEST_VERSION
 from dlindex.catalog.postgres import is_server_url, redact
 from dlindex.errors import CatalogError, InputError
 
@@ -119,7 +120,9 @@ def test_scan_creates_the_schema_once_under_the_lock(pg_url: str, tmp_path: Path
     procs = [subprocess.Popen([sys.executable, "-c", code, pg_url], stderr=subprocess.PIPE) for _ in range(4)]
     assert [p.wait(timeout=60) for p in procs] == [0] * 4, [p.stderr.read() for p in procs if p.stderr]
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT application, version FROM dlindex_schema").fetchall() == [("dlindex", 11)]
+        assert conn.execute("SELECT application, version FROM dlindex_schema").fetchall() == [
+            ("dlindex", LATEST_VERSION)
+        ]
 
 
 def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
@@ -254,6 +257,21 @@ def test_a_database_of_someone_else_is_left_alone(pg_url: str, tmp_path: Path) -
             r[0] for r in conn.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
         }
     assert tables == {"roots"}
+
+
+def test_a_version_11_catalog_gets_its_change_token(pg_url: str) -> None:
+    """Schema 12 adds the token beside the change counter; the counter stays, a token is drawn."""
+    with Catalog(pg_url, create=True) as catalog, catalog.write_transaction():
+        pass
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE catalog_changes DROP COLUMN token")
+        conn.execute("UPDATE dlindex_schema SET version = 11")
+    with Catalog(pg_url) as catalog:
+        state = catalog.state()
+        assert state.changes == 1 and re.fullmatch(r"[0-9a-f]{32}", state.token)
+        with catalog.write_transaction():
+            pass
+        assert catalog.state().changes == 2 and catalog.state().token != state.token
 
 
 def test_a_damaged_version_table(pg_url: str, tmp_path: Path) -> None:

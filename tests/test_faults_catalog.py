@@ -126,13 +126,33 @@ def test_damaged_catalog_every_command_is_one_line_and_no_write_proceeds(
             # A read that never touches the bad page is still right; see docs/reliability.md.
             assert result.exit_code != 0, (args, result.output)
             one_line(result.stderr)
-    # A read's query-log rows may land on intact pages (reads skip the whole-file check to
-    # start fast); `check` itself never writes.
+    # A read that succeeds may log on intact pages (reads skip the whole-file check to start
+    # fast; one that finds the damage logs nothing); `check` itself never writes.
     before = wide_catalog.read_bytes()
     check = runner.invoke(app, ["check", "--db", str(wide_catalog)])
     assert check.exit_code == 1, check.output
     assert "problem" in check.stdout or "Error:" in check.stderr
     assert wide_catalog.read_bytes() == before
+
+
+@pytest.mark.parametrize("argv", [["query"], ["export", "{out}"]])
+def test_a_read_that_finds_damage_records_nothing_in_the_catalog(
+    argv: list[str], wide_catalog: Path, tmp_path: Path
+) -> None:
+    """The user is told "nothing was written": the query log is not appended either."""
+    _corrupt_page(wide_catalog)
+    with sqlite3.connect(f"file:{wide_catalog}?mode=ro", uri=True) as conn:
+        logged = conn.execute("SELECT count(*) FROM query_log").fetchall()
+    conn.close()
+    before = wide_catalog.read_bytes()
+    result = CliRunner().invoke(app, [a.format(out=tmp_path / "exp") for a in argv] + ["--db", str(wide_catalog)])
+    assert result.exit_code == ExitCode.DAMAGED, result.output
+    one_line(result.stderr, "damaged", "nothing was written")
+    assert wide_catalog.read_bytes() == before
+    assert not Path(f"{wide_catalog}-wal").exists()
+    with sqlite3.connect(f"file:{wide_catalog}?mode=ro", uri=True) as conn:
+        assert conn.execute("SELECT count(*) FROM query_log").fetchall() == logged
+    conn.close()
 
 
 def test_corrupt_page_is_reported_as_damaged_with_the_way_out(wide_catalog: Path) -> None:

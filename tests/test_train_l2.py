@@ -84,7 +84,7 @@ def db(tmp_path: Path) -> Path:
     return path
 
 
-def loader(db: Path, url: str, **options: Any) -> DataLoader:
+def loader(db: Path | str, url: str, **options: Any) -> DataLoader:
     # windows of 4 samples: every window asks L2 for its rows
     return DataLoader(database_path=db, batch_size=4, shuffle_buffer=4, image_size=8, l2="on", l2_url=url, **options)
 
@@ -94,7 +94,7 @@ def epoch(dl: DataLoader, number: int = 0) -> list[int]:
     return sorted(int(i) for batch in dl for i in batch["id"])
 
 
-def all_ids(db: Path, **filters: Any) -> list[int]:
+def all_ids(db: Path | str, **filters: Any) -> list[int]:
     return epoch(DataLoader(database_path=db, batch_size=4, image_size=8, l2="off", **filters))
 
 
@@ -172,6 +172,10 @@ def test_a_damaged_value_is_a_miss(db: Path, server: RedisServer, damage: str) -
     epoch(loader(db, server.url, per_label=5))
     keys = sorted(server.client.keys("dlindex:l2:*"))
     assert len(keys) == 3 + 10  # manifest, two labels, ten rows
+    if damage == "other_counter":
+        with Catalog(db) as catalog:
+            mark_samples(catalog, ["1"], processed=True)  # one transaction: the counter moves by one
+            state = catalog.state()
     for key in keys:
         value = server.client.get(key)
         assert value is not None
@@ -183,14 +187,11 @@ def test_a_damaged_value_is_a_miss(db: Path, server: RedisServer, damage: str) -
             value = value[:-1]
         elif damage == "huge":
             value = value + b"x" * (l2.MAX_MANIFEST_BYTES + 1)
-        else:  # a valid value moved under the key of the counter the next write makes
+        else:  # a valid value moved under the key of the state the write made
             parts = key.split(b":")
-            parts[4] = str(int(parts[4]) + 1).encode()
+            parts[4:6] = [str(state.changes).encode(), state.token.encode()]
             key = b":".join(parts)
         server.client.set(key, value)
-    if damage == "other_counter":
-        with Catalog(db) as catalog:
-            mark_samples(catalog, ["1"], processed=True)  # one transaction: the counter moves by one
     dl = loader(db, server.url, per_label=5)
     assert epoch(dl) == all_ids(db, per_label=5)
     stats = dl.stats()
@@ -200,14 +201,14 @@ def test_a_damaged_value_is_a_miss(db: Path, server: RedisServer, damage: str) -
 def test_a_planted_value_is_bounded_before_it_is_allocated(db: Path, server: RedisServer) -> None:
     with Catalog(db) as catalog:
         cache = l2.L2Cache(server.url, l2.catalog_identity(catalog))
-        changes = catalog.changes()
-        rows = RowCache(catalog, 0, cache, changes)
+        state = catalog.state()
+        rows = RowCache(catalog, 0, cache, state)
         rows.get_many([1, 2])  # stored in L2
-    key = cache._key(changes, "row", 1)
+    key = cache._key(state, "row", 1)
     server.client.set(key, b"y" * (64 << 20))
     tracemalloc.start()
     try:
-        found = cache.load_rows([1, 2], changes)
+        found = cache.load_rows([1, 2], state)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -286,3 +287,66 @@ def test_on_a_server_catalog_auto_turns_l2_on(tmp_path: Path, pg_url: str, redis
     second = DataLoader(database_path=pg_url, l2_url=redis_url, **options)
     assert epoch(second, 1) == plain
     assert second.stats()["l2_hit"] and second.stats()["l2_hits"] == 14
+
+
+def restore_test_marks(catalog: Catalog, label: str, count: int) -> None:
+    mark_samples(catalog, [f"{label}/{i:03d}.jpg" for i in range(label == "bee", 2 * count, 2)], processed=True,
+                 by="path")  # fmt: skip
+
+
+def test_a_catalog_restored_from_a_backup_never_meets_the_lost_states_entries(
+    db: Path, server: RedisServer, tmp_path: Path
+) -> None:
+    """``cp backup.db train.db``: the same path and inode, the counter goes back, and the next
+    write repeats a counter the lost history had, with other content: never answered from L2."""
+    backup = tmp_path / "backup.db"
+    shutil.copy(db, backup)
+    inode = db.stat().st_ino
+    with Catalog(db) as catalog:
+        restore_test_marks(catalog, "ant", 8)  # state A
+        lost = catalog.changes()
+    assert epoch(loader(db, server.url, processed=False)) == all_ids(db, processed=False)  # A, stored in L2
+    subprocess.run(["cp", str(backup), str(db)], check=True)
+    assert db.stat().st_ino == inode and not Path(f"{db}-wal").exists()
+    with Catalog(db) as catalog:
+        restore_test_marks(catalog, "bee", 8)  # state B: another content at the same counter
+        assert catalog.changes() == lost
+    truth = all_ids(db, processed=False)
+    assert len(truth) == N - 8
+    restored = loader(db, server.url, processed=False)
+    assert epoch(restored) == truth
+    assert not restored.stats()["l2_hit"] and restored.stats()["l2_hits"] == 0
+    again = loader(db, server.url, processed=False)
+    assert epoch(again) == truth and again.stats()["l2_hit"]  # B's own entries serve B
+
+
+def test_a_server_catalog_restored_from_a_dump_never_meets_the_lost_states_entries(
+    tmp_path: Path, pg_url: str, redis_url: str
+) -> None:
+    """The same on PostgreSQL: a data-only pg_dump restored into the same tables (the same
+    catalog identity) with psql brings the counter back."""
+    from dlindex.catalog.pgserver import find_bindir
+
+    psycopg = pytest.importorskip("psycopg")
+    root = tmp_path / "imgs"
+    for i in range(N):
+        make_jpeg(root / ("ant", "bee")[i % 2] / f"{i:03d}.jpg", (20, 16), (i * 5 % 255, 40, 90))
+    with Catalog(pg_url, create=True) as catalog:
+        scan_tree(catalog, root, ScanOptions(workers=1))
+    bins, dump = find_bindir(), tmp_path / "backup.sql"
+    subprocess.run([bins / "pg_dump", "--data-only", "--file", dump, pg_url], check=True, capture_output=True)
+    with Catalog(pg_url) as catalog:
+        restore_test_marks(catalog, "ant", 8)
+        lost = catalog.changes()
+    assert epoch(loader(pg_url, redis_url, processed=False)) == all_ids(pg_url, processed=False)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        tables = [t for (t,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+        conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")  # names from the catalog
+    subprocess.run([bins / "psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", dump, pg_url], check=True, capture_output=True)
+    with Catalog(pg_url) as catalog:
+        restore_test_marks(catalog, "bee", 8)
+        assert catalog.changes() == lost
+    truth = all_ids(pg_url, processed=False)
+    restored = loader(pg_url, redis_url, processed=False)
+    assert epoch(restored) == truth and len(truth) == N - 8
+    assert not restored.stats()["l2_hit"] and restored.stats()["l2_hits"] == 0

@@ -31,14 +31,14 @@ from dlindex.catalog.sqlite import (
     readonly_reason,
     rollback,
 )
-from dlindex.errors import CatalogBusyError, DlindexWarning, ReadOnlyCatalogError
+from dlindex.catalog.state import BUMP, CatalogState, new_token, read_state
+from dlindex.errors import CatalogBusyError, CatalogConnectionLost, DlindexWarning, ReadOnlyCatalogError
 from dlindex.procs import pid_alive
 
 _SERVER_IDENTITY = postgres_form(
     "SELECT 0, 0",
     "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), 'dlindex_schema'::regclass::oid",
 )
-_BUMP_CHANGES = "UPDATE catalog_changes SET counter = counter + 1 WHERE id = 1"
 _CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
 _LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
 _RUNNING_SCANS = "SELECT id, pid FROM scans WHERE state = 'running'"
@@ -173,7 +173,15 @@ class Catalog:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if exc is not None:
+            self._found_damaged(exc)
         self.close()
+
+    def _found_damaged(self, exc: BaseException) -> None:
+        """After an error that says the file is damaged, write nothing more into it: the user
+        was told "nothing was written", and `dlindex check` must read the file as it was found."""
+        if faults.is_damage(exc):
+            self.querylog.enabled = False
 
     def ensure_writable(self) -> None:
         """Raise now, before any long work, what the first write would raise: the catalog is
@@ -216,7 +224,7 @@ class Catalog:
             if isinstance(conn, (LoggedConnection, PgConnection)):
                 conn.on_write = None
             if not bookkeeping:
-                conn.execute(_BUMP_CHANGES)  # one row per transaction: scan speed is unaffected
+                conn.execute(BUMP, {"token": new_token()})  # one row per transaction: scan speed is unaffected
                 log.commit_writes()
                 if log.due():
                     log.flush_into(conn)  # rides along: no transaction of its own
@@ -236,6 +244,7 @@ class Catalog:
     def _translate(self, e: sqlite3.Error, bookkeeping: bool) -> BaseException:
         """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
         read-only catalog quietly. The user's writes get the one-line DlindexError."""
+        self._found_damaged(e)
         if bookkeeping:
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
@@ -313,17 +322,25 @@ class Catalog:
                 yield from batch
             if on_done is not None:
                 on_done(seconds, rows)
+        except sqlite3.Error as e:
+            self._found_damaged(e)  # before the log below would record (and flush) this read
+            raise
         finally:
             # Also runs when the reader stops early (a closed pipe), maybe after close().
             with suppress(sqlite3.ProgrammingError):
                 cursor.close()
-                if logging:
+                if logging and self.querylog.enabled:
                     self.querylog.record_read(self.conn, sql, params, seconds, rows)
                     self._maybe_flush_log()
 
     def changes(self) -> int:
         """The catalog change counter: it moves with every committed dlindex write."""
         return int(self.conn.execute(_CHANGES).fetchone()[0])
+
+    def state(self) -> CatalogState:
+        """The counter with the token of the last write: names this content even across a
+        restore from a backup (dlindex.catalog.state), as caches outside the catalog need."""
+        return read_state(self.conn)
 
     def flush_log(self, timeout_ms: int | None = None) -> None:
         """Write buffered query-log entries now (``close()`` does this)."""
@@ -339,8 +356,8 @@ class Catalog:
             # A mid-run flush keeps its entries for the next try, up to a bound.
             if timeout_ms is None or len(log.entries) > 10 * FLUSH_ENTRIES:
                 log.flushed()
-        except sqlite3.ProgrammingError:
-            log.flushed()  # the connection is already closed
+        except (sqlite3.ProgrammingError, CatalogConnectionLost):
+            log.flushed()  # the connection is already closed (by the server: the next command says so)
 
     @contextmanager
     def busy_timeout(self, timeout_ms: int | None) -> Iterator[None]:

@@ -8,6 +8,7 @@ appended to ``MIGRATIONS``.
 
 from __future__ import annotations
 
+import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -388,10 +389,19 @@ def m011_shard_runs(conn: sqlite3.Connection) -> None:
     )
 
 
+def m012_change_token(conn: sqlite3.Connection) -> None:
+    # A random token that every write transaction draws anew beside the change counter: a file
+    # restored from a backup brings back an old counter that the next write repeats, but never
+    # with the token that counter had before, so (counter, token) names one state of the
+    # catalog, and caches outside the file (the L2 cache in Redis) key on it.
+    conn.execute("ALTER TABLE catalog_changes ADD COLUMN token TEXT NOT NULL DEFAULT ''")
+    conn.execute("UPDATE catalog_changes SET token = ? WHERE id = 1", (secrets.token_hex(16),))
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
-    m011_shard_runs,
+    m011_shard_runs, m012_change_token,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

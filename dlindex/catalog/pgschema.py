@@ -197,9 +197,15 @@ SCHEMA_V11 = (
         FOR EACH ROW EXECUTE FUNCTION dlindex_features_deleted()""",
 )
 
+# SQLite's m012_change_token: the random token every write transaction draws beside the counter.
+SCHEMA_V12 = (
+    f"ALTER TABLE catalog_changes ADD COLUMN token {_T} NOT NULL DEFAULT ''",
+    "UPDATE catalog_changes SET token = md5(gen_random_uuid()::text) WHERE id = 1",
+)
+
 # (version reached, statements): a new catalog runs them in order; a later schema change is
 # a new entry, applied under the migration lock like SQLite's MIGRATIONS.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11),)
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12))
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
 # Every table's primary key: what SQLite's INSERT OR REPLACE replaces on.

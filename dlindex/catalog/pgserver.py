@@ -108,14 +108,21 @@ def start_local_postgres(
     return _url(host, port)
 
 
-def stop_local_postgres(data_dir: Path | str, *, bindir: Path | str | None = None) -> bool:
-    """Stop the server of ``data_dir`` (fast: open sessions are ended); False if it was not running."""
+def stop_local_postgres(data_dir: Path | str, *, bindir: Path | str | None = None, mode: str = "fast") -> bool:
+    """Stop the server of ``data_dir``; False if it was not running.
+
+    Args:
+        mode: pg_ctl's shutdown mode: ``fast`` ends open sessions; ``immediate`` kills the server
+            without a checkpoint (as a crash would; the next start recovers).
+    """
+    if mode not in ("smart", "fast", "immediate"):
+        raise InputError(f"not a pg_ctl shutdown mode: {mode!r}")
     data_dir = _require_data_dir(Path(data_dir).absolute())
     bins = find_bindir(bindir)
     user = _server_user()
     if not _status(data_dir, bins, user).running:
         return False
-    proc = _run([bins / "pg_ctl", "stop", "-D", data_dir, "-m", "fast", "-w", "-t", str(START_TIMEOUT_S), "-s"], user)
+    proc = _run([bins / "pg_ctl", "stop", "-D", data_dir, "-m", mode, "-w", "-t", str(START_TIMEOUT_S), "-s"], user)
     if proc.returncode != 0:
         raise DlindexError(f"PostgreSQL in {data_dir} did not stop: {_last_line(proc.stderr or proc.stdout)}")
     return True

@@ -19,12 +19,12 @@ import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 
 from dlindex.catalog.dialect import Translated, element_type, translate
 from dlindex.catalog.pgschema import APPLICATION, MIGRATION_LOCK, MIGRATIONS, PRIMARY_KEYS, SCHEMA_TABLE
-from dlindex.errors import CatalogError, DamagedCatalogError, InputError
+from dlindex.errors import CatalogConnectionLost, CatalogError, DamagedCatalogError, InputError
 
 SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 10
@@ -242,6 +242,7 @@ class PgConnection:
         self.raw = raw
         self.shown = shown
         self._open_reads: set[int] = set()  # slots of streamed reads not yet closed
+        self._lost_because = "the server closed the connection"
         self._psycopg = _psycopg()
         self._register_numeric()
 
@@ -309,7 +310,7 @@ class PgConnection:
         except sqlite3.Error:
             self._open_reads.discard(slot)
             raise
-        return _Streamed(cursor, lambda: self._open_reads.discard(slot))
+        return _Streamed(cursor, lambda: self._open_reads.discard(slot), self._statement)
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
@@ -351,9 +352,10 @@ class PgConnection:
             cursor.execute(f"EXPLAIN {text}", params)
             lines = [str(row[0]).strip().removeprefix("->").strip() for row in cursor.fetchall()]
         except self._psycopg.Error as e:
-            raise self.translate_error(e) from e
+            raise (self.lost_error(e) if self.lost(e) else self.translate_error(e)) from e
         finally:
-            cursor.close()
+            with suppress(self._psycopg.Error):
+                cursor.close()
         return _Rows(
             [
                 (i, 0, 0, line)
@@ -386,6 +388,8 @@ class PgConnection:
         """A psycopg cursor; on a closed connection, sqlite3's error for one (ProgrammingError), which
         code finishing a read after close() expects, as on a file catalog."""
         if self.raw.closed:
+            if getattr(self.raw, "broken", False):  # closed by the server, not by dlindex
+                raise self.lost_error(None)
             raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
         return self.raw.cursor(**options)
 
@@ -393,11 +397,15 @@ class PgConnection:
     def _statement(self, savepoint: bool, cursor: Any = None) -> Iterator[None]:
         """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as sqlite3's
         (``translate_error``), after rolling back to the savepoint and closing ``cursor``."""
-        if savepoint:
-            self.raw.execute("SAVEPOINT dlindex_statement")
         try:
+            if savepoint:
+                self.raw.execute("SAVEPOINT dlindex_statement")
             yield
+            if savepoint:
+                self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
         except self._psycopg.Error as e:
+            if self.lost(e):
+                raise self.lost_error(e) from None
             if savepoint:
                 with suppress(self._psycopg.Error):
                     self.raw.execute("ROLLBACK TO SAVEPOINT dlindex_statement")
@@ -405,8 +413,6 @@ class PgConnection:
                 with suppress(self._psycopg.Error):
                     cursor.close()
             raise self.translate_error(e) from e
-        if savepoint:
-            self.raw.execute("RELEASE SAVEPOINT dlindex_statement")
 
     def copy_rows(
         self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, logged_as: str | None = None
@@ -443,6 +449,25 @@ class PgConnection:
         if m and m.group(1).lower() in ("cache_size", "synchronous", "wal_checkpoint"):
             return PgCursor(self._cursor())
         raise sqlite3.OperationalError(f"not supported on a PostgreSQL catalog: {sql.strip()[:60]}")
+
+    def lost(self, e: Exception) -> bool:
+        """Whether ``e`` says the server connection is gone: the server stopped, crashed or
+        restarted, or the network dropped it. No statement can run on it any more."""
+        errors = self._psycopg.errors
+        if isinstance(e, (errors.AdminShutdown, errors.CrashShutdown, errors.CannotConnectNow)):
+            return True
+        return bool(getattr(self.raw, "broken", False)) or str(getattr(e, "sqlstate", None) or "").startswith("08")
+
+    def lost_error(self, e: Exception | None) -> CatalogConnectionLost:
+        """One line for a lost server: PostgreSQL rolled back the open transaction, so what
+        was committed before is all there is."""
+        if e is not None:
+            self._lost_because = _first_line(e)
+        return CatalogConnectionLost(
+            f"lost the connection to the PostgreSQL catalog {self.shown} ({self._lost_because}); the "
+            "transaction in progress was rolled back, what was committed is kept: run the command "
+            "again when the server is back"
+        )
 
     def translate_error(self, e: Exception) -> sqlite3.Error:
         """The sqlite3 exception class and SQLite error name for a PostgreSQL error."""
@@ -485,21 +510,27 @@ class PgConnection:
 class _Streamed(PgCursor):
     """A server-side cursor read _STREAM_ROWS at a time, whatever batch the caller asks for."""
 
-    def __init__(self, cursor: Any, on_close: Callable[[], None]) -> None:
+    def __init__(
+        self, cursor: Any, on_close: Callable[[], None], statement: Callable[[bool], AbstractContextManager[None]]
+    ) -> None:
         super().__init__(cursor)
         self._buffer: list[tuple[Any, ...]] = []
         self._at = 0
         self._on_close = on_close
+        self._statement = statement  # each fetch is a round trip: its errors leave as a statement's
 
     def close(self) -> None:
         try:
-            self._cursor.close()
+            with self._statement(False):
+                self._cursor.close()
         finally:
             self._on_close()
 
     def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
         if self._at >= len(self._buffer):
-            self._buffer, self._at = list(self._cursor.fetchmany(max(size, _STREAM_ROWS))), 0
+            with self._statement(False):
+                fetched = list(self._cursor.fetchmany(max(size, _STREAM_ROWS)))
+            self._buffer, self._at = fetched, 0
         batch = self._buffer[self._at : self._at + size]
         self._at += len(batch)
         return batch
@@ -509,7 +540,9 @@ class _Streamed(PgCursor):
         return batch[0] if batch else None
 
     def fetchall(self) -> list[tuple[Any, ...]]:
-        rows = self._buffer[self._at :] + list(self._cursor.fetchall())
+        with self._statement(False):
+            rest = list(self._cursor.fetchall())
+        rows = self._buffer[self._at :] + rest
         self._buffer, self._at = [], 0
         return rows
 

@@ -1,9 +1,11 @@
 """The L2 cache: an epoch's sample-id lists per (selection, label), and sample rows, in Redis.
 
 Shared by every loader process on every host that reads one catalog. An entry's key carries
-the catalog's identity and change counter, so a write to the catalog makes every older entry
-unreachable (it expires after ``ttl_s``); each value repeats the counter and ends with a
-digest of its key and bytes, so a garbage, truncated or moved value is a miss. Every read is
+the catalog's identity and state (change counter and token, dlindex.catalog.state), so a write
+to the catalog makes every older entry unreachable (it expires after ``ttl_s``), and so does a
+restore from a backup: the restored file's next write repeats a counter, never a state. Each
+value repeats the counter and ends with a digest of its key and bytes, so a garbage, truncated
+or moved value is a miss. Every read is
 bounded server-side (``GETRANGE``) before the client allocates it. Redis down or a key
 evicted: the caller reads the catalog instead, and the process warns once.
 """
@@ -27,6 +29,7 @@ from dlindex.errors import DlindexWarning, InputError
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
+    from dlindex.catalog.state import CatalogState
 
 ENV = "DLINDEX_L2"
 MODES = ("auto", "on", "off")
@@ -36,7 +39,7 @@ MAX_MANIFEST_BYTES = 4 << 20
 MAX_LABEL_SAMPLES = 16 << 20  # per (selection, label) value: 32 bytes a sample, <= 512 MiB
 MAX_ROW_BYTES = 8192  # size, hash, a path of up to PATH_MAX
 _MAGIC = b"DLL2"
-_VERSION = 1
+_VERSION = 2  # 2: keys carry the catalog's change token
 _HEADER = struct.Struct("<4sBBxxqq")  # magic, version, kind, changes, count
 _DIGEST = 16
 _MANIFEST, _LABEL, _ROW = 1, 2, 3
@@ -114,8 +117,9 @@ class L2Cache:
             self._script = self._client.register_script(_BOUNDED_GET)
         return self._client
 
-    def _key(self, changes: int, *parts: object) -> str:
-        return ":".join(("dlindex", "l2", str(_VERSION), self.identity, str(int(changes)), *map(str, parts)))
+    def _key(self, state: CatalogState, *parts: object) -> str:
+        head = ("dlindex", "l2", str(_VERSION), self.identity, str(int(state.changes)), state.token)
+        return ":".join((*head, *map(str, parts)))
 
     def _get(self, keys: Sequence[str], bounds: Sequence[int]) -> list[bytes] | None:
         """Values (b"": absent), each at most its bound + 1 bytes; None when Redis failed."""
@@ -156,16 +160,17 @@ class L2Cache:
 
     # -- an epoch's selection, one value per label -------------------------------------------
 
-    def load_selection(self, key: str, changes: int) -> list[Labelled] | None:
-        """The selection stored for ``key`` under ``changes``, or None (a miss)."""
-        manifest_key = self._key(changes, "sel", key)
+    def load_selection(self, key: str, state: CatalogState) -> list[Labelled] | None:
+        """The selection stored for ``key`` in catalog ``state``, or None (a miss)."""
+        changes = state.changes
+        manifest_key = self._key(state, "sel", key)
         got = self._get([manifest_key], [MAX_MANIFEST_BYTES])
         payload = _open(manifest_key, got[0], _MANIFEST, changes, None) if got else None
         counts = _counts(payload)
         if counts is None:
             self.misses += 1
             return None
-        keys = [self._key(changes, "sel", key, label) for label, _ in counts]
+        keys = [self._key(state, "sel", key, label) for label, _ in counts]
         sizes = [_HEADER.size + 32 * n + _DIGEST for _, n in counts]
         values = self._get(keys, sizes)
         out: list[Labelled] = []
@@ -185,7 +190,8 @@ class L2Cache:
         self.hits += 1
         return out
 
-    def store_selection(self, key: str, changes: int, parts: Sequence[Labelled]) -> None:
+    def store_selection(self, key: str, state: CatalogState, parts: Sequence[Labelled]) -> None:
+        changes = state.changes
         if any(p.ids.size > MAX_LABEL_SAMPLES for p in parts):
             return
         manifest = json.dumps({"labels": [[int(p.label), int(p.ids.size)] for p in parts]}).encode()
@@ -195,17 +201,18 @@ class L2Cache:
         for p in parts:
             body = (p.ids.astype("<i8").tobytes() + p.sizes.astype("<i8").tobytes()
                     + np.ascontiguousarray(p.hashes, dtype="V16").tobytes())  # fmt: skip
-            k = self._key(changes, "sel", key, p.label)
+            k = self._key(state, "sel", key, p.label)
             items.append((k, _seal(k, _LABEL, changes, int(p.ids.size), body)))
-        k = self._key(changes, "sel", key)
+        k = self._key(state, "sel", key)
         items.append((k, _seal(k, _MANIFEST, changes, len(manifest), manifest)))  # last: no manifest without parts
         self._set(items)
 
     # -- sample rows (path, size, hash) by id ------------------------------------------------
 
-    def load_rows(self, ids: Sequence[int], changes: int) -> dict[int, Row]:
-        """The rows of ``ids`` held in L2 (absent ones are simply not in the result)."""
-        keys = [self._key(changes, "row", i) for i in ids]
+    def load_rows(self, ids: Sequence[int], state: CatalogState) -> dict[int, Row]:
+        """The rows of ``ids`` held in L2 for catalog ``state`` (absent ones are simply not in the result)."""
+        changes = state.changes
+        keys = [self._key(state, "row", i) for i in ids]
         values = self._get(keys, [MAX_ROW_BYTES] * len(keys))
         found: dict[int, Row] = {}
         for i, k, v in zip(ids, keys, values or [], strict=False):
@@ -222,12 +229,13 @@ class L2Cache:
         self.misses += len(ids) - len(found)
         return found
 
-    def store_rows(self, rows: Mapping[int, Row], changes: int) -> None:
+    def store_rows(self, rows: Mapping[int, Row], state: CatalogState) -> None:
+        changes = state.changes
         items = []
         for i, (path, size, text) in rows.items():
             digest = (text or "").encode("ascii", "replace")[:254]
             body = _ROW_HEAD.pack(-1 if size is None else size, 255 if text is None else len(digest)) + digest + path
-            k = self._key(changes, "row", i)
+            k = self._key(state, "row", i)
             if _HEADER.size + len(body) + _DIGEST <= MAX_ROW_BYTES:
                 items.append((k, _seal(k, _ROW, changes, len(body), body)))
         self._set(items)

@@ -12,6 +12,7 @@ from dlindex.query.lookups import roots_by_id
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
+    from dlindex.catalog.state import CatalogState
     from dlindex.train.l2 import L2Cache
 
 DEFAULT_SIZE = 65536  # rows; ~200 bytes each, so ~13 MB a worker at most
@@ -31,15 +32,17 @@ class RowCache:
     """Sample rows by id: hits from memory, the misses of a call fetched in one query.
 
     The seed's loader kept 1,000 rows; a worker here keeps ``size`` (default 65,536; 0 keeps
-    none). With ``l2``, misses are asked of the L2 cache first (under the counter ``changes``),
-    and what the catalog then answers is stored there.
+    none). With ``l2``, misses are asked of the L2 cache first (under the catalog ``state`` the
+    epoch was selected in), and what the catalog then answers is stored there while the
+    catalog is still in that state.
     """
 
     def __init__(self, catalog: Catalog, size: int = DEFAULT_SIZE, l2: L2Cache | None = None,
-                 changes: int = -1) -> None:  # fmt: skip
+                 state: CatalogState | None = None) -> None:  # fmt: skip
+        assert l2 is None or state is not None, "L2 entries need the catalog state they belong to"
         self.catalog = catalog
         self.size = max(0, int(size))
-        self.l2, self.changes = l2, changes
+        self.l2, self.state = l2, state
         self.hits = 0
         self.misses = 0
         self._rows: OrderedDict[int, SampleRow] = OrderedDict()
@@ -76,14 +79,17 @@ class RowCache:
         return self.hits / asked if asked else 0.0
 
     def _fetch(self, ids: list[int]) -> dict[int, SampleRow]:
-        if self.l2 is None:
+        if self.l2 is None or self.state is None:
             return self._query(ids)
-        found = {i: SampleRow(*row) for i, row in self.l2.load_rows(ids, self.changes).items()}
+        found = {i: SampleRow(*row) for i, row in self.l2.load_rows(ids, self.state).items()}
         self._rows.update(found)
         asked = [i for i in ids if i not in found]
         if asked:
             fetched = self._query(asked)
-            self.l2.store_rows(fetched, self.changes)
+            # A write since the epoch's selection: these rows may be of a later state than
+            # the key says, so they are not stored (one read of one row decides).
+            if self.catalog.state() == self.state:
+                self.l2.store_rows(fetched, self.state)
             found |= fetched
         return found
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from dlindex.catalog.state import CatalogState
 from dlindex.errors import InputError
 from dlindex.query import cache
 from dlindex.query.rows import prepare, query_rows
@@ -45,6 +46,12 @@ class Selection:
     digest: str = field(default="")  # what the samples are: resume checks it
     changes: int = -1  # the catalog's change counter, read before the query ran
     l2_hit: bool = False  # the L2 cache (Redis) answered the query
+    token: str = ""  # the catalog's change token, read with the counter (dlindex.catalog.state)
+
+    @property
+    def state(self) -> CatalogState:
+        """The catalog state the samples were selected in: what L2 entries are keyed by."""
+        return CatalogState(self.changes, self.token)
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -68,12 +75,13 @@ def resolve(catalog: Catalog, spec: QuerySpec, l2: L2Cache | None = None) -> Sel
     """Run the epoch's query once (through the L2 cache when given, and the L3 result cache)
     into arrays."""
     prepared = prepare(catalog, spec)
-    changes = catalog.changes()  # before the query: a result is never filed under a newer counter
+    state = catalog.state()  # before the query: a result is never filed under a newer state
+    changes = state.changes
     key = cache.cache_key(prepared.selection_sql, prepared.params)
     classes = tuple(prepared.classes or ())
-    parts = l2.load_selection(key, changes) if l2 is not None and spec.cache else None
+    parts = l2.load_selection(key, state) if l2 is not None and spec.cache else None
     if parts is not None:
-        return _from_parts(parts, classes, changes, cache_hit=False, l2_hit=True)
+        return _from_parts(parts, classes, state, cache_hit=False, l2_hit=True)
     hit = spec.cache and cache.lookup(catalog, key, changes) is not None
     ids: list[int] = []
     labels: list[int] = []
@@ -91,9 +99,11 @@ def resolve(catalog: Catalog, spec: QuerySpec, l2: L2Cache | None = None) -> Sel
         sizes=np.asarray(sizes, dtype=np.int64)[order],
         hashes=np.frombuffer(b"".join(hashes) or b"", dtype="V16")[order].copy(),
         classes=classes, cache_hit=bool(hit), digest=_digest(id_array[order], classes), changes=changes,
+        token=state.token,
     )  # fmt: skip
-    if l2 is not None and spec.cache:
-        l2.store_selection(key, changes, _parts(selection))
+    # Stored only if no write committed during the query: the result is then the state's.
+    if l2 is not None and spec.cache and catalog.state() == state:
+        l2.store_selection(key, state, _parts(selection))
     return selection
 
 
@@ -108,7 +118,7 @@ def _parts(selection: Selection) -> list[Labelled]:
     return out
 
 
-def _from_parts(parts: list[Labelled], classes: tuple[str, ...], changes: int, *, cache_hit: bool,
+def _from_parts(parts: list[Labelled], classes: tuple[str, ...], state: CatalogState, *, cache_hit: bool,
                 l2_hit: bool) -> Selection:  # fmt: skip
     ids = np.concatenate([p.ids for p in parts]) if parts else np.zeros(0, dtype=np.int64)
     order = np.argsort(ids, kind="stable")
@@ -116,8 +126,8 @@ def _from_parts(parts: list[Labelled], classes: tuple[str, ...], changes: int, *
     sizes = np.concatenate([p.sizes for p in parts]) if parts else ids
     hashes = np.concatenate([p.hashes for p in parts]) if parts else np.zeros(0, dtype="V16")
     return Selection(ids=ids[order], labels=labels[order], sizes=sizes[order], hashes=hashes[order].copy(),
-                     classes=classes, cache_hit=cache_hit, digest=_digest(ids[order], classes), changes=changes,
-                     l2_hit=l2_hit)  # fmt: skip
+                     classes=classes, cache_hit=cache_hit, digest=_digest(ids[order], classes),
+                     changes=state.changes, token=state.token, l2_hit=l2_hit)  # fmt: skip
 
 
 def hash_bytes(text: Any) -> bytes:

@@ -118,7 +118,7 @@ def _read_ahead(job: WorkerJob, stream: Ints, stats: WorkerStats) -> Iterator[tu
                 l2 = None
                 if job.l2_url is not None and job.plan.l2_identity is not None:
                     l2 = L2Cache(job.l2_url, job.plan.l2_identity)
-                rows = RowCache(catalog, job.row_cache_size, l2, job.plan.selection.changes)
+                rows = RowCache(catalog, job.row_cache_size, l2, job.plan.selection.state)
                 files = FileReader(job.plan.selection, rows)
                 reader: FileReader | WdsReader = files
                 if job.plan.export is not None and job.plan.where is not None:
