@@ -80,3 +80,27 @@ def test_the_dataset_alone_raises_too(db: Path, tree: Path) -> None:
     shutil.rmtree(tree)
     with pytest.raises(NothingReadError, match="none of its 24 samples"):
         list(CatalogDataset(db, batch_size=4))
+
+
+def test_a_rescan_clears_the_failures_of_files_that_are_back(db: Path, tree: Path, tmp_path: Path) -> None:
+    from dlindex.query.mark import mark_samples
+
+    with raw(db) as conn:
+        ids = dict(conn.execute("SELECT file_path, id FROM image_metadata").fetchall())
+    with Catalog(db) as catalog:  # the user's own verdict on a sample the loader reads well
+        mark_samples(catalog, [str(ids["ant/000.jpg"])], processing_status="failed", error="blurry")
+    shutil.move(tree / "cow", tmp_path / "away")  # an outage: the files come back unchanged
+    assert epoch(db, 0)[1]["failed"] == 8
+    assert (
+        len(failed_rows(db)) == 9
+        and dict(failed_rows(db))["cow/016.jpg"] == f"loader: {tree}/cow/016.jpg: No such file or directory"
+    )
+    shutil.move(tmp_path / "away", tree / "cow")
+    shutil.move(tree / "cow" / "023.jpg", tmp_path)  # all but one
+    scan(db, tree)
+    assert failed_rows(db) == [("ant/000.jpg", "blurry"), ("cow/023.jpg", dict(failed_rows(db))["cow/023.jpg"])]
+    assert dict(failed_rows(db))["cow/023.jpg"].startswith("loader: ")  # still gone: still failed
+    shutil.move(tmp_path / "023.jpg", tree / "cow")
+    scan(db, tree)
+    assert failed_rows(db) == [("ant/000.jpg", "blurry")]
+    assert epoch(db, 2)[1]["failed"] == 0

@@ -18,15 +18,19 @@ from dlindex.scan.units import Unit
 from dlindex.scan.walk import Folder, walk_runs
 
 # The last column asks for a new probe of an unchanged file whose verdict depends on
-# --max-pixels: it was judged under another limit, or is above twice the new one.
+# --max-pixels (it was judged under another limit, or is above twice the new one), or that
+# the training loader failed to read (its error starts with LOADER_FAILURE): the file may be
+# back, and the writer then clears the loader's mark.
 _ROWS = (
     "SELECT file_path, id, bytes, mtime_ns, status, label_id, split, "
-    "CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END "
+    "(CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END) "
+    "OR (processing_status = 'failed' AND error LIKE :loader_failed) "
     "FROM image_metadata WHERE root_id = :root AND file_path >= :start"
 )
 _ROWS_FROM = _ROWS + " ORDER BY file_path"
 _ROWS_BETWEEN = _ROWS + " AND file_path < :end ORDER BY file_path"
 _LABELS = "SELECT name, id FROM labels"
+LOADER_FAILURE = "loader: "  # how the training loader's failures start in `error` (dlindex/train/worker.py)
 
 
 class ToProbe(NamedTuple):
@@ -108,7 +112,7 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     """Merge-join the unit's walk with its catalog rows, both in file_path order."""
     diff = UnitDiff()
     params = {"root": root_id, "start": unit.start, "end": unit.end, "limit": options.max_pixels,
-              "bomb": 2 * options.max_pixels}  # fmt: skip
+              "bomb": 2 * options.max_pixels, "loader_failed": LOADER_FAILURE + "%"}  # fmt: skip
     cursor = conn.execute(_ROWS_FROM if unit.end is None else _ROWS_BETWEEN, params)
     overrides = options.label_overrides
     force = options.force

@@ -36,11 +36,14 @@ _UPSERT = (
         mode = excluded.mode, bytes = excluded.bytes, mtime_ns = excluded.mtime_ns,
         status = excluded.status, error = excluded.error, warning = excluded.warning,
         pixel_limit = excluded.pixel_limit,
-        -- new content invalidates whatever was derived from the old one
+        -- new content invalidates whatever was derived from the old one; a file the training
+        -- loader failed to read (diff.LOADER_FAILURE) that reads well again loses that mark
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
             THEN image_metadata.processed ELSE 0 END,
-        processing_status = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
-            THEN image_metadata.processing_status ELSE NULL END,
+        processing_status = CASE WHEN image_metadata.xxh3_128 IS NOT excluded.xxh3_128 THEN NULL
+            WHEN image_metadata.processing_status = 'failed' AND image_metadata.error LIKE 'loader: %'
+                AND excluded.status = 'ok' THEN NULL
+            ELSE image_metadata.processing_status END,
         xxh3_128 = excluded.xxh3_128,
         updated_at = CURRENT_TIMESTAMP"""
 )

@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import DlindexError, DlindexWarning
+from dlindex.scan.diff import LOADER_FAILURE
 from dlindex.train.decode import DecodeError, ImageSpec, decode_image
 from dlindex.train.l2 import L2Cache
 from dlindex.train.rows import RowCache
@@ -313,7 +314,8 @@ _warned_read_only = False
 
 
 def _record_failures(catalog: Any, job: WorkerJob, samples: list[_Sample]) -> None:
-    """Failed samples are marked in the catalog (processing_status 'failed', the error), best effort."""
+    """Failed samples are marked in the catalog (processing_status 'failed', the error after
+    LOADER_FAILURE), best effort."""
     global _warned_read_only
     failures = {int(job.plan.selection.ids[s.position]): s.error for s in samples if s.error is not None}
     if not failures:
@@ -322,7 +324,8 @@ def _record_failures(catalog: Any, job: WorkerJob, samples: list[_Sample]) -> No
 
     try:
         for sample_id, error in failures.items():
-            mark_samples(catalog, [str(sample_id)], processing_status="failed", error=(error or "")[:500])
+            text = LOADER_FAILURE + (error or "")  # the prefix a rescan knows: it re-checks the file
+            mark_samples(catalog, [str(sample_id)], processing_status="failed", error=text[:500])
     except DlindexError as e:
         if not _warned_read_only:
             _warned_read_only = True
