@@ -34,7 +34,9 @@ class CatalogDataset:
     when ``batch_size`` is None (for torch's own DataLoader to batch).
 
     Query filters are the keyword arguments of ``dlindex.QuerySpec`` (``labels``, ``split``,
-    ``status``, ``since``, ``min_width``, ``per_label``, ...).
+    ``status``, ``since``, ``min_width``, ``per_label``, ...). Images are the stored pixels
+    (as torchvision's ImageFolder); ``exif_orient=True`` turns them as their EXIF orientation
+    says, and the size filters then compare the turned sides (docs/concepts.md#orientation).
     """
 
     _torch_class: type | None = None
