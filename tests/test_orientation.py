@@ -160,12 +160,14 @@ def test_rows_scanned_before_the_column_have_no_orientation_until_probed_again(t
 
 
 def test_a_postgresql_catalog_of_the_version_before_gets_the_column(pg_url: str) -> None:
+    from dlindex.catalog.migrations import LATEST_VERSION, MIGRATIONS, m012_orientation
+
     psycopg = pytest.importorskip("psycopg")
     Catalog(pg_url, create=True).close()
-    with psycopg.connect(pg_url, autocommit=True) as conn:  # as version 11 made it
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # as the version before made it
         conn.execute("ALTER TABLE image_metadata DROP COLUMN orientation")
-        conn.execute("UPDATE dlindex_schema SET version = 11")
+        conn.execute("UPDATE dlindex_schema SET version = %s", (MIGRATIONS.index(m012_orientation),))
     Catalog(pg_url).close()
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT version FROM dlindex_schema").fetchone() == (12,)
+        assert conn.execute("SELECT version FROM dlindex_schema").fetchone() == (LATEST_VERSION,)
         assert conn.execute("SELECT count(orientation) FROM image_metadata").fetchone() == (0,)
