@@ -13,6 +13,9 @@ from dlindex.errors import InputError
 
 STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
+# How the `error` of a sample the training loader could not read starts: a rescan re-checks
+# exactly those files (dlindex/scan/diff.py) and clears the mark of one that reads again.
+LOADER_FAILURE = "loader: "
 ORDERS = ("id", "random")
 # Stored columns, selected by name; path, root, label and label_id are derived from them in
 # Python. label_row is the internal labels.id: never a column users see (dlindex/catalog/classes.py).

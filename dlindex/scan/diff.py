@@ -12,6 +12,7 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.listing import Child, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe
 from dlindex.scan.units import Unit
@@ -30,7 +31,6 @@ _ROWS = (
 _ROWS_FROM = _ROWS + " ORDER BY file_path"
 _ROWS_BETWEEN = _ROWS + " AND file_path < :end ORDER BY file_path"
 _LABELS = "SELECT name, id FROM labels"
-LOADER_FAILURE = "loader: "  # how the training loader's failures start in `error` (dlindex/train/worker.py)
 
 
 class ToProbe(NamedTuple):

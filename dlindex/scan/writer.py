@@ -37,7 +37,7 @@ _UPSERT = (
         status = excluded.status, error = excluded.error, warning = excluded.warning,
         pixel_limit = excluded.pixel_limit, orientation = excluded.orientation,
         -- new content invalidates whatever was derived from the old one; a file the training
-        -- loader failed to read (diff.LOADER_FAILURE) that reads well again loses that mark
+        -- loader failed to read (query.spec.LOADER_FAILURE) that reads well again loses that mark
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
             THEN image_metadata.processed ELSE 0 END,
         processing_status = CASE WHEN image_metadata.xxh3_128 IS NOT excluded.xxh3_128 THEN NULL

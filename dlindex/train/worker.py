@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import DlindexError, DlindexWarning
-from dlindex.scan.diff import LOADER_FAILURE
+from dlindex.query.spec import LOADER_FAILURE
 from dlindex.train.decode import DecodeError, ImageSpec, decode_image
 from dlindex.train.l2 import L2Cache
 from dlindex.train.rows import RowCache
