@@ -21,8 +21,9 @@ import torch.utils.data
 from dlindex.errors import InputError
 from dlindex.train.dataset import CatalogDataset
 from dlindex.train.epoch import Generation
+from dlindex.train.worker import NothingReadError, nothing_read
 
-__all__ = ["CatalogDataset", "DataLoader"]
+__all__ = ["CatalogDataset", "DataLoader", "NothingReadError"]
 _STATE_VERSION = 1
 _SUMMED = ("samples", "skipped", "replaced", "failed", "l1_hits", "l1_misses", "l2_hits", "l2_misses", "export_fallbacks",
            "read_s", "decode_s")  # fmt: skip
@@ -85,8 +86,14 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             worker = int(info["worker"])
             self._offsets[worker] = int(info["offset"])
             self._stats[worker] = info["stats"]
+            if not batch:  # only a worker's last counts: its stream ended in failed batches
+                continue
             self._batches += 1
             yield batch
+        failed = sum(int(s.get("failed", 0)) for s in self._stats.values())
+        if failed and not self._batches:
+            errors = [e for s in self._stats.values() for e in s.get("errors", [])]
+            raise NothingReadError(nothing_read(dataset.epoch, failed, errors))
 
     def state_dict(self) -> dict[str, Any]:
         """Where this epoch stands: load it into a new loader (any world size) to read exactly

@@ -398,10 +398,17 @@ def m012_change_token(conn: sqlite3.Connection) -> None:
     conn.execute("UPDATE catalog_changes SET token = ? WHERE id = 1", (secrets.token_hex(16),))
 
 
+def m013_orientation(conn: sqlite3.Connection) -> None:
+    # The EXIF orientation a file asks for (1-8, 1: upright), beside its stored width and
+    # height, so the turned image can be chosen (docs/concepts.md#orientation). Rows scanned
+    # before keep NULL (not known) until their file is probed again (scan --force).
+    conn.execute("ALTER TABLE image_metadata ADD COLUMN orientation INTEGER")
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
-    m011_shard_runs, m012_change_token,
+    m011_shard_runs, m012_change_token, m013_orientation,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -205,7 +205,9 @@ SCHEMA_V12 = (
 
 # (version reached, statements): a new catalog runs them in order; a later schema change is
 # a new entry, applied under the migration lock like SQLite's MIGRATIONS.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12))
+# Version 13: migrations.m013_orientation.
+SCHEMA_V13 = ("ALTER TABLE image_metadata ADD COLUMN orientation BIGINT",)
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13))
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
 # Every table's primary key: what SQLite's INSERT OR REPLACE replaces on.

@@ -43,7 +43,9 @@ DEFAULT_MAX_GROUPS = 1000
 DEFAULT_MAX_MEMBERS = 50  # 160 px previews are 5-15 kB: 50,000 previews stay under ~1 GB at worst
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _PROBE_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-_DETAILS = """SELECT id, width, height, bytes FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"""
+_DETAILS = (
+    "SELECT id, width, height, bytes, orientation FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
+)
 _IDS_PER_STATEMENT = 5000
 _THREADS = 4  # Pillow decodes without the GIL; more threads only add memory
 
@@ -63,6 +65,7 @@ class ReportMember:
     bytes: int | None
     kept: bool
     label: str | None
+    orientation: int | None = None  # EXIF; the thumbnail shows the stored pixels
 
 
 @dataclass(frozen=True)
@@ -104,16 +107,17 @@ def report_groups(
         first = group.ids[:max_members]
         drawn.update(first if group.kept in first else (*first[:-1], group.kept))
     ids = sorted(drawn)
-    sizes: dict[int, tuple[int | None, int | None, int | None]] = {}
+    sizes: dict[int, tuple[int | None, int | None, int | None, int | None]] = {}
     for start in range(0, len(ids), _IDS_PER_STATEMENT):
         chunk = json.dumps(ids[start : start + _IDS_PER_STATEMENT])
-        for image_id, width, height, size in catalog.read(_DETAILS, (chunk,)):
-            sizes[int(image_id)] = (width, height, size)
+        for image_id, width, height, size, orientation in catalog.read(_DETAILS, (chunk,)):
+            sizes[int(image_id)] = (width, height, size, orientation)
     info = describe(catalog, ids)
 
     def member(i: int, kept: bool) -> ReportMember:
         label, path = info.get(i, (None, ""))
-        return ReportMember(i, path, *sizes.get(i, (None, None, None)), kept, label)
+        width, height, size, orientation = sizes.get(i, (None, None, None, None))
+        return ReportMember(i, path, width, height, size, kept, label, orientation)
 
     return [ReportGroup(g.kind, tuple(member(i, i == g.kept) for i in g.ids)) for g in groups]
 
@@ -297,6 +301,8 @@ def _card(member: ReportMember, thumb: Thumbnail) -> str:
         picture = f'<div class="placeholder" data-reason="{reason}">no preview<br>{reason}</div>'
     size = f"{member.width}\u00d7{member.height} px" if member.width and member.height else "size unknown"
     meta = f"{size} \u00b7 {_human_bytes(member.bytes)}"
+    if member.orientation and member.orientation != 1:  # as stored, as training sees it by default
+        meta += f" \u00b7 EXIF orientation {member.orientation} not applied"
     label = f'<span class="label">{text(member.label)}</span>' if member.label else ""
     return (
         f'<figure class="card{" kept" * member.kept}" data-id="{member.id}"{kept}>{badge}'

@@ -4,7 +4,9 @@ A file is opened without blocking (a FIFO never hangs the report) and must be a 
 file no larger than MAX_SOURCE_BYTES; its header's pixel count must be within Pillow's
 ``Image.MAX_IMAGE_PIXELS`` before anything is decoded. JPEG is decoded reduced (``draft``:
 libjpeg's DCT scaling) to at least twice the preview size. Previews with transparency or a
-palette are PNG, the rest JPEG. A file that cannot be shown gets the reason instead, never
+palette are PNG, the rest JPEG. A preview shows the stored pixels, as the catalog's
+width/height and the training loader do by default (the EXIF orientation is not applied;
+dlindex/orientation.py). A file that cannot be shown gets the reason instead, never
 an exception. Pillow's warnings are the caller's to silence (``catch_warnings`` is
 process-wide; ``write_report`` silences them once around all its threads).
 """
@@ -25,16 +27,6 @@ MAX_SOURCE_BYTES = 1 << 30  # a larger "image" is not a picture anyone browses i
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _ALPHA = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _HIGH_DEPTH = frozenset({"I", "F", "I;16", "I;16B", "I;16L", "I;16N"})
-_ORIENTATION = 0x0112  # EXIF tag; its values 2-8 map to these transposes (as ImageOps.exif_transpose)
-_TRANSPOSES = {
-    2: Image.Transpose.FLIP_LEFT_RIGHT,
-    3: Image.Transpose.ROTATE_180,
-    4: Image.Transpose.FLIP_TOP_BOTTOM,
-    5: Image.Transpose.TRANSPOSE,
-    6: Image.Transpose.ROTATE_270,
-    7: Image.Transpose.TRANSVERSE,
-    8: Image.Transpose.ROTATE_90,
-}
 
 
 @dataclass(frozen=True)
@@ -91,15 +83,11 @@ def _preview(f: BinaryIO, px: int) -> Thumbnail:
             raise _Refused(f"{width}x{height} pixels is over the pixel limit ({limit}); not decoded")
         if opened.format == "JPEG":
             opened.draft(None, (2 * px, 2 * px))  # DCT scaling, never below twice the preview
-        orientation = opened.getexif().get(_ORIENTATION)
         lossless = opened.mode in ("P", "1") or _has_alpha(opened)
         image = _displayable(opened)
         image.thumbnail((px, px), Image.Resampling.LANCZOS)
         if image.mode in _HIGH_DEPTH:
             image = _eight_bit(image)
-        transpose = _TRANSPOSES.get(orientation) if isinstance(orientation, int) else None
-        if transpose is not None:
-            image = image.transpose(transpose)
         return _encode(image, lossless)  # inside: an image already small enough is read only here
 
 

@@ -69,6 +69,11 @@ _WHERE_SINCE = "image_metadata.created_at >= :since"
 _WHERE_UNTIL = "image_metadata.created_at < :until"
 _WHERE_MIN_WIDTH = "image_metadata.width >= :min_width"
 _WHERE_MIN_HEIGHT = "image_metadata.height >= :min_height"
+# The sides of the image turned as its EXIF orientation says (NULL, not known: as stored).
+_WHERE_MIN_TURNED_WIDTH = (
+    "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.height ELSE image_metadata.width END) >= :min_width"
+)
+_WHERE_MIN_TURNED_HEIGHT = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.width ELSE image_metadata.height END) >= :min_height"
 _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
 
 
@@ -209,7 +214,12 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
     if until is not None:
         where.append(_WHERE_UNTIL)
         params["until"] = until
-    for name, fragment in (("min_width", _WHERE_MIN_WIDTH), ("min_height", _WHERE_MIN_HEIGHT)):
+    sides = (
+        (("min_width", _WHERE_MIN_TURNED_WIDTH), ("min_height", _WHERE_MIN_TURNED_HEIGHT))
+        if spec.exif_orient
+        else (("min_width", _WHERE_MIN_WIDTH), ("min_height", _WHERE_MIN_HEIGHT))
+    )
+    for name, fragment in sides:
         value = getattr(spec, name)
         if value is not None:
             params[name] = check_count("--" + name.replace("_", "-"), value, 0)

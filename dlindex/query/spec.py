@@ -13,6 +13,9 @@ from dlindex.errors import InputError
 
 STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
+# How the `error` of a sample the training loader could not read starts: a rescan re-checks
+# exactly those files (dlindex/scan/diff.py) and clears the mark of one that reads again.
+LOADER_FAILURE = "loader: "
 ORDERS = ("id", "random")
 # Stored columns, selected by name; path, root, label and label_id are derived from them in
 # Python. label_row is the internal labels.id: never a column users see (dlindex/catalog/classes.py).
@@ -25,6 +28,7 @@ STORED = {
     "split": "image_metadata.split",
     "width": "image_metadata.width",
     "height": "image_metadata.height",
+    "orientation": "image_metadata.orientation",
     "format": "image_metadata.format",
     "mode": "image_metadata.mode",
     "bytes": "image_metadata.bytes",
@@ -60,7 +64,9 @@ class QuerySpec:
     with (True) or without (False) a class. See dlindex/catalog/classes.py.
     Sequences may also be given as one string (``columns="id,path"``, ``labels="cat"``);
     ``since``/``until`` take an ISO date-time (UTC unless it says otherwise), a duration
-    back from now (``30m``, ``24h``, ``7d``) or a ``datetime``.
+    back from now (``30m``, ``24h``, ``7d``) or a ``datetime``. ``min_width``/``min_height``
+    are on stored pixels, as ``width``/``height``; with ``exif_orient`` on the image turned as
+    its EXIF orientation says (width and height swapped for orientations 5-8).
     """
 
     labels: Sequence[str] | str = ()
@@ -74,6 +80,7 @@ class QuerySpec:
     until: str | datetime | None = None
     min_width: int | None = None
     min_height: int | None = None
+    exif_orient: bool = False
     per_label: int | None = None
     limit: int | None = None
     offset: int | None = None

@@ -12,16 +12,20 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.listing import Child, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe
 from dlindex.scan.units import Unit
 from dlindex.scan.walk import Folder, walk_runs
 
 # The last column asks for a new probe of an unchanged file whose verdict depends on
-# --max-pixels: it was judged under another limit, or is above twice the new one.
+# --max-pixels (it was judged under another limit, or is above twice the new one), or that
+# the training loader failed to read (its error starts with LOADER_FAILURE): the file may be
+# back, and the writer then clears the loader's mark.
 _ROWS = (
     "SELECT file_path, id, bytes, mtime_ns, status, label_id, split, "
-    "CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END "
+    "(CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END) "
+    "OR (processing_status = 'failed' AND error LIKE :loader_failed) "
     "FROM image_metadata WHERE root_id = :root AND file_path >= :start"
 )
 _ROWS_FROM = _ROWS + " ORDER BY file_path"
@@ -108,7 +112,7 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     """Merge-join the unit's walk with its catalog rows, both in file_path order."""
     diff = UnitDiff()
     params = {"root": root_id, "start": unit.start, "end": unit.end, "limit": options.max_pixels,
-              "bomb": 2 * options.max_pixels}  # fmt: skip
+              "bomb": 2 * options.max_pixels, "loader_failed": LOADER_FAILURE + "%"}  # fmt: skip
     cursor = conn.execute(_ROWS_FROM if unit.end is None else _ROWS_BETWEEN, params)
     overrides = options.label_overrides
     force = options.force

@@ -16,6 +16,7 @@ from typing import NamedTuple
 import xxhash
 from PIL import Image, ImageFile, UnidentifiedImageError
 
+from dlindex.orientation import UPRIGHT, pillow_orientation, sniff_orientation
 from dlindex.procs import CStderrCapture
 from dlindex.scan.listing import special_reason
 from dlindex.scan.sniff import Header, check_structure, jpeg_scan_start, sniff
@@ -52,6 +53,7 @@ class Probe(NamedTuple):
     # The --max-pixels this verdict depends on (above twice it: corrupt; with --verify,
     # above it: not decoded); None when the limit played no part.
     pixel_limit: int | None = None
+    orientation: int | None = None  # EXIF orientation, 1-8 (dlindex/orientation.py); None: no header
 
 
 class Content(NamedTuple):
@@ -162,9 +164,12 @@ def inspect_content(
     warning = None
     limit: int | None = None
     used_pillow = header is None
+    orientation = sniff_orientation(content.head) if header is not None else None
+    if header is not None and orientation is None:
+        orientation = _pillow_orientation(source())  # EXIF or XMP the sniffer leaves to Pillow
     if header is None:
         try:
-            header, warning = _pillow_header(source(), options.max_pixels, size)
+            header, warning, orientation = _pillow_header(source(), options.max_pixels, size)
         except Exception as e:  # Pillow raises many types for hostile files; each is a finding
             limit = options.max_pixels if isinstance(e, Image.DecompressionBombError) else None
             return Probe(
@@ -200,22 +205,24 @@ def inspect_content(
     # One construction per file: this runs 50,000 times in a scan of 50,000 files.
     return Probe(
         key, "ok" if problem is None else "corrupt", size, mtime_ns, digest, width, height, fmt, mode, problem, warning,
-        limit,
+        limit, orientation,
     )  # fmt: skip
 
 
 # -- Pillow ----------------------------------------------------------------------------
 
 
-def _pillow_header(fp: io.BytesIO | bytes, max_pixels: int, size: int) -> tuple[Header, str | None]:
+def _pillow_header(fp: io.BytesIO | bytes, max_pixels: int, size: int) -> tuple[Header, str | None, int]:
+    """The header, Pillow's warnings, and the EXIF orientation."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with _bomb_limit(max_pixels), Image.open(fp) as im:
             header = Header(str(im.format), int(im.width), int(im.height), str(im.mode))
             problem = _raw_tiles_problem(im, size)
+            orientation = pillow_orientation(im)
     if problem:
         raise OSError(problem)
-    return header, _warning_text(caught)
+    return header, _warning_text(caught), orientation
 
 
 def _raw_tiles_problem(im: ImageFile.ImageFile, size: int) -> str | None:
@@ -238,6 +245,16 @@ def _pillow_decode(fp: io.BytesIO | bytes) -> str | None:
         with Image.open(fp) as im:
             im.load()
     return _warning_text(caught)
+
+
+def _pillow_orientation(fp: io.BytesIO | bytes) -> int:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(fp) as im:
+                return pillow_orientation(im)
+    except Exception:  # the header itself was sniffed fine: no orientation is upright
+        return UPRIGHT
 
 
 class _bomb_limit:

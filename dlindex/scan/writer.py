@@ -22,11 +22,11 @@ from dlindex.scan.probe import Probe
 
 _COLUMNS = (
     "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "mode", "bytes",
-    "mtime_ns", "xxh3_128", "status", "error", "warning", "split", "pixel_limit",
+    "mtime_ns", "xxh3_128", "status", "error", "warning", "split", "pixel_limit", "orientation",
 )  # fmt: skip
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
-        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit, orientation)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = (
     _INSERT
     + """
@@ -35,12 +35,15 @@ _UPSERT = (
         width = excluded.width, height = excluded.height, format = excluded.format,
         mode = excluded.mode, bytes = excluded.bytes, mtime_ns = excluded.mtime_ns,
         status = excluded.status, error = excluded.error, warning = excluded.warning,
-        pixel_limit = excluded.pixel_limit,
-        -- new content invalidates whatever was derived from the old one
+        pixel_limit = excluded.pixel_limit, orientation = excluded.orientation,
+        -- new content invalidates whatever was derived from the old one; a file the training
+        -- loader failed to read (query.spec.LOADER_FAILURE) that reads well again loses that mark
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
             THEN image_metadata.processed ELSE 0 END,
-        processing_status = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
-            THEN image_metadata.processing_status ELSE NULL END,
+        processing_status = CASE WHEN image_metadata.xxh3_128 IS NOT excluded.xxh3_128 THEN NULL
+            WHEN image_metadata.processing_status = 'failed' AND image_metadata.error LIKE 'loader: %'
+                AND excluded.status = 'ok' THEN NULL
+            ELSE image_metadata.processing_status END,
         xxh3_128 = excluded.xxh3_128,
         updated_at = CURRENT_TIMESTAMP"""
 )
@@ -114,7 +117,7 @@ class BatchWriter:
                     row = (
                         self.root_id, p.key, item.raw, label_id[item.label], p.width, p.height,
                         p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning, item.split,
-                        p.pixel_limit,
+                        p.pixel_limit, p.orientation,
                     )  # fmt: skip
                     (new if item.known_id is None else changed).append(row)
                 relabels = [(label_id[name], split, row_id) for row_id, name, split in self.relabel]

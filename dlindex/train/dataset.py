@@ -18,7 +18,9 @@ from dlindex.train.l2 import wanted
 from dlindex.train.rows import DEFAULT_SIZE
 from dlindex.train.worker import ON_ERROR, WorkerJob, run_worker
 
-_FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {"columns", "order", "seed", "limit", "offset", "cache"}
+_FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {
+    "columns", "order", "seed", "limit", "offset", "cache", "exif_orient",
+}  # fmt: skip
 
 
 class CatalogDataset:
@@ -32,7 +34,9 @@ class CatalogDataset:
     when ``batch_size`` is None (for torch's own DataLoader to batch).
 
     Query filters are the keyword arguments of ``dlindex.QuerySpec`` (``labels``, ``split``,
-    ``status``, ``since``, ``min_width``, ``per_label``, ...).
+    ``status``, ``since``, ``min_width``, ``per_label``, ...). Images are the stored pixels
+    (as torchvision's ImageFolder); ``exif_orient=True`` turns them as their EXIF orientation
+    says, and the size filters then compare the turned sides (docs/concepts.md#orientation).
     """
 
     _torch_class: type | None = None
@@ -52,7 +56,7 @@ class CatalogDataset:
         batch_size: int | None = None, drop_last: bool = False, shuffle: bool = True, shuffle_buffer: int = 512,
         seed: int = 0, rank: int | None = None, world_size: int | None = None, missing_features: str = "skip",
         on_error: str = "skip", row_cache_size: int = DEFAULT_SIZE, l2: str = "auto", l2_url: str | None = None,
-        **filters: Any,
+        exif_orient: bool = False, **filters: Any,
     ) -> None:  # fmt: skip
         unknown = sorted(set(filters) - _FILTERS)
         if unknown:
@@ -73,12 +77,13 @@ class CatalogDataset:
         if not self.images and feature_type is None:
             raise InputError("images=False needs a feature_type: a batch would carry nothing")
         size = (image_size, image_size) if isinstance(image_size, int) else image_size
-        self.spec = ImageSpec(size=None if size is None else (int(size[0]), int(size[1])), mode=mode)
+        self.spec = ImageSpec(size=None if size is None else (int(size[0]), int(size[1])), mode=mode,
+                              exif_orient=bool(exif_orient))  # fmt: skip
         self.transform = transform
         self.source = source if source in ("auto", "files") else os.fspath(source)
         self.batch_size = batch_size
         self.options = EpochOptions(
-            filters=QuerySpec(**filters), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
+            filters=QuerySpec(**filters, exif_orient=bool(exif_orient)), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
             drop_last=bool(drop_last), feature_type=feature_type, missing_features=missing_features, source=self.source,
             l2_url=wanted(l2, l2_url, self.database_path),
         )  # fmt: skip

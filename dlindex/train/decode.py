@@ -7,7 +7,9 @@ Other formats, and JPEGs simplejpeg refuses (CMYK, damaged), go through Pillow, 
 ``draft`` for JPEG. The resize to the exact size is antialiased bilinear: torch's uint8
 kernel when torch is already imported (a loader's workers; 3-4x faster, within one level of
 Pillow's), else Pillow's BILINEAR. Both decoders release the GIL (docs/training.md#decoding).
-The pixel limit is checked from the header, before any pixel is allocated.
+The pixel limit is checked from the header, before any pixel is allocated. Pixels are the
+stored ones, as torchvision's ImageFolder sees them; ``ImageSpec.exif_orient`` turns them as
+the EXIF orientation says first (dlindex/orientation.py), and ``size`` is then the turned one.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy.typing as npt
 from PIL import Image
 
 from dlindex.errors import DlindexError
+from dlindex.orientation import SWAPS_SIDES, UPRIGHT, apply_orientation, pillow_orientation, read_orientation
 
 try:
     import simplejpeg
@@ -48,10 +51,12 @@ class DecodeError(DlindexError):
 @dataclass(frozen=True)
 class ImageSpec:
     """What a decoded image must be: ``size`` (height, width) or None for its own, ``mode``
-    ``"RGB"`` (3 channels) or ``"L"`` (1)."""
+    ``"RGB"`` (3 channels) or ``"L"`` (1); ``exif_orient``: turn the image as its EXIF
+    orientation says (else the stored pixels)."""
 
     size: tuple[int, int] | None = None
     mode: str = "RGB"
+    exif_orient: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -75,7 +80,12 @@ def decode_image(data: bytes, spec: ImageSpec, *, channels_first: bool = False) 
     ``channels_first``: C x H x W instead, as a model takes it; it may be a strided view (one
     copy into a batch then makes it contiguous). The resize works channels-first, so this
     saves two transposing copies per image (about 0.3 ms at 224 x 224 on one core)."""
-    array = _jpeg(data, spec) if simplejpeg is not None and data[:3] == _SOI else None
+    array = None
+    if simplejpeg is not None and data[:3] == _SOI:
+        turn = read_orientation(data) if spec.exif_orient else UPRIGHT
+        array = _jpeg(data, spec, turn)
+        if array is not None and turn != UPRIGHT:
+            array = np.ascontiguousarray(apply_orientation(array, turn))
     if array is None:
         array = _pillow(data, spec)
     if spec.size is not None and array.shape[:2] != spec.size:
@@ -93,7 +103,7 @@ def _check_pixels(width: int, height: int) -> None:
         raise DecodeError(f"image of {width}x{height} pixels is over the pixel limit ({limit}); not decoded")
 
 
-def _jpeg(data: bytes, spec: ImageSpec) -> Pixels | None:
+def _jpeg(data: bytes, spec: ImageSpec, turn: int) -> Pixels | None:
     colorspace, channels = MODES[spec.mode]
     try:
         height, width, kind, _ = simplejpeg.decode_jpeg_header(data)
@@ -104,7 +114,8 @@ def _jpeg(data: bytes, spec: ImageSpec) -> Pixels | None:
         return None
     want_h = want_w = 0
     if spec.size is not None:
-        scale = jpeg_scale(height, width, *spec.size)  # asked as the exact scaled size: simplejpeg picks it
+        want = spec.size[::-1] if turn in SWAPS_SIDES else spec.size  # the target, as stored
+        scale = jpeg_scale(height, width, *want)  # asked as the exact scaled size: simplejpeg picks it
         want_h, want_w = (
             -(-height * scale.numerator // scale.denominator),
             -(-width * scale.numerator // scale.denominator),
@@ -132,8 +143,11 @@ def _pillow_decode(data: bytes, spec: ImageSpec) -> Pixels:
         with Image.open(io.BytesIO(data)) as opened:
             _check_pixels(*opened.size)
             if spec.size is not None and opened.format == "JPEG":
-                opened.draft(spec.mode, (spec.size[1], spec.size[0]))  # DCT scaling, never below the target
+                turned = spec.exif_orient and pillow_orientation(opened) in SWAPS_SIDES
+                # DCT scaling, never below the target (as stored: (width, height) of the turned one)
+                opened.draft(spec.mode, spec.size if turned else (spec.size[1], spec.size[0]))
             opened.load()
+            turn = pillow_orientation(opened) if spec.exif_orient else UPRIGHT  # loaded: all of the EXIF
             image: Image.Image = opened
             if image.mode in _SIXTEEN_BIT:
                 image = _eight_bit(image)
@@ -142,6 +156,8 @@ def _pillow_decode(data: bytes, spec: ImageSpec) -> Pixels:
             if image.mode != spec.mode:
                 image = image.convert(spec.mode)
             array = np.array(image, dtype=np.uint8)  # writable: torch takes it without a copy warning
+            if turn != UPRIGHT:
+                array = np.ascontiguousarray(apply_orientation(array, turn))
     except DecodeError:
         raise
     except Exception as e:  # Pillow raises many kinds (OSError, SyntaxError, ValueError, struct.error...)

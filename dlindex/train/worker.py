@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import DlindexError, DlindexWarning
+from dlindex.query.spec import LOADER_FAILURE
 from dlindex.train.decode import DecodeError, ImageSpec, decode_image
 from dlindex.train.l2 import L2Cache
 from dlindex.train.rows import RowCache
@@ -78,6 +79,7 @@ def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
     try:
         windows = _read_ahead(job, stream, stats) if job.images else _no_reads(stream, layout.window)
         done = 0
+        unsent = False  # a batch failed whole since the last one handed over: its counts are not sent yet
         for positions, reads in windows:
             order = positions.tolist()
             for at in range(0, len(order), step):
@@ -91,11 +93,35 @@ def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
                 done += len(samples)
                 piece = _fill(job, stats, samples)
                 if not piece:
+                    unsent = True
                     continue
                 stats.samples += len(piece)
+                unsent = False
                 yield from _emit(catalog, job, stats, piece, done)
+        if job.track and unsent:
+            # The counts travel with the batches: a stream ending in failed batches sends them in
+            # an item of their own (never more items than planned batches: it stands for one).
+            yield {"_dlindex": _progress(job, stats, done)}
+        elif not job.track and layout.workers == 1 and not stats.samples and stats.failed:
+            raise NothingReadError(nothing_read(job.plan.epoch, stats.failed, stats.errors))
     finally:
         catalog.close()
+
+
+class NothingReadError(DlindexError):
+    """No sample of an epoch could be read or decoded (the image tree is gone, unmounted...)."""
+
+
+def nothing_read(epoch: int, failed: int, errors: list[str]) -> str:
+    """The one-line message of an epoch in which every read failed."""
+    first = f"; first: {errors[0]}" if errors else ""
+    return (f"epoch {epoch}: none of its {failed} samples could be read{first}; "
+            "is the image tree there (mounted, readable)?")  # fmt: skip
+
+
+def _progress(job: WorkerJob, stats: WorkerStats, done: int) -> dict[str, Any]:
+    """What the dlindex DataLoader follows: the worker, samples it went through, its counters."""
+    return {"worker": job.worker, "offset": done, "stats": stats.as_dict()}
 
 
 def _no_reads(stream: Ints, window: int) -> Iterator[tuple[Ints, list[Read]]]:
@@ -234,7 +260,7 @@ def _emit(
     if vectors is not None:
         batch["features"] = vectors
     if job.track:
-        batch["_dlindex"] = {"worker": job.worker, "offset": done, "stats": stats.as_dict()}
+        batch["_dlindex"] = _progress(job, stats, done)
     yield batch
 
 
@@ -288,7 +314,8 @@ _warned_read_only = False
 
 
 def _record_failures(catalog: Any, job: WorkerJob, samples: list[_Sample]) -> None:
-    """Failed samples are marked in the catalog (processing_status 'failed', the error), best effort."""
+    """Failed samples are marked in the catalog (processing_status 'failed', the error after
+    LOADER_FAILURE), best effort."""
     global _warned_read_only
     failures = {int(job.plan.selection.ids[s.position]): s.error for s in samples if s.error is not None}
     if not failures:
@@ -297,7 +324,8 @@ def _record_failures(catalog: Any, job: WorkerJob, samples: list[_Sample]) -> No
 
     try:
         for sample_id, error in failures.items():
-            mark_samples(catalog, [str(sample_id)], processing_status="failed", error=(error or "")[:500])
+            text = LOADER_FAILURE + (error or "")  # the prefix a rescan knows: it re-checks the file
+            mark_samples(catalog, [str(sample_id)], processing_status="failed", error=text[:500])
     except DlindexError as e:
         if not _warned_read_only:
             _warned_read_only = True
