@@ -259,12 +259,22 @@ def test_a_database_of_someone_else_is_left_alone(pg_url: str, tmp_path: Path) -
     assert tables == {"roots"}
 
 
+def _columns_added_after(version: int) -> list[tuple[str, str]]:
+    """(table, column) of every ``ALTER TABLE ... ADD COLUMN`` in the server migrations past ``version``."""
+    from dlindex.catalog.pgschema import MIGRATIONS as PG_MIGRATIONS
+
+    added = r"ALTER TABLE (\w+) ADD COLUMN (\w+)"
+    return [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := re.match(added, s))]
+
+
 def test_a_version_11_catalog_gets_its_change_token(pg_url: str) -> None:
     """Schema 12 adds the token beside the change counter; the counter stays, a token is drawn."""
     with Catalog(pg_url, create=True) as catalog, catalog.write_transaction():
         pass
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("ALTER TABLE catalog_changes DROP COLUMN token")
+        for table, column in _columns_added_after(12):  # as version 11 made it
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         conn.execute("UPDATE dlindex_schema SET version = 11")
     with Catalog(pg_url) as catalog:
         state = catalog.state()
