@@ -131,7 +131,7 @@ def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
     sets = [sorted(rng.sample(range(1, 801), 300)) for _ in range(8)]
     marks = []
     for k, ids in enumerate(sets):
-        flag = ["--status", "completed"] if k % 2 else ["--processed"]
+        flag = ["--processing-status", "completed"] if k % 2 else ["--processed"]
         proc = subprocess.Popen([*DLINDEX, "mark", *flag, "--db", pg_url, "--quiet"], stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE)  # fmt: skip
         assert proc.stdin is not None

@@ -1,6 +1,6 @@
 """The catalog schema on PostgreSQL: SQLite's tables, columns and triggers in PostgreSQL's types.
 
-The same as SQLite's at LATEST_VERSION.
+The same as SQLite's at LATEST_VERSION (SCHEMA_V11, then each later step).
 Kept the same where it matters to results: every text column compares byte by byte
 (``COLLATE "C"``, SQLite's BINARY, the order the walk relies on); booleans stay integers
 (dlindex's SQL says ``processed = 1``); timestamps stay the text SQLite's CURRENT_TIMESTAMP
@@ -199,7 +199,8 @@ SCHEMA_V11 = (
 
 # (version reached, statements): a new catalog runs them in order; a later schema change is
 # a new entry, applied under the migration lock like SQLite's MIGRATIONS.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11),)
+SCHEMA_V12 = ("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0",)  # m012_excluded
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12))
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
 # Every table's primary key: what SQLite's INSERT OR REPLACE replaces on.
