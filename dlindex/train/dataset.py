@@ -32,7 +32,10 @@ class CatalogDataset:
     when ``batch_size`` is None (for torch's own DataLoader to batch).
 
     Query filters are the keyword arguments of ``dlindex.QuerySpec`` (``labels``, ``split``,
-    ``status``, ``since``, ``min_width``, ``per_label``, ...).
+    ``status``, ``since``, ``min_width``, ``per_label``, ...); samples set aside by ``mark
+    --exclude`` are left out unless ``excluded`` says otherwise. With ``source=`` an export
+    folder, ``split`` names the export's splits (``export --split train=0.9,val=0.1``): only
+    those are read; an export of several splits needs one named.
     """
 
     _torch_class: type | None = None
@@ -76,9 +79,13 @@ class CatalogDataset:
         self.spec = ImageSpec(size=None if size is None else (int(size[0]), int(size[1])), mode=mode)
         self.transform = transform
         self.source = source if source in ("auto", "files") else os.fspath(source)
+        export_split: tuple[str, ...] = ()
+        if self.source not in ("auto", "files"):  # split names the export's splits, not the tree's
+            chosen = filters.pop("split", None) or ()
+            export_split = (chosen,) if isinstance(chosen, str) else tuple(str(s) for s in chosen)
         self.batch_size = batch_size
         self.options = EpochOptions(
-            filters=QuerySpec(**filters), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
+            filters=QuerySpec(**filters), export_split=export_split, seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
             drop_last=bool(drop_last), feature_type=feature_type, missing_features=missing_features, source=self.source,
             l2_url=wanted(l2, l2_url, self.database_path),
         )  # fmt: skip
