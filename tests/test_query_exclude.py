@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog, query_rows
 
-from .backends import ON_BOTH_BACKENDS, where
+from .backends import ON_BOTH_BACKENDS, is_server, raw, where
 from .conftest import invoke, make_png, rows
 
 pytestmark = ON_BOTH_BACKENDS
@@ -112,3 +112,11 @@ def test_mark_status_and_query_status_cannot_be_confused(copies_db: Path, runner
     assert cleared.exit_code == 0 and rows(copies_db, "SELECT processing_status FROM image_metadata WHERE id = 1") == [
         (None,)
     ]
+
+
+def test_a_catalog_from_before_the_column_gains_it_with_nothing_set_aside(copies_db: Path, runner: CliRunner) -> None:
+    with raw(copies_db) as conn:  # back to schema 11, as the dlindex before m012_excluded left it
+        conn.execute("ALTER TABLE image_metadata DROP COLUMN excluded")
+        conn.execute("UPDATE dlindex_schema SET version = 11" if is_server(copies_db) else "PRAGMA user_version = 11")
+    assert len(invoke(runner, "query", "-c", "id", "--db", str(copies_db)).stdout.splitlines()) == 6
+    assert rows(copies_db, "SELECT count(*) FROM image_metadata WHERE excluded = 0") == [(6,)]
