@@ -85,9 +85,9 @@ class CatalogDataset:
             export_split = (chosen,) if isinstance(chosen, str) else tuple(str(s) for s in chosen)
         self.batch_size = batch_size
         self.options = EpochOptions(
-            filters=QuerySpec(**filters), export_split=export_split, seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
+            filters=QuerySpec(**filters), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
             drop_last=bool(drop_last), feature_type=feature_type, missing_features=missing_features, source=self.source,
-            l2_url=wanted(l2, l2_url, self.database_path),
+            export_split=export_split, l2_url=wanted(l2, l2_url, self.database_path),
         )  # fmt: skip
         self.rank, self.world_size = rank, world_size
         self.on_error = on_error
