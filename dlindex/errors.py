@@ -56,6 +56,12 @@ class InputError(DlindexError):
     """A command-line value or input file that dlindex cannot use."""
 
 
+class UsageError(InputError):
+    """An option value that is not one of its choices: exit 2 like typer's own, in one line."""
+
+    exit_code = ExitCode.USAGE
+
+
 class Interrupted(DlindexError):
     """The user asked us to stop (SIGINT/SIGTERM); work done so far is committed."""
 

@@ -17,6 +17,7 @@ _PROCESSING = (
     "SELECT coalesce(processing_status, 'none'), count(*) FROM image_metadata "
     "WHERE status != 'missing' GROUP BY processing_status"
 )
+_EXCLUDED = "SELECT count(*) FROM image_metadata WHERE excluded = 1 AND status != 'missing'"
 _LABEL_COUNTS = """SELECT labels.name, counts.n FROM (
         SELECT label_id, count(*) AS n FROM image_metadata WHERE status = 'ok' GROUP BY label_id
     ) AS counts JOIN labels ON labels.id = counts.label_id
@@ -62,6 +63,7 @@ class CatalogStats:
     processed: int
     unprocessed: int
     processing_status: dict[str, int]
+    excluded: int  # set aside by mark --exclude: no selection reads them (not counting missing rows)
     labels: int  # labels with an ok image
     classes: int  # the catalog's class list: label_id runs from 0 to classes - 1 (dlindex.catalog.classes)
     without_class: int  # ok images directly under ROOT (or a split folder): no label, no label_id
@@ -95,6 +97,7 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         processed=processed_counts.get(1, 0),
         unprocessed=processed_counts.get(0, 0),
         processing_status=dict(read(_PROCESSING)),
+        excluded=int(next(iter(read(_EXCLUDED)))[0]),
         labels=int(next(iter(read(_LABEL_TOTAL)))[0]),
         classes=len(catalog_classes(catalog)),
         without_class=int(next(iter(read(_WITHOUT_CLASS)))[0]),

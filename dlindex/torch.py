@@ -150,4 +150,4 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 def _with_source(options: Any, source: str) -> Any:
     from dataclasses import replace
 
-    return replace(options, source=source)
+    return replace(options, source=source, export_split=None)  # the export "auto" chose, as it chose it

@@ -154,3 +154,25 @@ def raw(location: Location) -> Iterator[Any]:
     else:
         with closing(sqlite3.connect(location)) as lite, lite:
             yield lite
+
+
+def schema_before(location: Location, migration: Any) -> None:
+    """Turn a catalog back to the schema version before ``migration`` (a function of
+    ``dlindex.catalog.migrations``), as the dlindex of that version left it: every column that
+    migration and the later ones added is dropped, the version set back. The next open
+    migrates it forward again."""
+    import re
+
+    from dlindex.catalog.migrations import MIGRATIONS
+    from dlindex.catalog.pgschema import MIGRATIONS as PG_MIGRATIONS
+
+    version = MIGRATIONS.index(migration)
+    added = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+    columns = [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := added.match(s))]
+    with raw(location) as conn:
+        for table, column in columns:
+            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        if is_server(location):
+            conn.execute("UPDATE dlindex_schema SET version = %s", (version,))
+        else:
+            conn.execute(f"PRAGMA user_version = {version}")

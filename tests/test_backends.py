@@ -87,7 +87,7 @@ def scenario(tmp: Path, db: str) -> dict[str, Any]:
     }.items():
         cli(name, "query", *args)
     cli("mark-ids", "mark", "--processed", "--json", stdin="1\n2\n999\n")
-    cli("mark-paths", "mark", "--by", "path", "--status", "failed", "--error", "why", "--json",
+    cli("mark-paths", "mark", "--by", "path", "--processing-status", "failed", "--error", "why", "--json",
         stdin=f"{root}/cat/000.png\ndog/000.jpg\n{root}/nope.png\n")  # fmt: skip
     cli("query-processed", "query", "--processed")
     cli("query-failed", "query", "--processing-status", "failed")

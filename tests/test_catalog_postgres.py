@@ -21,10 +21,11 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.dialect import element_type, translate
-from dlindex.catalog.migrations import LATEST_VERSION
+from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token
 from dlindex.catalog.postgres import is_server_url, redact
 from dlindex.errors import CatalogError, InputError
 
+from .backends import schema_before
 from .conftest import DLINDEX, invoke, one_error_line
 
 psycopg = pytest.importorskip("psycopg")
@@ -134,7 +135,7 @@ def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
     sets = [sorted(rng.sample(range(1, 801), 300)) for _ in range(8)]
     marks = []
     for k, ids in enumerate(sets):
-        flag = ["--status", "completed"] if k % 2 else ["--processed"]
+        flag = ["--processing-status", "completed"] if k % 2 else ["--processed"]
         proc = subprocess.Popen([*DLINDEX, "mark", *flag, "--db", pg_url, "--quiet"], stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE)  # fmt: skip
         assert proc.stdin is not None
@@ -259,23 +260,11 @@ def test_a_database_of_someone_else_is_left_alone(pg_url: str, tmp_path: Path) -
     assert tables == {"roots"}
 
 
-def _columns_added_after(version: int) -> list[tuple[str, str]]:
-    """(table, column) of every ``ALTER TABLE ... ADD COLUMN`` in the server migrations past ``version``."""
-    from dlindex.catalog.pgschema import MIGRATIONS as PG_MIGRATIONS
-
-    added = r"ALTER TABLE (\w+) ADD COLUMN (\w+)"
-    return [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := re.match(added, s))]
-
-
 def test_a_version_11_catalog_gets_its_change_token(pg_url: str) -> None:
     """Schema 12 adds the token beside the change counter; the counter stays, a token is drawn."""
     with Catalog(pg_url, create=True) as catalog, catalog.write_transaction():
         pass
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("ALTER TABLE catalog_changes DROP COLUMN token")
-        for table, column in _columns_added_after(12):  # as version 11 made it
-            conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
-        conn.execute("UPDATE dlindex_schema SET version = 11")
+    schema_before(pg_url, m012_change_token)
     with Catalog(pg_url) as catalog:
         state = catalog.state()
         assert state.changes == 1 and re.fullmatch(r"[0-9a-f]{32}", state.token)

@@ -107,13 +107,13 @@ def test_rest_piped_into_mark_through_real_processes(runner: CliRunner, dup_db: 
     expected = sorted(set(ids.values()) - kept - {ids["unique.png"]})
     assert sorted(map(int, rest.stdout.split())) == expected
     cli = " ".join(DLINDEX)
-    shell = f"{cli} dups --type dhash --rest --db {dup_db} | {cli} mark --status failed -q --db {dup_db}"
+    shell = f"{cli} dups --type dhash --rest --db {dup_db} | {cli} mark --exclude -q --db {dup_db}"
     done = subprocess.run(shell, shell=True, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
-    failed = [
-        i for (i,) in rows(dup_db, "SELECT id FROM image_metadata WHERE processing_status = 'failed' ORDER BY id")
-    ]
-    assert failed == expected
+    excluded = [i for (i,) in rows(dup_db, "SELECT id FROM image_metadata WHERE excluded = 1 ORDER BY id")]
+    assert excluded == expected
+    again = invoke(runner, "dups", "--type", "dhash", "--rest", "--db", str(dup_db))
+    assert (again.exit_code, again.stdout) == (0, "")  # one copy of each is left: nothing more to set aside
 
 
 def test_bad_input_is_one_error_line(runner: CliRunner, dup_db: Path, tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ def test_cli_mark_stdin(runner: CliRunner, cats: Path) -> None:
 
 def test_cli_mark_json_and_strict(runner: CliRunner, cats: Path) -> None:
     result = runner.invoke(
-        app, ["mark", "-", "--status", "queued", "--json", "--strict", "--db", str(cats)], input="3\n42\n"
+        app, ["mark", "-", "--processing-status", "queued", "--json", "--strict", "--db", str(cats)], input="3\n42\n"
     )
     assert result.exit_code == 3
     data = json.loads(result.stdout)
@@ -87,7 +87,7 @@ def test_pipeline_query_jsonl_into_mark(cats: Path) -> None:
 def test_pipeline_paths_and_nul_paths_into_mark(cats: Path) -> None:
     db = shlex.quote(str(cats))
     plain = _shell(f"set -o pipefail; {DLINDEX} query --db {db} --label dog --limit 2 --format paths"
-                   f" | {DLINDEX} mark --by path --status completed - --db {db} --json")  # fmt: skip
+                   f" | {DLINDEX} mark --by path --processing-status completed - --db {db} --json")  # fmt: skip
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout)["updated"] == 2
     nul = _shell(

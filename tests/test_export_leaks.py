@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from dlindex import Catalog
+from dlindex import Catalog, mark_samples
 from dlindex.errors import DlindexWarning
 from dlindex.export.assignment import export_assignment, rule_assignment
 from dlindex.export.leaks import leak_pairs
@@ -191,6 +191,22 @@ def test_samples_gone_from_the_catalog_are_counted(leaky: Path, tmp_path: Path) 
     with Catalog(db) as c:
         assignment = export_assignment(c, out)
     assert assignment.missing == 2 and assignment.split_of(1) is None
+
+
+def test_samples_set_aside_after_the_export_are_still_checked(leaky: Path, tmp_path: Path) -> None:
+    db = tmp_path / "copy.db"
+    shutil.copyfile(leaky, db)
+    out = tmp_path / "out"
+    export(db, out, split=RULE)
+
+    def pairs() -> set[tuple[int, int]]:
+        with Catalog(db) as c:
+            return {(x.a, x.b) for x in leak_pairs(c, export_assignment(c, out), feature_type="dhash")}
+
+    before = pairs()
+    with Catalog(db) as c:  # the export still holds them: they still leak
+        mark_samples(c, [str(i) for pair in before for i in pair], excluded=True)
+    assert before and pairs() == before
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

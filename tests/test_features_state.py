@@ -186,7 +186,9 @@ def test_migration_moves_failures_and_clears_only_what_compute_wrote(tmp_path: P
 def test_mark_then_compute_through_the_cli(scanned_db: Path) -> None:
     runner = CliRunner()
     db = ["--db", str(scanned_db)]
-    marked = runner.invoke(app, ["mark", "--status", "failed", "--error", "labeller: occluded", "-", *db], input="2\n")
+    marked = runner.invoke(
+        app, ["mark", "--processing-status", "failed", "--error", "labeller: occluded", "-", *db], input="2\n"
+    )
     assert marked.exit_code == 0, marked.output
     computed = runner.invoke(
         app, ["features", "compute", "-t", "colorhist", "-w", "1", "--status", "ok", "--status", "corrupt", *db]

@@ -17,7 +17,7 @@ from dlindex.orientation import apply_orientation, read_orientation
 from dlindex.quality.thumbnails import make_thumbnail
 from dlindex.train.decode import ImageSpec, decode_image
 
-from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, raw, where
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, raw, schema_before, where
 from .conftest import CORPUS
 
 W, H = 40, 30  # stored: landscape; orientations 5-8 show it 30 wide and 40 high
@@ -160,13 +160,11 @@ def test_rows_scanned_before_the_column_have_no_orientation_until_probed_again(t
 
 
 def test_a_postgresql_catalog_of_the_version_before_gets_the_column(pg_url: str) -> None:
-    from dlindex.catalog.migrations import LATEST_VERSION, MIGRATIONS, m013_orientation
+    from dlindex.catalog.migrations import LATEST_VERSION, m013_orientation
 
     psycopg = pytest.importorskip("psycopg")
     Catalog(pg_url, create=True).close()
-    with psycopg.connect(pg_url, autocommit=True) as conn:  # as the version before made it
-        conn.execute("ALTER TABLE image_metadata DROP COLUMN orientation")
-        conn.execute("UPDATE dlindex_schema SET version = %s", (MIGRATIONS.index(m013_orientation),))
+    schema_before(pg_url, m013_orientation)  # as the version before made it
     Catalog(pg_url).close()
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT version FROM dlindex_schema").fetchone() == (LATEST_VERSION,)

@@ -102,8 +102,10 @@ def test_malformed_line_changes_nothing(cats: Path, bad: str, message: str) -> N
 def test_mark_needs_something_to_set(cats: Path) -> None:
     with pytest.raises(InputError, match="nothing to set"):
         mark(cats, ["1"])
-    with pytest.raises(InputError, match="unknown status"):
+    with pytest.raises(InputError, match="unknown processing status"):
         mark(cats, ["1"], processing_status="done")
+    with pytest.raises(InputError, match="'ok' is a scan status, which only scan sets"):
+        mark(cats, ["1"], processing_status="ok")
 
 
 def test_mark_moves_the_change_counter_and_is_logged(cats: Path) -> None:
@@ -127,7 +129,7 @@ def test_concurrent_marks_and_scan_lose_nothing(tmp_path: Path) -> None:
     while scan.poll() is None and rows(db, "SELECT count(*) FROM scans") == [(0,)]:
         pass  # mark while the scan writes, not before it starts
     cli_mark = subprocess.Popen(
-        [sys.executable, "-m", "dlindex", "mark", "--status", "completed", "--db", str(db)],
+        [sys.executable, "-m", "dlindex", "mark", "--processing-status", "completed", "--db", str(db)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     errors: list[BaseException] = []

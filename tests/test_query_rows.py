@@ -115,8 +115,10 @@ def test_unknown_label_suggests_close_names(mixed: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"status": "fine"}, "unknown status 'fine'"),
-        ({"processing_status": "done"}, "unknown processing status 'done'"),
+        ({"status": "fine"}, "unknown --status 'fine'"),
+        ({"processing_status": "done"}, "unknown --processing-status 'done'"),
+        ({"status": "failed"}, "'failed' is a processing status, not a scan status: use --processing-status"),
+        ({"processing_status": "ok"}, "'ok' is a scan status, not a processing status: use --status ok"),
         ({"order": "shuffled"}, "unknown order"),
         ({"per_label": 0}, "--per-label"),
         ({"limit": -1}, "--limit"),

@@ -88,7 +88,7 @@ def test_a_query_records_its_template_duration_rows_and_plan(tmp_path: Path) -> 
     assert sql == (
         "SELECT image_metadata.id, image_metadata.file_path FROM image_metadata WHERE "
         "image_metadata.label_id = :label_id AND image_metadata.status = 'ok' AND image_metadata.processed = 0 "
-        "ORDER BY image_metadata.id"
+        "AND image_metadata.excluded = 0 ORDER BY image_metadata.id"
     )
     assert isinstance(duration, float) and duration >= 0
     (template,) = rows(

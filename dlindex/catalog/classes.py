@@ -93,6 +93,16 @@ def has_presplit_root(catalog: Catalog) -> bool:
     return bool(list(catalog.read(_PRESPLIT_ROOT)))
 
 
+def check_split_folders(catalog: Catalog, names: Sequence[str]) -> None:
+    """Refuse a tree split on a catalog without split folders: it would select nothing, silently."""
+    if names and not has_presplit_root(catalog):
+        raise InputError(
+            f"split {', '.join(names)}: this catalog has no split folders (no scanned root holds only "
+            "train/, val/ or test/ folders), so no file is in a split; split by content hash with "
+            "dlindex export OUT --split train=0.9,val=0.1 (the loader reads one with source=OUT, split='train')"
+        )
+
+
 def catalog_classes(catalog: Catalog) -> tuple[str, ...]:
     """The catalog's class list: labels that a catalogued file has, sorted like ImageFolder."""
     return tuple(sorted(str(name) for (name,) in catalog.read(_CATALOG_CLASSES)))

@@ -405,10 +405,17 @@ def m013_orientation(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE image_metadata ADD COLUMN orientation INTEGER")
 
 
+def m014_excluded(conn: sqlite3.Connection) -> None:
+    # `mark --exclude` leaves a sample out of every selection (query, export, the loader) without
+    # forgetting it: dups --rest | mark --exclude trains on one copy of each (docs/commands/mark.md).
+    # Apart from scan's status and mark's processing_status, so neither is overloaded.
+    conn.execute("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0")
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
-    m011_shard_runs, m012_change_token, m013_orientation,
+    m011_shard_runs, m012_change_token, m013_orientation, m014_excluded,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -1,6 +1,6 @@
 """The catalog schema on PostgreSQL: SQLite's tables, columns and triggers in PostgreSQL's types.
 
-The same as SQLite's at LATEST_VERSION.
+The same as SQLite's at LATEST_VERSION (SCHEMA_V11, then each later step).
 Kept the same where it matters to results: every text column compares byte by byte
 (``COLLATE "C"``, SQLite's BINARY, the order the walk relies on); booleans stay integers
 (dlindex's SQL says ``processed = 1``); timestamps stay the text SQLite's CURRENT_TIMESTAMP
@@ -207,7 +207,10 @@ SCHEMA_V12 = (
 # a new entry, applied under the migration lock like SQLite's MIGRATIONS.
 # Version 13: migrations.m013_orientation.
 SCHEMA_V13 = ("ALTER TABLE image_metadata ADD COLUMN orientation BIGINT",)
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13))
+SCHEMA_V14 = ("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0",)  # m014_excluded
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14),
+)  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
 # Every table's primary key: what SQLite's INSERT OR REPLACE replaces on.

@@ -15,16 +15,13 @@ if TYPE_CHECKING:
     from dlindex.query.spec import QuerySpec
 
 
-class Status(StrEnum):
-    ok = "ok"
-    corrupt = "corrupt"
-    missing = "missing"
+class Excluded(StrEnum):
+    skip = "skip"
+    only = "only"
+    include = "include"
 
 
-class ProcessingStatus(StrEnum):
-    queued = "queued"
-    completed = "completed"
-    failed = "failed"
+EXCLUDED = {Excluded.skip: False, Excluded.only: True, Excluded.include: None}
 
 
 class ClassList(StrEnum):
@@ -32,19 +29,36 @@ class ClassList(StrEnum):
     catalog = "catalog"
 
 
-DEFAULT_STATUS = (Status.ok,)
+DEFAULT_STATUS = ("ok",)
 
 LabelOption = Annotated[
     list[str] | None, typer.Option("--label", "-l", help="Only this label (repeatable).", show_default=False)
 ]
-StatusOption = Annotated[list[Status], typer.Option("--status", help="Only this status (repeatable).")]
+# Plain text, checked by QuerySpec: a value of the other status column gets one line naming both.
+StatusOption = Annotated[
+    list[str],
+    typer.Option(
+        "--status", metavar="ok|corrupt|missing", help="Only this scan status: the file's verdict (repeatable)."
+    ),
+]
 ProcessedOption = Annotated[
     bool | None,
     typer.Option("--processed/--unprocessed", help="Only processed, or only unprocessed, samples.", show_default=False),
 ]
 ProcessingStatusOption = Annotated[
-    list[ProcessingStatus] | None,
-    typer.Option("--processing-status", help="Only this processing status (repeatable).", show_default=False),
+    list[str] | None,
+    typer.Option(
+        "--processing-status",
+        metavar="queued|completed|failed|none",
+        help="Only this processing status, as mark sets it; none: never set (repeatable).",
+        show_default=False,
+    ),
+]
+ExcludedOption = Annotated[
+    Excluded,
+    typer.Option(
+        "--excluded", help="Samples set aside by mark --exclude: skip them, select only them, or include them."
+    ),
 ]
 SinceOption = Annotated[
     str | None,
@@ -88,9 +102,10 @@ class Selection:
     """The selection options as a command received them; `spec` makes the library's QuerySpec."""
 
     label: Sequence[str] | None
-    status: Sequence[Status]
+    status: Sequence[str]
     processed: bool | None
-    processing_status: Sequence[ProcessingStatus] | None
+    processing_status: Sequence[str] | None
+    excluded: Excluded
     since: str | None
     until: str | None
     min_width: int | None
@@ -101,8 +116,8 @@ class Selection:
         from dlindex.query.spec import QuerySpec  # on use: scan and stats never select
 
         return QuerySpec(
-            labels=tuple(self.label or ()), status=tuple(s.value for s in self.status or DEFAULT_STATUS),
-            processed=self.processed, processing_status=tuple(s.value for s in self.processing_status or ()),
+            labels=tuple(self.label or ()), status=tuple(self.status or DEFAULT_STATUS), processed=self.processed,
+            processing_status=tuple(self.processing_status or ()), excluded=EXCLUDED[self.excluded],
             since=self.since, until=self.until, min_width=self.min_width, min_height=self.min_height, **more,
         )  # fmt: skip
 
@@ -112,7 +127,8 @@ _OPTIONS = [
     inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
     for name, annotation, default in (
         ("label", LabelOption, None), ("status", StatusOption, DEFAULT_STATUS), ("processed", ProcessedOption, None),
-        ("processing_status", ProcessingStatusOption, None), ("since", SinceOption, None),
+        ("processing_status", ProcessingStatusOption, None), ("excluded", ExcludedOption, Excluded.skip),
+        ("since", SinceOption, None),
         ("until", UntilOption, None), ("min_width", MinWidthOption, None), ("min_height", MinHeightOption, None),
     )
 ]  # fmt: skip
@@ -123,7 +139,7 @@ def selection_options(command: Callable[..., None]) -> Callable[..., None]:
     """Give ``command`` the selection options where its ``select: Selection`` parameter stands.
 
     typer declares options one parameter each and has no option groups: this declares them once
-    and hands the command one Selection instead of eight arguments.
+    and hands the command one Selection instead of nine arguments.
     """
     signature = inspect.signature(command, eval_str=True)
     names = [f.name for f in fields(Selection)]

@@ -110,7 +110,7 @@ def dups(
 ) -> None:
     """Groups of duplicate samples: exact copies, or near ones by a hash or embedding type.
 
-    dlindex dups --type dhash --rest | dlindex mark --status failed
+    dlindex dups --type dhash --rest | dlindex mark --exclude -
     """  # fmt: skip
     if rest and fmt is not None:
         raise typer.BadParameter("--rest prints ids only; leave out --format", param_hint="'--rest'")

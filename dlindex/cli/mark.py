@@ -1,4 +1,4 @@
-"""`dlindex mark`: set processed flags or processing states from ids, paths or JSON lines."""
+"""`dlindex mark`: set processed flags, processing states or exclusion from ids, paths or JSON lines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Annotated, BinaryIO
 import typer
 
 from dlindex.catalog.connection import Catalog
-from dlindex.cli._selection import ProcessingStatus
 from dlindex.cli._shared import (
     DbOption,
     JsonFlag,
@@ -21,7 +20,7 @@ from dlindex.cli._shared import (
     stderr_console,
     stdout_console,
 )
-from dlindex.errors import ExitCode, InputError
+from dlindex.errors import ExitCode, InputError, UsageError
 from dlindex.query.mark import MarkResult, mark_samples, read_records
 
 
@@ -39,13 +38,29 @@ def mark(
         bool | None,
         typer.Option("--processed/--unprocessed", help="Set the processed flag, or clear it.", show_default=False),
     ] = None,
-    status: Annotated[
-        ProcessingStatus | None,
-        typer.Option("--status", help="Set processing_status: queued, completed or failed.", show_default=False),
+    processing_status: Annotated[
+        str | None,
+        typer.Option(
+            "--processing-status",
+            metavar="queued|completed|failed|none",
+            help="Set processing_status (none clears it); not scan's status.",
+            show_default=False,
+        ),
     ] = None,
+    exclude: Annotated[
+        bool | None,
+        typer.Option(
+            "--exclude/--include",
+            help="Leave the samples out of query, export and the loader; or bring them back.",
+            show_default=False,
+        ),
+    ] = None,
+    old_status: Annotated[str | None, typer.Option("--status", hidden=True, show_default=False)] = None,
     error: Annotated[
         str | None,
-        typer.Option("--error", help="Also set the error text (e.g. with --status failed).", show_default=False),
+        typer.Option(
+            "--error", help="Also set the error text (e.g. with --processing-status failed).", show_default=False
+        ),
     ] = None,
     by: Annotated[
         By,
@@ -61,16 +76,24 @@ def mark(
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
-    """Set processed flags or processing status for samples read from a file or stdin.
+    """Set processed flags, processing status or exclusion for samples read from a file or stdin.
 
     dlindex query --unprocessed --format jsonl | ./resize.py | dlindex mark --processed -
     """
-    if processed is None and status is None:
-        raise typer.BadParameter("give --processed, --unprocessed or --status", param_hint="'--processed'")
+    if old_status is not None:  # it set processing_status, while query --status selects scan's status
+        raise UsageError(
+            f"mark --status is now --processing-status {old_status}: it sets processing_status (queued, completed, "
+            "failed), not the scan status (ok, corrupt, missing) that query --status selects; "
+            "to leave samples out of training use mark --exclude"
+        )
+    if processed is None and processing_status is None and exclude is None:
+        raise typer.BadParameter(
+            "give --processed, --unprocessed, --processing-status, --exclude or --include", param_hint="'--processed'"
+        )
     with Catalog(db, log=not no_log) as catalog, _open(file) as stream:
         result = mark_samples(
-            catalog, read_records(stream, null=null), processed=processed,
-            processing_status=status.value if status else None, error=error, by=by.value,
+            catalog, read_records(stream, null=null), processed=processed, processing_status=processing_status,
+            error=error, excluded=exclude, by=by.value,
         )  # fmt: skip
     if as_json:
         print_json(result.as_dict())

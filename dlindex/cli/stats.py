@@ -52,6 +52,8 @@ def print_stats(s: CatalogStats) -> None:
     out.print(f"[bold]processed[/] {s.processed:,}, unprocessed {s.unprocessed:,}")
     if s.processing_status:
         out.print("[bold]processing status[/] " + ", ".join(f"{k} {v:,}" for k, v in s.processing_status.items()))
+    if s.excluded:
+        out.print(f"[bold]excluded[/] {s.excluded:,} (mark --exclude: left out of query, export and the loader)")
     out.print(f"[bold]labels[/] {s.labels:,}; classes {s.classes:,} (label_id 0..{max(s.classes - 1, 0):,})")
     if s.without_class:
         out.print(f"  without a class (directly under ROOT): {s.without_class:,}")

@@ -55,7 +55,7 @@ def describe_export(
         "catalog": {"path": catalog_path, "changes": changes},
         "filters": {
             "labels": list(spec.labels), "split": list(spec.split), "classes": spec.classes, "status": list(spec.status), "processed": spec.processed,
-            "processing_status": list(spec.processing_status),
+            "processing_status": list(spec.processing_status), "excluded": spec.excluded,
             "since": None if spec.since is None else str(spec.since),
             "until": None if spec.until is None else str(spec.until),
             "min_width": spec.min_width, "min_height": spec.min_height, "per_label": spec.per_label,

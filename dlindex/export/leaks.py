@@ -25,8 +25,9 @@ if TYPE_CHECKING:
     from dlindex.export.assignment import Assignment
 
 Positions = npt.NDArray[np.intp]
-# An export keeps the samples it was written with, whatever their status became since.
-_EVERY_STATUS = QuerySpec(status=("ok", "corrupt", "missing"), columns=("id",))
+# An export keeps the samples it was written with, whatever their status became since
+# (or whether mark --exclude set them aside after).
+_EVERY_STATUS = QuerySpec(status=("ok", "corrupt", "missing"), excluded=None, columns=("id",))
 
 
 @dataclass(frozen=True)

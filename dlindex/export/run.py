@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlindex.catalog.classes import SPLITS, has_presplit_root
+from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
 from dlindex.catalog.migrations import schema_version
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
@@ -235,11 +235,16 @@ def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | Non
     """The tree's split folders to export as splits, or None for one split (no split folders)."""
     if tree is None and not has_presplit_root(catalog):
         return None  # no need to count the selection's splits: there are none
+    if tree is not None:
+        check_split_folders(catalog, tree or ("tree",))  # --split tree or NAME on a tree without them
     counts = split_counts(catalog, query)
     named = [s for s in SPLITS if counts.get(s)]
     outside = counts.get(None, 0)
     if tree is None and not named:
         return None  # a tree without split folders: one split, as ever
+    if not named:
+        asked = ", ".join(tree or ()) or "tree"
+        raise ExportError(f"--split {asked}: no selected sample is in such a split folder; nothing exported")
     if outside:
         hint = "select the split folders with --split NAME,... or" if tree is None else "use"
         raise ExportError(

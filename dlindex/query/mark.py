@@ -1,4 +1,4 @@
-"""``mark``: set processed flags and processing states for many samples at once.
+"""``mark``: set processed flags, processing states and exclusion for many samples at once.
 
 Input records (sample ids, paths, or JSON objects carrying ``id``, ``path`` or
 ``file_path``) are parsed and staged into temporary tables first, without touching the
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN, rollback
-from dlindex.errors import InputError
-from dlindex.query.spec import PROCESSING_STATUSES
+from dlindex.errors import InputError, UsageError
+from dlindex.query.spec import PROCESSING_FILTERS, STATUSES
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -85,11 +85,13 @@ _SET = {
     "processed": "processed = :processed",
     "processing_status": "processing_status = :processing_status",
     "error": "error = :error",
+    "excluded": "excluded = :excluded",
 }
 _CHANGED = {
     "processed": "processed IS NOT :processed",
     "processing_status": "processing_status IS NOT :processing_status",
     "error": "error IS NOT :error",
+    "excluded": "excluded IS NOT :excluded",
 }
 
 _STAGE_BATCH = 100_000
@@ -128,6 +130,7 @@ def mark_samples(
     processed: bool | None = None,
     processing_status: str | None = None,
     error: str | None = None,
+    excluded: bool | None = None,
     by: str = "id",
 ) -> MarkResult:
     """Update the samples named by ``records`` in one transaction; see docs/commands/mark.md.
@@ -137,8 +140,11 @@ def mark_samples(
             or relative to its root as ``file_path``), or a JSON object with ``id``, ``path``
             or ``file_path``. Blank records are skipped; a trailing newline is ignored.
         processed: set the processed flag to this value.
-        processing_status: set processing_status (queued, completed or failed).
+        processing_status: set processing_status (queued, completed or failed; none clears it).
+            Not scan's ``status`` (ok, corrupt, missing), which only scan sets.
         error: set the error text.
+        excluded: True leaves the samples out of every selection (query, export, the loader)
+            until marked False again.
 
     Raises:
         InputError: a malformed record (named by its 1-based line number); nothing changed.
@@ -148,13 +154,15 @@ def mark_samples(
     if processed is not None:
         values["processed"] = int(bool(processed))
     if processing_status is not None:
-        if processing_status not in PROCESSING_STATUSES:
-            raise InputError(f"unknown status {processing_status!r}; choose from: {', '.join(PROCESSING_STATUSES)}")
-        values["processing_status"] = processing_status
+        if processing_status not in PROCESSING_FILTERS:
+            raise UsageError(_not_a_processing_status(processing_status))
+        values["processing_status"] = None if processing_status == "none" else processing_status
+    if excluded is not None:
+        values["excluded"] = int(bool(excluded))
     if error is not None:
         values["error"] = error
-    if "processed" not in values and "processing_status" not in values:
-        raise InputError("nothing to set: give --processed, --unprocessed or --status")
+    if not {"processed", "processing_status", "excluded"} & set(values):
+        raise InputError("nothing to set: give --processed, --unprocessed, --processing-status, --exclude or --include")
     if by not in BY:
         raise InputError(f"unknown --by {by!r}; choose id or path")
     conn = catalog.conn
@@ -201,6 +209,15 @@ def mark_samples(
         inputs=inputs, matched=matched, updated=updated, unknown=unknown,
         seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(examples),
     )  # fmt: skip
+
+
+def _not_a_processing_status(value: str) -> str:
+    sets = "mark --processing-status sets queued, completed or failed (none clears it)"
+    if value in STATUSES:
+        return (
+            f"{value!r} is a scan status, which only scan sets; {sets}; mark --exclude leaves samples out of training"
+        )
+    return f"unknown processing status {value[:40]!r}; {sets}"
 
 
 def _unknown(tx: Any, staged_ids: int, staged_paths: int) -> Iterator[str]:

@@ -1,8 +1,8 @@
 """Training-time queries: composable filters, class-balanced sampling, seeded order, result cache.
 
 Every query is one parameterised statement assembled from the constant fragments below:
-values (labels, times, sizes, limits, seeds) are always bound parameters. The three enum
-filters (status, processed, processing status) are SQL literals chosen from fixed
+values (labels, times, sizes, limits, seeds) are always bound parameters. The enum
+filters (status, processed, processing status, excluded) are SQL literals chosen from fixed
 whitelists, because a partial index such as ``WHERE processed = 1`` serves only a query
 that carries the same literal; nothing the user types reaches the SQL text.
 """
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from dlindex.catalog.classes import CLASS_LISTS, canonical_splits
+from dlindex.catalog.classes import CLASS_LISTS, canonical_splits, check_split_folders
 from dlindex.errors import InputError
 from dlindex.query import cache
 from dlindex.query.lookups import class_numbers, classes_of, label_ids, label_names, roots_by_id
 from dlindex.query.spec import (
     DERIVED,
     ORDERS,
-    PROCESSING_STATUSES,
+    PROCESSING_FILTERS,
     STATUSES,
     STORED,
     QuerySpec,
@@ -75,6 +75,7 @@ _WHERE_MIN_TURNED_WIDTH = (
 )
 _WHERE_MIN_TURNED_HEIGHT = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.width ELSE image_metadata.height END) >= :min_height"
 _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
+_WHERE_EXCLUDED = {True: "image_metadata.excluded = 1", False: "image_metadata.excluded = 0"}
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,9 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
             where, params, label_ids(catalog, spec.labels), (_WHERE_LABEL, "label_id"), (_WHERE_LABELS, "label_ids")
         )
     if spec.split:
-        _one_or_many(where, params, canonical_splits(spec.split), (_WHERE_SPLIT, "split"), (_WHERE_SPLITS, "splits"))
+        splits = canonical_splits(spec.split)
+        check_split_folders(catalog, spec.split)
+        _one_or_many(where, params, splits, (_WHERE_SPLIT, "split"), (_WHERE_SPLITS, "splits"))
     if spec.has_class is not None:
         where.append(_WHERE_HAS_CLASS[bool(spec.has_class)])
     if spec.status:
@@ -199,11 +202,9 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
     if spec.processed is not None:
         where.append(_WHERE_PROCESSED[bool(spec.processed)])
     if spec.processing_status:
-        where.append(
-            _in_literals(
-                "image_metadata.processing_status", spec.processing_status, PROCESSING_STATUSES, "processing status"
-            )
-        )
+        where.append(_processing_status(spec.processing_status))
+    if spec.excluded is not None:
+        where.append(_WHERE_EXCLUDED[bool(spec.excluded)])
     since = parse_when(spec.since, "--since") if spec.since is not None else None
     until = parse_when(spec.until, "--until") if spec.until is not None else None
     if since is not None and until is not None and since >= until:
@@ -244,6 +245,15 @@ def _in_literals(column: str, values: Sequence[str], allowed: tuple[str, ...], w
     chosen = [v for v in allowed if v in values]  # whitelist order: one template per set
     literals = ", ".join("'" + v + "'" for v in chosen)
     return f"{column} = {literals}" if len(chosen) == 1 else f"{column} IN ({literals})"
+
+
+def _processing_status(values: Sequence[str]) -> str:
+    """The processing_status filter; "none" is the rows mark never gave one (NULL)."""
+    chosen = [v for v in values if v != "none"]
+    if not chosen:
+        return "image_metadata.processing_status IS NULL"
+    literals = _in_literals("image_metadata.processing_status", chosen, PROCESSING_FILTERS, "processing status")
+    return f"({literals} OR image_metadata.processing_status IS NULL)" if "none" in values else literals
 
 
 def _seed_params(seed: int) -> dict[str, int]:

@@ -9,13 +9,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dlindex.catalog.sqlite import INT64_MAX
-from dlindex.errors import InputError
+from dlindex.errors import InputError, UsageError
 
+# Two columns, two vocabularies: scan's verdict on the file (status) and what mark records
+# about its processing (processing_status; "none" selects rows mark never set).
 STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
 # How the `error` of a sample the training loader could not read starts: a rescan re-checks
 # exactly those files (dlindex/scan/diff.py) and clears the mark of one that reads again.
 LOADER_FAILURE = "loader: "
+PROCESSING_FILTERS = (*PROCESSING_STATUSES, "none")
 ORDERS = ("id", "random")
 # Stored columns, selected by name; path, root, label and label_id are derived from them in
 # Python. label_row is the internal labels.id: never a column users see (dlindex/catalog/classes.py).
@@ -39,6 +42,7 @@ STORED = {
     "warning": "image_metadata.warning",
     "processed": "image_metadata.processed",
     "processing_status": "image_metadata.processing_status",
+    "excluded": "image_metadata.excluded",
     "created_at": "image_metadata.created_at",
     "updated_at": "image_metadata.updated_at",
 }
@@ -66,7 +70,10 @@ class QuerySpec:
     ``since``/``until`` take an ISO date-time (UTC unless it says otherwise), a duration
     back from now (``30m``, ``24h``, ``7d``) or a ``datetime``. ``min_width``/``min_height``
     are on stored pixels, as ``width``/``height``; with ``exif_orient`` on the image turned as
-    its EXIF orientation says (width and height swapped for orientations 5-8).
+    its EXIF orientation says (width and height swapped for orientations 5-8). ``status`` is scan's verdict
+    (ok, corrupt, missing); ``processing_status`` is mark's (queued, completed, failed, or
+    none: never set). ``excluded`` False leaves out the samples ``mark --exclude`` set aside
+    (the default), True selects only them, None both.
     """
 
     labels: Sequence[str] | str = ()
@@ -76,6 +83,7 @@ class QuerySpec:
     status: Sequence[str] | str = ("ok",)
     processed: bool | None = None
     processing_status: Sequence[str] | str = ()
+    excluded: bool | None = False
     since: str | datetime | None = None
     until: str | datetime | None = None
     min_width: int | None = None
@@ -97,6 +105,29 @@ class QuerySpec:
         if isinstance(columns, str):
             columns = [c.strip() for c in columns.split(",")]
         object.__setattr__(self, "columns", tuple(columns or ()))
+        check_statuses(self.status, self.processing_status)
+
+
+def check_statuses(status: Sequence[str], processing_status: Sequence[str]) -> None:
+    """Refuse a value given to the other status column's option, saying which takes which."""
+    for value in status:
+        if value not in STATUSES:
+            raise UsageError(_status_mix("--status", value))
+    for value in processing_status:
+        if value not in PROCESSING_FILTERS:
+            raise UsageError(_status_mix("--processing-status", value))
+
+
+def _status_mix(option: str, value: object) -> str:
+    both = (
+        "--status takes scan's verdict: ok, corrupt or missing; "
+        "--processing-status takes mark's: queued, completed, failed or none"
+    )
+    if option == "--status" and value in PROCESSING_FILTERS:
+        return f"{value!r} is a processing status, not a scan status: use --processing-status {value} ({both})"
+    if option == "--processing-status" and value in STATUSES:
+        return f"{value!r} is a scan status, not a processing status: use --status {value} ({both})"
+    return f"unknown {option} {str(value)[:40]!r}: {both}"
 
 
 def check_columns(columns: Sequence[str]) -> tuple[str, ...]:

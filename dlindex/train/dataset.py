@@ -37,6 +37,10 @@ class CatalogDataset:
     ``status``, ``since``, ``min_width``, ``per_label``, ...). Images are the stored pixels
     (as torchvision's ImageFolder); ``exif_orient=True`` turns them as their EXIF orientation
     says, and the size filters then compare the turned sides (docs/concepts.md#orientation).
+    Samples set aside by ``mark
+    --exclude`` are left out unless ``excluded`` says otherwise. With ``source=`` an export
+    folder, ``split`` names the export's splits (``export --split train=0.9,val=0.1``): only
+    those are read; an export of several splits needs one named.
     """
 
     _torch_class: type | None = None
@@ -81,11 +85,15 @@ class CatalogDataset:
                               exif_orient=bool(exif_orient))  # fmt: skip
         self.transform = transform
         self.source = source if source in ("auto", "files") else os.fspath(source)
+        export_split: tuple[str, ...] = ()
+        if self.source not in ("auto", "files"):  # split names the export's splits, not the tree's
+            chosen = filters.pop("split", None) or ()
+            export_split = (chosen,) if isinstance(chosen, str) else tuple(str(s) for s in chosen)
         self.batch_size = batch_size
         self.options = EpochOptions(
             filters=QuerySpec(**filters, exif_orient=bool(exif_orient)), seed=int(seed), shuffle=bool(shuffle), window=max(1, int(shuffle_buffer)),
             drop_last=bool(drop_last), feature_type=feature_type, missing_features=missing_features, source=self.source,
-            l2_url=wanted(l2, l2_url, self.database_path),
+            export_split=export_split, l2_url=wanted(l2, l2_url, self.database_path),
         )  # fmt: skip
         self.rank, self.world_size = rank, world_size
         self.on_error = on_error

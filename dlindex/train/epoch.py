@@ -14,7 +14,7 @@ from dlindex.query.spec import QuerySpec
 from dlindex.train.l2 import L2Cache, catalog_identity
 from dlindex.train.plan import Layout, chunk_order
 from dlindex.train.selection import Selection, epoch_spec, resolve
-from dlindex.train.sources import WdsExport, arrange_files, arrange_wds, find_export
+from dlindex.train.sources import WdsExport, arrange_files, arrange_wds, find_export, named_export
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -76,6 +76,9 @@ class EpochOptions:
     feature_type: str | None
     missing_features: str
     source: str | os.PathLike[str]  # "auto", "files" or an export folder
+    # With an export folder: read only these of its splits (() its only one; None all, as
+    # source="auto" chose it before a resume)
+    export_split: tuple[str, ...] | None = ()
     l2_url: str | None = None  # the L2 cache (Redis), when it is on for this catalog
 
 
@@ -91,15 +94,17 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
         identity = catalog_identity(catalog)
         l2 = L2Cache(options.l2_url, identity)
     selection = resolve(catalog, spec, l2)
-    if digest and selection.digest != digest:
-        raise DlindexError("the catalog's selection for this epoch differs from the saved loader state's "
-                           "(the catalog changed since); resume is exact only over the same samples")  # fmt: skip
+    export = None
+    if options.source not in ("auto", "files"):
+        export, selection = named_export(options.source, selection, options.export_split)
     missing = 0
     if options.feature_type is not None:
         selection, missing = _with_vectors(catalog, selection, spec, options)
-    export = None
-    if options.source != "files":
-        export = find_export(catalog, selection, None if options.source == "auto" else options.source)
+    if digest and selection.digest != digest:  # the digest the plan records: after every cut
+        raise DlindexError("the catalog's selection for this epoch differs from the saved loader state's "
+                           "(the catalog changed since); resume is exact only over the same samples")  # fmt: skip
+    if options.source == "auto":
+        export = find_export(catalog, selection)
     where = None
     if export is not None:
         selection, starts, where = arrange_wds(selection, export)

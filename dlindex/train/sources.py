@@ -45,6 +45,7 @@ class WdsExport:
     shards: tuple[tuple[bytes, int], ...]  # (confined path, byte size) in index order
     starts: Ints  # export position of each shard's first member
     ids: Ints  # sample id of every export position
+    splits: tuple[str, ...] = ()  # each shard's split (export --split), in index order
 
     @classmethod
     def open(cls, out_dir: str | os.PathLike[str]) -> WdsExport:
@@ -58,7 +59,18 @@ class WdsExport:
         listed = listed_shards(index)
         shards = tuple((resolve_inside(base, s["file"], what="shard"), int(s["bytes"])) for s in listed)
         starts = np.cumsum([0] + [int(s["samples"]) for s in listed[:-1]], dtype=np.int64)
-        return cls(os.fsdecode(out_dir), shards, starts, np.frombuffer(ids, dtype=np.int64))
+        splits = tuple(str(s.get("split", "")) for s in listed)
+        return cls(os.fsdecode(out_dir), shards, starts, np.frombuffer(ids, dtype=np.int64), splits)
+
+    def split_ids(self, names: tuple[str, ...]) -> Ints:
+        """The ids of the samples in the export's splits ``names``; refuses one it does not have."""
+        have = tuple(dict.fromkeys(self.splits))
+        unknown = [n for n in names if n not in have]
+        if unknown:
+            raise DlindexError(f"{self.out_dir} has no split {unknown[0]!r}; its splits are: {', '.join(have)}")
+        ends = np.append(self.starts[1:], self.ids.size)
+        parts = [self.ids[a:b] for a, b, split in zip(self.starts, ends, self.splits, strict=True) if split in names]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
     def positions_of(self, ids: Ints) -> Ints:
         """Each id's first export position (-1: not in the export)."""
@@ -228,17 +240,31 @@ def _key_id(key: bytes | None) -> int:
     return int(head) if head.isdigit() and len(head) < 19 else -1
 
 
-def find_export(catalog: Catalog, selection: Selection, path: str | os.PathLike[str] | None) -> WdsExport | None:
-    """The wds export to read ``selection`` from: ``path`` if given (it must cover the
-    selection), else the newest recorded export that does; None when there is none."""
+def named_export(
+    path: str | os.PathLike[str], selection: Selection, splits: tuple[str, ...] | None
+) -> tuple[WdsExport, Selection]:
+    """The export at ``path`` and the part of ``selection`` to read from it: the samples of its
+    splits ``splits``; of its only split when none is named (an export of several needs a name,
+    so a training run never reads the validation split unasked); None: every sample."""
+    export = WdsExport.open(path)
+    have = tuple(dict.fromkeys(export.splits))
+    if splits == () and len(have) > 1:
+        raise DlindexError(f"{export.out_dir} holds the splits {', '.join(have)}: name the one to read, "
+                           f"split={have[0]!r} (or a list of them)")  # fmt: skip
+    if splits:
+        selection = selection.keep(np.isin(selection.ids, export.split_ids(splits)))
+        if not len(selection):
+            raise DlindexError(f"no selected sample is in split {', '.join(splits)} of {export.out_dir}")
+    if not export.covers(selection):
+        raise DlindexError(f"{os.fsdecode(path)} does not hold every sample of the selection; "
+                           "export the selection again or use source='files'")  # fmt: skip
+    return export, selection
+
+
+def find_export(catalog: Catalog, selection: Selection) -> WdsExport | None:
+    """The newest recorded wds export that holds every sample of ``selection``; None when there is none."""
     from dlindex.export.registry import recorded_exports
 
-    if path is not None:
-        export = WdsExport.open(path)
-        if not export.covers(selection):
-            raise DlindexError(f"{os.fsdecode(path)} does not hold every sample of the selection; "
-                               "export the selection again or use source='files'")  # fmt: skip
-        return export
     for recorded in recorded_exports(catalog, "wds"):
         try:
             export = WdsExport.open(Path(recorded.path))
