@@ -173,6 +173,6 @@ def schema_before(location: Location, migration: Any) -> None:
         for table, column in columns:
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         if is_server(location):
-            conn.execute("UPDATE dlindex_schema SET version = %s", (version,))
+            conn.execute("UPDATE dlindex_schema SET version = ?", (version,))
         else:
             conn.execute(f"PRAGMA user_version = {version}")
