@@ -1,12 +1,16 @@
 """No logged read may get slower: the suggestions tried together, existing indexes tried without.
 
-An index in the plan of a statement that got slower is dropped, whatever it saves elsewhere;
-an existing index whose every logged user is faster without it is reported as *slower*.
+"Slower" is against two baselines: the catalog as it is, and the copy with no secondary index
+at all (an existing index may already slow a statement down, and a suggestion must not be
+excused by it). An index in the plan of a statement that got slower is dropped, whatever it
+saves elsewhere; an existing index whose every logged user is faster without it is reported
+as *slower*.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 
 from dlindex.advisor.bench import Bench, Plans
 from dlindex.advisor.findings import users
@@ -27,12 +31,20 @@ def together(
     Returns the kept verdicts (built on the copy), the plans and times with them, and the rejected.
     """
     rejected: list[Rejected] = []
+    if verdicts:
+        with no_secondary_indexes(bench):
+            bench.bare.update(
+                {fp: t for fp, r in bench.reads.items() if fp in bench.before and r.samples and (t := bench.time(r, bench.runs))}
+            )  # fmt: skip
     for attempt in range(ATTEMPTS):
         for v in verdicts:
             bench.scratch.create(v.candidate.name, v.candidate.sql(v.candidate.name))
+        # judged as the advice leaves the catalog: without the existing indexes it makes redundant
+        with _without(bench, superseded(bench.scratch.indexes(), verdicts)):
+            bench.scratch.analyze()
+            plans_after = bench.plans()
+            after, blamed = _replay_changed(bench, verdicts, plans_before, plans_after)
         bench.scratch.analyze()
-        plans_after = bench.plans()
-        after, blamed = _replay_changed(bench, verdicts, plans_before, plans_after)
         kept: list[Verdict] = []
         for v in verdicts:
             name = v.candidate.name
@@ -67,10 +79,37 @@ def _replay_changed(
         if measured is None:
             continue
         after[fp] = measured
+        bare = bench.bare.get(fp)
         if bench.slower(fp, bench.before[fp], measured):
-            for name in sorted(index_names(plans_after.get(fp, ())) & names):
-                blamed.setdefault(name, []).append(f"{fp} {bench.before[fp].ms:,.3f} -> {measured.ms:,.3f} ms")
+            why = f"{fp} {bench.before[fp].ms:,.3f} -> {measured.ms:,.3f} ms"
+        elif bare is not None and bench.slower(fp, bare, measured):
+            why = f"{fp} {bare.ms:,.3f} ms with no index -> {measured.ms:,.3f} ms"
+        else:
+            continue
+        for name in sorted(index_names(plans_after.get(fp, ())) & names):
+            blamed.setdefault(name, []).append(why)
     return after, blamed
+
+
+def no_secondary_indexes(bench: Bench) -> AbstractContextManager[None]:
+    """The scratch copy without any index but those of PRIMARY KEY / UNIQUE, then as it was."""
+    return _without(bench, [e for e in bench.scratch.indexes() if e.sql is not None])
+
+
+def superseded(existing: Sequence[IndexDef], verdicts: Sequence[Verdict]) -> list[IndexDef]:
+    """Existing full indexes whose columns lead a full suggestion: the advice reports them redundant."""
+    return [e for e in existing if e.sql is not None and not e.partial and e.name not in {v.candidate.name for v in verdicts}
+            and any(c.table == e.table and not c.where and tuple(c.columns[: len(e.columns)]) == e.columns
+                    for c in (v.candidate for v in verdicts))]  # fmt: skip
+
+
+@contextmanager
+def _without(bench: Bench, indexes: Sequence[IndexDef]) -> Iterator[None]:
+    with ExitStack() as stack:
+        for e in indexes:
+            assert e.sql is not None  # never a constraint's
+            stack.enter_context(bench.scratch.without(e.name, e.sql))
+        yield
 
 
 def slower_existing(bench: Bench, existing: Sequence[IndexDef], plans: Plans) -> list[Finding]:
