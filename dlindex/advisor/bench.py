@@ -31,7 +31,7 @@ class Bench:
         self.reads = {r.fingerprint: r for r in workload.reads}
         self.before: dict[str, Timing] = {}  # per call on the catalog as it is
         self.baseline: dict[str, Timing] = {}  # ... after ANALYZE, what candidates are compared with
-        self.bare: dict[str, Timing] = {}  # ... on the copy with no secondary index (no suggestion may be slower)
+        self.bare: dict[str, Timing] = {}  # ... with no secondary index, for reads that use a suggestion
         self.refused: dict[str, str] = {}  # fp -> why its replay was stopped
 
     def plan(self, r: Statement) -> tuple[str, ...]:

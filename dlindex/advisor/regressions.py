@@ -31,11 +31,6 @@ def together(
     Returns the kept verdicts (built on the copy), the plans and times with them, and the rejected.
     """
     rejected: list[Rejected] = []
-    if verdicts:
-        with no_secondary_indexes(bench):
-            bench.bare.update(
-                {fp: t for fp, r in bench.reads.items() if fp in bench.before and r.samples and (t := bench.time(r, bench.runs))}
-            )  # fmt: skip
     for attempt in range(ATTEMPTS):
         for v in verdicts:
             bench.scratch.create(v.candidate.name, v.candidate.sql(v.candidate.name))
@@ -74,16 +69,22 @@ def _replay_changed(
     load); a time past the noise margin only when measured again side by side (``_confirm``).
     """
     after: dict[str, Timing] = {}
-    why: dict[str, str] = {}
-    suspects: list[str] = []
+    names = {v.candidate.name for v in verdicts}
     for fp, r in bench.reads.items():
         wanted = any(fp in v.candidate.fingerprints for v in verdicts)
         if fp not in bench.before or not r.samples or (plans_after.get(fp) == plans_before.get(fp) and not wanted):
             continue
         measured = bench.time(r, bench.runs)
-        if measured is None:
-            continue
-        after[fp] = measured
+        if measured is not None:
+            after[fp] = measured
+    # only a read whose plan uses a suggestion can blame one: those are timed with no index too
+    bare_needed = [fp for fp in after if fp not in bench.bare and index_names(plans_after.get(fp, ())) & names]
+    if bare_needed:
+        with no_secondary_indexes(bench):
+            bench.bare.update({fp: t for fp in bare_needed if (t := bench.time_fp(fp)) is not None})
+    why: dict[str, str] = {}
+    suspects: list[str] = []
+    for fp, measured in after.items():
         before, bare = bench.before[fp], bench.bare.get(fp)
         if more_work(before, measured):
             why[fp] = f"{fp} {before.steps:,} -> {measured.steps:,} VM steps"
@@ -93,7 +94,6 @@ def _replay_changed(
             suspects.append(fp)
     why.update(_confirm(bench, suspects, verdicts, gone))
     blamed: dict[str, list[str]] = {}
-    names = {v.candidate.name for v in verdicts}
     for fp in sorted(why):
         for name in sorted(index_names(plans_after.get(fp, ())) & names):
             blamed.setdefault(name, []).append(why[fp])
