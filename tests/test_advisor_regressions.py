@@ -22,7 +22,7 @@ from .advisor_workload import LABELS, copy_catalog, make_catalog
 
 BY_LABEL = "SELECT file_path, width FROM image_metadata WHERE label_id = ? ORDER BY width"
 REPORT = "SELECT label_id, count(*), sum(bytes), avg(width) FROM image_metadata GROUP BY label_id"
-UNPROCESSED = "SELECT id, file_path FROM image_metadata WHERE processed = 0 LIMIT 100"
+UNPROCESSED = "SELECT id, file_path FROM image_metadata WHERE processed = 0 LIMIT 500"
 ONCE = "SELECT id FROM image_metadata WHERE width = ? AND height = ?"
 
 
@@ -36,7 +36,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for _ in range(200):
             list(catalog.read(BY_LABEL, (rng.randint(1, LABELS),)))
         list(catalog.read(REPORT))
-        for _ in range(20):
+        for _ in range(100):  # well past 1 ms in all, however fast the machine: hot
             list(catalog.read(UNPROCESSED))
         list(catalog.read(ONCE, (100, 200)))
     return path
@@ -85,7 +85,7 @@ class LoadArrives(Bench):
 def test_load_that_arrives_midway_rejects_nothing(db: Path) -> None:
     with Scratch(db) as scratch:
         advice = _advise(LoadArrives(scratch, workload_of(db), 2, 10.0, None), 10, 0.01, lambda _line: None)
-    # the worker's queue is as fast with the partial index as without (0.05 ms): only the load differs
+    # the worker's queue is about as fast with the partial index as without (under 1 ms): only the load differs
     (queue,) = [s for s in advice.suggestions if s.where == "processed = 0"]
     assert fingerprint(UNPROCESSED) in queue.fingerprints
     assert not [r for r in advice.rejected if "processed = 0" in r.sql], advice.rejected
