@@ -460,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
         "no more indexes than .expert": len(ours_indexes) <= len(recommended),
         "per-row UPDATE processed cost <= .expert's": per_row["ours"] <= per_row["expert"],
         "no full index led by a low-cardinality flag": not flag_led_full_indexes(ours_indexes),
+        "(processed) flagged as a full index led by a flag": "planted_processed"
+            in {f["name"] for f in advice["low_cardinality"]},
         "(width, height) flagged unused": "planted_width_height" in unused,
         "(label_id) flagged as a prefix of a better index": "planted_label_id" in redundant
             and str(redundant["planted_label_id"]["better"]).startswith("idx_dlindex_"),

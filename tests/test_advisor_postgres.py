@@ -109,7 +109,9 @@ def test_suggest_verifies_on_the_server_with_dexter_beside(
     logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = index_defs(logged)
-    advice = suggest_json(logged, tmp_path, monkeypatch, "--suggest")
+    trace = tmp_path / "trace.sql"  # an expensive ad-hoc statement, seen once
+    trace.write_text("SELECT id FROM image_metadata WHERE width = 100 AND height = 200 -- duration_ms=900\n")
+    advice = suggest_json(logged, tmp_path, monkeypatch, "--suggest", "--log", str(trace))
     assert index_defs(logged) == before  # --suggest builds nothing that stays
     sqls = [s["sql"] for s in advice["suggestions"]]
     assert any(re.search(r"\(label_id\).* WHERE processed = 1$", s) for s in sqls), sqls
@@ -125,6 +127,9 @@ def test_suggest_verifies_on_the_server_with_dexter_beside(
     unused = {f["name"]: f for f in advice["unused"]}
     assert unused["planted_width_height"]["droppable"] is False  # made by hand: reported, never dropped
     assert not [e for e in advice["statements"] if e["change"] == "slower"]
+    once = [e["fingerprint"] for e in advice["statements"] if "bytes >" in e["sql"] or "width = 100" in e["sql"]]
+    assert len(once) == 2 and not set(once) & set(advice["workload"]["hot"])  # seen once: no index, however slow
+    assert not any("width" in s or "height" in s for s in sqls), sqls
 
 
 def test_apply_list_revert_and_drop_unused(logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

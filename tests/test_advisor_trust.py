@@ -118,6 +118,8 @@ def test_apply_builds_what_suggest_printed_or_says_why_not(db: Path, runner: Cli
     assert code == 0 and "applying the advice `dlindex index --suggest` printed for this state" in err
     created = {r[0] for r in rows(db, "SELECT sql FROM sqlite_master WHERE name LIKE 'idx_dlindex_%'")}
     assert created == set(printed)
+    names = sorted(sql.split()[2] for sql in printed)  # --apply prints what it did, not the advice again
+    assert sorted(out.splitlines()[:-1]) == [f"created {n}" for n in names] and out.splitlines()[-1].startswith("run ")
     assert cli(runner, "index", "--revert", "--db", str(db))[0] == 0
     with Catalog(db) as catalog:  # the log grows: the stored advice no longer describes this state
         list(catalog.read("SELECT count(*) FROM image_metadata WHERE processed = 0"))

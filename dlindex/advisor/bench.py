@@ -31,6 +31,7 @@ class Bench:
         self.reads = {r.fingerprint: r for r in workload.reads}
         self.before: dict[str, Timing] = {}  # per call on the catalog as it is
         self.baseline: dict[str, Timing] = {}  # ... after ANALYZE, what candidates are compared with
+        self.bare: dict[str, Timing] = {}  # ... with no secondary index, for reads that use a suggestion
         self.refused: dict[str, str] = {}  # fp -> why its replay was stopped
 
     def plan(self, r: Statement) -> tuple[str, ...]:
@@ -70,7 +71,7 @@ class Bench:
 
     def slower(self, fp: str, before: Timing, after: Timing, confirm: bool = True) -> bool:
         """More work, or a time past the noise margin that a second measurement confirms."""
-        if after.steps > before.steps * STEP_REGRESSION + STEP:
+        if more_work(before, after):
             return True
         if not slower_ms(before, after):
             return False
@@ -78,6 +79,11 @@ class Bench:
             return True
         again = self.time_fp(fp, 3 * self.runs)
         return again is not None and slower_ms(before, again)
+
+
+def more_work(before: Timing, after: Timing) -> bool:
+    """More VM steps past the margin: the same answer on every run."""
+    return after.steps > before.steps * STEP_REGRESSION + STEP
 
 
 def slower_ms(before: Timing, after: Timing) -> bool:

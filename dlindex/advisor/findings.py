@@ -1,11 +1,11 @@
-"""Findings on existing indexes from plans: unused ones, and those whose columns lead a better index."""
+"""Findings on existing indexes: unused ones, those whose columns lead a better index, those led by a flag."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dlindex.advisor.candidates import Candidate
+from dlindex.advisor.candidates import LOW_CARDINALITY, Candidate, Stats
 from dlindex.advisor.model import Finding
 from dlindex.advisor.plans import index_names
 from dlindex.advisor.scratch import IndexDef
@@ -74,4 +74,26 @@ def users(plans: Mapping[str, tuple[str, ...]]) -> dict[str, set[str]]:
     for fp, plan in plans.items():
         for name in index_names(plan):
             found.setdefault(name, set()).add(fp)
+    return found
+
+
+def flag_led(existing: Sequence[IndexDef], stats: Stats) -> list[Finding]:
+    """Full indexes whose first column is a flag or status (few distinct values), used or not.
+
+    Each value of such a column matches a large share of the rows, so the index mostly costs
+    writes and space; a partial index (``WHERE processed = 0``) serves the rare value for less.
+    """
+    found: list[Finding] = []
+    for e in existing:
+        if e.constraint or e.partial or not e.columns:
+            continue
+        distinct = stats.distinct(e.table, e.columns[0])
+        if distinct > LOW_CARDINALITY:
+            continue
+        dlindex = e.name.startswith("idx_dlindex_")
+        reason = (f"a full index led by {e.columns[0]}, which has {distinct} distinct value(s): each matches a large "
+                  f"share of the rows; a partial index (WHERE {e.columns[0]} = <the rare value>) serves the rare "
+                  "value for a fraction of the size and write cost")  # fmt: skip
+        found.append(Finding("low_cardinality", e.name, e.table, e.sql or "", reason, None, dlindex, dlindex,
+                             f"DROP INDEX {e.name}"))  # fmt: skip
     return found

@@ -148,5 +148,5 @@ def advice_from_dict(d: Mapping[str, Any]) -> Advice:
         skipped=tuple(Skipped(**s) for s in d["skipped"]), reads=w["reads"], writes=w["writes"], hot=tuple(w["hot"]),
         read_ms=w["read_ms"], sample=d["sample"], seconds=d["seconds"], lock_wait_ms=w.get("lock_wait_ms", 0.0),
         slower=tuple(map(finding, d.get("slower", ()))), statements=tuple(Effect(**e) for e in d.get("statements", ())),
-        server=d.get("postgresql"),
+        server=d.get("postgresql"), low_cardinality=tuple(map(finding, d.get("low_cardinality", ()))),
     )  # fmt: skip

@@ -73,7 +73,7 @@ class Suggestion:
 class Finding(_Record):
     """An existing index that no logged statement needs."""
 
-    kind: str  # unused | redundant | slower
+    kind: str  # unused | redundant | slower | low_cardinality
     name: str
     table: str
     sql: str
@@ -138,9 +138,11 @@ class Advice:
     slower: tuple[Finding, ...] = ()  # existing indexes the logged statements that use them are faster without
     statements: tuple[Effect, ...] = ()  # every logged statement, before and after the suggestions
     server: Mapping[str, Any] | None = None  # a PostgreSQL catalog: its workload, verification and Dexter's set
+    low_cardinality: tuple[Finding, ...] = ()  # existing full indexes led by a flag or status column
 
     def droppable(self) -> tuple[Finding, ...]:
-        return tuple(f for f in (*self.unused, *self.redundant, *self.slower) if f.droppable)
+        found = {f.name: f for f in (*self.unused, *self.redundant, *self.slower, *self.low_cardinality) if f.droppable}
+        return tuple(found.values())
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -149,6 +151,7 @@ class Advice:
             "unused": [f.as_dict() for f in self.unused],
             "redundant": [f.as_dict() for f in self.redundant],
             "slower": [f.as_dict() for f in self.slower],
+            "low_cardinality": [f.as_dict() for f in self.low_cardinality],
             "statements": [e.as_dict() for e in self.statements],
             "hints": [h.as_dict() for h in self.hints],
             "rejected": [r.as_dict() for r in self.rejected],

@@ -1,7 +1,7 @@
 """``suggest_server_indexes``: index advice for a PostgreSQL catalog, judged by hypopg, verified by timing.
 
 1. Workload: dlindex's query log joined with pg_stat_statements (``pgworkload``); the
-   heaviest reads (``top``, each at least 1% of the read time) are *hot*.
+   heaviest reads (``top``, each at least 1% of the read time, seen at least twice) are *hot*.
 2. Candidates from the hot statements, as on SQLite (``candidates``: equality, range, order,
    partial WHEREs for flags, covering columns as ``INCLUDE``), merged.
 3. Each candidate alone as a hypothetical index (hypopg): the planner must choose it and the
@@ -53,6 +53,7 @@ PREFIX = "idx_dlindex_"
 MIN_GAIN = 1.15  # planned cost, then buffers, of the statements an index serves: at most 1/1.15
 MIN_SHARE = 0.01
 MIN_WEIGHT_MS = 1.0
+MIN_CALLS = 2  # as on SQLite: a statement seen once earns no index
 RUNS = 5
 SLOWER = (1.25, 0.1)  # a read is slower with more buffers and a time past 1.25x + 0.1 ms
 _UNUSED = """SELECT s.indexrelname, s.relname, pg_get_indexdef(s.indexrelid), s.idx_scan,
@@ -107,7 +108,8 @@ def suggest_server_indexes(
     weights = {fp: s.statement.calls * (s.statement.mean_ms or 0.0) for fp, s in reads.items()}
     total = sum(weights.values())
     ranked = sorted(reads, key=lambda fp: (-weights[fp], fp))
-    hot = [fp for fp in ranked[:top] if fp in plans and weights[fp] >= max(MIN_SHARE * total, MIN_WEIGHT_MS)]
+    supported = [fp for fp in ranked if fp in plans and reads[fp].statement.calls >= MIN_CALLS]
+    hot = [fp for fp in supported[:top] if weights[fp] >= max(MIN_SHARE * total, MIN_WEIGHT_MS)]
     timed = [fp for fp in ranked if fp in plans]
     say(f"timing {len(timed)} reads on the server")
     before = _time_all(conn, reads, timed, runs, time_limit_s, skipped)

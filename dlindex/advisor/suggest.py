@@ -1,7 +1,8 @@
 """``suggest_indexes``: from the workload to verified index suggestions, on a scratch copy.
 
 1. Weigh each read fingerprint by calls x mean duration; the heaviest (``top``, each at
-   least ``min_share`` of all read time) are *hot*. Rarer statements never earn an index.
+   least ``min_share`` of all read time and ``MIN_WEIGHT_MS``, seen at least ``MIN_CALLS``
+   times) are *hot*. Rarer statements never earn an index: one seen once may never return.
 2. Derive candidates from the hot statements and merge them (``candidates``).
 3. Build each candidate alone on the scratch copy (``verify``): EXPLAIN QUERY PLAN must use
    it, the statements it serves are replayed with their logged parameters, a 10,000-row insert
@@ -11,10 +12,11 @@
    steps it saves the logged reads exceed those it adds to the logged writes.
 4. Build the survivors together with ANALYZE (what ``--apply`` does) and replay every logged
    read: an index no statement chooses is dropped, and so is any index in the plan of a read
-   that got slower than on the catalog as it is (``regressions``). Every statement is
-   reported before/after (``effects``).
+   that got slower than on the catalog as it is or than on the copy with no secondary index
+   at all (``regressions``). Every statement is reported before/after (``effects``).
 5. Existing indexes no logged statement uses are *unused*; one whose columns lead another
-   index is *redundant* (``findings``); one whose users are faster without it is *slower*.
+   index is *redundant* (``findings``); one whose users are faster without it is *slower*;
+   a full one led by a flag or status column is *low_cardinality*.
    Statements no index can help get a rewrite hint (``hints``).
 """
 
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 from dlindex.advisor.bench import Bench
 from dlindex.advisor.candidates import candidates_for, existing_serves, merge
 from dlindex.advisor.effects import effects, suggestion
-from dlindex.advisor.findings import findings
+from dlindex.advisor.findings import findings, flag_led
 from dlindex.advisor.hints import hints_for
 from dlindex.advisor.model import Advice, Rejected
 from dlindex.advisor.regressions import slower_existing, together
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 MIN_SHARE = 0.01  # a fingerprint below 1% of the logged read time is not hot
 MIN_WEIGHT_MS = 1.0  # nor is one that took less than a millisecond in all
+MIN_CALLS = 2  # nor one seen only once: an ad-hoc statement earns no index that every write then pays for
 RUNS = 5
 HINT_SHARE = 0.002  # statements below 0.2% of the logged read time get no rewrite hint
 
@@ -113,7 +116,8 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
                for fp, r in reads.items()}  # fmt: skip
     total = sum(weights.values())
     ranked = sorted(reads, key=lambda fp: (-weights[fp], fp))
-    hot = [fp for fp in ranked[:top] if weights[fp] >= max(min_share * total, MIN_WEIGHT_MS)]
+    supported = [fp for fp in ranked if reads[fp].calls >= MIN_CALLS]
+    hot = [fp for fp in supported[:top] if weights[fp] >= max(min_share * total, MIN_WEIGHT_MS)]
     say(f"timing {len(hot)} hot statements")
     for fp in ranked[: 3 * top]:
         if fp not in bench.before and reads[fp].samples:
@@ -163,6 +167,7 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
         reads=len(reads), writes=len(bench.workload.writes), hot=tuple(hot), read_ms=round(total, 3),
         sample=scratch.sample, seconds=0.0, lock_wait_ms=round(bench.workload.lock_wait_ms, 3),
         slower=tuple(slower), statements=tuple(effects(bench, verdicts, plans_before, plans_after, after)),
+        low_cardinality=tuple(flag_led(existing, scratch.stats)),
     )  # fmt: skip
 
 

@@ -78,6 +78,7 @@ def print_advice(a: Advice) -> None:
     _findings("unused indexes", a.unused)
     _findings("redundant indexes", a.redundant)
     _findings("indexes that make logged statements slower", a.slower)
+    _findings("full indexes led by a flag or status column", a.low_cardinality)
     _effects(a)
     if a.hints:
         out.print("\nhints:", markup=False)

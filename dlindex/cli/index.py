@@ -106,7 +106,7 @@ def index(
             with status as shown:
                 advice = _advice.suggest(catalog, logs, options, shown, time_limit, memory_limit)
         _advice.report_skipped(advice)
-        if not as_json:
+        if not as_json and (suggest or not (apply or drop_unused)):  # --apply alone prints what it did, no more
             _advice.print_advice(advice)
         drops = advice.droppable() if drop_unused else ()
         if drops and not yes and not _advice.confirm_drops(drops):
