@@ -7,7 +7,11 @@ The built-ins therefore see the image as a viewer shows it:
 
 - ``colorhist`` weighs each pixel by its alpha (a half-transparent pixel counts half; an
   image with no visible pixel at all is the histogram of the background);
-- ``thumb`` and ``dhash`` composite the image over an opaque white ``BACKGROUND`` first.
+- ``thumb`` and ``dhash`` composite the image over an opaque white ``BACKGROUND`` first;
+- ``dhash`` and ``colorthumb`` look at the ``subject``: the box of what is drawn, without the
+  transparent or flat margin around it. A small sprite on a large empty canvas is otherwise a
+  blob in the middle of white at 9 x 8 pixels, and every such sprite hashes alike (on Wesnoth's
+  5,782 unit sprites, 2 million dhash pairs within 8 bits, 97% of them different units).
 
 An image has transparency when its mode carries alpha (RGBA, LA, PA, RGBa, La), when it is
 a palette image with transparent entries (PNG tRNS, GIF), or when it has a transparent
@@ -22,9 +26,15 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from PIL import Image
+from PIL import Image, ImageChops
 
 BACKGROUND = (255, 255, 255)  # what a page or a viewer usually shows behind clip-art
+# A pixel at most this opaque is margin, not subject: soft shadows and antialiasing fringes
+# would otherwise stretch the box by a different amount in each resized copy.
+_FAINT_ALPHA = 16
+# A frame (the outermost pixels) whose colours all lie within this many levels of its corner is a
+# flat margin (a page, a plain backdrop, JPEG noise on either); the subject is what differs more.
+_FLAT_LEVELS = 16
 _ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "RGBa", "La"})
 _WIDE_MODES = frozenset({"I;16", "I;16L", "I;16B", "I;16N", "I"})
 
@@ -58,6 +68,46 @@ def on_background(image: Image.Image) -> Image.Image:
     if over is None:
         return image
     return Image.alpha_composite(Image.new("RGBA", over.size, (*BACKGROUND, 255)), over).convert("RGB")
+
+
+def subject(image: Image.Image) -> Image.Image:
+    """The image over ``BACKGROUND`` cropped to its subject: the box of its visible pixels, and
+    within that the box of what differs from a flat frame. Unchanged when there is no margin
+    (a photo's frame is not flat), and whole when nothing stands out (a plain image stays plain)."""
+    over = rgba(image)
+    if over is not None:
+        box = over.getchannel("A").point(_OPAQUE_ENOUGH).getbbox()
+        if box is not None:
+            over = over.crop(box)
+        image = Image.alpha_composite(Image.new("RGBA", over.size, (*BACKGROUND, 255)), over).convert("RGB")
+    corner = _flat_frame(image)
+    if corner is None:
+        return image
+    colour = image.convert("RGB") if image.mode != "RGB" else image
+    differs = ImageChops.difference(colour, Image.new("RGB", colour.size, corner))
+    strongest = ImageChops.lighter(ImageChops.lighter(*differs.split()[:2]), differs.getchannel(2))
+    box = strongest.point(_STANDS_OUT).getbbox()
+    return image if box is None else image.crop(box)
+
+
+def _flat_frame(image: Image.Image) -> tuple[int, int, int] | None:
+    """The frame's corner colour if every pixel of the one-pixel frame is within _FLAT_LEVELS of it."""
+    w, h = image.size
+    if w < 3 or h < 3:
+        return None
+    edges = [image.crop(box).convert("RGB") for box in ((0, 0, w, 1), (0, h - 1, w, h), (0, 0, 1, h), (w - 1, 0, w, h))]
+    corner = edges[0].getpixel((0, 0))
+    assert isinstance(corner, tuple)
+    for edge in edges:
+        bands: tuple[tuple[int, int], ...] = edge.getextrema()  # type: ignore[assignment]  # RGB: one per band
+        for (low, high), level in zip(bands, corner, strict=True):
+            if level - low > _FLAT_LEVELS or high - level > _FLAT_LEVELS:
+                return None
+    return (int(corner[0]), int(corner[1]), int(corner[2]))
+
+
+_OPAQUE_ENOUGH = [0] * (_FAINT_ALPHA + 1) + [255] * (255 - _FAINT_ALPHA)
+_STANDS_OUT = [0] * (_FLAT_LEVELS + 1) + [255] * (255 - _FLAT_LEVELS)
 
 
 def weighted_histogram(over: Image.Image, bins: int = 32) -> npt.NDArray[np.float32]:
