@@ -104,7 +104,7 @@ _PLAIN_STD = 1.0
 
 def colorthumb(image: Image.Image) -> Vector:
     """432 values: the image's subject (``visible.subject``: over white, without its transparent or
-    flat margin) as a blurred 12 x 12 RGB thumbnail,
+    white margin) as a blurred 12 x 12 RGB thumbnail,
     each colour channel minus its own mean, scaled to unit length. The cosine of two is then the
     correlation of their pixel layout, unchanged by brightness, contrast and a colour cast (which
     would otherwise make every bluish picture alike); a plain (or nearly) image is all zeros."""
@@ -123,7 +123,7 @@ def colorthumb(image: Image.Image) -> Vector:
 def dhash(image: Image.Image) -> Vector:
     """64 values of 0 or 1: the difference hash (each pixel brighter than its right neighbour,
     on a 9 x 8 grayscale thumbnail of the image's subject: ``visible.subject``, over white,
-    without its transparent or flat margin). L2 distance squared is the Hamming distance."""
+    without its transparent or white margin). L2 distance squared is the Hamming distance."""
     image.draft("L", (64, 64))
     small = np.asarray(visible.subject(image).convert("L").resize((9, 8), Image.Resampling.BOX), dtype=np.int16)
     return (small[:, 1:] > small[:, :-1]).astype(np.float32).reshape(-1)

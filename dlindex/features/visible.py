@@ -9,7 +9,7 @@ The built-ins therefore see the image as a viewer shows it:
   image with no visible pixel at all is the histogram of the background);
 - ``thumb`` and ``dhash`` composite the image over an opaque white ``BACKGROUND`` first;
 - ``dhash`` and ``colorthumb`` look at the ``subject``: the box of what is drawn, without the
-  transparent or flat margin around it. A small sprite on a large empty canvas is otherwise a
+  transparent or white margin around it. A small sprite on a large empty canvas is otherwise a
   blob in the middle of white at 9 x 8 pixels, and every such sprite hashes alike (on Wesnoth's
   5,782 unit sprites, 2 million dhash pairs within 8 bits, 97% of them different units).
 
