@@ -211,16 +211,18 @@ def test_every_member_is_a_near_copy_of_the_kept_one(
 
 
 def test_plain_pictures_are_left_out_of_dhash_near_groups(tmp_path: Path) -> None:
-    """A blank canvas and a small drawing on white hash to ~0 by dhash: near each other, yet
-    not copies. They are left out with one warning; a picture with structure is not."""
+    """A blank canvas, a plain colour and a flat box on white (its subject is one colour) hash to
+    ~0 by dhash: near each other, yet not copies. They are left out with one warning; a picture
+    with structure is not."""
     from PIL import Image, ImageDraw
 
     root = tmp_path / "art" / "a"
     root.mkdir(parents=True)
-    for n, (x, y) in enumerate([(10, 10), (150, 40), (60, 170)]):
-        image = Image.new("RGB", (240, 240), "white")
-        ImageDraw.Draw(image).ellipse((x, y, x + 12, y + 12), fill="black")  # unrelated small marks
-        image.save(root / f"mark{n}.png")
+    Image.new("RGB", (240, 240), "white").save(root / "mark0.png")
+    Image.new("RGB", (200, 240), (90, 120, 200)).save(root / "mark1.png")
+    image = Image.new("RGB", (240, 240), "white")
+    ImageDraw.Draw(image).rectangle((60, 170, 90, 180), fill="black")
+    image.save(root / "mark2.png")
     rich = np.random.default_rng(0).random((5, 6, 3)) * 255
     picture = Image.fromarray(rich.astype(np.uint8)).resize((240, 240), Image.Resampling.BICUBIC)
     picture.save(root / "picture.png")

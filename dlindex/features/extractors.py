@@ -103,13 +103,14 @@ _PLAIN_STD = 1.0
 
 
 def colorthumb(image: Image.Image) -> Vector:
-    """432 values: the image as a blurred 12 x 12 RGB thumbnail (over white where transparent),
+    """432 values: the image's subject (``visible.subject``: over white, without its transparent or
+    white margin) as a blurred 12 x 12 RGB thumbnail,
     each colour channel minus its own mean, scaled to unit length. The cosine of two is then the
     correlation of their pixel layout, unchanged by brightness, contrast and a colour cast (which
     would otherwise make every bluish picture alike); a plain (or nearly) image is all zeros."""
     side, work = COLORTHUMB_SIDE, _COLORTHUMB_WORK
     image.draft("RGB", (4 * work, 4 * work))
-    small = visible.on_background(image).convert("RGB").resize((work, work), Image.Resampling.BOX)
+    small = visible.subject(image).convert("RGB").resize((work, work), Image.Resampling.BOX)
     small = small.filter(ImageFilter.GaussianBlur(_COLORTHUMB_BLUR)).resize((side, side), Image.Resampling.BOX)
     pixels: npt.NDArray[np.float64] = np.asarray(small, dtype=np.float64).reshape(-1, 3)
     v: npt.NDArray[np.float64] = (pixels - pixels.mean(axis=0)).reshape(-1)
@@ -121,10 +122,10 @@ def colorthumb(image: Image.Image) -> Vector:
 
 def dhash(image: Image.Image) -> Vector:
     """64 values of 0 or 1: the difference hash (each pixel brighter than its right neighbour,
-    on a 9 x 8 grayscale thumbnail, over white where transparent). L2 distance squared is
-    the Hamming distance."""
+    on a 9 x 8 grayscale thumbnail of the image's subject: ``visible.subject``, over white,
+    without its transparent or white margin). L2 distance squared is the Hamming distance."""
     image.draft("L", (64, 64))
-    small = np.asarray(visible.on_background(image).convert("L").resize((9, 8), Image.Resampling.BOX), dtype=np.int16)
+    small = np.asarray(visible.subject(image).convert("L").resize((9, 8), Image.Resampling.BOX), dtype=np.int16)
     return (small[:, 1:] > small[:, :-1]).astype(np.float32).reshape(-1)
 
 
