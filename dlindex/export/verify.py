@@ -73,23 +73,9 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
     base = os.fsencode(root)
     failed: set[str] = set()  # files already reported: not read further
     for entry in listed:
-        before = count
-        try:
-            size, digest = hash_regular(resolve_inside(base, entry["file"], what="file"), entry["bytes"])
-        except FileNotFoundError:
-            problem(f"{entry['file']}: missing")
-            continue
-        except ExportError as e:  # outside the export, not a regular file, larger than listed
-            problem(f"{entry['file']}: {e}")
-            continue
-        except OSError as e:
-            problem(f"{entry['file']}: cannot read: {e.strerror}")
-            continue
-        if size != entry["bytes"]:
-            problem(f"{entry['file']}: {size} bytes, index.json says {entry['bytes']}")
-        elif digest != entry["xxh3_128"]:
-            problem(f"{entry['file']}: checksum differs from index.json")
-        if count != before:
+        text = _check_listed(base, entry)
+        if text is not None:
+            problem(f"{entry['file']}: {text}")
             failed.add(entry["file"])
     samples = 0
     claimed = {entry["file"]: entry["samples"] for entry in listed_shards(index)}
@@ -125,6 +111,23 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
     if index["format"] == "wds":
         samples = check_wds(root, index, failed, problem)
     return VerifyResult(str(out_dir), index.get("format", "?"), len(listed), samples, tuple(problems), count)
+
+
+def _check_listed(base: bytes, entry: dict[str, Any]) -> str | None:
+    """What is wrong with a file index.json lists (its size, its hash), or None."""
+    try:
+        size, digest = hash_regular(resolve_inside(base, entry["file"], what="file"), entry["bytes"])
+    except FileNotFoundError:
+        return "missing"
+    except ExportError as e:  # outside the export, not a regular file, larger than listed
+        return str(e)
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+    if size != entry["bytes"]:
+        return f"{size} bytes, index.json says {entry['bytes']}"
+    if digest != entry["xxh3_128"]:
+        return "checksum differs from index.json"
+    return None
 
 
 def _check_source(path: bytes, base: bytes, row: dict[str, Any], problem: Callable[[str], None]) -> None:
