@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -53,7 +55,9 @@ def _shown_default(param: Any) -> str | None:
 
 def _help(monkeypatch: pytest.MonkeyPatch, words: tuple[str, ...]) -> str:
     monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 1000)  # one line per option: nothing wraps
-    result = CliRunner().invoke(app, [*words, "--help"], env={"COLUMNS": "1000"})
+    result = CliRunner().invoke(
+        app, [*words, "--help"], env={"COLUMNS": "1000"}, terminal_width=1000, max_content_width=1000
+    )
     assert result.exit_code == 0, result.output
     return " ".join(result.stdout.split())
 
@@ -64,7 +68,9 @@ def test_help_shows_every_default(monkeypatch: pytest.MonkeyPatch, words: tuple[
     for param in command.params:
         default = _shown_default(param)
         if default is not None:
-            assert f"[default: {default}]" in text, f"`dlindex {' '.join(words)} --help` hides {param.opts}'s default"
+            assert re.search(rf"default: {re.escape(default)}[];]", text), (
+                f"`dlindex {' '.join(words)} --help` hides {param.opts}'s default"
+            )
     assert "\\[default" not in text
 
 
@@ -86,6 +92,19 @@ def test_python_dash_m_help() -> None:
     assert done.returncode == 0
     for command in ("scan", "stats", "demo"):
         assert command in done.stdout
+
+
+def test_help_at_80_columns_wraps_at_the_terminal_not_at_18_characters() -> None:
+    env = {**os.environ, "COLUMNS": "80"}
+    done = subprocess.run(
+        [sys.executable, "-m", "dlindex", "export", "--help"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # rich's option table squeezed the help column to ~18 characters: "Only processed," / "or only" / ...
+    assert any("Only processed, or only unprocessed," in line for line in lines), done.stdout
+    assert any(line.strip().startswith("--processing-status") for line in lines), done.stdout  # not "--processing-sta…"
 
 
 def test_version(runner: CliRunner) -> None:
