@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -114,3 +116,36 @@ def test_version(runner: CliRunner) -> None:
     assert (result.exit_code, result.stdout) == (0, f"dlindex {__version__}\n")
     done = subprocess.run([sys.executable, "-m", "dlindex", "--version"], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (0, f"dlindex {__version__}\n")
+
+
+def _message_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string literal in a module that is not a docstring."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_no_help_or_message_points_at_a_docs_file_a_wheel_lacks() -> None:
+    # docs/ is not in the wheel: a user of `pip install dlindex` has no docs/reliability.md to open
+    package = Path(__file__).resolve().parents[1] / "dlindex"
+    found = [
+        f"{path.relative_to(package.parent)}:{line}: {text!r}"
+        for path in sorted(package.rglob("*.py"))
+        for line, text in _message_strings(path)
+        if re.search(r"docs/\S*\.md", text)
+    ]
+    assert not found, "\n".join(found)
+    for words, command in LEAVES:
+        texts = [command.help or "", *(getattr(p, "help", None) or "" for p in command.params)]
+        assert not [t for t in texts if re.search(r"docs/\S*\.md", t)], words
