@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN, rollback
-from dlindex.errors import InputError
+from dlindex.errors import InputError, did_you_mean
 from dlindex.query.spec import PROCESSING_STATUSES
 
 if TYPE_CHECKING:
@@ -149,7 +149,10 @@ def mark_samples(
         values["processed"] = int(bool(processed))
     if processing_status is not None:
         if processing_status not in PROCESSING_STATUSES:
-            raise InputError(f"unknown status {processing_status!r}; choose from: {', '.join(PROCESSING_STATUSES)}")
+            raise InputError(
+                f"unknown status {processing_status!r}{did_you_mean(processing_status, PROCESSING_STATUSES)}; "
+                f"choose from: {', '.join(PROCESSING_STATUSES)}"
+            )
         values["processing_status"] = processing_status
     if error is not None:
         values["error"] = error

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dlindex.catalog.sqlite import INT64_MAX
-from dlindex.errors import InputError
+from dlindex.errors import InputError, did_you_mean
 
 STATUSES = ("ok", "corrupt", "missing")
 PROCESSING_STATUSES = ("queued", "completed", "failed")
@@ -97,7 +97,9 @@ def check_columns(columns: Sequence[str]) -> tuple[str, ...]:
         raise InputError(f"no columns asked for; choose from: {', '.join(COLUMNS)}")
     for column in columns:
         if column not in COLUMNS:
-            raise InputError(f"unknown column {column!r}; choose from: {', '.join(COLUMNS)}")
+            raise InputError(
+                f"unknown column {column!r}{did_you_mean(column, COLUMNS)}; choose from: {', '.join(COLUMNS)}"
+            )
     return tuple(dict.fromkeys(columns))
 
 
