@@ -18,7 +18,7 @@ import numpy.typing as npt
 
 from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
-from dlindex.features.readers import Loaded, check_rows, one_line
+from dlindex.features.loaded import Loaded, check_rows, one_line
 
 _ROW_OVERHEAD = 160  # bytes a parsed JSONL row costs beyond its values
 

@@ -23,7 +23,6 @@ import zipfile
 import zlib
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -33,6 +32,8 @@ from numpy.lib import format as npy_format
 
 from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
+from dlindex.features.jsonl import read_jsonl
+from dlindex.features.loaded import Loaded, check_rows, one_line
 
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: 4,000,000 x 512 float32 vectors
 FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
@@ -50,14 +51,6 @@ _HEADER_READERS: dict[tuple[int, int], Callable[..., Header]] = {
     (3, 0): npy_format.read_array_header_2_0,
 }
 _read_array: Callable[..., npt.NDArray[Any]] = npy_format.read_array
-
-
-@dataclass(frozen=True)
-class Loaded:
-    """What a file holds: keys (ids, or a list of paths) and an (n, dim) float array."""
-
-    keys: npt.NDArray[np.int64] | list[str]
-    vectors: npt.NDArray[np.floating[Any]]
 
 
 def read_import_file(
@@ -91,17 +84,9 @@ def read_import_file(
                 raise InputError(f"cannot read {path}: {one_line(e)}") from None
         if suffix == ".parquet":
             return _read_parquet(path, column, max_bytes, max_rows)
-        from dlindex.features.jsonl import read_jsonl  # it builds on this module
-
         return read_jsonl(path, column, max_bytes, max_rows)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
         raise InputError(f"cannot read {path}: {one_line(e)}") from None
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one short line for an error message."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:300]
 
 
 def _header(f: IO[bytes], where: str) -> Header:
@@ -120,15 +105,6 @@ def _header(f: IO[bytes], where: str) -> Header:
     if any(not isinstance(d, int) or d < 0 for d in shape):
         raise InputError(f"{where}: invalid shape {shape}")
     return tuple(shape), bool(fortran), dtype
-
-
-def check_rows(n: int, max_rows: int | None, where: str) -> None:
-    """Refuse a file claiming more vectors than the catalog has samples, before reading them."""
-    if max_rows is not None and n > max_rows:
-        raise InputError(
-            f"{where}: {n:,} vectors, but the catalog has {max_rows:,} samples (one vector a sample); "
-            "nothing was imported"
-        )
 
 
 def _check_vectors_header(shape: tuple[int, ...], dtype: np.dtype[Any], where: str) -> None:
