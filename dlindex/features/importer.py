@@ -101,8 +101,8 @@ def import_features(
     path = Path(file)
     # Each vector needs a sample of its own: a file claiming more is refused from its header,
     # before its arrays are inflated or decoded.
-    [(samples,)] = catalog.read(_SAMPLES)
-    loaded = read_import_file(path, ids_file, column, max_bytes, max_rows=int(samples))
+    samples = int(catalog.conn.execute(_SAMPLES).fetchone()[0])  # bookkeeping: not in the query log
+    loaded = read_import_file(path, ids_file, column, max_bytes, max_rows=samples)
     keys, vectors = loaded.keys, loaded.vectors  # keys: ids, or paths (a list) to resolve
     if vectors.ndim != 2:
         raise InputError(f"{path}: vectors must be a 2-D array (n x dim), not shape {vectors.shape}")
