@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from enum import IntEnum
 
 
@@ -70,3 +72,9 @@ class Interrupted(DlindexError):
 
 class DlindexWarning(UserWarning):
     """Something the user should know that does not stop the command (shown as one line)."""
+
+
+def did_you_mean(value: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'label'?)`` for a near miss of one of ``choices`` (difflib), else ``""``."""
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -101,9 +101,13 @@ def damaged_error(catalog: str | os.PathLike[str] | None, detail: str) -> Damage
     db = os.fspath(catalog) if catalog is not None else "dlindex.db"
     detail = " ".join(detail.split())  # SQLite may quote a whole damaged CREATE statement: one line
     return DamagedCatalogError(
-        f"catalog {db} is damaged ({detail}); nothing was written. Run: dlindex check --db {db} "
-        "(recovery: docs/reliability.md)"
+        f"catalog {db} is damaged ({detail}); nothing was written. Run: dlindex check --db {db}; " + recovery_hint(db)
     )
+
+
+def recovery_hint(db: str | os.PathLike[str]) -> str:
+    """How to save a damaged catalog's readable rows, in words (the steps: ``dlindex check --help``)."""
+    return f"to recover: dlindex check --db {os.fspath(db)} --recover-to NEW.db (steps: dlindex check --help)"
 
 
 def disk_full_error(

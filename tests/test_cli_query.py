@@ -107,6 +107,11 @@ def test_filters_from_the_command_line(runner: CliRunner, db: Path) -> None:
     [
         (["--label", "cta"], "Error: unknown label 'cta'; did you mean 'cat'?"),
         (["--columns", "id,size"], "Error: unknown column 'size'; choose from: id, path, root,"),
+        (["--columns", "lable"], "Error: unknown column 'lable' (did you mean 'label'?); choose from: id, path,"),
+        (
+            ["--columns", "id,processing_stat"],
+            "Error: unknown column 'processing_stat' (did you mean 'processing_status'?)",
+        ),
         (["--since", "3 parsecs"], "Error: --since '3 parsecs' is neither an ISO date-time"),
         (["--since", "2024-05-02", "--until", "2024-05-01"], "Error: empty time range"),
         (["--limit", str(2**64)], "Error: --limit must be at most 9223372036854775807, not 18446744073709551616"),

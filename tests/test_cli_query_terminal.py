@@ -46,7 +46,10 @@ def terminal(monkeypatch: pytest.MonkeyPatch, width: int = 80) -> io.StringIO:
 
 
 def table_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines() if line.strip()]
+    """The table's header (one entry, however many lines a narrow terminal breaks it into), rule and rows."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    rule = next((k for k, line in enumerate(lines) if line.strip().startswith("─")), 1)
+    return ["\n".join(lines[:rule]), *lines[rule:]]
 
 
 def test_a_terminal_gets_the_first_100_rows_and_a_line_saying_how_many_more(
@@ -59,7 +62,19 @@ def test_a_terminal_gets_the_first_100_rows_and_a_line_saying_how_many_more(
     assert len(lines) == 2 + 100  # header, rule, 100 rows
     assert lines[2].split()[0] == "1" and lines[-1].split()[0] == "100"
     assert result.stderr == "… 150 more rows; use --all or --limit N to print them, or --format jsonl\n"
-    assert max(cell_len(line) for line in lines) <= 80
+    assert max(cell_len(line) for line in out.getvalue().splitlines()) <= 80
+
+
+def test_headers_stay_readable_at_80_columns(runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = terminal(monkeypatch)
+    result = runner.invoke(app, ["query", "--db", str(big), "--limit", "3"])
+    assert result.exit_code == 0, result.output
+    header = table_lines(out.getvalue())[0]
+    assert "…" not in header, header  # every default column's name, not "wid…", "pro…", "pro…"
+    words = header.split()
+    for name in ("id", "path", "label", "width", "height", "status", "processed", "processing", "_status"):
+        assert name in words, header
+    assert max(cell_len(line) for line in out.getvalue().splitlines()) <= 80
 
 
 def test_paths_are_shortened_in_the_middle_to_the_width(
@@ -199,8 +214,8 @@ def _pty_query(db: Path, *args: str, columns: int = 80) -> tuple[float, str, str
 
 def test_on_a_real_terminal(big: Path) -> None:
     _, screen, err = _pty_query(big)
-    plain = [line for line in screen.replace("\x1b[1m", "").replace("\x1b[0m", "").split("\r\n") if line.strip()]
+    plain = table_lines(screen.replace("\x1b[1m", "").replace("\x1b[0m", "").replace("\r\n", "\n"))
     assert len(plain) == 102, screen[:500]
-    assert max(cell_len(line) for line in plain) <= 80
+    assert max(cell_len(line) for block in plain for line in block.splitlines()) <= 80
     assert "/cat/0001.png" in plain[2] and "…" in plain[2]
     assert err == "… 150 more rows; use --all or --limit N to print them, or --format jsonl\n"

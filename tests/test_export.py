@@ -432,10 +432,10 @@ def test_hostile_names_survive_every_format(hostile_db: Path, tmp_path: Path, fm
     result = verify_export(out)
     assert result.ok, result.problems
     index = load_index(out)
-    if fmt in ("wds", "mds"):
-        assert result.samples == 0
+    if fmt == "mds":
+        assert result.samples == 0  # mds shards are checked by size and hash only
     else:
-        assert result.samples == 9  # every manifest path led back to the exact file
+        assert result.samples == 9  # every manifest path led back to the exact file; every wds sample read
     if fmt == "wds":
         names, metas = [], []
         for shard in listed_shards(index):

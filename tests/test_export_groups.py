@@ -166,6 +166,10 @@ def test_group_by_a_labels_column(tmp_path: Path) -> None:
     assert load_index(tmp_path / "g")["options"]["group"] == {"mode": "column", "column": "video", "groups": 5}
     with pytest.raises(ExportError, match=r"^--group-by patient: no sample has that attribute; known: video$"):
         export(db, tmp_path / "bad", split=SPLIT, group_by="patient")
+    with pytest.raises(
+        ExportError, match=r"^--group-by vidoe: no sample has that attribute \(did you mean 'video'\?\)"
+    ):
+        export(db, tmp_path / "bad", split=SPLIT, group_by="vidoe")
 
 
 def test_fractions_stay_close_with_realistic_groups() -> None:

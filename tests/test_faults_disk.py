@@ -342,6 +342,22 @@ cp "$M/hist.npz" "$OUT/hist.npz"
     assert np.load(tmp_path / "hist.npz")["vectors"].shape[0] == 40
 
 
+def test_features_export_when_the_disk_fills_partway(namespace: None, tmp_path: Path, catalog: Path) -> None:
+    # 40 x 96 float32 (15 KiB and more) into 8 KiB of free space: the write fails mid-member
+    out = run_on_tmpfs(tmp_path, f"""
+$DLX features compute --type colorhist --db '{catalog}' -w 1 -q 2>"$OUT/err0"; echo rc0=$?
+fill
+truncate -s -8K "$M/filler"
+$DLX features export --type colorhist "$M/hist.npz" --db '{catalog}' 2>"$OUT/err1"; echo rc1=$?
+ls -a "$M" | grep -c dlx | sed 's/^/temps=/'
+""")  # fmt: skip
+    assert out["rc0"] == "0", (tmp_path / "err0").read_text()
+    assert out["rc1"] == "4", out
+    one_error_line(tmp_path / "err1", "disk full")
+    assert "Exception ignored" not in (tmp_path / "err1").read_text()
+    assert out["temps"] == "0", out
+
+
 def test_index_apply_and_the_advisors_scratch_copy_on_a_full_disk(namespace: None, tmp_path: Path) -> None:
     from .advisor_workload import make_catalog as make_logged
     from .advisor_workload import run_workload, snapshot

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import tracemalloc
 import zipfile
 from pathlib import Path
 
@@ -204,3 +205,42 @@ def test_cli_max_bytes(cats: Path, tmp_path: Path) -> None:
         ["features", "import", "-t", "emb", str(tmp_path / "v.npz"), "--max-bytes", "1MB", "--db", str(cats), "--json"],
     )
     assert ok.exit_code == 0 and json.loads(ok.stdout)["imported"] == 2
+
+
+def test_more_vectors_than_samples_are_refused_before_they_are_inflated(cats: Path, tmp_path: Path) -> None:
+    # 100,000 zero vectors deflate to a few KiB; the catalog has 8 samples, so at most 8 can import
+    ids = np.arange(1, 100_001, dtype=np.int64)
+    np.savez_compressed(tmp_path / "v.npz", ids=ids, vectors=np.zeros((100_000, 64), np.float32))
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps({"id": i, "vector": [0.5]}) + "\n" for i in range(1, 10)))
+    tracemalloc.start()
+    try:
+        refused(cats, tmp_path / "v.npz", "'vectors': 100,000 vectors, but the catalog has 8 samples")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"peak {peak:,} bytes: the 25 MB of vectors were inflated"
+    refused(cats, tmp_path / "v.jsonl", "9 vectors, but the catalog has 8 samples")
+
+
+def test_a_zip_entry_claiming_more_than_its_bytes_can_hold_is_refused(cats: Path, tmp_path: Path) -> None:
+    claimed = npy_bytes("<f4", (8, 1_000_000))  # 32 MB announced, none there
+    data = bytearray(npz_of({"ids.npy": IDS, "vectors.npy": claimed}))
+    entry = data.rindex(b"PK\x01\x02")  # the central directory's entry for vectors.npy
+    data[entry + 24 : entry + 28] = (len(claimed) + 32_000_000).to_bytes(4, "little")
+    (tmp_path / "v.npz").write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        refused(cats, tmp_path / "v.npz", r"its zip entry claims 32,000,\d+ bytes from \d+ compressed")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"peak {peak:,} bytes"
+
+
+def test_a_file_path_with_a_lone_surrogate_is_one_error_line(cats: Path, tmp_path: Path) -> None:
+    (tmp_path / "v.jsonl").write_text('{"file_path": "\\ud800x.png", "vector": [1.0, 2.0]}\n')
+    result = CliRunner().invoke(app, ["features", "import", "-t", "emb", str(tmp_path / "v.jsonl"), "--db", str(cats)])
+    assert result.exit_code == 1 and isinstance(result.exception, (SystemExit, type(None))), result.output
+    assert result.stderr == (
+        f"Error: {tmp_path / 'v.jsonl'}, line 1: \"file_path\" '\\ud800x.png' is no file name (a lone surrogate)\n"
+    )

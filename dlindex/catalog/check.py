@@ -2,7 +2,7 @@
 
 The check opens the file read-only (``mode=ro``, or ``immutable=1`` on read-only storage)
 and never writes, so it can look at a catalog that every other command refuses.
-Recovery steps for what it finds are in docs/reliability.md.
+Recovery steps for what it finds are in ``dlindex check --help`` (and docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
     if is_server_url(path):
         raise InputError(
             "dlindex check reads catalog files; a PostgreSQL catalog is kept whole by its server "
-            "(pg_amcheck, docs/postgres.md)"
+            "(check it with PostgreSQL's pg_amcheck)"
         )
     from dlindex.catalog.sqlite import connect_readonly
     from dlindex.procs import pid_alive

@@ -222,7 +222,7 @@ def merge_catalogs(
     if is_server_url(into) or any(is_server_url(p) for p in parts):
         raise InputError(
             "merge joins part catalog files; on a server catalog the parts of a job write into it "
-            "directly (docs/postgres.md)"
+            "directly, with nothing to merge"
         )
     started = time.perf_counter()
     paths = _check_paths(parts, into)

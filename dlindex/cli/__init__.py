@@ -43,7 +43,8 @@ def build_app(only: str | None = None) -> typer.Typer:
         pretty_exceptions_enable=False,
         no_args_is_help=True,
         add_completion=False,
-        context_settings={"help_option_names": ["-h", "--help"]},
+        context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+        rich_markup_mode=None,
     )
 
     @app.callback()

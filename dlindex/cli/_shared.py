@@ -26,7 +26,7 @@ DbOption = Annotated[
     typer.Option(
         "--db",
         envvar="DLINDEX_DB",
-        help="Catalog: a file, or a postgresql:// URL (docs/postgres.md).",
+        help="Catalog: a file, or a postgresql:// URL (a server catalog; see dlindex postgres --help).",
         show_default="./dlindex.db",
     ),
 ]

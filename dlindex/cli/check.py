@@ -10,6 +10,7 @@ import typer
 from dlindex.catalog.check import CheckReport, check_catalog, recover_catalog
 from dlindex.cli._shared import DbOption, JsonFlag, handle_errors, print_json
 from dlindex.errors import ExitCode
+from dlindex.faults import recovery_hint
 
 
 @handle_errors
@@ -33,6 +34,11 @@ def check(
     """Check a catalog is whole (read-only); exit 1 if anything is wrong.
 
     dlindex check --db train.db || dlindex check --db train.db --recover-to recovered.db
+
+    To recover a damaged catalog: keep a copy of it, run --recover-to NEW (every row still
+    readable goes into NEW, which is then checked; stderr names the tables that lost rows),
+    move NEW into place, and rescan the roots: image rows on lost pages come back, their
+    processed flags and features must be set and computed again.
     """
     path = db if db is not None else _default_db()
     if recover_to is not None:
@@ -63,4 +69,4 @@ def _print(r: CheckReport) -> None:
                f"integrity {r.integrity}, {r.seconds:.2f} s")  # fmt: skip
     for problem in r.problems:
         typer.echo(f"problem: {problem}")
-    typer.echo("healthy" if r.healthy else f"{len(r.problems)} problem(s); recovery: docs/reliability.md")
+    typer.echo("healthy" if r.healthy else f"{len(r.problems)} problem(s); {recovery_hint(r.path)}")

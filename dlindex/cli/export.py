@@ -190,7 +190,7 @@ def export(
         if as_json:
             print_json(result.as_dict())
         elif not quiet:
-            stdout_console.print(f"[bold]checked[/] {out_dir}: {result.files} files, {result.samples} source images")
+            stdout_console.print(f"[bold]checked[/] {out_dir}: {result.summary}")
         for line in result.problems:
             typer.echo(line, err=True)
         if not result.ok:

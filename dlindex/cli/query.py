@@ -49,7 +49,7 @@ def query(
         typer.Option(
             "--columns",
             "-c",
-            help="Comma-separated columns to print (see docs/commands/query.md).",
+            help="Comma-separated columns to print; a name it does not know lists those it does.",
             show_default="id,path,label,width,height,status,processed,processing_status,created_at",
         ),
     ] = None,

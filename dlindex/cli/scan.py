@@ -62,7 +62,8 @@ def scan(
     no_split_folders: Annotated[
         bool,
         typer.Option(
-            "--no-split-folders", help="ROOT/train, ROOT/val... are classes, not split folders (see docs/concepts.md)."
+            "--no-split-folders",
+            help="ROOT/train, ROOT/val... are classes, not split folders (by default they name each sample's split).",
         ),
     ] = False,
     labels: Annotated[

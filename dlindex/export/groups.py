@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from dlindex.errors import did_you_mean
 from dlindex.export.plan import HASH, ID, ExportError, content_point
 
 if TYPE_CHECKING:
@@ -141,7 +142,10 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
         names = attribute_names(catalog)
         if grouping.column not in names:
             known = ", ".join(names) if names else "none (add columns to a scan --labels CSV)"
-            raise ExportError(f"--group-by {grouping.column}: no sample has that attribute; known: {known}")
+            raise ExportError(
+                f"--group-by {grouping.column}: no sample has that attribute{did_you_mean(grouping.column, names)}; "
+                f"known: {known}"
+            )
         values = attribute_values(catalog, grouping.column)
         points = {i: value_point(v) for i, v in values.items()}
         sizes = Counter(values.values())

@@ -40,12 +40,11 @@ def _checksum_ok(head: bytes) -> bool:
     return int(stored, 8) == sum(head[:148]) + 256 + sum(head[156:])
 
 
-def iter_members(
+def iter_headers(
     path: str | os.PathLike[str] | bytes, max_bytes: int | None = None
-) -> Iterator[tuple[bytes, Callable[[], bytes]]]:
-    """(name, read) of each regular member, in order; ``read()`` returns its bytes (call it
-    before the next member, or the member is skipped). Other members (folders, pax headers)
-    are skipped."""
+) -> Iterator[tuple[bytes, bytes, int, Callable[[], bytes]]]:
+    """(header block, name, size, read) of every member, whatever its type, in order;
+    ``read()`` returns its bytes (call it before the next member, or the member is skipped)."""
     shown = os.fsdecode(os.fspath(path))
     fd, total = open_regular(os.fspath(path), max_bytes)
     with os.fdopen(fd, "rb", buffering=1 << 20) as f:
@@ -70,12 +69,6 @@ def iter_members(
                     f"{shown} is truncated: the member at byte {at} claims {size} bytes, {max(total - start, 0)} remain"
                 )
             at = start + padded
-            if head[156] not in (0, 48):  # not a regular file (directories, pax headers)
-                f.seek(at)
-                continue
-            name = head[:100].split(b"\0", 1)[0]
-            if head[257:262] == b"ustar" and head[345] != 0:
-                name = head[345:500].split(b"\0", 1)[0] + b"/" + name
 
             def read(size: int = size) -> bytes:
                 data = f.read(size)
@@ -83,8 +76,32 @@ def iter_members(
                     raise ExportError(f"{shown} is truncated: it shrank while being read")
                 return data
 
-            yield name, read
+            yield head, member_name(head), size, read
             f.seek(at)  # past the member (and its padding) whether or not it was read
+
+
+def member_name(head: bytes) -> bytes:
+    """A member's name: ustar's prefix and name fields joined."""
+    name = head[:100].split(b"\0", 1)[0]
+    if head[257:262] == b"ustar" and head[345] != 0:
+        name = head[345:500].split(b"\0", 1)[0] + b"/" + name
+    return name
+
+
+def is_regular(head: bytes) -> bool:
+    """Whether a header is a regular file's (type '0' or NUL), not a folder, link, device or pax header."""
+    return head[156] in (0, 48)
+
+
+def iter_members(
+    path: str | os.PathLike[str] | bytes, max_bytes: int | None = None
+) -> Iterator[tuple[bytes, Callable[[], bytes]]]:
+    """(name, read) of each regular member, in order; ``read()`` returns its bytes (call it
+    before the next member, or the member is skipped). Other members (folders, pax headers)
+    are skipped."""
+    for head, name, _, read in iter_headers(path, max_bytes):
+        if is_regular(head):
+            yield name, read
 
 
 def iter_tar(

@@ -2,8 +2,9 @@
 
 Every file index.json lists must exist with its size and XXH3-128; every source file a
 manifest (jsonl, csv, parquet, dali) refers to must exist with the hash the catalog had
-when the export was written. Packed formats (wds, mds) carry the image bytes themselves,
-so their shard checksums cover them.
+when the export was written, and each manifest must hold the rows index.json counts. A wds
+export's tars and ids.i64 are read as its readers read them (export.packed); an mds
+export's shards are checked by size and hash only.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import xxhash
 
 from dlindex.export.confine import hash_regular, read_regular, real_inside, resolve_inside
 from dlindex.export.index import listed_shards
+from dlindex.export.packed import check_wds
 from dlindex.export.plan import ExportError
 from dlindex.export.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
 from dlindex.export.validate import listed_bytes
@@ -30,9 +32,18 @@ class VerifyResult:
     out_dir: str
     format: str
     files: int  # shard and index files checked
-    samples: int  # source files checked (manifest formats)
+    samples: int  # source files checked (manifest formats), samples read from the shards (wds)
     problems: tuple[str, ...]
     problem_count: int
+
+    @property
+    def summary(self) -> str:
+        """What was checked, in words."""
+        if self.format == "wds":
+            return f"{self.files} files, {self.samples} samples in the shards"
+        if self.format == "mds":
+            return f"{self.files} files (mds shards: size and checksum only)"
+        return f"{self.files} files, {self.samples} source images"
 
     @property
     def ok(self) -> bool:
@@ -60,23 +71,14 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
 
     listed = [*listed_shards(index), *index.get("files", [])]
     base = os.fsencode(root)
+    failed: set[str] = set()  # files already reported: not read further
     for entry in listed:
-        try:
-            size, digest = hash_regular(resolve_inside(base, entry["file"], what="file"), entry["bytes"])
-        except FileNotFoundError:
-            problem(f"{entry['file']}: missing")
-            continue
-        except ExportError as e:  # outside the export, not a regular file, larger than listed
-            problem(f"{entry['file']}: {e}")
-            continue
-        except OSError as e:
-            problem(f"{entry['file']}: cannot read: {e.strerror}")
-            continue
-        if size != entry["bytes"]:
-            problem(f"{entry['file']}: {size} bytes, index.json says {entry['bytes']}")
-        elif digest != entry["xxh3_128"]:
-            problem(f"{entry['file']}: checksum differs from index.json")
+        text = _check_listed(base, entry)
+        if text is not None:
+            problem(f"{entry['file']}: {text}")
+            failed.add(entry["file"])
     samples = 0
+    claimed = {entry["file"]: entry["samples"] for entry in listed_shards(index)}
     sizes = listed_bytes(listed_shards(index), index.get("files", []))
     file_root = os.fsencode(index["file_root"])
     classes = len(index["labels"])
@@ -85,8 +87,10 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
         if not (root / name).is_file():
             continue  # already reported
         seen: set[bytes] = set()
+        rows = 0
         try:
             for row in manifest_rows(root, name, max_bytes=sizes.get(name), classes=classes, absolute_paths=absolute):
+                rows += 1
                 try:
                     path = source_path(index, row["path"])
                 except ExportError as e:
@@ -101,7 +105,29 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
                     progress(1)
         except ExportError as e:
             problem(str(e))
+            continue
+        if rows != claimed[name]:
+            problem(f"{name}: holds {rows} rows, index.json says {claimed[name]} samples")
+    if index["format"] == "wds":
+        samples = check_wds(root, index, failed, problem)
     return VerifyResult(str(out_dir), index.get("format", "?"), len(listed), samples, tuple(problems), count)
+
+
+def _check_listed(base: bytes, entry: dict[str, Any]) -> str | None:
+    """What is wrong with a file index.json lists (its size, its hash), or None."""
+    try:
+        size, digest = hash_regular(resolve_inside(base, entry["file"], what="file"), entry["bytes"])
+    except FileNotFoundError:
+        return "missing"
+    except ExportError as e:  # outside the export, not a regular file, larger than listed
+        return str(e)
+    except OSError as e:
+        return f"cannot read: {e.strerror}"
+    if size != entry["bytes"]:
+        return f"{size} bytes, index.json says {entry['bytes']}"
+    if digest != entry["xxh3_128"]:
+        return "checksum differs from index.json"
+    return None
 
 
 def _check_source(path: bytes, base: bytes, row: dict[str, Any], problem: Callable[[str], None]) -> None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
 _ALL_IDS = "SELECT id FROM image_metadata ORDER BY id"
+_SAMPLES = "SELECT count(*) FROM image_metadata"
 _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
 _CHUNK = 65_536
@@ -98,7 +99,10 @@ def import_features(
     if existing is not None and dtype is not None and dtype != existing.dtype:
         raise InputError(f"feature type {name!r} stores {existing.dtype}, not {dtype}")
     path = Path(file)
-    loaded = read_import_file(path, ids_file, column, max_bytes)
+    # Each vector needs a sample of its own: a file claiming more is refused from its header,
+    # before its arrays are inflated or decoded.
+    samples = int(catalog.conn.execute(_SAMPLES).fetchone()[0])  # bookkeeping: not in the query log
+    loaded = read_import_file(path, ids_file, column, max_bytes, max_rows=samples)
     keys, vectors = loaded.keys, loaded.vectors  # keys: ids, or paths (a list) to resolve
     if vectors.ndim != 2:
         raise InputError(f"{path}: vectors must be a 2-D array (n x dim), not shape {vectors.shape}")

@@ -8,12 +8,13 @@ and checks the CRC, so an entry that lies cannot inflate further); a Parquet fil
 types and its metadata's row count and uncompressed sizes; JSONL as it streams. The
 ``max_bytes`` cap (``DEFAULT_MAX_BYTES``, ``--max-bytes``) bounds what a reader holds in
 memory; an ``.npy`` of vectors is memory-mapped, so only its header has to be consistent.
+``max_rows`` (the catalog's sample count: each vector needs a sample of its own) bounds the
+rows a file may claim, checked from its header before anything is inflated or decoded.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import lzma
 import math
 import os
@@ -21,8 +22,7 @@ import tokenize
 import zipfile
 import zlib
 from array import array
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,11 +32,15 @@ from numpy.lib import format as npy_format
 
 from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
+from dlindex.features.jsonl import read_jsonl
+from dlindex.features.loaded import Loaded, check_rows, one_line
 
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: 4,000,000 x 512 float32 vectors
 FORMATS = (".npy", ".npz", ".parquet", ".jsonl")
 _MAX_HEADER = 10_000  # numpy's own default limit for .npy headers
-_ROW_OVERHEAD = 160  # bytes a parsed JSONL row costs beyond its values
+# Deflate's best ratio is 1032:1; a zip entry claiming more is lying (zipfile would find out
+# only after the array's buffer was allocated and filled).
+_MAX_DEFLATE_RATIO = 1032
 
 Header = tuple[tuple[int, ...], bool, np.dtype[Any]]  # (shape, fortran order, dtype) of an .npy
 # numpy's stubs leave numpy.lib.format untyped (and without max_header_size): typed here, once.
@@ -49,16 +53,11 @@ _HEADER_READERS: dict[tuple[int, int], Callable[..., Header]] = {
 _read_array: Callable[..., npt.NDArray[Any]] = npy_format.read_array
 
 
-@dataclass(frozen=True)
-class Loaded:
-    """What a file holds: keys (ids, or a list of paths) and an (n, dim) float array."""
-
-    keys: npt.NDArray[np.int64] | list[str]
-    vectors: npt.NDArray[np.floating[Any]]
-
-
-def read_import_file(path: Path, ids_file: str | os.PathLike[str] | None, column: str, max_bytes: int) -> Loaded:
-    """Read and check a file for ``features import``; InputError (one line) if it is unusable."""
+def read_import_file(
+    path: Path, ids_file: str | os.PathLike[str] | None, column: str, max_bytes: int, max_rows: int | None = None
+) -> Loaded:
+    """Read and check a file for ``features import``; InputError (one line) if it is unusable,
+    or claims more than ``max_rows`` vectors."""
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise InputError(f"cannot import {path}: expected one of {', '.join(FORMATS)}")
@@ -72,27 +71,22 @@ def read_import_file(path: Path, ids_file: str | os.PathLike[str] | None, column
         if suffix == ".npy":
             if ids_file is None:
                 raise InputError(f"{path} has no ids: give --ids FILE (one id per line, or an integer .npy)")
-            return _read_npy(path, Path(ids_file), max_bytes)
+            return _read_npy(path, Path(ids_file), max_bytes, max_rows)
         if suffix == ".npz":
             try:
-                return _read_npz(path, max_bytes)
+                return _read_npz(path, max_bytes, max_rows)
             except (
                 RuntimeError,
                 NotImplementedError,
                 zlib.error,
                 lzma.LZMAError,
             ) as e:  # encrypted, odd methods, bad data
-                raise InputError(f"cannot read {path}: {_one_line(e)}") from None
+                raise InputError(f"cannot read {path}: {one_line(e)}") from None
         if suffix == ".parquet":
-            return _read_parquet(path, column, max_bytes)
-        return _read_jsonl(path, column, max_bytes)
+            return _read_parquet(path, column, max_bytes, max_rows)
+        return read_jsonl(path, column, max_bytes, max_rows)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
-        raise InputError(f"cannot read {path}: {_one_line(e)}") from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
-    return text[:300]
+        raise InputError(f"cannot read {path}: {one_line(e)}") from None
 
 
 def _header(f: IO[bytes], where: str) -> Header:
@@ -105,7 +99,7 @@ def _header(f: IO[bytes], where: str) -> Header:
         shape, fortran, dtype = read_header(f, max_header_size=_MAX_HEADER)
     except (ValueError, SyntaxError, TypeError, EOFError, KeyError, RecursionError, tokenize.TokenError) as e:
         # numpy's complaints about a header it cannot parse
-        raise InputError(f"{where}: not a valid .npy header ({_one_line(e)})") from None
+        raise InputError(f"{where}: not a valid .npy header ({one_line(e)})") from None
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise InputError(f"{where}: arrays of {dtype} cannot be imported (plain numbers only)")
     if any(not isinstance(d, int) or d < 0 for d in shape):
@@ -141,13 +135,14 @@ def _check_size(need: int, have: int, max_bytes: int | None, where: str) -> None
         raise InputError(f"{where}: truncated: its header announces {need:,} bytes of data, it holds {have:,}")
 
 
-def _read_npy(path: Path, ids_path: Path, max_bytes: int) -> Loaded:
+def _read_npy(path: Path, ids_path: Path, max_bytes: int, max_rows: int | None) -> Loaded:
     size = path.stat().st_size
     with open(path, "rb") as f:
         shape, _, dtype = _header(f, str(path))
         offset = f.tell()
     _check_vectors_header(shape, dtype, str(path))
     _check_size(_data_bytes(shape, dtype), size - offset, None, str(path))  # memory-mapped: no cap
+    check_rows(shape[0], max_rows, str(path))
     vectors = np.load(path, mmap_mode="r", allow_pickle=False)
     return Loaded(_read_ids(ids_path, shape[0], max_bytes), vectors)
 
@@ -182,7 +177,7 @@ def _read_ids(path: Path, n: int, max_bytes: int) -> npt.NDArray[np.int64]:
                 values.append(value)
         return np.frombuffer(values, dtype=np.int64) if values else np.zeros(0, dtype=np.int64)
     except (OSError, ValueError, EOFError) as e:
-        raise InputError(f"cannot read ids file {path}: {_one_line(e)}") from None
+        raise InputError(f"cannot read ids file {path}: {one_line(e)}") from None
 
 
 def _as_int64(ids: npt.NDArray[np.integer[Any]], where: str) -> npt.NDArray[np.int64]:
@@ -191,7 +186,7 @@ def _as_int64(ids: npt.NDArray[np.integer[Any]], where: str) -> npt.NDArray[np.i
     return ids.astype(np.int64)
 
 
-def _read_npz(path: Path, max_bytes: int) -> Loaded:
+def _read_npz(path: Path, max_bytes: int, max_rows: int | None) -> Loaded:
     with open(path, "rb") as f:
         if f.read(4) not in (b"PK\x03\x04", b"PK\x05\x06"):  # what numpy.load takes for an .npz
             raise InputError(f"{path} is not an .npz file (a zip archive of .npy arrays)")
@@ -210,15 +205,29 @@ def _read_npz(path: Path, max_bytes: int) -> Loaded:
                     f"{where} inflates to {info.file_size:,} bytes, over the import limit of {max_bytes:,} bytes "
                     "in all; raise it with --max-bytes if the file is really meant to be this large"
                 )
+            _check_entry(info, where)
             with archive.open(info) as f:  # stops at file_size and checks the CRC: a lying entry fails
                 assert isinstance(f, io.BufferedIOBase)  # a ZipExtFile: it can readinto a buffer
                 shape, fortran, dtype = _header(f, where)
                 check = _check_vectors_header if name == "vectors" else _check_ids_header
                 check(shape, dtype, where)
                 _check_size(_data_bytes(shape, dtype), info.file_size - f.tell(), max_bytes - total, where)
+                check_rows(shape[0], max_rows, where)  # before its buffer is allocated
                 total += info.file_size
                 arrays[name] = _read_member(f, shape, fortran, dtype, where)
     return Loaded(_as_int64(arrays["ids"], f"{path}: 'ids'"), arrays["vectors"])
+
+
+def _check_entry(info: zipfile.ZipInfo, where: str) -> None:
+    """A zip entry's sizes must be possible: stored bytes as many as they inflate to, deflated
+    ones at most 1032 times as many (checked before a buffer of the claimed size is allocated)."""
+    stored = info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size
+    deflated = info.compress_type == zipfile.ZIP_DEFLATED and info.file_size > _MAX_DEFLATE_RATIO * info.compress_size
+    if stored or deflated:
+        raise InputError(
+            f"{where}: its zip entry claims {info.file_size:,} bytes from {info.compress_size:,} compressed; "
+            "the file is damaged"
+        )
 
 
 def _read_member(
@@ -237,19 +246,19 @@ def _read_member(
     return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
 
 
-def _read_parquet(path: Path, column: str, max_bytes: int) -> Loaded:
+def _read_parquet(path: Path, column: str, max_bytes: int, max_rows: int | None) -> Loaded:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
         raise InputError("reading Parquet needs pyarrow: pip install 'dlindex[parquet]'") from None
     try:
-        return _parquet(pa, pq, path, column, max_bytes)
+        return _parquet(pa, pq, path, column, max_bytes, max_rows)
     except (pa.ArrowException, MemoryError) as e:  # a damaged file, or one whose pages lie about their sizes
-        raise InputError(f"cannot read {path}: {_one_line(e)}") from None
+        raise InputError(f"cannot read {path}: {one_line(e)}") from None
 
 
-def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loaded:
+def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int, max_rows: int | None) -> Loaded:
     parquet = pq.ParquetFile(path)
     schema = parquet.schema_arrow
     names = schema.names
@@ -270,6 +279,7 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
             f"{path}: column {column!r} holds {vector_type.value_type}; expected float16, float32 or float64"
         )
     meta = parquet.metadata
+    check_rows(meta.num_rows, max_rows, str(path))
     # Decoded sizes from the metadata (the byte sizes there are of encoded pages, which
     # run-length encoding makes tiny): leaf values of the vector column, 8 bytes a row of keys.
     itemsize = vector_type.value_type.bit_width // 8
@@ -326,60 +336,3 @@ def _parquet(pa: Any, pq: Any, path: Path, column: str, max_bytes: int) -> Loade
         raise InputError(f"{path} holds no vectors")
     all_keys = np.concatenate(id_blocks) if key == "id" else paths
     return Loaded(all_keys, np.concatenate(blocks))
-
-
-def _read_jsonl(path: Path, column: str, max_bytes: int) -> Loaded:
-    keys: list[Any] = []
-    rows: list[npt.NDArray[np.float64]] = []
-    by_path: bool | None = None
-    held = 0
-    with open(path, "rb") as f:
-        for number, line in enumerate(_lines(f, max_bytes, path), start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except (ValueError, RecursionError) as e:
-                raise InputError(f"{path}, line {number}: not valid JSON ({_one_line(e)})") from None
-            if not isinstance(obj, dict) or column not in obj or ("id" not in obj and "file_path" not in obj):
-                raise InputError(f'{path}, line {number}: expected an object with "id" or "file_path" and {column!r}')
-            this_by_path = "id" not in obj
-            if by_path is not None and this_by_path != by_path:
-                raise InputError(f'{path}, line {number}: mixes "id" and "file_path" keys')
-            by_path = this_by_path
-            key = obj["file_path"] if by_path else obj["id"]
-            if by_path and (not isinstance(key, str) or not key):
-                raise InputError(f'{path}, line {number}: "file_path" must be a non-empty string')
-            if not by_path and (not isinstance(key, int) or isinstance(key, bool) or not INT64_MIN <= key <= INT64_MAX):
-                raise InputError(f'{path}, line {number}: "id" must be a 64-bit integer, not {str(key)[:40]}')
-            vector = obj[column]
-            if not isinstance(vector, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in vector
-            ):
-                raise InputError(f"{path}, line {number}: {column!r} must be a list of numbers")
-            if rows and len(vector) != len(rows[0]):
-                raise InputError(f"{path}, line {number}: {len(vector)} values, line 1 has {len(rows[0])}")
-            try:
-                row = np.array(vector, dtype=np.float64)
-            except OverflowError:  # an integer too large for a float
-                raise InputError(f"{path}, line {number}: a value of {column!r} is too large") from None
-            held += row.nbytes + _ROW_OVERHEAD
-            if held > max_bytes:
-                raise InputError(f"{path}: decodes to more than the import limit of {max_bytes:,} bytes")
-            keys.append(key)
-            rows.append(row)
-    if not rows or not rows[0].size:
-        raise InputError(f"{path} holds no vectors")
-    return Loaded(keys if by_path else np.asarray(keys, dtype=np.int64), np.stack(rows))
-
-
-def _lines(f: IO[bytes], max_bytes: int, path: Path) -> Iterator[bytes]:
-    """Lines of a binary file, none longer than ``max_bytes`` (a line is held whole)."""
-    limit = max(1, min(max_bytes, 1 << 30))
-    while True:
-        line = f.readline(limit + 1)
-        if not line:
-            return
-        if len(line) > limit and not line.endswith(b"\n"):
-            raise InputError(f"{path}: a line is longer than {limit:,} bytes")
-        yield line

@@ -10,12 +10,15 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
+import numpy.typing as npt
+from numpy.lib import format as npy_format
 
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state, tempfiles
@@ -40,6 +43,8 @@ _IMAGE = (
     "SELECT image_metadata.id, labels.name, image_metadata.status, image_metadata.processing_status "
     "FROM image_metadata LEFT JOIN labels ON labels.id = image_metadata.label_id WHERE image_metadata.id = ?"
 )
+# numpy's stubs leave numpy.lib.format untyped: typed here, once.
+_write_array: Callable[..., None] = npy_format.write_array
 
 
 @dataclass(frozen=True)
@@ -236,7 +241,7 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
         fd, tmp = tempfiles.create(target)
         try:
             with os.fdopen(fd, "wb") as f:
-                np.savez(f, ids=ids, vectors=vectors)
+                _write_npz(f, {"ids": ids, "vectors": vectors})
             os.replace(tmp, target)  # a reader never sees half a file
         except BaseException:
             with contextlib.suppress(OSError):
@@ -250,6 +255,15 @@ def export_features(catalog: Catalog, name: str, out: str | os.PathLike[str]) ->
         name, os.fspath(target), int(ids.size), int(ftype.dim or 0), ftype.dtype, target.stat().st_size,
         round(time.perf_counter() - started, 3),
     )  # fmt: skip
+
+
+def _write_npz(f: BinaryIO, arrays: dict[str, npt.NDArray[Any]]) -> None:
+    """What ``np.savez`` writes, with the archive closed when a write fails: np.savez leaves
+    it open, and its ``__del__`` later prints a traceback (a disk full mid-file)."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                _write_array(member, array, allow_pickle=False)
 
 
 def vector_ids(catalog: Catalog, feature_type: str) -> Ids:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN, rollback
-from dlindex.errors import InputError, UsageError
+from dlindex.errors import InputError, UsageError, did_you_mean
 from dlindex.query.spec import PROCESSING_FILTERS, STATUSES
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ def _not_a_processing_status(value: str) -> str:
         return (
             f"{value!r} is a scan status, which only scan sets; {sets}; mark --exclude leaves samples out of training"
         )
-    return f"unknown processing status {value[:40]!r}; {sets}"
+    return f"unknown processing status {value[:40]!r}{did_you_mean(value, PROCESSING_FILTERS)}; {sets}"
 
 
 def _unknown(tx: Any, staged_ids: int, staged_paths: int) -> Iterator[str]:

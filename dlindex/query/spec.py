@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dlindex.catalog.sqlite import INT64_MAX
-from dlindex.errors import InputError, UsageError
+from dlindex.errors import InputError, UsageError, did_you_mean
 
 # Two columns, two vocabularies: scan's verdict on the file (status) and what mark records
 # about its processing (processing_status; "none" selects rows mark never set).
@@ -127,7 +127,8 @@ def _status_mix(option: str, value: object) -> str:
         return f"{value!r} is a processing status, not a scan status: use --processing-status {value} ({both})"
     if option == "--processing-status" and value in STATUSES:
         return f"{value!r} is a scan status, not a processing status: use --status {value} ({both})"
-    return f"unknown {option} {str(value)[:40]!r}: {both}"
+    choices = STATUSES if option == "--status" else PROCESSING_FILTERS
+    return f"unknown {option} {str(value)[:40]!r}{did_you_mean(str(value), choices)}: {both}"
 
 
 def check_columns(columns: Sequence[str]) -> tuple[str, ...]:
@@ -135,7 +136,9 @@ def check_columns(columns: Sequence[str]) -> tuple[str, ...]:
         raise InputError(f"no columns asked for; choose from: {', '.join(COLUMNS)}")
     for column in columns:
         if column not in COLUMNS:
-            raise InputError(f"unknown column {column!r}; choose from: {', '.join(COLUMNS)}")
+            raise InputError(
+                f"unknown column {column!r}{did_you_mean(column, COLUMNS)}; choose from: {', '.join(COLUMNS)}"
+            )
     return tuple(dict.fromkeys(columns))
 
 
