@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
-from dlindex.catalog.connection import open_catalog
+from dlindex.catalog.connection import Catalog
 from dlindex.cli._shared import (
     AddressOption,
     DbOption,
     Engine,
     EngineOption,
     JsonFlag,
+    NoLogFlag,
     QuietFlag,
     RayTasksOption,
     ShardOption,
@@ -93,6 +94,7 @@ def scan(
     ray_tasks: RayTasksOption = 0,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
+    no_log: NoLogFlag = False,
 ) -> None:
     """Index an image tree into the catalog (incremental, parallel).
 
@@ -125,7 +127,7 @@ def scan(
                 "--address names a Ray cluster: give --engine ray with it", param_hint="'--address'"
             )
         with (
-            open_catalog(db, create=True) as catalog,
+            Catalog(db, create=True, log=not no_log) as catalog,
             progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update,
         ):
             summary = scan_tree(catalog, root, options, progress=update)
