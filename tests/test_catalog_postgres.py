@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.dialect import element_type, translate
+from dlindex.catalog.migrations import LATEST_VERSION
 from dlindex.catalog.postgres import is_server_url, redact
 from dlindex.errors import CatalogError, InputError
 
@@ -119,7 +120,9 @@ def test_scan_creates_the_schema_once_under_the_lock(pg_url: str, tmp_path: Path
     procs = [subprocess.Popen([sys.executable, "-c", code, pg_url], stderr=subprocess.PIPE) for _ in range(4)]
     assert [p.wait(timeout=60) for p in procs] == [0] * 4, [p.stderr.read() for p in procs if p.stderr]
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT application, version FROM dlindex_schema").fetchall() == [("dlindex", 11)]
+        assert conn.execute("SELECT application, version FROM dlindex_schema").fetchall() == [
+            ("dlindex", LATEST_VERSION)
+        ]
 
 
 def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
@@ -239,6 +242,20 @@ def test_another_schema_version_is_refused_untouched(pg_url: str, tmp_path: Path
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT counter FROM catalog_changes").fetchone() == before
         assert conn.execute("SELECT count(*) FROM image_metadata WHERE processed = 1").fetchone()[0] == 0
+
+
+def test_a_version_11_catalog_gets_the_file_identity_columns_keeping_its_rows(pg_url: str, tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "tree", 4)
+    invoke(CliRunner(), "scan", str(root), "--db", pg_url, "--quiet")
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the catalog as schema 11 made it
+        conn.execute("ALTER TABLE image_metadata DROP COLUMN inode, DROP COLUMN ctime_ns")
+        conn.execute("UPDATE dlindex_schema SET version = 11")
+    again = invoke(CliRunner(), "scan", str(root), "--db", pg_url, "--json")
+    assert again.exit_code == 0, again.output
+    assert '"unchanged": 4' in again.stdout
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT version FROM dlindex_schema").fetchone() == (LATEST_VERSION,)
+        assert conn.execute("SELECT count(*) FROM image_metadata WHERE inode IS NOT NULL").fetchone() == (4,)
 
 
 def test_a_database_of_someone_else_is_left_alone(pg_url: str, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from dlindex.errors import CatalogError, InputError
 # What a sample row says, besides its key (root path, file path) and its id and time stamps.
 _CONTENT = (
     "file_path_bytes", "label", "width", "height", "format", "mode", "bytes", "mtime_ns", "xxh3_128", "status",
-    "error", "warning", "processed", "processing_status", "split", "pixel_limit",
+    "error", "warning", "processed", "processing_status", "split", "pixel_limit", "inode", "ctime_ns",
 )  # fmt: skip
 _TARGET_CONTENT = {"label": "tl.name"}  # the rest are columns of image_metadata as they are
 

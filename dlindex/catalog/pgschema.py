@@ -199,7 +199,12 @@ SCHEMA_V11 = (
 
 # (version reached, statements): a new catalog runs them in order; a later schema change is
 # a new entry, applied under the migration lock like SQLite's MIGRATIONS.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11),)
+# 12: SQLite's m012_file_identity (INTEGER is BIGINT here).
+SCHEMA_V12 = (
+    "ALTER TABLE image_metadata ADD COLUMN inode BIGINT",
+    "ALTER TABLE image_metadata ADD COLUMN ctime_ns BIGINT",
+)
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12))
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
 # Every table's primary key: what SQLite's INSERT OR REPLACE replaces on.

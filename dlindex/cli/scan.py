@@ -86,7 +86,12 @@ def scan(
     prune: Annotated[
         bool, typer.Option("--prune", help="Delete rows of files gone from disk instead of marking them missing.")
     ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Re-probe every file, even unchanged ones.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Re-read every file, even unchanged ones (those found the same count as re-read)."
+        ),
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
     shard: ShardOption = None,
     engine: EngineOption = Engine.local,
@@ -154,7 +159,8 @@ def print_summary(s: ScanSummary) -> None:
     stdout_console.print(
         f"[bold]scanned[/] {s.root}\n"
         f"  seen {s.seen}  new {s.new}  changed {s.changed}  unchanged {s.unchanged}  "
-        f"missing {s.missing}\n"
+        + (f"re-read {s.reread}  " if s.reread else "")
+        + f"missing {s.missing}\n"
         f"  corrupt {s.corrupt}  skipped {s.skipped}  errors {s.errors}"
         + (f"  relabeled {s.relabeled}" if s.relabeled else "")
         + (f"  pruned {s.pruned}" if s.pruned else "")
