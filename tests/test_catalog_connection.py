@@ -187,12 +187,13 @@ def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> N
     assert not any(t.name == "dlindex-writeback" for t in threading.enumerate())
 
 
-def test_version_11_catalog_gets_the_file_identity_columns_keeping_its_rows(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import MIGRATIONS, m012_file_identity
+def test_version_11_catalog_gets_the_file_keys_keeping_its_rows(tmp_path: Path) -> None:
+    from dlindex.catalog.migrations import MIGRATIONS, m012_file_keys
+    from dlindex.catalog.paths import path_hash
 
     db = tmp_path / "v11.db"
     conn = sqlite3.connect(db, isolation_level=None)
-    for migration in MIGRATIONS[: MIGRATIONS.index(m012_file_identity)]:
+    for migration in MIGRATIONS[: MIGRATIONS.index(m012_file_keys)]:
         migration(conn)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute("PRAGMA user_version = 11")
@@ -201,5 +202,7 @@ def test_version_11_catalog_gets_the_file_identity_columns_keeping_its_rows(tmp_
     conn.close()
     with Catalog(db) as catalog:
         assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
-        found = catalog.conn.execute("SELECT file_path, bytes, mtime_ns, inode, ctime_ns FROM image_metadata")
-        assert found.fetchall() == [("a.png", 3, 4, None, None)]
+        found = catalog.conn.execute(
+            "SELECT file_path, bytes, mtime_ns, inode, ctime_ns, path_hash FROM image_metadata"
+        )
+        assert found.fetchall() == [("a.png", 3, 4, None, None, path_hash("a.png"))]

@@ -388,24 +388,31 @@ def m011_shard_runs(conn: sqlite3.Connection) -> None:
     )
 
 
-def m012_file_identity(conn: sqlite3.Connection) -> None:
-    # The inode and ctime a file had when it was read: a replacement of the same size and
-    # mtime (cp -p, rsync -a, tar x) changes them, so a scan reads it again. Rows judged
-    # before this column existed get them from the next scan's lstat (docs/commands/scan.md).
+def m012_file_keys(conn: sqlite3.Connection) -> None:
+    # inode and ctime_ns: a file's identity when it was read. A replacement of the same size
+    # and mtime (cp -p, rsync -a, tar x) changes them, so a scan reads it again; rows judged
+    # before get them from the next scan's lstat (docs/commands/scan.md).
+    # path_hash: what a seeded sample ranks rows by, so that it follows from the tree, not
+    # from the ids a scan's timing gave (docs/commands/query.md).
+    from dlindex.catalog.paths import path_hash
+
     for statement in _M012_COLUMNS:
         conn.execute(statement)
+    conn.create_function("dlindex_path_hash", 1, path_hash, deterministic=True)
+    conn.execute("UPDATE image_metadata SET path_hash = dlindex_path_hash(file_path)")
 
 
 _M012_COLUMNS = (
     "ALTER TABLE image_metadata ADD COLUMN inode INTEGER",
     "ALTER TABLE image_metadata ADD COLUMN ctime_ns INTEGER",
+    "ALTER TABLE image_metadata ADD COLUMN path_hash INTEGER",
 )
 
 
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
-    m011_shard_runs, m012_file_identity,
+    m011_shard_runs, m012_file_keys,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -199,10 +199,12 @@ SCHEMA_V11 = (
 
 # (version reached, statements): a new catalog runs them in order; a later schema change is
 # a new entry, applied under the migration lock like SQLite's MIGRATIONS.
-# 12: SQLite's m012_file_identity (INTEGER is BIGINT here).
+# 12: SQLite's m012_file_keys (INTEGER is BIGINT here); path_hash as dlindex.catalog.paths computes it.
 SCHEMA_V12 = (
     "ALTER TABLE image_metadata ADD COLUMN inode BIGINT",
     "ALTER TABLE image_metadata ADD COLUMN ctime_ns BIGINT",
+    "ALTER TABLE image_metadata ADD COLUMN path_hash BIGINT",
+    "UPDATE image_metadata SET path_hash = ('x' || substr(md5(file_path), 1, 15))::bit(60)::bigint",
 )
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = ((11, SCHEMA_V11), (12, SCHEMA_V12))
 LATEST_PG_VERSION = MIGRATIONS[-1][0]

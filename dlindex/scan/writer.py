@@ -15,6 +15,7 @@ from contextlib import suppress
 from typing import Any
 
 from dlindex.catalog.connection import Catalog
+from dlindex.catalog.paths import path_hash
 from dlindex.errors import DlindexError
 from dlindex.procs import pid_alive
 from dlindex.scan.diff import ToProbe
@@ -23,10 +24,12 @@ from dlindex.scan.probe import Probe
 _COLUMNS = (
     "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "mode", "bytes",
     "mtime_ns", "xxh3_128", "status", "error", "warning", "split", "pixel_limit", "inode", "ctime_ns",
+    "path_hash",
 )  # fmt: skip
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
-        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit, inode, ctime_ns)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit, inode, ctime_ns,
+        path_hash)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = (
     _INSERT
     + """
@@ -117,7 +120,7 @@ class BatchWriter:
                     row = (
                         self.root_id, p.key, item.raw, label_id[item.label], p.width, p.height,
                         p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning, item.split,
-                        p.pixel_limit, p.inode, p.ctime_ns,
+                        p.pixel_limit, p.inode, p.ctime_ns, path_hash(p.key),
                     )  # fmt: skip
                     (new if item.known_id is None else changed).append(row)
                 relabels = [(label_id[name], split, row_id) for row_id, name, split in self.relabel]
