@@ -287,6 +287,8 @@ def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     conn.execute("DROP TABLE sample_attributes")
     conn.execute("DROP TABLE shard_runs")  # schema 11's, made again on the way up
+    for column in ("inode", "ctime_ns", "path_hash"):  # schema 12's
+        conn.execute(f"ALTER TABLE image_metadata DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()

@@ -17,6 +17,7 @@ from typing import Any
 
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
 from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.roots import unreachable_roots
 from dlindex.errors import CatalogError, InputError
 
 # The tables each schema version brought and the version that dropped them (None: kept); a
@@ -154,6 +155,11 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
                 images = int(conn.execute(_COUNT_IMAGES).fetchone()[0])
             except sqlite3.DatabaseError as e:
                 problems.append(f"cannot count image rows: {e}")
+            if "roots" in tables:
+                try:
+                    problems.extend(unreachable_roots(conn.execute))
+                except sqlite3.DatabaseError as e:
+                    problems.append(f"cannot read roots: {e}")
         return report(
             schema_version=version, integrity="ok" if not integrity else "problems", images=images,
             orphans=orphans, interrupted_scans=tuple(dead),
