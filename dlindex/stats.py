@@ -10,7 +10,7 @@ from typing import Any
 from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.dialect import postgres_form
-from dlindex.catalog.roots import unreachable_roots
+from dlindex.catalog.reachable import unreachable_roots
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
 _PROCESSED = "SELECT processed, count(*) FROM image_metadata WHERE status != 'missing' GROUP BY processed"

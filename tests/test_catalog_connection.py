@@ -188,8 +188,7 @@ def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> N
 
 
 def test_version_11_catalog_gets_the_file_keys_keeping_its_rows(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import MIGRATIONS, m012_file_keys
-    from dlindex.catalog.paths import path_hash
+    from dlindex.catalog.migrations import MIGRATIONS, m012_file_keys, path_hash
 
     db = tmp_path / "v11.db"
     conn = sqlite3.connect(db, isolation_level=None)

@@ -21,8 +21,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.dialect import element_type, translate
-from dlindex.catalog.migrations import LATEST_VERSION
-from dlindex.catalog.paths import path_hash
+from dlindex.catalog.migrations import LATEST_VERSION, path_hash
 from dlindex.catalog.postgres import is_server_url, redact
 from dlindex.errors import CatalogError, InputError
 

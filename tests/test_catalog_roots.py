@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, InputError, ScanOptions, scan_tree
-from dlindex.catalog.roots import list_roots, move_root, unreachable_roots
+from dlindex.catalog.reachable import unreachable_roots
+from dlindex.catalog.roots import list_roots, move_root
 from dlindex.export import ExportOptions, export_catalog, verify_export
 
 from .backends import ON_BOTH_BACKENDS, where

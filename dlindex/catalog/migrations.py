@@ -8,6 +8,7 @@ appended to ``MIGRATIONS``.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from collections.abc import Callable, Iterable
 from contextlib import suppress
@@ -394,12 +395,19 @@ def m012_file_keys(conn: sqlite3.Connection) -> None:
     # before get them from the next scan's lstat (docs/commands/scan.md).
     # path_hash: what a seeded sample ranks rows by, so that it follows from the tree, not
     # from the ids a scan's timing gave (docs/commands/query.md).
-    from dlindex.catalog.paths import path_hash
-
     for statement in _M012_COLUMNS:
         conn.execute(statement)
     conn.create_function("dlindex_path_hash", 1, path_hash, deterministic=True)
     conn.execute("UPDATE image_metadata SET path_hash = dlindex_path_hash(file_path)")
+
+
+def path_hash(file_path: str) -> int:
+    """The ``path_hash`` column: the first 60 bits of the MD5 of ``file_path`` (UTF-8).
+
+    A seeded sample ranks rows by it (dlindex.query.rows), so the sample of a tree is the same
+    whatever ids its rows got. pgschema.SCHEMA_V12 computes the same number in SQL.
+    """
+    return int(hashlib.md5(file_path.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()[:15], 16)
 
 
 _M012_COLUMNS = (

@@ -12,7 +12,6 @@ path names", is the rule in prose.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -171,12 +170,3 @@ def _ids_of_keys(catalog: Catalog, keys: Sequence[tuple[int | None, str]]) -> li
             at = start + int(at)
             found[at] = int(image_id) if found[at] == UNKNOWN else AMBIGUOUS
     return found
-
-
-def path_hash(file_path: str) -> int:
-    """The ``path_hash`` column: the first 60 bits of the MD5 of ``file_path`` (UTF-8).
-
-    A seeded sample ranks rows by it (dlindex.query.rows), so the sample of a tree is the same
-    whatever ids its rows got. pgschema.SCHEMA_V12 computes the same number in SQL.
-    """
-    return int(hashlib.md5(file_path.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()[:15], 16)

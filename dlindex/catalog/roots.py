@@ -13,7 +13,7 @@ with the size the catalog has, so a typo or a different tree is refused, not rec
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from dlindex.errors import InputError
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-__all__ = ["MovedRoot", "RootInfo", "list_roots", "move_root", "unreachable_roots"]
+__all__ = ["MovedRoot", "RootInfo", "list_roots", "move_root"]
 
 _LIST = (
     "SELECT roots.id, roots.path, roots.path_bytes, count(image_metadata.id), "
@@ -35,15 +35,6 @@ _ROOTS = "SELECT id, path, path_bytes FROM roots"
 _SAMPLE = (
     "SELECT file_path, file_path_bytes, bytes FROM image_metadata "
     "WHERE root_id = :root AND status = 'ok' ORDER BY (id * 2654435761) % 4294967296 LIMIT :limit"
-)
-# A few present files from each end of the root's key range: two reads of the unique index.
-_FIRST_FILES = (
-    "SELECT file_path, file_path_bytes FROM image_metadata WHERE root_id = :root AND status != 'missing' "
-    "ORDER BY file_path LIMIT 3"
-)
-_LAST_FILES = (
-    "SELECT file_path, file_path_bytes FROM image_metadata WHERE root_id = :root AND status != 'missing' "
-    "ORDER BY file_path DESC LIMIT 3"
 )
 _MOVE = "UPDATE roots SET path = :path, path_bytes = :raw WHERE id = :root"
 _TAKEN = "SELECT id FROM roots WHERE path = :path"
@@ -133,37 +124,3 @@ def _find_root(catalog: Catalog, given: str | os.PathLike[str] | bytes) -> tuple
             return ident, path
     known = ", ".join(display_name(p)[0] for p in roots.values()) or "none"
     raise InputError(f"{os.fsdecode(raw)!r} is not a root of this catalog (roots: {known}); see dlindex roots")
-
-
-Reader = Callable[[str, dict[str, Any]], Iterable[tuple[Any, ...]]]
-
-
-def unreachable_roots(read: Reader) -> list[str]:
-    """One line per root whose tree is not where the catalog says: its folder is gone, or none
-    of a few of its catalogued files (from both ends of the tree) is there (an unmounted or
-    moved tree). Cheap: two index reads and up to six stat calls per root.
-
-    Args:
-        read: runs a statement with named parameters (``Catalog.read``, ``sqlite3.Connection.execute``).
-    """
-    found = []
-    for ident, text, raw in list(read(_ROOTS, {})):
-        sample = {
-            bytes(name_raw) if name_raw is not None else os.fsencode(name)
-            for query in (_FIRST_FILES, _LAST_FILES)
-            for name, name_raw in read(query, {"root": ident})
-        }
-        if not sample:
-            continue  # nothing catalogued as present: nothing to miss
-        root = root_path(text, raw).rstrip(b"/") + b"/"
-        if not os.path.isdir(root):
-            found.append(
-                f"root {text} is missing (moved or unmounted?) while the catalog has files under it; "
-                f"mount it, or record a move with dlindex roots move {text} NEW"
-            )
-        elif not any(os.path.lexists(root + name) for name in sample):
-            found.append(
-                f"root {text} holds none of {len(sample)} catalogued files looked for (unmounted, emptied "
-                "or replaced?); mount it, or rescan it if the files were deleted"
-            )
-    return found

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, has_presplit_root
 from dlindex.catalog.migrations import schema_version
-from dlindex.catalog.roots import unreachable_roots
+from dlindex.catalog.reachable import unreachable_roots
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import hash_file, packable
