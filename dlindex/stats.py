@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 from contextlib import suppress
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.dialect import postgres_form
+from dlindex.catalog.reachable import unreachable_roots
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
 _PROCESSED = "SELECT processed, count(*) FROM image_metadata WHERE status != 'missing' GROUP BY processed"
@@ -76,6 +77,8 @@ class CatalogStats:
     roots: list[dict[str, Any]]
     last_scans: list[dict[str, Any]]
     catalog_backend: str = "sqlite"  # or "postgresql" (a server catalog)
+    # A root that is gone or holds none of a few of its files: moved or unmounted (one line each).
+    root_problems: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +113,7 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
         roots=[dict(zip(("id", "path", "added_at"), row, strict=True)) for row in read(_ROOTS)],
         last_scans=[dict(zip(_LAST_SCANS_KEYS, row, strict=True)) for row in read(_LAST_SCANS, (scans,))],
+        root_problems=unreachable_roots(read),
     )
 
 

@@ -161,18 +161,24 @@ def schema_before(location: Location, migration: Any) -> None:
     ``dlindex.catalog.migrations``), as the dlindex of that version left it: every column that
     migration and the later ones added is dropped, the version set back. The next open
     migrates it forward again."""
-    import re
-
     from dlindex.catalog.migrations import MIGRATIONS
-    from dlindex.catalog.pgschema import MIGRATIONS as PG_MIGRATIONS
 
     version = MIGRATIONS.index(migration)
-    added = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
-    columns = [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := added.match(s))]
     with raw(location) as conn:
-        for table, column in columns:
+        for table, column in columns_added_after(version):
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         if is_server(location):
             conn.execute("UPDATE dlindex_schema SET version = ?", (version,))
         else:
             conn.execute(f"PRAGMA user_version = {version}")
+
+
+def columns_added_after(version: int) -> list[tuple[str, str]]:
+    """(table, column) of every column a schema step past ``version`` added (read from the server
+    schema's steps, which spell out the same columns as SQLite's migrations)."""
+    import re
+
+    from dlindex.catalog.pgschema import MIGRATIONS as PG_MIGRATIONS
+
+    added = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
+    return [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := added.match(s))]  # type: ignore[misc]

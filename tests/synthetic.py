@@ -30,6 +30,17 @@ def stamp(hours_ago: float) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S")
 
 
+def present_root(folder: Path, rows: list[Row]) -> str:
+    """A real root for ``make_catalog(..., root=...)``: an empty file at each row's path, so that
+    check, stats and manifest exports find the tree there (they look for a few of its files)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.label] = counts.get(r.label, 0) + 1
+        (folder / r.label).mkdir(parents=True, exist_ok=True)
+        (folder / r.label / f"{counts[r.label]:04d}.png").touch()
+    return str(folder)
+
+
 def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
     """A catalog whose image rows have ids 1..len(rows), in order, under one root; its location."""
     location = where(path)

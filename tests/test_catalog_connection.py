@@ -185,3 +185,23 @@ def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> N
             assert catalog.conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
         assert catalog.conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
     assert not any(t.name == "dlindex-writeback" for t in threading.enumerate())
+
+
+def test_version_11_catalog_gets_the_file_keys_keeping_its_rows(tmp_path: Path) -> None:
+    from dlindex.catalog.migrations import MIGRATIONS, m015_file_keys, path_hash
+
+    db = tmp_path / "v11.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    for migration in MIGRATIONS[: MIGRATIONS.index(m015_file_keys)]:
+        migration(conn)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute("PRAGMA user_version = 11")
+    conn.execute("INSERT INTO roots (path) VALUES ('/r')")
+    conn.execute("INSERT INTO image_metadata (root_id, file_path, bytes, mtime_ns) VALUES (1, 'a.png', 3, 4)")
+    conn.close()
+    with Catalog(db) as catalog:
+        assert catalog.conn.execute("PRAGMA user_version").fetchone()[0] == LATEST_VERSION
+        found = catalog.conn.execute(
+            "SELECT file_path, bytes, mtime_ns, inode, ctime_ns, path_hash FROM image_metadata"
+        )
+        assert found.fetchall() == [("a.png", 3, 4, None, None, path_hash("a.png"))]

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.dialect import element_type, translate
-from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token
+from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token, path_hash
 from dlindex.catalog.postgres import is_server_url, redact
 from dlindex.errors import CatalogError, InputError
 
@@ -243,6 +243,23 @@ def test_another_schema_version_is_refused_untouched(pg_url: str, tmp_path: Path
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT counter FROM catalog_changes").fetchone() == before
         assert conn.execute("SELECT count(*) FROM image_metadata WHERE processed = 1").fetchone()[0] == 0
+
+
+def test_a_version_11_catalog_gets_the_file_keys_keeping_its_rows(pg_url: str, tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "tree", 4)
+    Image.new("L", (2, 2)).save(root / "c0" / "caf\u00e9 \u732b.png")  # path_hash hashes UTF-8
+    invoke(CliRunner(), "scan", str(root), "--db", pg_url, "--quiet")
+    with psycopg.connect(pg_url, autocommit=True) as conn:  # the catalog as schema 11 made it
+        conn.execute("ALTER TABLE image_metadata DROP COLUMN inode, DROP COLUMN ctime_ns, DROP COLUMN path_hash")
+        conn.execute("UPDATE dlindex_schema SET version = 11")
+    again = invoke(CliRunner(), "scan", str(root), "--db", pg_url, "--json")
+    assert again.exit_code == 0, again.output
+    assert '"unchanged": 5' in again.stdout
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT version FROM dlindex_schema").fetchone() == (LATEST_VERSION,)
+        found = conn.execute("SELECT file_path, path_hash, inode FROM image_metadata").fetchall()
+    assert len(found) == 5 and all(inode is not None for _, _, inode in found)
+    assert {key: value for key, value, _ in found} == {key: path_hash(key) for key, _, _ in found}
 
 
 def test_a_database_of_someone_else_is_left_alone(pg_url: str, tmp_path: Path) -> None:

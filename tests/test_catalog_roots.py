@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from dlindex import Catalog, InputError, ScanOptions, scan_tree
+from dlindex.catalog.reachable import unreachable_roots
 from dlindex.catalog.roots import list_roots, move_root
 from dlindex.export import ExportOptions, export_catalog, verify_export
 
@@ -68,3 +70,38 @@ def test_another_roots_path_is_refused(tmp_path: Path) -> None:
             scan_tree(catalog, tmp_path / name, ScanOptions(workers=1))
     with Catalog(db) as catalog, pytest.raises(InputError, match="already root"):
         move_root(catalog, tmp_path / "one", tmp_path / "two")
+
+
+def test_a_moved_or_unmounted_root_is_noticed_and_manifests_refuse(
+    scanned_db: Path, image_tree: Path, tmp_path: Path
+) -> None:
+    """stats warns, every manifest format refuses in one line and writes nothing; a packed
+    export reads the files and finds none; once the root is back, all is well again."""
+    from typer.testing import CliRunner
+
+    from .conftest import invoke
+
+    runner = CliRunner()
+    with Catalog(scanned_db) as catalog:
+        assert unreachable_roots(catalog.read) == []
+    image_tree.rename(tmp_path / "away")
+    for emptied in (False, True):  # the folder gone; then an empty folder in its place (a mount point)
+        if emptied:
+            image_tree.mkdir()
+        with Catalog(scanned_db) as catalog:
+            (problem,) = unreachable_roots(catalog.read)
+        assert problem.startswith(f"root {image_tree.resolve()} ")
+        assert ("holds none of 6 catalogued files" if emptied else "is missing (moved or unmounted?)") in problem
+        stats = invoke(runner, "stats", "--db", str(scanned_db), "--json")
+        assert stats.exit_code == 0 and stats.stderr == f"warning: {problem}\n"
+        assert json.loads(stats.stdout)["root_problems"] == [problem]
+        for fmt in ("jsonl", "csv", "parquet", "dali"):
+            out = tmp_path / f"out-{fmt}"
+            refused = invoke(runner, "export", str(out), "--format", fmt, "--db", str(scanned_db))
+            assert refused.exit_code == 1 and refused.stderr == f"Error: {problem}; a {fmt} export names the " \
+                "files there, so nothing was written\n", refused.output  # fmt: skip
+            assert not out.exists()
+    image_tree.rmdir()
+    (tmp_path / "away").rename(image_tree)
+    assert invoke(runner, "stats", "--db", str(scanned_db)).stderr == ""
+    assert invoke(runner, "export", str(tmp_path / "out"), "--db", str(scanned_db)).exit_code == 0

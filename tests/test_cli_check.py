@@ -41,3 +41,15 @@ def test_no_catalog_is_one_error_line(runner: CliRunner, tmp_path: Path) -> None
     result = invoke(runner, "check", "--db", str(tmp_path / "missing.db"))
     assert result.exit_code == 1 and result.stdout == ""
     assert "missing.db" in one_error_line(result)
+
+
+def test_a_moved_or_unmounted_root_is_a_problem(runner: CliRunner, scanned_db: Path, image_tree: Path) -> None:
+    image_tree.rename(image_tree.with_name("elsewhere"))
+    gone = invoke(runner, "check", "--db", str(scanned_db))
+    assert gone.exit_code == 1, gone.output
+    (problem,) = [line for line in gone.stdout.splitlines() if line.startswith("problem: ")]
+    assert problem.startswith(f"problem: root {image_tree.resolve()} is missing (moved or unmounted?)")
+    image_tree.mkdir()  # an empty mount point
+    empty = json.loads(invoke(runner, "check", "--json", "--db", str(scanned_db)).stdout)
+    assert empty["healthy"] is False and len(empty["problems"]) == 1
+    assert "holds none of 6 catalogued files looked for" in empty["problems"][0]

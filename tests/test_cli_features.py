@@ -127,3 +127,11 @@ def test_an_import_of_unknown_ids_is_one_error_line(cats: Path, tmp_path: Path) 
     assert done.returncode == 1
     assert done.stderr.splitlines() == [f"Error: {tmp_path / 'u.npz'}: 2 unknown id(s): 99, 100; nothing was imported"]
     assert rows(cats, "SELECT count(*) FROM feature_types WHERE name = 'u'") == [(0,)]
+
+
+def test_export_takes_no_log_like_every_command(runner: CliRunner, scanned_db: Path, tmp_path: Path) -> None:
+    assert invoke(runner, scanned_db, "compute", "--type", "dhash", "-w", "1", "-q").exit_code == 0
+    before = rows(scanned_db, "SELECT count(*), coalesce(sum(calls), 0) FROM query_log")
+    quiet = invoke(runner, scanned_db, "export", str(tmp_path / "a.npz"), "--type", "dhash", "--no-log")
+    assert (quiet.exit_code, quiet.stderr) == (0, ""), quiet.output
+    assert rows(scanned_db, "SELECT count(*), coalesce(sum(calls), 0) FROM query_log") == before

@@ -15,6 +15,7 @@ from dlindex.catalog.migrations import LATEST_VERSION
 from dlindex.cli import app
 
 from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, catalog_exists, where
+from .conftest import rows
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -185,3 +186,12 @@ def test_quiet_silences_the_summary_not_the_errors(runner: CliRunner, image_tree
     assert "scanned" in loud.stdout
     bad = runner.invoke(app, ["scan", str(image_tree / "nope"), "--db", str(db_path), "-q"])
     assert bad.exit_code == 1 and bad.stderr.startswith("Error: ")
+
+
+def test_no_log_keeps_the_scan_out_of_the_query_log(runner: CliRunner, image_tree: Path, db_path: Path) -> None:
+    quiet = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "-q", "-w", "1", "--no-log"])
+    assert (quiet.exit_code, quiet.stderr) == (0, ""), quiet.output
+    assert rows(db_path, "SELECT count(*) FROM query_log") == [(0,)]
+    logged = runner.invoke(app, ["scan", str(image_tree), "--db", str(db_path), "-q", "-w", "1", "--force"])
+    assert logged.exit_code == 0, logged.output
+    assert rows(db_path, "SELECT count(*) FROM query_log")[0][0] > 0

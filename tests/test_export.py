@@ -562,10 +562,11 @@ def test_a_big_jsonl_manifest_written_by_two_processes_is_the_same(
 ) -> None:
     from dlindex.export import plan as export_plan
 
-    from .synthetic import Row, make_catalog
+    from .synthetic import Row, make_catalog, present_root
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
-    db = make_catalog(tmp_path / "big.db", [Row(("a", "b", "c")[i % 3], width=10 + i) for i in range(301)])
+    big = [Row(("a", "b", "c")[i % 3], width=10 + i) for i in range(301)]
+    db = make_catalog(tmp_path / "big.db", big, root=present_root(tmp_path / "tree", big))
     export(db, tmp_path / "one", shard_size=None)  # below HALVES_MIN_IDS: one process
     monkeypatch.setattr(export_plan, "HALVES_MIN_IDS", 0)
     with Catalog(db) as catalog:

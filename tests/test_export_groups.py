@@ -21,7 +21,7 @@ from dlindex.export.index import listed_shards
 from dlindex.export.plan import HASH, ID, ROW, split_of
 from dlindex.scan.labels import _parse
 
-from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, where
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, columns_added_after, where
 from .conftest import export, rows
 
 pytestmark = ON_BOTH_BACKENDS
@@ -291,7 +291,8 @@ def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     conn.execute("DROP TABLE sample_attributes")
     conn.execute("DROP TABLE shard_runs")  # schema 11's, made again on the way up
-    conn.execute("ALTER TABLE image_metadata DROP COLUMN excluded")  # schema 12's, likewise
+    for table, column in columns_added_after(11):  # schema 12's and later, likewise
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")
     conn.commit()
     conn.close()

@@ -29,7 +29,7 @@ from dlindex.errors import DiskFullError
 from dlindex.faults import translate_error
 
 from .conftest import make_png
-from .synthetic import Row, make_catalog
+from .synthetic import Row, make_catalog, present_root
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -96,7 +96,8 @@ READS = (["stats"], ["query"], ["features", "list"], ["log", "show"], ["export",
 @pytest.fixture
 def wide_catalog(tmp_path: Path) -> Path:
     """Enough rows that image_metadata spans several pages."""
-    db = make_catalog(tmp_path / "c.db", [Row(f"l{i % 7}", width=i) for i in range(3000)])
+    wide = [Row(f"l{i % 7}", width=i) for i in range(3000)]
+    db = make_catalog(tmp_path / "c.db", wide, root=present_root(tmp_path / "tree", wide))
     with sqlite3.connect(db) as conn:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()

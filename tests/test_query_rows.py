@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from dlindex import Catalog, InputError, QuerySpec, mark_samples, query_rows, sample_ids
 from dlindex.query.rows import explain, prepare
 from dlindex.query.spec import COLUMNS, parse_when
 
-from .backends import ON_BOTH_BACKENDS, on_postgresql, raw
-from .conftest import rows
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, Location, on_postgresql, raw, where
+from .conftest import rows, scan
 from .synthetic import ROOT, Row, balanced, make_catalog
 
 pytestmark = ON_BOTH_BACKENDS
@@ -221,6 +222,57 @@ def test_per_label_is_spread_over_the_label_not_its_first_rows(tmp_path: Path) -
     everything = [i for p in picked for i in p]
     assert max(everything) > 900 and min(everything) < 100
     assert len(set(everything)) > 150  # different seeds, different samples
+
+
+def small_tree(root: Path, labels: tuple[str, ...], per_label: int) -> Path:
+    for label in labels:
+        (root / label).mkdir(parents=True, exist_ok=True)
+        for i in range(per_label):
+            Image.new("L", (1, 1), i).save(root / label / f"{i:03d}.png")
+    return root
+
+
+def grow(db: Location, tree: Path, first: str, aside: Path) -> None:
+    """Scan ``tree`` into ``db`` as it grew: without folder ``first``, then with it."""
+    (tree / first).rename(aside / first)
+    scan(db, tree, workers=2)
+    (aside / first).rename(tree / first)
+    scan(db, tree, workers=2)
+
+
+def picked(db: Location, **options: object) -> list[str]:
+    with Catalog(db) as catalog:
+        return [r["file_path"] for r in query_rows(catalog, columns="file_path", **{"seed": 3, **options})]
+
+
+def same_seeded_selections(one: Location, other: Location) -> None:
+    assert dict(rows(one, "SELECT file_path, id FROM image_metadata")) != dict(
+        rows(other, "SELECT file_path, id FROM image_metadata")
+    )  # the rows got other ids
+    sample = picked(one, per_label=5)
+    assert len(sample) == 10 and sorted(sample) == sorted(picked(other, per_label=5))
+    assert picked(one, order="random") == picked(other, order="random")
+    assert picked(one, per_label=5, order="random") == picked(other, per_label=5, order="random")
+    assert sorted(sample) != sorted(picked(one, per_label=5, seed=4))
+
+
+def test_a_seeded_sample_follows_from_the_tree_not_from_the_ids(tmp_path: Path, db_path: Path) -> None:
+    """Two catalogs of one tree whose rows got other ids (here: the tree grew folder by folder,
+    in another order; the workers' timing does the same) give the same seeded sample and the
+    same seeded order, as paths."""
+    tree = small_tree(tmp_path / "tree", ("cat", "dog"), 40)
+    grow(db_path, tree, "dog", tmp_path)
+    grown = where(tmp_path / "grown.db")
+    grow(grown, tree, "cat", tmp_path)
+    same_seeded_selections(db_path, grown)
+
+
+@SQLITE_ONLY
+def test_a_seeded_sample_is_the_same_on_sqlite_and_postgresql(tmp_path: Path, db_path: Path, pg_url: str) -> None:
+    tree = small_tree(tmp_path / "tree", ("cat", "dog"), 40)
+    grow(db_path, tree, "dog", tmp_path)
+    grow(pg_url, tree, "cat", tmp_path)
+    same_seeded_selections(db_path, pg_url)
 
 
 def test_per_label_with_filters_and_random_order(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
 from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.reachable import unreachable_roots
 from dlindex.errors import CatalogError, InputError
 
 # The tables each schema version brought and the version that dropped them (None: kept); a
@@ -59,6 +60,7 @@ class CheckReport:
     images: int | None
     orphans: dict[str, int] = field(default_factory=dict)  # "child -> parent": rows
     interrupted_scans: tuple[int, ...] = ()
+    unreachable_roots: tuple[str, ...] = ()  # roots moved or unmounted (also in problems)
     problems: tuple[str, ...] = ()
     seconds: float = 0.0
 
@@ -70,6 +72,7 @@ class CheckReport:
         data = asdict(self)
         data["healthy"] = self.healthy
         data["interrupted_scans"] = list(self.interrupted_scans)
+        data["unreachable_roots"] = list(self.unreachable_roots)
         data["problems"] = list(self.problems)
         return data
 
@@ -154,9 +157,16 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
                 images = int(conn.execute(_COUNT_IMAGES).fetchone()[0])
             except sqlite3.DatabaseError as e:
                 problems.append(f"cannot count image rows: {e}")
+        unreachable: list[str] = []
+        if "roots" in tables and "image_metadata" in tables:
+            try:
+                unreachable = unreachable_roots(conn.execute)
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+                problems.append(f"cannot read roots: {e}")
+            problems.extend(unreachable)
         return report(
             schema_version=version, integrity="ok" if not integrity else "problems", images=images,
-            orphans=orphans, interrupted_scans=tuple(dead),
+            orphans=orphans, interrupted_scans=tuple(dead), unreachable_roots=tuple(unreachable),
         )  # fmt: skip
     finally:
         conn.close()

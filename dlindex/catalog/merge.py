@@ -37,6 +37,7 @@ from dlindex.errors import CatalogError, InputError
 _CONTENT = (
     "file_path_bytes", "label", "width", "height", "format", "mode", "bytes", "mtime_ns", "xxh3_128", "status",
     "error", "warning", "processed", "processing_status", "split", "pixel_limit", "orientation", "excluded",
+    "inode", "ctime_ns", "path_hash",
 )  # fmt: skip
 _TARGET_CONTENT = {"label": "tl.name"}  # the rest are columns of image_metadata as they are
 

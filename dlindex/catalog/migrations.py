@@ -8,6 +8,7 @@ appended to ``MIGRATIONS``.
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
@@ -412,10 +413,38 @@ def m014_excluded(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0")
 
 
+def m015_file_keys(conn: sqlite3.Connection) -> None:
+    # inode and ctime_ns: a file's identity when it was read. A replacement of the same size
+    # and mtime (cp -p, rsync -a, tar x) changes them, so a scan reads it again; rows judged
+    # before get them from the next scan's lstat (docs/commands/scan.md).
+    # path_hash: what a seeded sample ranks rows by, so that it follows from the tree, not
+    # from the ids a scan's timing gave (docs/commands/query.md).
+    for statement in _M015_COLUMNS:
+        conn.execute(statement)
+    conn.create_function("dlindex_path_hash", 1, path_hash, deterministic=True)
+    conn.execute("UPDATE image_metadata SET path_hash = dlindex_path_hash(file_path)")
+
+
+def path_hash(file_path: str) -> int:
+    """The ``path_hash`` column: the first 60 bits of the MD5 of ``file_path`` (UTF-8).
+
+    A seeded sample ranks rows by it (dlindex.query.rows), so the sample of a tree is the same
+    whatever ids its rows got. pgschema.SCHEMA_V15 computes the same number in SQL.
+    """
+    return int(hashlib.md5(file_path.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()[:15], 16)
+
+
+_M015_COLUMNS = (
+    "ALTER TABLE image_metadata ADD COLUMN inode INTEGER",
+    "ALTER TABLE image_metadata ADD COLUMN ctime_ns INTEGER",
+    "ALTER TABLE image_metadata ADD COLUMN path_hash INTEGER",
+)
+
+
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
-    m011_shard_runs, m012_change_token, m013_orientation, m014_excluded,
+    m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 

@@ -206,6 +206,7 @@ def export(
     ],
     feature_type: TypeOption,
     as_json: JsonFlag = False,
+    no_log: NoLogFlag = False,
     db: DbOption = None,
 ) -> None:
     """Write a type's vectors to an .npz file with arrays ids and vectors.
@@ -214,7 +215,7 @@ def export(
     """
     from dlindex.features import export_features
 
-    with Catalog(db) as catalog:
+    with Catalog(db, log=not no_log) as catalog:
         s = export_features(catalog, feature_type, out)
     if as_json:
         print_json(s.as_dict())

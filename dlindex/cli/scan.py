@@ -7,13 +7,14 @@ from typing import Annotated
 
 import typer
 
-from dlindex.catalog.connection import open_catalog
+from dlindex.catalog.connection import Catalog
 from dlindex.cli._shared import (
     AddressOption,
     DbOption,
     Engine,
     EngineOption,
     JsonFlag,
+    NoLogFlag,
     QuietFlag,
     RayTasksOption,
     ShardOption,
@@ -86,7 +87,12 @@ def scan(
     prune: Annotated[
         bool, typer.Option("--prune", help="Delete rows of files gone from disk instead of marking them missing.")
     ] = False,
-    force: Annotated[bool, typer.Option("--force", help="Re-probe every file, even unchanged ones.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Re-read every file, even unchanged ones (those found the same count as re-read)."
+        ),
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
     shard: ShardOption = None,
     engine: EngineOption = Engine.local,
@@ -94,6 +100,7 @@ def scan(
     ray_tasks: RayTasksOption = 0,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
+    no_log: NoLogFlag = False,
 ) -> None:
     """Index an image tree into the catalog (incremental, parallel).
 
@@ -126,7 +133,7 @@ def scan(
                 "--address names a Ray cluster: give --engine ray with it", param_hint="'--address'"
             )
         with (
-            open_catalog(db, create=True) as catalog,
+            Catalog(db, create=True, log=not no_log) as catalog,
             progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update,
         ):
             summary = scan_tree(catalog, root, options, progress=update)
@@ -153,7 +160,8 @@ def print_summary(s: ScanSummary) -> None:
     stdout_console.print(
         f"[bold]scanned[/] {s.root}\n"
         f"  seen {s.seen}  new {s.new}  changed {s.changed}  unchanged {s.unchanged}  "
-        f"missing {s.missing}\n"
+        + (f"re-read {s.reread}  " if s.reread else "")
+        + f"missing {s.missing}\n"
         f"  corrupt {s.corrupt}  skipped {s.skipped}  errors {s.errors}"
         + (f"  relabeled {s.relabeled}" if s.relabeled else "")
         + (f"  pruned {s.pruned}" if s.pruned else "")

@@ -39,6 +39,8 @@ def stats(
         return
     with Catalog(db, log=not no_log) as catalog:
         result = catalog_stats(catalog, top=top)
+    for problem in result.root_problems:  # the totals describe files that are not there
+        typer.echo(f"warning: {problem}", err=True)
     if as_json:
         print_json(result.as_dict())
     else:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
 from dlindex.catalog.migrations import schema_version
+from dlindex.catalog.reachable import unreachable_roots
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import hash_file, packable
@@ -92,6 +93,9 @@ def export_catalog(
     check_bounds(options, shard_bytes)
     if options.shard_size is None and shard_bytes is None:
         shard_bytes = DEFAULT_SHARD_BYTES.get(fmt)
+    if fmt not in PACKED:  # a manifest names source files: they must be there to be read
+        for problem in unreachable_roots(catalog.read):
+            raise ExportError(f"{problem}; a {fmt} export names the files there, so nothing was written")
     target = Path(out_dir)
     # Before anything is read: OUT_DIR must be safe to write (and to replace, with --overwrite).
     output = OutputDir(target, options.overwrite, protected_files(catalog), [r for (r,) in catalog.read(_ROOTS, {})])

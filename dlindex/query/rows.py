@@ -45,17 +45,23 @@ _SELECT = "SELECT {columns} FROM image_metadata{where}{order}{limit}"
 # order and keep the first N. One pass and one sort; measured in bench/bench_query.py.
 _SAMPLE = (
     "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN (SELECT sample_id FROM ("
-    "SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY sample_rank, sample_id) AS label_rank "
-    "FROM (SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, {rank} AS sample_rank "
+    "SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY sample_rank, sample_key, sample_id) "
+    "AS label_rank FROM (SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, "
+    "{rank} AS sample_rank, {key} AS sample_key "
     "FROM image_metadata{where}) AS ranked) AS numbered WHERE label_rank <= :per_label){order}{limit}"
 )
-# A seeded hash of the id in plain SQL (any SQLite client can rerun the logged statement):
+# What a seeded order ranks a row by: the hash of its path under its root (path_hash), so a
+# tree gives the same sample whatever ids its scan gave (ids follow the workers' timing) and
+# on either backend. Rows no scan wrote (path_hash NULL) fall back to their id.
+_KEY = "coalesce(image_metadata.path_hash, image_metadata.id)"
+# A seeded hash of the key in plain SQL (any SQLite client can rerun the logged statement):
 # an affine map mod a prime, squared (the non-linear step that breaks the lattice pattern
 # an affine map alone leaves), then another affine map. Every product stays below 2**63.
-_MIX = "(((image_metadata.id % 2147483647) * :seed_a + :seed_b) % 2147483647)"
+# Ranks collide (about 2**31 values): the key, then the id, break ties.
+_MIX = f"((({_KEY} % 2147483647) * :seed_a + :seed_b) % 2147483647)"
 _RANK = f"((({_MIX} * {_MIX}) % 2147483629) * :seed_c + :seed_d) % 2147483587"
 _ORDER_ID = " ORDER BY image_metadata.id"
-_ORDER_RANDOM = " ORDER BY " + _RANK + ", image_metadata.id"
+_ORDER_RANDOM = " ORDER BY " + _RANK + ", " + _KEY + ", image_metadata.id"
 _LIMIT = " LIMIT :limit"
 _SPLIT_COUNTS = "SELECT image_metadata.split, count(*) FROM image_metadata{where} GROUP BY image_metadata.split"
 _LIMIT_OFFSET = " LIMIT :limit OFFSET :offset"
@@ -162,7 +168,7 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         index = class_numbers(catalog, classes)
     if spec.per_label is not None:
         params["per_label"] = check_count("--per-label", spec.per_label, 1)
-        template = _SAMPLE.replace("{rank}", _RANK).replace("{where}", where_sql)
+        template = _SAMPLE.replace("{rank}", _RANK).replace("{key}", _KEY).replace("{where}", where_sql)
     else:
         template = _SELECT.replace("{where}", where_sql)
     order = _ORDER_RANDOM if random_order else _ORDER_ID

@@ -25,8 +25,8 @@ from dlindex.scan.walk import Folder, walk_runs
 _ROWS = (
     "SELECT file_path, id, bytes, mtime_ns, status, label_id, split, "
     "(CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END) "
-    "OR (processing_status = 'failed' AND error LIKE :loader_failed) "
-    "FROM image_metadata WHERE root_id = :root AND file_path >= :start"
+    "OR (processing_status = 'failed' AND error LIKE :loader_failed), "
+    "inode, ctime_ns, xxh3_128, pixel_limit FROM image_metadata WHERE root_id = :root AND file_path >= :start"
 )
 _ROWS_FROM = _ROWS + " ORDER BY file_path"
 _ROWS_BETWEEN = _ROWS + " AND file_path < :end ORDER BY file_path"
@@ -44,6 +44,9 @@ class ToProbe(NamedTuple):
     split: str | None = None  # the tree's split folder, on pre-split trees
     # Reached through a link: (st_dev, st_ino), so the scan keeps one path per file.
     ident: tuple[int, int] | None = None
+    # What the row said of a known file: (xxh3_128, bytes, mtime_ns, status, pixel_limit); a
+    # probe that finds the same is a re-read, not a change.
+    before: tuple[str | None, int | None, int | None, str, int | None] | None = None
 
 
 @dataclass
@@ -58,6 +61,8 @@ class UnitDiff:
     # Unchanged files reached through a link: (st_dev, st_ino, file_path, id).
     linked_unchanged: list[tuple[int, int, str, int]] = field(default_factory=list)
     linked_missing: list[int] = field(default_factory=list)  # ids of linked files with a 'missing' row
+    # Unchanged rows that had no inode yet (catalogs from before schema 15): (inode, ctime_ns, id).
+    identified: list[tuple[int, int, int]] = field(default_factory=list)
     probed: list[tuple[Probe, ToProbe]] = field(default_factory=list)  # probed by the same worker
     report: WalkReport = field(default_factory=WalkReport)
 
@@ -116,9 +121,10 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     cursor = conn.execute(_ROWS_FROM if unit.end is None else _ROWS_BETWEEN, params)
     overrides = options.label_overrides
     force = options.force
-    missing, relabel, to_probe = diff.missing, diff.relabel, diff.to_probe
+    missing, relabel, to_probe, identified = diff.missing, diff.relabel, diff.to_probe, diff.identified
     unchanged = seen = 0
-    # known: (file_path, id, bytes, mtime_ns, status, label_id, split, reprobe); the hot loop stays flat.
+    # known: (file_path, id, bytes, mtime_ns, status, label_id, split, reprobe, inode, ctime_ns,
+    # xxh3_128, pixel_limit); the hot loop stays flat.
     known = next(cursor, None)
     lstat = os.lstat
     for folder, run, stats in walk_runs(unit, options.walk, diff.report):
@@ -145,8 +151,15 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
                         )  # no walk of the full path
                     except OSError:
                         st = None  # let the probe report what is wrong with it
-                    if st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]:
+                    # Same size and mtime, and the same inode and ctime: a file replaced by one of
+                    # the same size and mtime (cp -p, rsync -a, tar x) is read again.
+                    if (
+                        st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]
+                        and ((st.st_ino == match[8] and st.st_ctime_ns == match[9]) or match[8] is None)
+                    ):  # fmt: skip
                         unchanged += 1
+                        if match[8] is None:
+                            identified.append((st.st_ino, st.st_ctime_ns, match[1]))
                         if overrides:
                             wanted = overrides.get(key, label)
                             if labels.get(wanted) != match[5] or split != match[6]:
@@ -156,7 +169,11 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
                         continue
             raw = None if lossless and folder.lossless else folder.raw_prefix + name
             file_label = overrides.get(key, label) if overrides else label
-            to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split))
+            if match is None:
+                to_probe.append(ToProbe(folder.path + name, key, file_label, raw, None, split))
+            else:
+                before = (match[10], match[2], match[3], match[4], match[11])
+                to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1], split, None, before))
     while known is not None:
         if known[4] != "missing":
             missing.append((known[1], known[0]))
@@ -195,8 +212,11 @@ def _diff_linked(
             if match[4] == "missing":
                 diff.linked_missing.append(match[1])
             fresh = not options.force and match[4] != "missing" and not match[7]
-            if fresh and st.st_size == match[2] and st.st_mtime_ns == match[3]:
+            same_file = match[8] is None or (st.st_ino == match[8] and st.st_ctime_ns == match[9])
+            if fresh and st.st_size == match[2] and st.st_mtime_ns == match[3] and same_file:
                 diff.unchanged += 1
+                if match[8] is None:
+                    diff.identified.append((st.st_ino, st.st_ctime_ns, match[1]))
                 diff.linked_unchanged.append((*ident, key, match[1]))
                 wanted = overrides.get(key, label) if overrides else label
                 if (labels.get(wanted) if overrides else label_id) != match[5] or split != match[6]:
@@ -204,7 +224,8 @@ def _diff_linked(
                 continue
         raw = None if lossless and folder.lossless else folder.raw_prefix + name
         file_label = overrides.get(key, label) if overrides else label
+        before = (match[10], match[2], match[3], match[4], match[11]) if match else None
         diff.to_probe.append(
-            ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split, ident)
+            ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split, ident, before)
         )
     return known

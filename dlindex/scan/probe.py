@@ -54,16 +54,21 @@ class Probe(NamedTuple):
     # above it: not decoded); None when the limit played no part.
     pixel_limit: int | None = None
     orientation: int | None = None  # EXIF orientation, 1-8 (dlindex/orientation.py); None: no header
+    # The file's identity when read: a same-size, same-mtime replacement changes it.
+    inode: int | None = None
+    ctime_ns: int | None = None
 
 
 class Content(NamedTuple):
-    """The bytes read from one file, and what its one read learnt: size, mtime, xxh3-128."""
+    """The bytes read from one file, and what its one read learnt: size, mtime, xxh3-128, identity."""
 
     size: int
     mtime_ns: int
     digest: str
     head: bytes  # the whole file when size <= WHOLE_READ_LIMIT
     tail: bytes
+    inode: int
+    ctime_ns: int
 
 
 NOT_CACHED = Probe("", "not-cached")
@@ -93,7 +98,8 @@ def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: boo
             return NOT_CACHED
         if st.st_size <= WHOLE_READ_LIMIT:
             data = _read_all(fd, st.st_size)
-            return Content(len(data), st.st_mtime_ns, xxhash.xxh3_128_hexdigest(data), data, data)
+            digest = xxhash.xxh3_128_hexdigest(data)
+            return Content(len(data), st.st_mtime_ns, digest, data, data, st.st_ino, st.st_ctime_ns)
         return _read_large(fd, st)
     except OSError as e:
         return Probe(key, "error", error=_os_error("cannot read", e))
@@ -132,7 +138,7 @@ def _read_large(fd: int, st: os.stat_result) -> Content:
         hasher.update(chunk)
         size += len(chunk)
         last = (last + chunk)[-_EDGE:]
-    return Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last)
+    return Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last, st.st_ino, st.st_ctime_ns)
 
 
 def probe_file(path: bytes, key: str, options: ProbeOptions, stderr_capture: CStderrCapture | None = None) -> Probe:
@@ -152,8 +158,9 @@ def inspect_content(
 ) -> Probe:
     """Judge one file from its bytes: header, pixel limits, truncation, with --verify a decode."""
     size, mtime_ns, digest = content.size, content.mtime_ns, content.digest
+    inode, ctime_ns = content.inode, content.ctime_ns
     if size == 0:
-        return Probe(key, "corrupt", size, mtime_ns, digest, error="empty file")
+        return Probe(key, "corrupt", size, mtime_ns, digest, error="empty file", inode=inode, ctime_ns=ctime_ns)
     whole = size <= WHOLE_READ_LIMIT
 
     def source() -> io.BytesIO | bytes:
@@ -174,7 +181,7 @@ def inspect_content(
             limit = options.max_pixels if isinstance(e, Image.DecompressionBombError) else None
             return Probe(
                 key, "corrupt", size, mtime_ns, digest, error=_exc_text(e), warning=_take(stderr_capture),
-                pixel_limit=limit,
+                pixel_limit=limit, inode=inode, ctime_ns=ctime_ns,
             )  # fmt: skip
         if header.format in ("JPEG", "MPO"):
             scan_start = jpeg_scan_start(content.head)
@@ -205,7 +212,7 @@ def inspect_content(
     # One construction per file: this runs 50,000 times in a scan of 50,000 files.
     return Probe(
         key, "ok" if problem is None else "corrupt", size, mtime_ns, digest, width, height, fmt, mode, problem, warning,
-        limit, orientation,
+        limit, orientation, inode, ctime_ns,
     )  # fmt: skip
 
 

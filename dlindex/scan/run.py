@@ -96,6 +96,7 @@ class ScanSummary:
     pruned: int
     seconds: float
     files_per_s: float
+    reread: int = 0  # known files read again (--force, a new inode or ctime...) and found the same
     interrupted: bool = False
     error_samples: tuple[tuple[str, str], ...] = field(default=())
     skipped_by_reason: dict[str, int] = field(default_factory=dict)  # walk.SKIP_REASONS order
@@ -115,6 +116,7 @@ class _Counts:
     seen: int = 0
     new: int = 0
     changed: int = 0
+    reread: int = 0
     unchanged: int = 0
     missing: int = 0
     corrupt: int = 0
@@ -179,7 +181,7 @@ def scan_tree(
         unchanged=counts.unchanged, missing=counts.missing, corrupt=counts.corrupt,
         skipped=report.skipped, errors=report.error_count, relabeled=counts.relabeled,
         pruned=pruned, seconds=round(seconds, 3),
-        files_per_s=round(counts.seen / seconds, 1) if seconds > 0 else 0.0,
+        files_per_s=round(counts.seen / seconds, 1) if seconds > 0 else 0.0, reread=counts.reread,
         interrupted=interrupted, error_samples=tuple(report.errors[:20]),
         skipped_by_reason={r: report.skips[r] for r in SKIP_REASONS if report.skips.get(r)},
         unknown_label_paths=len(unknown_labels), unknown_label_examples=tuple(unknown_labels[:_LABEL_EXAMPLES]),
@@ -285,6 +287,7 @@ class _Pipeline:
         counts.relabeled += len(diff.relabel)
         self.writer.missing.extend(missing)
         self.writer.relabel.extend(diff.relabel)
+        self.writer.identified.extend(diff.identified)
         linked = self.linked
         if diff.linked_unchanged or diff.linked_missing:
             linked.add_unchanged(diff.linked_unchanged, diff.linked_missing)
@@ -327,6 +330,8 @@ class _Pipeline:
             else:
                 if item.known_id is None:
                     counts.new += 1
+                elif item.before == (probe.xxh3_128, probe.bytes, probe.mtime_ns, probe.kind, probe.pixel_limit):
+                    counts.reread += 1  # same bytes, same verdict: only its inode or ctime may be new
                 else:
                     counts.changed += 1
                 if probe.kind == "corrupt":

@@ -15,6 +15,7 @@ from contextlib import suppress
 from typing import Any
 
 from dlindex.catalog.connection import Catalog
+from dlindex.catalog.migrations import path_hash
 from dlindex.errors import DlindexError
 from dlindex.procs import pid_alive
 from dlindex.scan.diff import ToProbe
@@ -22,11 +23,13 @@ from dlindex.scan.probe import Probe
 
 _COLUMNS = (
     "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "mode", "bytes",
-    "mtime_ns", "xxh3_128", "status", "error", "warning", "split", "pixel_limit", "orientation",
+    "mtime_ns", "xxh3_128", "status", "error", "warning", "split", "pixel_limit", "orientation", "inode",
+    "ctime_ns", "path_hash",
 )  # fmt: skip
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
-        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit, orientation)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit, orientation, inode,
+        ctime_ns, path_hash)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = (
     _INSERT
     + """
@@ -36,6 +39,7 @@ _UPSERT = (
         mode = excluded.mode, bytes = excluded.bytes, mtime_ns = excluded.mtime_ns,
         status = excluded.status, error = excluded.error, warning = excluded.warning,
         pixel_limit = excluded.pixel_limit, orientation = excluded.orientation,
+        inode = excluded.inode, ctime_ns = excluded.ctime_ns,
         -- new content invalidates whatever was derived from the old one; a file the training
         -- loader failed to read (query.spec.LOADER_FAILURE) that reads well again loses that mark
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
@@ -50,6 +54,8 @@ _UPSERT = (
 _MARK_MISSING = (
     "UPDATE image_metadata SET status = 'missing', updated_at = CURRENT_TIMESTAMP WHERE id = ? AND status != 'missing'"
 )
+# An unchanged row catalogued before schema 15: its identity, with no change to what it says.
+_IDENTIFY = "UPDATE image_metadata SET inode = ?, ctime_ns = ? WHERE id = ?"
 _RELABEL = "UPDATE image_metadata SET label_id = ?, split = ?, updated_at = CURRENT_TIMESTAMP WHERE id = ?"
 _PRUNE = "DELETE FROM image_metadata WHERE root_id = ? AND status = 'missing'"
 # Two statements per flush whatever the labels, not two per label: a server catalog pays a
@@ -85,6 +91,7 @@ class BatchWriter:
         self.rows: list[tuple[Probe, ToProbe]] = []
         self.missing: list[int] = []
         self.relabel: list[tuple[int, str | None, str | None]] = []  # (id, label name, split)
+        self.identified: list[tuple[int, int, int]] = []  # (inode, ctime_ns, id)
         self._last_flush = time.monotonic()
 
     @staticmethod
@@ -101,13 +108,13 @@ class BatchWriter:
 
     def maybe_flush(self) -> None:
         """Commit when enough rows wait, or they have waited long enough."""
-        size = len(self.rows) + len(self.missing) + len(self.relabel)
+        size = len(self.rows) + len(self.missing) + len(self.relabel) + len(self.identified)
         if size >= _FLUSH_ROWS or (size and time.monotonic() - self._last_flush > _FLUSH_SECONDS):
             self.flush()
 
     def flush(self) -> None:
         """Commit every buffered row, missing mark and relabel in one transaction."""
-        if self.rows or self.missing or self.relabel:
+        if self.rows or self.missing or self.relabel or self.identified:
             new: list[tuple[object, ...]] = []
             changed: list[tuple[object, ...]] = []
             with self.catalog.write_transaction() as conn:
@@ -117,7 +124,7 @@ class BatchWriter:
                     row = (
                         self.root_id, p.key, item.raw, label_id[item.label], p.width, p.height,
                         p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning, item.split,
-                        p.pixel_limit, p.orientation,
+                        p.pixel_limit, p.orientation, p.inode, p.ctime_ns, path_hash(p.key),
                     )  # fmt: skip
                     (new if item.known_id is None else changed).append(row)
                 relabels = [(label_id[name], split, row_id) for row_id, name, split in self.relabel]
@@ -134,7 +141,9 @@ class BatchWriter:
                 conn.executemany(_UPSERT, changed)
                 conn.executemany(_MARK_MISSING, ((i,) for i in self.missing))
                 conn.executemany(_RELABEL, relabels)
+                conn.executemany(_IDENTIFY, self.identified)
             self.rows.clear()
+            self.identified.clear()
             self.missing.clear()
             self.relabel.clear()
         self._last_flush = time.monotonic()
