@@ -187,7 +187,7 @@ def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> N
     assert not any(t.name == "dlindex-writeback" for t in threading.enumerate())
 
 
-def test_version_11_catalog_gets_the_file_keys_keeping_its_rows(tmp_path: Path) -> None:
+def test_a_catalog_from_before_the_file_keys_gets_them_keeping_its_rows(tmp_path: Path) -> None:
     from dlindex.catalog.migrations import MIGRATIONS, m015_file_keys, path_hash
 
     db = tmp_path / "v11.db"
@@ -195,7 +195,7 @@ def test_version_11_catalog_gets_the_file_keys_keeping_its_rows(tmp_path: Path) 
     for migration in MIGRATIONS[: MIGRATIONS.index(m015_file_keys)]:
         migration(conn)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-    conn.execute("PRAGMA user_version = 11")
+    conn.execute(f"PRAGMA user_version = {MIGRATIONS.index(m015_file_keys)}")
     conn.execute("INSERT INTO roots (path) VALUES ('/r')")
     conn.execute("INSERT INTO image_metadata (root_id, file_path, bytes, mtime_ns) VALUES (1, 'a.png', 3, 4)")
     conn.close()

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.dialect import element_type, translate
-from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token, path_hash
+from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
 from dlindex.catalog.postgres import is_server_url, redact
 from dlindex.errors import CatalogError, InputError
 
@@ -245,13 +245,11 @@ def test_another_schema_version_is_refused_untouched(pg_url: str, tmp_path: Path
         assert conn.execute("SELECT count(*) FROM image_metadata WHERE processed = 1").fetchone()[0] == 0
 
 
-def test_a_version_11_catalog_gets_the_file_keys_keeping_its_rows(pg_url: str, tmp_path: Path) -> None:
+def test_a_catalog_from_before_the_file_keys_gets_them_keeping_its_rows(pg_url: str, tmp_path: Path) -> None:
     root = make_tree(tmp_path / "tree", 4)
     Image.new("L", (2, 2)).save(root / "c0" / "caf\u00e9 \u732b.png")  # path_hash hashes UTF-8
     invoke(CliRunner(), "scan", str(root), "--db", pg_url, "--quiet")
-    with psycopg.connect(pg_url, autocommit=True) as conn:  # the catalog as schema 11 made it
-        conn.execute("ALTER TABLE image_metadata DROP COLUMN inode, DROP COLUMN ctime_ns, DROP COLUMN path_hash")
-        conn.execute("UPDATE dlindex_schema SET version = 11")
+    schema_before(pg_url, m015_file_keys)  # the catalog as the schema before made it
     again = invoke(CliRunner(), "scan", str(root), "--db", pg_url, "--json")
     assert again.exit_code == 0, again.output
     assert '"unchanged": 5' in again.stdout
