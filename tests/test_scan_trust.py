@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
@@ -109,3 +110,32 @@ def test_rows_without_an_identity_get_it_without_a_read(image_tree: Path, db_pat
     same_size_other_bytes(target, tmp_path / "new.png")
     replace_keeping_mtime(target, tmp_path / "new.png", "rename")
     assert scan(db_path, image_tree).changed == 1
+
+
+def _high_inode(real: Any) -> Any:
+    """os.fstat or os.lstat as a file system with 64-bit file ids reports them (NTFS over SMB:
+    the sequence number in the top bits; btrfs, overlayfs xino): st_ino at or above 2**63."""
+
+    def stat_high(*args: Any, **kwargs: Any) -> os.stat_result:
+        st = real(*args, **kwargs)
+        extra = {name: getattr(st, name) for name in dir(st) if name.startswith("st_") and name not in _SEQUENCE}
+        return os.stat_result((st[0], st.st_ino | 1 << 63, *tuple(st)[2:10]), extra)
+
+    return stat_high
+
+
+_SEQUENCE = ("st_mode", "st_ino", "st_dev", "st_nlink", "st_uid", "st_gid", "st_size")
+
+
+def test_inodes_past_the_signed_64_bit_range_are_kept(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """st_ino is unsigned 64-bit; the catalog's INTEGER (BIGINT) is signed: an inode at or above
+    2**63 is stored as its two's complement and compared so, never an overflow."""
+    monkeypatch.setattr(os, "fstat", _high_inode(os.fstat))
+    monkeypatch.setattr(os, "lstat", _high_inode(os.lstat))
+    first = scan(db_path, image_tree)
+    assert first.new == 7
+    assert all(int(r[0]) < 0 for r in rows(db_path, "SELECT inode FROM image_metadata"))
+    again = scan(db_path, image_tree)
+    assert (again.unchanged, again.changed, again.reread) == (7, 0, 0)

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.listing import Child, WalkOptions, WalkReport
-from dlindex.scan.probe import Probe
+from dlindex.scan.probe import Probe, stored_inode
 from dlindex.scan.units import Unit
 from dlindex.scan.walk import Folder, walk_runs
 
@@ -155,11 +155,11 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
                     # the same size and mtime (cp -p, rsync -a, tar x) is read again.
                     if (
                         st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]
-                        and ((st.st_ino == match[8] and st.st_ctime_ns == match[9]) or match[8] is None)
+                        and ((stored_inode(st.st_ino) == match[8] and st.st_ctime_ns == match[9]) or match[8] is None)
                     ):  # fmt: skip
                         unchanged += 1
                         if match[8] is None:
-                            identified.append((st.st_ino, st.st_ctime_ns, match[1]))
+                            identified.append((stored_inode(st.st_ino), st.st_ctime_ns, match[1]))
                         if overrides:
                             wanted = overrides.get(key, label)
                             if labels.get(wanted) != match[5] or split != match[6]:
@@ -212,11 +212,11 @@ def _diff_linked(
             if match[4] == "missing":
                 diff.linked_missing.append(match[1])
             fresh = not options.force and match[4] != "missing" and not match[7]
-            same_file = match[8] is None or (st.st_ino == match[8] and st.st_ctime_ns == match[9])
+            same_file = match[8] is None or (stored_inode(st.st_ino) == match[8] and st.st_ctime_ns == match[9])
             if fresh and st.st_size == match[2] and st.st_mtime_ns == match[3] and same_file:
                 diff.unchanged += 1
                 if match[8] is None:
-                    diff.identified.append((st.st_ino, st.st_ctime_ns, match[1]))
+                    diff.identified.append((stored_inode(st.st_ino), st.st_ctime_ns, match[1]))
                 diff.linked_unchanged.append((*ident, key, match[1]))
                 wanted = overrides.get(key, label) if overrides else label
                 if (labels.get(wanted) if overrides else label_id) != match[5] or split != match[6]:

@@ -72,6 +72,16 @@ class Content(NamedTuple):
 
 
 NOT_CACHED = Probe("", "not-cached")
+_INODE_WRAP = 1 << 64
+
+
+def stored_inode(st_ino: int) -> int:
+    """``st_ino`` as the catalog's ``inode`` holds it: a signed 64-bit integer (SQLite INTEGER,
+    PostgreSQL BIGINT), so an inode at or above 2**63 (64-bit file ids: NTFS over SMB, btrfs,
+    overlayfs xino) is kept as its two's complement. The scan compares inodes in this form."""
+    return st_ino - _INODE_WRAP if st_ino >= 1 << 63 else st_ino
+
+
 _ONE_BYTE = bytearray(1)
 
 
@@ -99,7 +109,7 @@ def read_content(path: bytes, follow_symlinks: bool = False, only_if_cached: boo
         if st.st_size <= WHOLE_READ_LIMIT:
             data = _read_all(fd, st.st_size)
             digest = xxhash.xxh3_128_hexdigest(data)
-            return Content(len(data), st.st_mtime_ns, digest, data, data, st.st_ino, st.st_ctime_ns)
+            return Content(len(data), st.st_mtime_ns, digest, data, data, stored_inode(st.st_ino), st.st_ctime_ns)
         return _read_large(fd, st)
     except OSError as e:
         return Probe(key, "error", error=_os_error("cannot read", e))
@@ -138,7 +148,7 @@ def _read_large(fd: int, st: os.stat_result) -> Content:
         hasher.update(chunk)
         size += len(chunk)
         last = (last + chunk)[-_EDGE:]
-    return Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last, st.st_ino, st.st_ctime_ns)
+    return Content(size, st.st_mtime_ns, hasher.hexdigest(), head, last, stored_inode(st.st_ino), st.st_ctime_ns)
 
 
 def probe_file(path: bytes, key: str, options: ProbeOptions, stderr_capture: CStderrCapture | None = None) -> Probe:
