@@ -260,6 +260,38 @@ def test_a_catalog_from_before_the_file_keys_gets_them_keeping_its_rows(pg_url: 
     assert {key: value for key, value, _ in found} == {key: path_hash(key) for key, _, _ in found}
 
 
+def test_path_hash_of_an_upgraded_catalog_is_the_scans_whatever_the_database_encoding(
+    postgres_server: str, tmp_path: Path
+) -> None:
+    """Schema 15 hashes the UTF-8 bytes of file_path in SQL, as migrations.path_hash does in
+    Python, also where the database keeps text in another encoding (LATIN1)."""
+    from psycopg import sql
+
+    from .servers import with_database
+
+    name = f"dlindex_test_latin1_{os.getpid()}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(name)
+            )
+        )
+    url = with_database(postgres_server, name)
+    try:
+        root = make_tree(tmp_path / "tree", 2)
+        Image.new("L", (2, 2)).save(root / "c0" / "caf\u00e9.png")
+        assert invoke(CliRunner(), "scan", str(root), "--db", url, "--quiet").exit_code == 0
+        schema_before(url, m015_file_keys)
+        assert invoke(CliRunner(), "scan", str(root), "--db", url, "--quiet").exit_code == 0
+        with psycopg.connect(url) as conn:
+            found = conn.execute("SELECT file_path, path_hash FROM image_metadata").fetchall()
+        assert len(found) == 3
+        assert {key: value for key, value in found} == {key: path_hash(key) for key, _ in found}
+    finally:
+        with psycopg.connect(postgres_server, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 def test_a_database_of_someone_else_is_left_alone(pg_url: str, tmp_path: Path) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE roots (who text)")

@@ -208,12 +208,13 @@ SCHEMA_V12 = (
 # Version 13: migrations.m013_orientation.
 SCHEMA_V13 = ("ALTER TABLE image_metadata ADD COLUMN orientation BIGINT",)
 SCHEMA_V14 = ("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0",)  # m014_excluded
-# 15: SQLite's m015_file_keys (INTEGER is BIGINT here); path_hash as dlindex.catalog.paths computes it.
+# 15: SQLite's m015_file_keys (INTEGER is BIGINT here); path_hash as dlindex.catalog.migrations.path_hash
+# computes it: of the UTF-8 bytes of file_path, whatever encoding the database keeps its text in.
 SCHEMA_V15 = (
     "ALTER TABLE image_metadata ADD COLUMN inode BIGINT",
     "ALTER TABLE image_metadata ADD COLUMN ctime_ns BIGINT",
     "ALTER TABLE image_metadata ADD COLUMN path_hash BIGINT",
-    "UPDATE image_metadata SET path_hash = ('x' || substr(md5(file_path), 1, 15))::bit(60)::bigint",
+    "UPDATE image_metadata SET path_hash = ('x' || substr(md5(convert_to(file_path, 'UTF8')), 1, 15))::bit(60)::bigint",
 )
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15),
