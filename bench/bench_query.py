@@ -50,7 +50,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from common import compile_sources, write_section
+from common import compile_sources, fill_path_hash, write_section
 
 from dlindex import (
     Catalog,
@@ -99,6 +99,7 @@ def make_catalog(path: Path, rows: int, labels: int) -> float:
         conn.execute("INSERT INTO roots (id, path) VALUES (1, '/data/train')")
         conn.execute(_LABELS, {"labels": labels})
         conn.execute(_GENERATE, {"rows": rows, "labels": labels})
+    fill_path_hash(path)
     checkpoint(path)
     return time.perf_counter() - started
 

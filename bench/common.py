@@ -34,3 +34,19 @@ def compile_sources() -> None:
     do not compile every module at start-up (PYTHONDONTWRITEBYTECODE, set on some machines,
     would otherwise make that happen on every run: ~60-100 ms each, measured)."""
     compileall.compile_dir(REPO / "dlindex", quiet=1)
+
+
+def fill_path_hash(path: Path) -> None:
+    """Give generated rows the path_hash a scan writes (dlindex.catalog.migrations.path_hash), so
+    seeded samples rank them as they rank a scanned tree's rows, not by the id fallback."""
+    import sqlite3
+
+    from dlindex.catalog.migrations import path_hash
+
+    conn = sqlite3.connect(path)
+    try:
+        conn.create_function("dlindex_path_hash", 1, path_hash, deterministic=True)
+        with conn:
+            conn.execute("UPDATE image_metadata SET path_hash = dlindex_path_hash(file_path)")
+    finally:
+        conn.close()

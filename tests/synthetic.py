@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dlindex import Catalog
+from dlindex.catalog.migrations import path_hash
 
 from .backends import Location, is_server, raw, where
 
@@ -42,7 +43,8 @@ def present_root(folder: Path, rows: list[Row]) -> str:
 
 
 def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
-    """A catalog whose image rows have ids 1..len(rows), in order, under one root; its location."""
+    """A catalog whose image rows have ids 1..len(rows), in order, under one root; its location.
+    Rows carry the path_hash a scan gives them, so seeded samples rank them as a scan's."""
     location = where(path)
     Catalog(location, create=True).close()
     with raw(location) as conn:
@@ -55,12 +57,13 @@ def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
         for i, r in enumerate(rows, start=1):
             counts[r.label] = counts.get(r.label, 0) + 1
             created = stamp(r.age_hours)
-            values.append((i, f"{r.label}/{counts[r.label]:04d}.png", ids[r.label], r.width, r.height, r.status,
-                           r.processed, r.processing_status, created, created))  # fmt: skip
+            key = f"{r.label}/{counts[r.label]:04d}.png"
+            values.append((i, key, ids[r.label], r.width, r.height, r.status, r.processed, r.processing_status,
+                           created, created, path_hash(key)))  # fmt: skip
         conn.executemany(
             "INSERT INTO image_metadata (id, root_id, file_path, label_id, width, height, format, "
-            "mode, bytes, mtime_ns, xxh3_128, status, processed, processing_status, created_at, updated_at) "
-            "VALUES (?, 1, ?, ?, ?, ?, 'PNG', 'RGB', 100, 1, 'x', ?, ?, ?, ?, ?)",
+            "mode, bytes, mtime_ns, xxh3_128, status, processed, processing_status, created_at, updated_at, path_hash) "
+            "VALUES (?, 1, ?, ?, ?, ?, 'PNG', 'RGB', 100, 1, 'x', ?, ?, ?, ?, ?, ?)",
             values,
         )
         if is_server(location):
