@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlindex import Catalog, ScanOptions, scan_tree
+from dlindex.catalog.migrations import path_hash
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, normalise, path_key, resolve_paths
 from dlindex.errors import InputError
 from dlindex.features.importer import _resolve_paths
@@ -110,6 +111,9 @@ def test_stand_in_copied_from_file_path_names_its_sample(tmp_path: Path) -> None
     with Catalog(where(tmp_path / "c.db")) as catalog:
         assert resolve_paths(catalog, [key.encode()]) == [id_]
         assert resolve_sample(catalog, key) == id_
+        # the seeded-sample key hashes the stand-in, the same bytes on either backend
+        ((stored,),) = catalog.read("SELECT path_hash FROM image_metadata WHERE id = :id", {"id": id_})
+    assert stored == path_hash(key)
 
 
 def test_a_relative_path_under_two_roots(tmp_path: Path) -> None:

@@ -429,9 +429,11 @@ def path_hash(file_path: str) -> int:
     """The ``path_hash`` column: the first 60 bits of the MD5 of ``file_path`` (UTF-8).
 
     A seeded sample ranks rows by it (dlindex.query.rows), so the sample of a tree is the same
-    whatever ids its rows got. pgschema.SCHEMA_V15 computes the same number in SQL.
+    whatever ids its rows got. pgschema.SCHEMA_V15 computes the same number in SQL. A key is
+    always valid UTF-8 (a name that is not has an ASCII stand-in, dlindex.catalog.paths), so
+    both backends hash the same bytes.
     """
-    return int(hashlib.md5(file_path.encode("utf-8", "surrogatepass"), usedforsecurity=False).hexdigest()[:15], 16)
+    return int(hashlib.md5(file_path.encode("utf-8"), usedforsecurity=False).hexdigest()[:15], 16)
 
 
 _M015_COLUMNS = (
