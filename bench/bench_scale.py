@@ -64,6 +64,7 @@ def make_part(path: Path, index: int, count: int, rows: int, root: str) -> None:
     """A finished scan part of ``rows`` samples, written straight into SQLite (like a real part:
     its own root row, labels, rows and its shard run)."""
     from dlindex.catalog.connection import Catalog
+    from dlindex.catalog.migrations import path_hash
 
     rm_db(path)
     Catalog(path, create=True, log=False).close()
@@ -71,13 +72,15 @@ def make_part(path: Path, index: int, count: int, rows: int, root: str) -> None:
     with conn:
         conn.execute("INSERT INTO roots (path) VALUES (?)", (root,))
         conn.executemany("INSERT INTO labels (name) VALUES (?)", [(f"class{c:03d}",) for c in range(100)])
-        conn.executemany(
+        conn.executemany(  # every column a scan writes (path_hash, inode, ctime_ns included)
             "INSERT INTO image_metadata (root_id, file_path, label_id, width, height, format, mode, bytes, "
-            "mtime_ns, xxh3_128, status, pixel_limit) VALUES (1, ?, ?, 500, 375, 'JPEG', 'RGB', ?, ?, ?, 'ok', ?)",
+            "mtime_ns, xxh3_128, status, pixel_limit, orientation, inode, ctime_ns, path_hash) "
+            "VALUES (1, ?, ?, 500, 375, 'JPEG', 'RGB', ?, ?, ?, 'ok', ?, 1, ?, ?, ?)",
             (
-                (f"class{n % 100:03d}/{n:08d}.jpg", n % 100 + 1, 100_000 + n, 1_700_000_000_000_000_000 + n,
-                 f"{n * 2654435761:032x}"[-32:], 89_478_485)
+                (key, n % 100 + 1, 100_000 + n, 1_700_000_000_000_000_000 + n, f"{n * 2654435761:032x}"[-32:],
+                 89_478_485, 1000 + n, 1_700_000_000_000_000_000 + n, path_hash(key))
                 for n in range(index, rows * count, count)
+                for key in (f"class{n % 100:03d}/{n:08d}.jpg",)
             ),
         )  # fmt: skip
         conn.execute(
