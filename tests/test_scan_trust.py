@@ -139,3 +139,20 @@ def test_inodes_past_the_signed_64_bit_range_are_kept(
     assert all(int(r[0]) < 0 for r in rows(db_path, "SELECT inode FROM image_metadata"))
     again = scan(db_path, image_tree)
     assert (again.unchanged, again.changed, again.reread) == (7, 0, 0)
+
+
+def test_only_the_loaders_own_prefix_makes_a_rescan_clear_a_failure(image_tree: Path, db_path: Path) -> None:
+    """A rescan clears the failures the training loader recorded (``loader: ``, exactly, as
+    PostgreSQL's LIKE compares it), never a user's verdict that merely reads alike."""
+    from dlindex import Catalog
+    from dlindex.query.mark import mark_samples
+
+    scan(db_path, image_tree)
+    ((sample,),) = rows(db_path, "SELECT id FROM image_metadata WHERE file_path = ?", ("cat/000.png",))
+    with Catalog(db_path) as catalog:
+        mark_samples(catalog, [str(sample)], processing_status="failed", error="LOADER: crops badly")
+    again = scan(db_path, image_tree)
+    assert (again.unchanged, again.reread) == (7, 0)
+    assert rows(db_path, "SELECT processing_status, error FROM image_metadata WHERE id = ?", (sample,)) == [
+        ("failed", "LOADER: crops badly")
+    ]

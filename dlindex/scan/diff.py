@@ -20,12 +20,13 @@ from dlindex.scan.walk import Folder, walk_runs
 
 # The last column asks for a new probe of an unchanged file whose verdict depends on
 # --max-pixels (it was judged under another limit, or is above twice the new one), or that
-# the training loader failed to read (its error starts with LOADER_FAILURE): the file may be
-# back, and the writer then clears the loader's mark.
+# the training loader failed to read (its error starts with LOADER_FAILURE, case and all: not
+# LIKE, which ignores case on both backends): the file may be back, and the writer then clears
+# the loader's mark.
 _ROWS = (
     "SELECT file_path, id, bytes, mtime_ns, status, label_id, split, "
     "(CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END) "
-    "OR (processing_status = 'failed' AND error LIKE :loader_failed), "
+    "OR (processing_status = 'failed' AND substr(error, 1, :loader_length) = :loader_failed), "
     "inode, ctime_ns, xxh3_128, pixel_limit FROM image_metadata WHERE root_id = :root AND file_path >= :start"
 )
 _ROWS_FROM = _ROWS + " ORDER BY file_path"
@@ -117,7 +118,8 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
     """Merge-join the unit's walk with its catalog rows, both in file_path order."""
     diff = UnitDiff()
     params = {"root": root_id, "start": unit.start, "end": unit.end, "limit": options.max_pixels,
-              "bomb": 2 * options.max_pixels, "loader_failed": LOADER_FAILURE + "%"}  # fmt: skip
+              "bomb": 2 * options.max_pixels, "loader_failed": LOADER_FAILURE,
+              "loader_length": len(LOADER_FAILURE)}  # fmt: skip
     cursor = conn.execute(_ROWS_FROM if unit.end is None else _ROWS_BETWEEN, params)
     overrides = options.label_overrides
     force = options.force

@@ -18,6 +18,7 @@ from dlindex.catalog.connection import Catalog
 from dlindex.catalog.migrations import path_hash
 from dlindex.errors import DlindexError
 from dlindex.procs import pid_alive
+from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.diff import ToProbe
 from dlindex.scan.probe import Probe
 
@@ -45,12 +46,13 @@ _UPSERT = (
         processed = CASE WHEN image_metadata.xxh3_128 IS excluded.xxh3_128
             THEN image_metadata.processed ELSE 0 END,
         processing_status = CASE WHEN image_metadata.xxh3_128 IS NOT excluded.xxh3_128 THEN NULL
-            WHEN image_metadata.processing_status = 'failed' AND image_metadata.error LIKE 'loader: %'
+            WHEN image_metadata.processing_status = 'failed'
+                AND substr(image_metadata.error, 1, {loader_length}) = '{loader}'
                 AND excluded.status = 'ok' THEN NULL
             ELSE image_metadata.processing_status END,
         xxh3_128 = excluded.xxh3_128,
         updated_at = CURRENT_TIMESTAMP"""
-)
+).format(loader=LOADER_FAILURE, loader_length=len(LOADER_FAILURE))  # a constant: the prefix, case and all
 _MARK_MISSING = (
     "UPDATE image_metadata SET status = 'missing', updated_at = CURRENT_TIMESTAMP WHERE id = ? AND status != 'missing'"
 )
