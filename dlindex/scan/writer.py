@@ -115,7 +115,7 @@ class BatchWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Commit every buffered row, missing mark and relabel in one transaction."""
+        """Commit every buffered row, missing mark, relabel and identity (inode, ctime) in one transaction."""
         if self.rows or self.missing or self.relabel or self.identified:
             new: list[tuple[object, ...]] = []
             changed: list[tuple[object, ...]] = []
