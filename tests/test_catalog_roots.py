@@ -35,6 +35,10 @@ def test_move_a_root_then_scan_and_export_from_the_new_place(
         assert [(r.path, r.exists, r.ok) for r in list_roots(catalog)] == [(str(new), True, 6)]
         summary = scan_tree(catalog, new, ScanOptions(workers=1))
         assert (summary.new, summary.changed, summary.missing) == (0, 0, 0)
+        # the copy gave every file a new inode and ctime: the move forgot them, so the scan read
+        # no file again (it recorded the new identities from lstat)
+        assert (summary.reread, summary.unchanged) == (0, summary.seen)
+        assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE inode IS NULL") == [(0,)]
         export_catalog(catalog, tmp_path / "w", ExportOptions(format="wds"))  # reads every source
         export_catalog(catalog, tmp_path / "j", ExportOptions(format="jsonl"))
     assert rows(scanned_db, "SELECT id, file_path FROM image_metadata ORDER BY id") == ids_before

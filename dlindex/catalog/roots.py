@@ -6,7 +6,7 @@
         moved = move_root(catalog, "/mnt/old/images", "/data/images")   # checks a sample first
 
 Rows keep their ``file_path`` (relative to the root), so moving a root is one UPDATE of the
-``roots`` row; before it, a sample of the root's files must be found under the new folder
+``roots`` row (and the rows forget the inode and ctime a copy changes); before it, a sample of the root's files must be found under the new folder
 with the size the catalog has, so a typo or a different tree is refused, not recorded.
 """
 
@@ -37,6 +37,9 @@ _SAMPLE = (
     "WHERE root_id = :root AND status = 'ok' ORDER BY (id * 2654435761) % 4294967296 LIMIT :limit"
 )
 _MOVE = "UPDATE roots SET path = :path, path_bytes = :raw WHERE id = :root"
+# A copied tree (rsync -a, cp -a, a new disk) gives every file a new inode and ctime: the rows
+# forget theirs, and the next scan records the new ones from lstat instead of reading every file.
+_FORGET_IDENTITY = "UPDATE image_metadata SET inode = NULL, ctime_ns = NULL WHERE root_id = :root"
 _TAKEN = "SELECT id FROM roots WHERE path = :path"
 DEFAULT_CHECK = 20
 
@@ -112,6 +115,7 @@ def move_root(
         checked += 1
     with catalog.write_transaction() as conn:
         conn.execute(_MOVE, {"path": text, "raw": None if lossless else new_raw, "root": root_id})
+        conn.execute(_FORGET_IDENTITY, {"root": root_id})
     return MovedRoot(root_id, display_name(old_raw)[0], text, checked)
 
 
