@@ -268,3 +268,26 @@ def test_reads_through_json_each_replay_and_the_schema_stays_unwritable(db: Path
                 conn.execute(sql)
     finally:
         conn.close()
+
+
+def test_inserts_into_a_table_keyed_by_two_columns_are_measured(tmp_path: Path) -> None:
+    """image_features (a rowid table with PRIMARY KEY (image_id, feature_type)): the measured
+    insert copied rows onto their own keys, failed, and an index there was charged nothing for
+    the logged inserts ("not measured (only INSERT and UPDATE are)" beside an INSERT)."""
+    import sqlite3
+
+    from dlindex.advisor.copy_stats import CopyStatistics
+    from dlindex.advisor.shapes import TableInfo
+    from dlindex.advisor.write_cost import WriteCosts
+
+    path = tmp_path / "pk.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("CREATE TABLE f (image_id INTEGER NOT NULL, kind TEXT NOT NULL, v BLOB, PRIMARY KEY (image_id, kind))")
+    conn.executemany("INSERT INTO f VALUES (?, ?, ?)", [(i, k, b"x") for i in range(200) for k in ("a", "b")])
+    info = TableInfo.make("f", ["image_id", "kind", "v"], None)
+    writes = WriteCosts(conn, path, CopyStatistics(conn))
+    writes.pick_rows("f", info)
+    inserted, updated = writes.measure("f", info, ["v"], runs=1)
+    assert inserted is not None and updated is not None
+    assert conn.execute("SELECT count(*) FROM f").fetchone()[0] == 400  # rolled back
+    conn.close()

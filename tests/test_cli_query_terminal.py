@@ -77,6 +77,23 @@ def test_headers_stay_readable_at_80_columns(runner: CliRunner, big: Path, monke
     assert max(cell_len(line) for line in out.getvalue().splitlines()) <= 80
 
 
+def test_every_column_name_stays_whole_at_80_columns(
+    runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`orientation` (11 letters, no underscore to break at) was cut to `orientati…`."""
+    from dlindex.query.spec import COLUMNS
+
+    out = terminal(monkeypatch)
+    wide = "id,path,label,width,height,orientation,processing_status,excluded"
+    result = runner.invoke(app, ["query", "--db", str(big), "--limit", "3", "-c", wide])
+    assert result.exit_code == 0, result.output
+    header = table_lines(out.getvalue())[0]
+    assert "…" not in header and "orientation" in header.split(), header
+    assert max(cell_len(line) for line in out.getvalue().splitlines()) <= 80
+    longest = max((w for name in COLUMNS for w in _table._words(name)), key=len)
+    assert _table.header_floor(longest) == len(longest)  # every catalog column's name fits its floor
+
+
 def test_paths_are_shortened_in_the_middle_to_the_width(
     runner: CliRunner, big: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

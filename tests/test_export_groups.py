@@ -19,10 +19,11 @@ from dlindex.export import ExportError, load_index, manifest_rows
 from dlindex.export.groups import merged_groups, value_point
 from dlindex.export.index import listed_shards
 from dlindex.export.plan import HASH, ID, ROW, split_of
+from dlindex.query.spec import QuerySpec
 from dlindex.scan.labels import _parse
 
 from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, columns_added_after, where
-from .conftest import export, rows
+from .conftest import export, exported, rows
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -324,3 +325,40 @@ def test_a_large_group_is_said_and_chains_stay_together(tmp_path: Path) -> None:
     assert len({s for p, s in found.items() if "chain" in p}) == 1
     large = [line for line in said if line.startswith("the largest group holds")]
     assert len(large) == 1 and "of 26 samples" in large[0], said
+
+
+def test_excluded_copies_still_hold_their_group_together(tmp_path: Path) -> None:
+    """Groups come from every ok sample, excluded ones too: `mark --exclude` of one copy of
+    each pair does not let `--excluded include --group near-dups` split the pairs, nor move
+    the kept copy's split."""
+    from dlindex.query.mark import mark_samples
+
+    db, root = scanned(tmp_path)
+    before = splits(exported(db, tmp_path / "before", split=SPLIT, group="near-dups"))
+    small = [str(p) for p in sorted(root.rglob("*-small.jpg"))]
+    with Catalog(db) as catalog:
+        mark_samples(catalog, small, excluded=True, by="path")
+    out = exported(db, tmp_path / "all", split=SPLIT, group="near-dups", query=QuerySpec(excluded=None))
+    grouped = by_picture(splits(out))
+    assert len(grouped) == PAIRS and all(len(s) == 1 for s in grouped.values())
+    assert load_index(out)["options"]["group"]["groups"] == PAIRS
+    kept = splits(exported(db, tmp_path / "kept", split=SPLIT, group="near-dups"))
+    assert kept == {path: split for path, split in before.items() if "-small" not in path}
+
+
+def test_hashes_computed_for_grouping_cover_excluded_samples(tmp_path: Path) -> None:
+    """An export that computes dhash first computes it for excluded samples too, once."""
+    from dlindex.export import ExportOptions, export_catalog
+    from dlindex.query.mark import mark_samples
+
+    db, root = scanned(tmp_path)
+    with Catalog(db) as catalog:
+        mark_samples(catalog, [str(p) for p in sorted(root.rglob("*-small.jpg"))], excluded=True, by="path")
+    notes: list[str] = []
+    options = ExportOptions(split=SPLIT, group="near-dups", query=QuerySpec(excluded=None))
+    for out in ("one", "two"):
+        with Catalog(db) as catalog:
+            export_catalog(catalog, tmp_path / out, options, note=notes.append)
+    assert len(notes) == 1 and f"for {2 * PAIRS} sample(s)" in notes[0]
+    grouped = by_picture(splits(tmp_path / "two"))
+    assert len(grouped) == PAIRS and all(len(s) == 1 for s in grouped.values())

@@ -104,3 +104,18 @@ def test_the_summary_says_what_was_checked(runner: CliRunner, wds_export: Path) 
     assert result.exit_code == 0, result.output
     assert "7 files, 6 samples in the shards" in result.stdout
     assert "source images" not in result.stdout
+
+
+def test_a_manifest_whose_source_tree_is_gone_is_one_problem(
+    runner: CliRunner, scanned_db: Path, image_tree: Path, tmp_path: Path
+) -> None:
+    """A moved or unmounted tree is one line naming the root, not a `missing` line per image
+    (up to 1,000 of them), and the summary does not claim the images were checked."""
+    export(scanned_db, tmp_path / "m", format="jsonl")
+    image_tree.rename(image_tree.with_name("elsewhere"))
+    result = verify_export(tmp_path / "m")
+    assert result.problem_count == 1 and result.samples == 0, result.problems
+    assert result.problems[0].startswith(f"source root {image_tree.resolve()} is missing (moved or unmounted?)")
+    cli = invoke(runner, "export", "--verify", str(tmp_path / "m"))
+    assert cli.exit_code == 1 and cli.stderr.count("\n") == 2, cli.stderr
+    assert "0 source images" in cli.stdout

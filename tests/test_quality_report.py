@@ -169,7 +169,9 @@ def test_previews_are_inline_images_no_bigger_than_asked(tmp_path: Path, files: 
         head, _, data = (image["src"] or "").partition(";base64,")
         kinds.append(head)
         decoded = Image.open(io.BytesIO(base64.b64decode(data, validate=True)))
-        assert max(decoded.size) <= 96 and decoded.size == (int(image["width"] or 0), int(image["height"] or 0))
+        scale = max(1, 96 // max(decoded.size))  # a small image is drawn enlarged by a whole factor
+        shown = (decoded.size[0] * scale, decoded.size[1] * scale)
+        assert max(decoded.size) <= 96 and shown == (int(image["width"] or 0), int(image["height"] or 0))
     # photo.jpg, photo_small.jpg: JPEG; photo.png is opaque RGB: JPEG; alpha and palette: WebP (a quarter of an
     # optimized PNG's bytes, 5x faster to write: 8.8k icons took 90 s and 43.5 MB); 16-bit grey: JPEG
     assert kinds == ["data:image/jpeg", "data:image/jpeg", "data:image/jpeg", "data:image/webp", "data:image/webp",
@@ -177,6 +179,22 @@ def test_previews_are_inline_images_no_bigger_than_asked(tmp_path: Path, files: 
     raw = summary.path.read_text(encoding="utf-8")
     assert "file:" not in raw and "http://" not in raw and "https://" not in raw
     assert str(files["jpeg"].parent) not in " ".join(i["src"] or "" for i in page.images)
+
+
+def test_a_sprite_is_drawn_enlarged_with_sharp_pixels(tmp_path: Path, files: dict[str, Path]) -> None:
+    """A 16 px sprite fills the frame (10x at 160 px, pixels kept sharp) so a person can judge the
+    pair; the data stays a 16 px thumbnail. A photo's thumbnail is drawn as it is."""
+    sprite = tmp_path / "sprite.png"
+    Image.new("RGBA", (16, 12), (200, 30, 30, 255)).save(sprite)
+    group = ReportGroup("near", (_member(1, sprite, kept=True), _member(2, files["jpeg"])))
+    summary = write_report(tmp_path / "report.html", [group], title="t")
+    small, photo = parse(summary.path).images
+    decoded = Image.open(io.BytesIO(base64.b64decode((small["src"] or "").partition(";base64,")[2])))
+    assert decoded.size == (16, 12)
+    assert (small["width"], small["height"], small["class"]) == ("160", "120", "px")
+    assert small["style"] == "width: 160px; height: 120px"
+    assert "px" not in (photo.get("class") or "") and photo.get("style") is None
+    assert ".frame img.px { image-rendering: pixelated; }" in summary.path.read_text(encoding="utf-8")
 
 
 def test_files_that_cannot_be_shown_get_a_placeholder_with_the_reason(tmp_path: Path, files: dict[str, Path]) -> None:

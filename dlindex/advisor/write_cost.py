@@ -94,7 +94,7 @@ class WriteCosts:
         """Copies of existing rows under new rowids, unique columns made unique again."""
         unique: set[str] = set()
         for row in self.conn.execute(f"PRAGMA index_list({quote_identifier(table)})").fetchall():
-            if row[2] and row[3] != "pk":
+            if row[2]:  # a UNIQUE constraint or index, or the key of a rowid table keyed by several columns
                 keys = [r[2] for r in self.conn.execute(f"PRAGMA index_info({quote_identifier(row[1])})")]
                 unique.add(keys[-1])
         t = quote_identifier(table)

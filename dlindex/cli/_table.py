@@ -21,7 +21,7 @@ CHUNK = 500
 _PATH_COLUMNS = ("path", "file_path", "root")
 _MIN_PATH = 12
 _MIN_OTHER = 4
-_MAX_HEADER_FLOOR = 10  # a column keeps this much of its header's longest word at least
+_MAX_HEADER_FLOOR = 12  # a column keeps this much of its header's longest word at least ("orientation": 11)
 ELLIPSIS = "…"
 
 
@@ -78,7 +78,7 @@ def stream_table(
 
 
 def header_floor(header: str) -> int:
-    """The narrowest a column may get: its header's longest word (at most 10), 12 for a path."""
+    """The narrowest a column may get: its header's longest word (at most 12), 12 for a path."""
     if header in _PATH_COLUMNS:
         return _MIN_PATH
     return max(_MIN_OTHER, min(_MAX_HEADER_FLOOR, max(len(w) for w in _words(header))))

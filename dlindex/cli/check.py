@@ -69,4 +69,9 @@ def _print(r: CheckReport) -> None:
                f"integrity {r.integrity}, {r.seconds:.2f} s")  # fmt: skip
     for problem in r.problems:
         typer.echo(f"problem: {problem}")
-    typer.echo("healthy" if r.healthy else f"{len(r.problems)} problem(s); {recovery_hint(r.path)}")
+    if r.healthy:
+        typer.echo("healthy")
+    elif set(r.problems) <= set(r.unreachable_roots):  # each line says what to do; recovering would not help
+        typer.echo(f"{len(r.problems)} problem(s); the catalog file is whole")
+    else:
+        typer.echo(f"{len(r.problems)} problem(s); {recovery_hint(r.path)}")

@@ -115,7 +115,10 @@ def ensure_hashes(catalog: Catalog, grouping: Grouping, note: Callable[[str], No
         f"(as dlindex features compute --type {DEFAULT_GROUP_TYPE} --extractor {DEFAULT_GROUP_TYPE} would)"
     )
     extractor = None if existing is not None else DEFAULT_GROUP_TYPE
-    compute_features(catalog, DEFAULT_GROUP_TYPE, options=ComputeOptions(extractor=extractor))
+    from dlindex.query.spec import QuerySpec
+
+    every_ok = QuerySpec(excluded=None)  # the groups take in excluded samples too
+    compute_features(catalog, DEFAULT_GROUP_TYPE, every_ok, options=ComputeOptions(extractor=extractor))
 
 
 LARGE_GROUP_SHARE = 0.05  # a group above this share of the samples can move a split's fraction visibly
@@ -151,13 +154,15 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
         sizes = Counter(values.values())
         return GroupPoints(points, len(sizes), max(sizes.values(), default=0), grouping)
     from dlindex.quality.groups import duplicate_groups, near_limits
+    from dlindex.query.spec import QuerySpec
 
     assert grouping.feature_type is not None
+    every_ok = QuerySpec(excluded=None)  # excluded copies too: a sample's split must not depend on `mark --exclude`
     near = duplicate_groups(
         catalog, feature_type=grouping.feature_type, max_distance=grouping.max_distance,
-        threshold=grouping.threshold, keep="first", grouping="connected",
+        threshold=grouping.threshold, keep="first", grouping="connected", spec=every_ok,
     )  # fmt: skip  # connected: no chain of near copies may cross a split
-    exact = duplicate_groups(catalog, keep="first")
+    exact = duplicate_groups(catalog, keep="first", spec=every_ok)
     members = merged_groups(g.ids for g in (*near, *exact))
     anchors = {i: group[0] for group in members for i in group}
     anchor_points = content_points(catalog, sorted({group[0] for group in members}))

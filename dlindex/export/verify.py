@@ -83,6 +83,9 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
     file_root = os.fsencode(index["file_root"])
     classes = len(index["labels"])
     absolute = absolute_paths(index)
+    tree_gone = bool(manifest_files(index)) and not os.path.isdir(file_root)
+    if tree_gone:  # one line, not a `missing` line for each of its images
+        problem(f"source root {index['file_root']} is missing (moved or unmounted?): its images were not checked")
     for name in manifest_files(index):
         if not (root / name).is_file():
             continue  # already reported
@@ -96,8 +99,8 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
                 except ExportError as e:
                     problem(f"{name}: {e}")
                     continue
-                if path in seen:
-                    continue  # a --pad repeat
+                if path in seen or tree_gone:
+                    continue  # a --pad repeat, or nothing to check it against
                 seen.add(path)
                 samples += 1
                 _check_source(path, file_root, row, problem)

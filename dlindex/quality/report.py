@@ -239,7 +239,7 @@ def _write_page(
     with contextlib.closing(_thumbnails(shown, thumb_px)) as previews:  # fd 2 and warnings restored on error too
         for number, ((group, members), thumbs) in enumerate(zip(shown, previews, strict=True), 1):
             failed += sum(t.uri is None for t in thumbs)
-            out.write(_group_html(number, group, members, thumbs))
+            out.write(_group_html(number, group, members, thumbs, thumb_px))
     out.write(_FOOT)
     return failed
 
@@ -280,10 +280,12 @@ def _thumbnails(
         capture.stop()
 
 
-def _group_html(number: int, group: ReportGroup, members: Sequence[ReportMember], thumbs: Iterable[Thumbnail]) -> str:
+def _group_html(
+    number: int, group: ReportGroup, members: Sequence[ReportMember], thumbs: Iterable[Thumbnail], thumb_px: int
+) -> str:
     more = len(group.members) - len(members)
     extra = f' <span class="more">({more} more not shown)</span>' if more else ""
-    cards = "\n".join(_card(m, t) for m, t in zip(members, thumbs, strict=True))
+    cards = "\n".join(_card(m, t, thumb_px) for m, t in zip(members, thumbs, strict=True))
     return (
         f'<section class="group" id="g{number}" data-kind="{text(group.kind)}" data-size="{len(group.members)}">\n'
         f'<h2><a href="#g{number}">#{number}</a> <span class="kind">{text(group.kind)}</span> '
@@ -291,11 +293,16 @@ def _group_html(number: int, group: ReportGroup, members: Sequence[ReportMember]
     )
 
 
-def _card(member: ReportMember, thumb: Thumbnail) -> str:
+def _card(member: ReportMember, thumb: Thumbnail, thumb_px: int) -> str:
     kept = ' data-kept="1"' if member.kept else ""
     badge = '<span class="badge">kept</span>' if member.kept else ""
     if thumb.uri is not None:
-        picture = f'<img src="{thumb.uri}" width="{thumb.width}" height="{thumb.height}" alt="image {member.id}">'
+        # a sprite or icon of 16 px is drawn enlarged by a whole factor, its pixels kept sharp,
+        # so a person can judge the pair; the data stays the small thumbnail
+        scale = max(1, thumb_px // max(thumb.width, thumb.height, 1))
+        width, height = thumb.width * scale, thumb.height * scale
+        sharp = f' class="px" style="width: {width}px; height: {height}px"' if scale > 1 else ""
+        picture = f'<img src="{thumb.uri}"{sharp} width="{width}" height="{height}" alt="image {member.id}">'
     else:
         reason = text(thumb.reason or "no preview")
         picture = f'<div class="placeholder" data-reason="{reason}">no preview<br>{reason}</div>'
@@ -370,6 +377,7 @@ h2 a {{ color: var(--muted); text-decoration: none; }}
 .frame {{ height: var(--thumb); display: flex; align-items: center; justify-content: center;
   background: repeating-conic-gradient(#eef1f4 0 25%, #fff 0 50%) 0 0 / 16px 16px; border-radius: 4px; }}
 .frame img {{ max-width: 100%; max-height: 100%; width: auto; height: auto; }}
+.frame img.px {{ image-rendering: pixelated; }}
 .placeholder {{ padding: 8px; color: #cf222e; font-size: 12px; text-align: center; overflow-wrap: anywhere; }}
 figcaption {{ margin-top: 6px; display: flex; flex-direction: column; gap: 2px; font-size: 12px; }}
 .id {{ font-weight: 600; }} .id::before {{ content: "id "; color: var(--muted); font-weight: 400; }}
