@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy is imported where pixels are turned: a scan only reads headers
+    import numpy.typing as npt
 
 UPRIGHT = 1
 SWAPS_SIDES = frozenset({5, 6, 7, 8})  # these orientations turn the image by a quarter: width <-> height
@@ -73,6 +73,8 @@ def read_orientation(data: bytes) -> int:
 
 def apply_orientation(pixels: npt.NDArray[Any], orientation: int) -> npt.NDArray[Any]:
     """``pixels`` (H x W or H x W x C) turned and flipped as ``exif_transpose`` does (a view)."""
+    import numpy as np
+
     if orientation == 2:
         return pixels[:, ::-1]
     if orientation == 3:
@@ -128,8 +130,13 @@ def _png(data: bytes) -> int | None:
             body = data[pos + 8 : pos + 8 + length]
             value = _tiff_ifd0(body[6:] if body.startswith(b"Exif\x00\x00") else body)
             return None if value == 0 else value  # 0: none in EXIF, and XMP text may follow
-        if chunk in (b"tEXt", b"zTXt", b"iTXt"):
-            return None  # ImageMagick's "Raw profile type exif" text: Pillow's reading
+        if (
+            chunk in (b"tEXt", b"zTXt", b"iTXt")
+            and b"exif" in data[pos + 8 : pos + 8 + min(length, 80)].split(b"\0", 1)[0].lower()
+        ):
+            return None  # an "exif" or ImageMagick's "Raw profile type exif" text: Pillow's reading
+        # Any other text (a comment, the software, a creation time, XMP) says nothing of the
+        # orientation unless an eXIf chunk comes too, which this loop still reaches.
         pos += 12 + length
     return None
 

@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from dlindex import Catalog, ScanOptions, query_rows, scan_tree
-from dlindex.features import ComputeOptions, compute_features
+from dlindex.features import ComputeOptions, compute_features, visible
 from dlindex.features.extractors import colorthumb, dhash
 from dlindex.features.visible import on_background, subject
 from dlindex.quality.groups import duplicate_groups
@@ -129,3 +129,25 @@ def test_a_sprite_flattened_onto_white_as_jpeg_stays_near_its_png() -> None:
             apart.append(bits_apart(sprite, jpeg))
     # random patterns have near-ties that JPEG's colour noise flips (on Wesnoth's sprites: 96% within 8)
     assert sum(d <= 8 for d in apart) >= 10 and np.median(apart) <= 4, apart
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L", "P"])
+@pytest.mark.parametrize("size", [(40, 30), (400, 300)])
+def test_the_page_test_reads_the_frame_alike_whatever_the_image_size(
+    mode: str, size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small image's frame is read from the whole image converted once (four crops cost dhash
+    # a third of its time on thumbnail-sized files, #32); a large one's from crops. Same verdicts,
+    # right at the share that makes a page.
+    w, h = size
+    frame = 2 * w + 2 * h  # corners count twice
+    for dark in (int(frame * 0.05) - 2, int(frame * 0.05) + 2):  # just a page, just not
+        pixels = np.full((h, w, 3), 250, np.uint8)
+        pixels[1:-1, 1:-1] = 30
+        pixels[0, :dark] = 200  # 55 below white on every channel: not the page's white
+        image = Image.fromarray(pixels, "RGB").convert(mode)
+        want = dark <= frame * 0.05
+        assert visible._on_page(image) is want
+        monkeypatch.setattr(visible, "_WHOLE_FRAME_PIXELS", 0)
+        assert visible._on_page(image) is want
+        monkeypatch.undo()
