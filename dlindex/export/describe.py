@@ -44,7 +44,7 @@ def describe_export(
     """index.json without what depends on the files written (``created_at``, ``counts.samples``,
     ``counts.splits``, the shard and file lists, clients' keys: None or empty here), every key
     in its place: what each part of a ``--shard`` export records for the merge to complete."""
-    from dlindex import __version__
+    from dlindex.version import __version__
 
     spec = options.query
     return {

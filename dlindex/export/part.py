@@ -248,7 +248,7 @@ def _shard_entry(check: _Checker, value: Any, key: str, group: PlanGroup) -> Sha
 def _head(check: _Checker, value: Any) -> dict[str, Any]:
     """index.json's describe_export part: what the merge reads from it must be what it expects."""
     head = check.obj(value, "index")
-    from dlindex import __version__
+    from dlindex.version import __version__
 
     if head.get("dlindex_export") != INDEX_VERSION:
         raise ExportError(f"{check.where}: the parts were written for export version "

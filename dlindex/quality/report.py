@@ -228,7 +228,7 @@ def _write_page(
     thumb_px: int,
 ) -> int:
     """Stream the page to ``out`` group by group; return how many previews failed."""
-    from dlindex import __version__
+    from dlindex.version import __version__
 
     images = sum(len(members) for _, members in shown)
     total_images = sum(len(g.members) for g in groups)
