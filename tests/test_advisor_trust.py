@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
 from dlindex.advisor.leftovers import PREFIX, remove_leftovers
-from dlindex.procs import process_start
+from dlindex.pids import process_start
 
 from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot
 from .conftest import invoke, rows

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dlindex.procs import pid_alive, process_start
+from dlindex.pids import pid_alive, process_start
 
 PREFIX = "dlindex-advisor-"
 _NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[A-Za-z0-9_]+")

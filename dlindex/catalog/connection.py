@@ -33,7 +33,7 @@ from dlindex.catalog.sqlite import (
 )
 from dlindex.catalog.state import BUMP, CatalogState, new_token, read_state
 from dlindex.errors import CatalogBusyError, CatalogConnectionLost, DlindexWarning, ReadOnlyCatalogError
-from dlindex.procs import pid_alive
+from dlindex.pids import pid_alive
 
 _SERVER_IDENTITY = postgres_form(
     "SELECT 0, 0",

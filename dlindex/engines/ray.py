@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from dlindex.engines.local import CStderrCapture, die_with_parent
 from dlindex.errors import DlindexError, InputError
-from dlindex.procs import CStderrCapture, die_with_parent
 
 INSTALL_HINT = "--engine ray needs the ray extra: pip install 'dlindex[ray]'"
 _PROBE_SECONDS = 5.0  # a TCP connect to the head; ray.init itself would retry for a minute

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.export.confine import ConfineError, hash_regular, open_regular, resolve_inside
 from dlindex.export.describe import client_keys, complete_index, split_counts
 from dlindex.export.files import hash_file
@@ -35,7 +36,6 @@ from dlindex.export.registry import record_export
 from dlindex.export.shards import Features, ShardInfo, shard_name
 from dlindex.export.validate import check_index
 from dlindex.export.wds import arrange
-from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

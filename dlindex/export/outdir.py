@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dlindex.export.plan import ExportError
-from dlindex.procs import host_tag, pid_alive, process_start
+from dlindex.pids import host_tag, pid_alive, process_start
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
 from dlindex.catalog.migrations import schema_version
 from dlindex.catalog.reachable import unreachable_roots
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import hash_file, packable
@@ -38,7 +39,6 @@ from dlindex.export.registry import record_export
 from dlindex.export.shards import Context, ShardInfo
 from dlindex.export.vectors import feature_source
 from dlindex.export.wds import arrange, write_wds
-from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import split_counts
 from dlindex.query.spec import QuerySpec
 from dlindex.shard import Shard, parse_shard

@@ -25,6 +25,7 @@ import xxhash
 
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.engines import check_engine
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
@@ -32,7 +33,6 @@ from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, loa
 from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
 from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
-from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
 from dlindex.shard import Shard, id_shards

@@ -20,12 +20,12 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy_format
 
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state, tempfiles
 from dlindex.features.matrix import cached_matrix, remove_cached_matrix
 from dlindex.features.types import TYPES, FeatureType, all_types, get_type
 from dlindex.features.vectors import CHUNK, COUNT_VECTORS, Ids, Vectors, decode_rows, read_all
-from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from dlindex.engines.local import CStderrCapture
 from dlindex.errors import DlindexError, InputError, Interrupted
 from dlindex.faults import disk_full_error, is_disk_full
 from dlindex.features import tempfiles
-from dlindex.procs import CStderrCapture
 from dlindex.quality.thumbnails import Thumbnail, make_thumbnail
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from typing import Any
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.paths import display_name
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.errors import InputError, Interrupted
-from dlindex.procs import sigterm_as_interrupt
 from dlindex.scan import tasks as worker
 from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
 from dlindex.scan.labels import read_labels_file, write_attributes
