@@ -1,4 +1,4 @@
-"""``merge_exports``: the N parts of a ``--shard I/N`` export joined into one, without the catalog.
+"""``merge_exports``: the N parts of a ``--part I/N`` export joined into one, without the catalog.
 
 The parts must be all N parts of one export (one plan digest, one index.json head, each I
 once). Each part's files are hard-linked (copied where a link cannot be made) into a
@@ -75,7 +75,7 @@ def merge_exports(
     *,
     catalog: Catalog | None = None,
 ) -> MergeSummary:
-    """Join the folders of all N parts of a ``--shard`` export into the export ``into``,
+    """Join the folders of all N parts of a ``--part`` export into the export ``into``,
     atomically; ExportError (nothing written) unless they are exactly the N parts of one
     export and every file is what its part manifest says.
 
@@ -160,7 +160,7 @@ def merge_exports(
 def _load_all(folders: Sequence[str | os.PathLike[str]]) -> list[Part]:
     """The part manifests, in part order, once each, all of one export; else ExportError."""
     if not folders:
-        raise ExportError("no parts to merge; name the N folders that export --shard I/N wrote")
+        raise ExportError("no parts to merge; name the N folders that export --part I/N wrote")
     parts: list[Part] = []
     seen: dict[str, str] = {}
     for folder in folders:

@@ -14,6 +14,8 @@ from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_ro
 from dlindex.catalog.migrations import schema_version
 from dlindex.catalog.reachable import unreachable_roots
 from dlindex.engines.local import sigterm_as_interrupt
+from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
+from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import hash_file, packable
@@ -41,7 +43,6 @@ from dlindex.export.vectors import feature_source
 from dlindex.export.wds import arrange, write_wds
 from dlindex.query.rows import split_counts
 from dlindex.query.spec import QuerySpec
-from dlindex.shard import Shard, parse_shard
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

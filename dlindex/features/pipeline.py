@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,6 +26,7 @@ import xxhash
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.engines import check_engine
 from dlindex.engines.local import sigterm_as_interrupt
+from dlindex.engines.parts import Part, id_parts, renamed_shard
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import state
@@ -35,7 +36,6 @@ from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
-from dlindex.shard import Shard, id_shards
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -59,7 +59,12 @@ class ComputeOptions:
     retry_failed: bool = False
     engine: str = "local"  # or "ray": batches on a Ray cluster (dlindex.features.onray)
     address: str | None = None  # the Ray cluster's; None: $RAY_ADDRESS, else a local one
-    shard: Shard | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
+    part: Part | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
+    shard: InitVar[Part | None] = None  # deprecated: the old name of ``part``
+
+    def __post_init__(self, shard: Part | None) -> None:
+        if shard is not None:
+            object.__setattr__(self, "part", renamed_shard("ComputeOptions", shard, self.part))
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,8 @@ def _compute(
     selected = already = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
         ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
-        if options.shard is not None:
-            mine = id_shards(ids, options.shard.count) == options.shard.index
+        if options.part is not None:
+            mine = id_parts(ids, options.part.count) == options.part.index
             chunk = [r for r, keep in zip(chunk, mine, strict=True) if keep]
             ids = ids[mine]
         have, skip = _member(ids, done), _member(ids, failed)
@@ -145,8 +150,8 @@ def _compute(
     writer = _Writer(catalog, ftype)
     interrupted = False
     shard_run = None
-    if options.shard is not None:
-        shard_run = start_shard_run(catalog, "features", ftype.name, options.shard, _shard_plan(ftype, spec, options))
+    if options.part is not None:
+        shard_run = start_shard_run(catalog, "features", ftype.name, options.part, _part_plan(ftype, spec, options))
     restore = sigterm_as_interrupt()
     try:
         if todo:
@@ -176,11 +181,11 @@ def _compute(
     return summary
 
 
-def _shard_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
-    """What every part of one sharded compute shares: the type, the selection, N."""
-    assert options.shard is not None
+def _part_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
+    """What every part of one compute in parts shares: the type, the selection, N."""
+    assert options.part is not None
     described = json.dumps(
-        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.shard.count]
+        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.part.count]
     )
     return xxhash.xxh3_128_hexdigest(described.encode())
 
