@@ -137,9 +137,7 @@ def bench_balance(tree: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for count in (2, 4, 8):
         options = WalkOptions(root=os.fsencode(os.path.realpath(tree)))
-        plans = [
-            part_units(os.fsencode(os.path.realpath(tree)), options, WalkReport(), i, count) for i in range(count)
-        ]
+        plans = [part_units(os.fsencode(os.path.realpath(tree)), options, WalkReport(), i, count) for i in range(count)]
         files = [p.files for p in plans]
         ideal = plans[0].total / count
         out[str(count)] = {"files": files, "total": plans[0].total,
