@@ -151,7 +151,8 @@ def _compute(
     interrupted = False
     shard_run = None
     if options.part is not None:
-        shard_run = start_shard_run(catalog, "features", ftype.name, options.part, _part_plan(ftype, spec, options))
+        part, plan = options.part, _part_plan(ftype, spec, options)
+        shard_run = start_shard_run(catalog, "features", ftype.name, part.index, part.count, plan)
     restore = sigterm_as_interrupt()
     try:
         if todo:

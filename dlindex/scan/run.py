@@ -155,7 +155,9 @@ def scan_tree(
     try:
         pipeline = _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
         if options.part is not None and pipeline.part_plan is not None:
-            shard_run = start_shard_run(catalog, "scan", root_text, options.part, pipeline.part_plan.digest)
+            shard_run = start_shard_run(
+                catalog, "scan", root_text, options.part.index, options.part.count, pipeline.part_plan.digest
+            )
         set_presplit(catalog, root_id, pipeline.presplit)
         pipeline.run()
         writer.flush()
