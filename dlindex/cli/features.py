@@ -301,7 +301,7 @@ def failures(
     dlindex features failures --type colorhist --format jsonl | jq -r .path
     """
     from dlindex.features import get_type
-    from dlindex.features.state import state_rows
+    from dlindex.features.compute_state import state_rows
 
     with Catalog(db) as catalog:
         name = get_type(catalog, feature_type).name

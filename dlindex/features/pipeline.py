@@ -29,10 +29,10 @@ from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part, id_parts, renamed_shard
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
-from dlindex.features import state
+from dlindex.features import compute_state
+from dlindex.features.blobs import Ids, write_vectors
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
 from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
-from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
@@ -124,7 +124,7 @@ def _compute(
 ) -> ComputeSummary:
     rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
     done = _ids(catalog, _DONE, ftype)
-    failed = _ids(catalog, state.FAILED_IDS, ftype if not options.retry_failed else None)
+    failed = _ids(catalog, compute_state.FAILED_IDS, ftype if not options.retry_failed else None)
     todo: list[tuple[int, bytes]] = []
     selected = already = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
@@ -142,7 +142,7 @@ def _compute(
             if ftype is None:
                 create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
             for start in range(0, len(todo), _QUEUE_CHUNK):
-                state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
+                compute_state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
     if ftype is None:  # made just now, by this process or by another one running at once
         _prepare_type(catalog, feature_type, replace(options, extractor=extractor.spec))
     ftype = find_type(catalog, feature_type)
@@ -326,7 +326,7 @@ class _Writer:
                     bad.append((image_id, error or "no vector"))
             if ok:
                 write_vectors(conn, replace(self.ftype, dim=dim), ok)
-            state.record(conn, name, [i for i, _ in ok], bad)
+            compute_state.record(conn, name, [i for i, _ in ok], bad)
         self.ftype = replace(self.ftype, dim=dim)
         self.pending.clear()
         self.computed += len(ok)

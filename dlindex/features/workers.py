@@ -17,8 +17,8 @@ from PIL import Image
 
 from dlindex.engines.local import ForkPool, WorkerDied, init_child
 from dlindex.errors import DlindexError
+from dlindex.features.blobs import encode
 from dlindex.features.extractors import Extractor
-from dlindex.features.vectors import encode
 
 _ERROR_CHARS = 500
 _state: dict[str, Any] = {}  # set in the parent before forking: the workers inherit it

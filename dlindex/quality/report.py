@@ -26,7 +26,7 @@ from dlindex.quality.page import MARKER, ReportGroup, ReportMember, write_page
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.quality.groups import DuplicateGroup
+    from dlindex.quality.duplicate_groups import DuplicateGroup
 
 MARKER_WINDOW = 4096  # the marker sits in the <head>, well inside the first few KB
 MIN_THUMB_PX, MAX_THUMB_PX = 32, 512

@@ -1,6 +1,6 @@
 """``scan``: walk a tree, diff it against the catalog, probe what changed, write in batches.
 
-The main process plans the work and is the single writer (dlindex.scan.writer); a pool of
+The main process plans the work and is the single writer (dlindex.scan.batch_writer); a pool of
 worker processes walks units of the tree (diffing each against the catalog through a
 read-only connection) and probes files (read, hash, sniff).
 """
@@ -23,14 +23,7 @@ from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part, renamed_shard
 from dlindex.errors import InputError, Interrupted
 from dlindex.scan import tasks as worker
-from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
-from dlindex.scan.labels import read_labels_file, write_attributes
-from dlindex.scan.links import LinkedFiles
-from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
-from dlindex.scan.probe import Probe, ProbeOptions
-from dlindex.scan.tasks import WorkerPool
-from dlindex.scan.units import PartPlan, Unit, part_units, plan_units
-from dlindex.scan.writer import (
+from dlindex.scan.batch_writer import (
     BatchWriter,
     abandon_scan,
     drop_unused_labels,
@@ -40,6 +33,13 @@ from dlindex.scan.writer import (
     set_presplit,
     start_scan,
 )
+from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
+from dlindex.scan.labels import read_labels_file, write_attributes
+from dlindex.scan.links import LinkedFiles
+from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
+from dlindex.scan.probe import Probe, ProbeOptions
+from dlindex.scan.tasks import WorkerPool
+from dlindex.scan.units import PartPlan, Unit, part_units, plan_units
 
 # Paths of a --labels file that name no image of this root (a typo, a file not scanned).
 _UNKNOWN_LABEL_PATHS = (
