@@ -19,9 +19,9 @@ from typing import Any
 import torch.utils.data
 
 from dlindex.errors import InputError
-from dlindex.train.dataset import CatalogDataset
-from dlindex.train.epoch import Generation
-from dlindex.train.worker import NothingReadError, nothing_read
+from dlindex.loader.catalog_dataset import CatalogDataset
+from dlindex.loader.epoch import Generation
+from dlindex.loader.worker import NothingReadError, nothing_read
 
 __all__ = ["CatalogDataset", "DataLoader", "NothingReadError"]
 _STATE_VERSION = 1

@@ -23,9 +23,9 @@ from PIL import Image
 
 from dlindex import Catalog
 from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, merge_exports, verify_export
-from dlindex.export.index import PART_INDEX
 from dlindex.export.part import parse_part
 from dlindex.export.registry import recorded_exports
+from dlindex.exported.index import PART_INDEX
 from dlindex.shard import Shard
 
 from .conftest import import_file, invoke, make_jpeg, one_error_line, scan

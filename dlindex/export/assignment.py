@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.export.confine import ConfineError, hash_regular, resolve_inside
-from dlindex.export.ids import wds_ids
-from dlindex.export.index import listed_shards
 from dlindex.export.plan import ID, ExportError, parse_split, select_rows, split_of
-from dlindex.export.reader import MANIFEST_SUFFIXES, absolute_paths, load_index, manifest_rows
+from dlindex.exported.confine import ConfineError, hash_regular, resolve_inside
+from dlindex.exported.ids import wds_ids
+from dlindex.exported.index import listed_shards
+from dlindex.exported.reader import MANIFEST_SUFFIXES, absolute_paths, load_index, manifest_rows
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:

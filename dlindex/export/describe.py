@@ -8,13 +8,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dlindex.export.index import INDEX_VERSION, SHARDS_KEY
 from dlindex.export.mds import VERSION as MDS_VERSION
 from dlindex.export.mds import streaming_shards
 from dlindex.export.options import ExportOptions
 from dlindex.export.plan import Plan, parse_split
 from dlindex.export.shards import ShardInfo
 from dlindex.export.wds import hf_features, image_key_spec
+from dlindex.exported.index import INDEX_VERSION, SHARDS_KEY
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

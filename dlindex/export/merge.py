@@ -22,19 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlindex.export.confine import ConfineError, hash_regular, open_regular, resolve_inside
 from dlindex.export.describe import client_keys, complete_index, split_counts
 from dlindex.export.files import hash_file
-from dlindex.export.ids import write_wds_ids
-from dlindex.export.index import index_name, listed_shards
 from dlindex.export.mds import split_index
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import Part, PlanGroup, group_folder, load_part
 from dlindex.export.plan import ExportError
 from dlindex.export.registry import record_export
 from dlindex.export.shards import Features, ShardInfo, shard_name
-from dlindex.export.validate import check_index
 from dlindex.export.wds import arrange
+from dlindex.exported.confine import ConfineError, hash_regular, open_regular, resolve_inside
+from dlindex.exported.ids import write_wds_ids
+from dlindex.exported.index import index_name, listed_shards
+from dlindex.exported.validate import check_index
 from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:

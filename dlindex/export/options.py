@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlindex.export.plan import ExportError
-from dlindex.export.validate import MAX_COUNT, MAX_WORLD_SIZE
+from dlindex.exported.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
 from dlindex.shard import Shard
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import xxhash
 
-from dlindex.export.confine import MAX_INDEX_BYTES, ConfineError, check_relative, read_regular
-from dlindex.export.index import INDEX_VERSION, PART_INDEX
 from dlindex.export.plan import ExportError, Group, Plan
 from dlindex.export.shards import Context, ShardInfo
-from dlindex.export.validate import KNOWN_FORMATS, MAX_COUNT, MAX_WORLD_SIZE
+from dlindex.exported.confine import MAX_INDEX_BYTES, ConfineError, check_relative, read_regular
+from dlindex.exported.index import INDEX_VERSION, PART_INDEX
+from dlindex.exported.validate import KNOWN_FORMATS, MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.shard import MAX_SHARDS, Shard, balanced_parts
 
 PART_VERSION = 1

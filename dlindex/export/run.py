@@ -17,8 +17,6 @@ from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import hash_file, packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
-from dlindex.export.ids import write_wds_ids
-from dlindex.export.index import PART_INDEX, index_name
 from dlindex.export.manifest import write_csv, write_jsonl
 from dlindex.export.mds import split_index, write_mds
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, parse_size
@@ -38,6 +36,8 @@ from dlindex.export.registry import record_export
 from dlindex.export.shards import Context, ShardInfo
 from dlindex.export.vectors import feature_source
 from dlindex.export.wds import arrange, write_wds
+from dlindex.exported.ids import write_wds_ids
+from dlindex.exported.index import PART_INDEX, index_name
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import split_counts
 from dlindex.query.spec import QuerySpec

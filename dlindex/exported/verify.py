@@ -3,7 +3,7 @@
 Every file index.json lists must exist with its size and XXH3-128; every source file a
 manifest (jsonl, csv, parquet, dali) refers to must exist with the hash the catalog had
 when the export was written, and each manifest must hold the rows index.json counts. A wds
-export's tars and ids.i64 are read as its readers read them (export.packed); an mds
+export's tars and ids.i64 are read as its readers read them (exported.packed); an mds
 export's shards are checked by size and hash only.
 """
 
@@ -17,12 +17,12 @@ from typing import Any
 
 import xxhash
 
-from dlindex.export.confine import hash_regular, read_regular, real_inside, resolve_inside
-from dlindex.export.index import listed_shards
-from dlindex.export.packed import check_wds
-from dlindex.export.plan import ExportError
-from dlindex.export.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
-from dlindex.export.validate import listed_bytes
+from dlindex.exported import ExportError
+from dlindex.exported.confine import hash_regular, read_regular, real_inside, resolve_inside
+from dlindex.exported.index import listed_shards
+from dlindex.exported.packed import check_wds
+from dlindex.exported.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
+from dlindex.exported.validate import listed_bytes
 
 MAX_PROBLEMS = 1000  # listed; all are counted
 

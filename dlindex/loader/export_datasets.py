@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.errors import DlindexError
-from dlindex.export.confine import read_regular, real_inside, resolve_inside
-from dlindex.export.index import listed_shards
-from dlindex.export.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
-from dlindex.export.shards import exact_path
-from dlindex.export.tar import iter_tar
-from dlindex.export.validate import listed_bytes
+from dlindex.exported.confine import read_regular, real_inside, resolve_inside
+from dlindex.exported.index import listed_shards
+from dlindex.exported.reader import absolute_paths, exact_path, load_index, manifest_files, manifest_rows, source_path
+from dlindex.exported.tar import iter_tar
+from dlindex.exported.validate import listed_bytes
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 

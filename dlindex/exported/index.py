@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,22 @@ def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     Version 1 exports listed them under "shards"; they still read."""
     return list(index[shards_key(index.get("dlindex_export", INDEX_VERSION))])
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One file an export wrote, as index.json lists it."""
+
+    file: str
+    split: str
+    rank: int
+    samples: int
+    bytes: int
+    xxh3_128: str
+    first: int = 0  # position of its first sample within its split and rank
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file, "split": self.split, "rank": self.rank, "samples": self.samples,
+            "bytes": self.bytes, "xxh3_128": self.xxh3_128,
+        }  # fmt: skip

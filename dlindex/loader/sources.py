@@ -19,16 +19,16 @@ import numpy.typing as npt
 import xxhash
 
 from dlindex.errors import DlindexError
-from dlindex.export.confine import read_regular, resolve_inside
-from dlindex.export.ids import wds_ids
-from dlindex.export.index import listed_shards
-from dlindex.export.reader import load_index
-from dlindex.export.tar import iter_members
-from dlindex.train.selection import Selection
+from dlindex.exported.confine import read_regular, resolve_inside
+from dlindex.exported.ids import wds_ids
+from dlindex.exported.index import listed_shards
+from dlindex.exported.reader import load_index
+from dlindex.exported.tar import iter_members
+from dlindex.loader.selection import Selection
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.train.rows import RowCache
+    from dlindex.loader.row_cache import RowCache
 
 Ints = npt.NDArray[np.int64]
 MAX_SAMPLE_BYTES = 1 << 30  # one image file; a larger one is refused before it is read

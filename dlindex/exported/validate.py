@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dlindex.export.confine import ConfineError, check_relative
-from dlindex.export.index import INDEX_VERSION, shards_key
-from dlindex.export.plan import ExportError
+from dlindex.exported import ExportError
+from dlindex.exported.confine import ConfineError, check_relative
+from dlindex.exported.index import INDEX_VERSION, shards_key
 
 MAX_COUNT = (1 << 63) - 1  # counts and sizes fit SQLite's INTEGER, like the catalog's own
 MAX_WORLD_SIZE = 1 << 16
