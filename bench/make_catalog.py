@@ -21,6 +21,8 @@ triggers, page size and version are exactly a scanned catalog's); this script on
   updated_at, mtime_ns follow them, so times spread over months;
 * a ``dhash`` feature type (64 float32 0/1 values, as ``features compute -e dhash`` stores
   them) for ``--features`` of the ok rows: equal content, equal vector; some near-duplicates;
+* with ``--attributes F``, a ``source`` attribute (a "video" of 20 consecutive files) on F of the
+  rows, as ``scan --labels`` stores extra CSV columns, for ``export --group-by source``;
 * the change counter moved once per write transaction a scan would have made, and a token.
 
 Fast and flat: rows are made chunk by chunk (numpy for the columns, one Python loop for the
@@ -103,6 +105,7 @@ class CatalogSpec:
     failed: float = 0.002
     excluded: float = 0.01
     features: float = 0.1  # of the ok rows: a dhash vector
+    attributes: float = 0.0  # of the rows: a `source` attribute (a video of 20 frames), for export --group-by
     dups: float = 0.005  # rows whose content repeats an earlier row's
     hostile: float = 0.001
     warnings: float = 0.003
@@ -117,6 +120,7 @@ class Counters:
     corrupt: int = 0
     missing: int = 0
     features: int = 0
+    attributes: int = 0
     chunks: int = 0
     per_scan: list[int] = field(default_factory=list)
     corrupt_per_scan: list[int] = field(default_factory=list)
@@ -174,8 +178,8 @@ def scan_starts(spec: CatalogSpec) -> Array:
 
 def generate(
     spec: CatalogSpec, chunk: int = 50_000, counters: Counters | None = None
-) -> Iterator[tuple[list[Row], list[Row]]]:
-    """Yield (image_metadata rows, image_features rows) in chunks, in key order, ids from 1.
+) -> Iterator[tuple[list[Row], list[Row], list[Row]]]:
+    """Yield (image_metadata, image_features, sample_attributes rows) in chunks, in key order, ids from 1.
 
     Each chunk is drawn from its own seeded stream (``chunk`` is part of the seed)."""
     c = counters or Counters()
@@ -321,7 +325,11 @@ def generate(
             c.per_scan[s] += k
         for s, k in enumerate(np.bincount(scan[status == 1], minlength=spec.scans).tolist()):
             c.corrupt_per_scan[s] += k
-        yield rows, feature_rows
+        # drawn last, so the rows above are the same with or without attributes
+        attr = np.flatnonzero(rng.random(n) < spec.attributes).tolist()
+        attribute_rows = [(ids[k], "source", f"{names[labels_l[k]]}/video{idx_l[k] // 20:07d}") for k in attr]
+        c.attributes += len(attribute_rows)
+        yield rows, feature_rows, attribute_rows
 
 
 def scan_rows(spec: CatalogSpec, c: Counters) -> list[Row]:
@@ -439,6 +447,7 @@ _INSERT_ROOT = "INSERT INTO roots (id, path, path_bytes, added_at, presplit) VAL
 _INSERT_LABEL = "INSERT INTO labels (id, name) VALUES (?, ?)"
 _INSERT_SCAN = f"INSERT INTO scans VALUES ({', '.join('?' * 16)})"
 _INSERT_IMAGE = f"INSERT INTO image_metadata ({', '.join(SQLITE_INSERT_COLUMNS)}) VALUES ({', '.join('?' * len(SQLITE_INSERT_COLUMNS))})"
+_INSERT_ATTRIBUTE = "INSERT INTO sample_attributes (image_id, name, value) VALUES (?, ?, ?)"
 _INSERT_FEATURE = f"INSERT INTO image_features ({', '.join(FEATURE_COLUMNS)}) VALUES (?, ?, ?, ?, ?)"
 _INSERT_TYPE = "INSERT INTO feature_types (name, dim, dtype, extractor, version, created_at) VALUES (?, 64, 'float32', 'dhash', ?, ?)"
 _SET_STATE = "UPDATE catalog_changes SET counter = ?, token = ? WHERE id = 1"
@@ -465,9 +474,10 @@ def make_sqlite(path: Path, spec: CatalogSpec, *, chunk: int = 50_000, commit_ro
         conn.executemany(_INSERT_LABEL, enumerate(label_names(spec), start=1))
         conn.execute(_INSERT_TYPE, ("dhash", 0, first))
         pending = 0
-        for rows, feats in ahead(generate(spec, chunk, c)):
+        for rows, feats, attributes in ahead(generate(spec, chunk, c)):
             conn.executemany(_INSERT_IMAGE, rows)
             conn.executemany(_INSERT_FEATURE, feats)
+            conn.executemany(_INSERT_ATTRIBUTE, attributes)
             pending += len(rows)
             if pending >= commit_rows:
                 conn.execute("COMMIT")
@@ -489,7 +499,7 @@ def make_sqlite(path: Path, spec: CatalogSpec, *, chunk: int = 50_000, commit_ro
     size = path.stat().st_size
     return {"rows": spec.rows, "seconds": round(seconds, 2), "rows_per_s": round(spec.rows / seconds),
             "bytes": size, "bytes_per_row": round(size / max(spec.rows, 1), 1), "ok": c.ok,
-            "corrupt": c.corrupt, "missing": c.missing, "features": c.features, "root": spec.root}  # fmt: skip
+            "corrupt": c.corrupt, "missing": c.missing, "features": c.features, "attributes": c.attributes, "root": spec.root}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

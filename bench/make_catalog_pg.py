@@ -69,9 +69,10 @@ def make_postgres(url: str, spec: CatalogSpec, *, chunk: int = 50_000) -> dict[s
             "VALUES ('dhash', 64, 'float32', 'dhash', 0, %s)",
             (first,),
         )
-        for rows, feats in ahead(generate(spec, chunk, c)):
+        for rows, feats, attributes in ahead(generate(spec, chunk, c)):
             _copy(cur, "image_metadata", SQLITE_INSERT_COLUMNS, rows)
             _copy(cur, "image_features", FEATURE_COLUMNS, feats)
+            _copy(cur, "sample_attributes", ("image_id", "name", "value"), attributes)
         _copy(cur, "scans", _SCAN_COLUMNS, scan_rows(spec, c))
         cur.execute("UPDATE feature_types SET version = %s WHERE name = 'dhash'", (-(-c.features // 1000),))
         cur.execute(
@@ -89,4 +90,4 @@ def make_postgres(url: str, spec: CatalogSpec, *, chunk: int = 50_000) -> dict[s
     seconds = time.perf_counter() - t0
     return {"rows": spec.rows, "seconds": round(seconds, 2), "load_seconds": round(loaded, 2),
             "rows_per_s": round(spec.rows / seconds), "bytes": int(size), "ok": c.ok, "corrupt": c.corrupt,
-            "missing": c.missing, "features": c.features, "root": spec.root}  # fmt: skip
+            "missing": c.missing, "features": c.features, "attributes": c.attributes, "root": spec.root}  # fmt: skip

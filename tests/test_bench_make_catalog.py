@@ -55,7 +55,7 @@ def test_generated_catalog_has_a_scanned_catalogs_schema(
 
 def test_commands_accept_the_generated_catalog(make_catalog: ModuleType, tmp_path: Path) -> None:
     db = tmp_path / "g.db"
-    figures = _generate(make_catalog, db, hostile=0.05)
+    figures = _generate(make_catalog, db, hostile=0.05, attributes=0.5)
     runner = CliRunner()
 
     def ok(*args: str) -> str:
@@ -72,6 +72,7 @@ def test_commands_accept_the_generated_catalog(make_catalog: ModuleType, tmp_pat
         ok("export", str(tmp_path / f"out-{fmt}"), "--format", fmt, *limit)
         assert (tmp_path / f"out-{fmt}" / "index.json").is_file()
     assert '"vectors": ' in ok("features", "list")
+    ok("export", str(tmp_path / "grouped"), "--split", "train=0.8,val=0.2", "--group-by", "source")
     conn = sqlite3.connect(db)
     try:
         (statuses,) = conn.execute("SELECT count(DISTINCT status) FROM image_metadata").fetchone()
