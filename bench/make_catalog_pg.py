@@ -14,32 +14,27 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from make_catalog import (
+from catalog_rows import (
     FEATURE_COLUMNS,
     SQLITE_INSERT_COLUMNS,
     CatalogSpec,
     Counters,
-    _times,
     ahead,
-    create_schema,
     generate,
     label_names,
-    make_sentinels,
     scan_rows,
     scan_starts,
     state_token,
+    times_text,
     transactions,
 )
+from make_catalog import FIRST_FILES, LAST_FILES, create_schema, make_sentinels
 
 _SCAN_COLUMNS = (
     "id", "root_id", "options", "pid", "state", "started_at", "finished_at", "seen", "new", "changed",
     "unchanged", "missing", "corrupt", "skipped", "errors", "seconds",
 )  # fmt: skip
 _SEQUENCES = ("roots", "labels", "image_metadata", "scans")
-_FIRST = "SELECT file_path, file_path_bytes FROM image_metadata WHERE status != 'missing' ORDER BY file_path LIMIT 3"
-_LAST = (
-    "SELECT file_path, file_path_bytes FROM image_metadata WHERE status != 'missing' ORDER BY file_path DESC LIMIT 3"
-)
 
 
 def _copy(cur: Any, table: str, columns: tuple[str, ...], rows: Any) -> None:
@@ -61,7 +56,7 @@ def make_postgres(url: str, spec: CatalogSpec, *, chunk: int = 50_000) -> dict[s
         (existing,) = cur.execute("SELECT count(*) FROM image_metadata").fetchone() or (0,)
         if existing:
             raise SystemExit(f"{url}: the catalog already has {existing} rows; use an empty database")
-        first = _times(scan_starts(spec)[:1])[0]
+        first = times_text(scan_starts(spec)[:1])[0]
         cur.execute("INSERT INTO roots (id, path, added_at, presplit) VALUES (1, %s, %s, 1)", (spec.root, first))
         _copy(cur, "labels", ("id", "name"), enumerate(label_names(spec), start=1))
         cur.execute(
@@ -85,7 +80,7 @@ def make_postgres(url: str, spec: CatalogSpec, *, chunk: int = 50_000) -> dict[s
         loaded = time.perf_counter() - t0
         conn.autocommit = True
         cur.execute("ANALYZE")
-        make_sentinels(spec.root, cur.execute(_FIRST).fetchall(), cur.execute(_LAST).fetchall())
+        make_sentinels(spec.root, cur.execute(FIRST_FILES).fetchall(), cur.execute(LAST_FILES).fetchall())
         (size,) = cur.execute("SELECT pg_database_size(current_database())").fetchone() or (0,)
     seconds = time.perf_counter() - t0
     return {"rows": spec.rows, "seconds": round(seconds, 2), "load_seconds": round(loaded, 2),
