@@ -90,12 +90,14 @@ class Counters:
 
 
 def _path_hash() -> Callable[[str], int]:
-    try:  # dlindex's own definition wherever #33 puts it; the formula is schema 15's
-        from dlindex.catalog.migrations import path_hash
+    """dlindex's own ``path_hash`` wherever the layout puts it; else schema 15's formula, written out."""
+    import importlib
 
-        return path_hash
-    except ImportError:  # pragma: no cover - a later layout
-        return lambda key: int(hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()[:15], 16)
+    for module in ("dlindex.catalog.migrations", "dlindex.catalog.sqlite.migrations"):
+        with contextlib.suppress(ImportError):
+            found: Callable[[str], int] = importlib.import_module(module).path_hash
+            return found
+    return lambda key: int(hashlib.md5(key.encode(), usedforsecurity=False).hexdigest()[:15], 16)
 
 
 def label_names(spec: CatalogSpec) -> list[str]:
