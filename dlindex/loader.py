@@ -36,6 +36,7 @@ from dlindex.export.reader import absolute_paths, load_index, manifest_files, ma
 from dlindex.export.shards import exact_path
 from dlindex.export.tar import iter_tar
 from dlindex.export.validate import listed_bytes
+from dlindex.exported.formats import WDS
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -225,7 +226,7 @@ class WdsDataset:
         )  # fmt: skip
         self.out_dir = Path(out_dir)
         self.index = load_index(out_dir)
-        if self.index.get("format") != "wds":
+        if self.index.get("format") != WDS.name:
             raise DlindexError(f"{out_dir} is a {self.index.get('format')} export; WdsDataset reads wds exports")
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
         self.shards = [s for s in listed_shards(self.index) if split is None or s["split"] == split]

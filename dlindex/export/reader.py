@@ -28,8 +28,8 @@ from dlindex.export.index import (
 from dlindex.export.plan import ExportError
 from dlindex.export.shards import PATH_B64, exact_path
 from dlindex.export.validate import check_index, check_row, check_version
+from dlindex.exported.formats import MANIFEST_SUFFIXES
 
-MANIFEST_SUFFIXES = (".jsonl", ".csv", ".parquet")
 _INTS = ("id", "label_id", "width", "height", "bytes")
 
 
