@@ -12,7 +12,7 @@ from typing import Any
 from dlindex.export.confine import ConfineError, check_relative
 from dlindex.export.index import INDEX_VERSION, shards_key
 from dlindex.export.plan import ExportError
-from dlindex.exported.formats import NAMES, get, load
+from dlindex.exported.formats import NAMES, WDS, get, load
 
 MAX_COUNT = (1 << 63) - 1  # counts and sizes fit SQLite's INTEGER, like the catalog's own
 MAX_WORLD_SIZE = 1 << 16
@@ -143,11 +143,12 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
 
 def check_wds_keys(data: Mapping[str, Any], path: str, listed: set[str], version: int) -> None:
     """The webdataset recipe's keys (where there are): its urls must be shards the export lists."""
-    if "wds" not in data:
+    (key,) = WDS.client_keys  # the recipe's object
+    if key not in data:
         return
-    wds = data["wds"]
+    wds = data[key]
     if not isinstance(wds, dict):
-        raise ExportError(f"{_where(path, 'wds')} must be an object")
+        raise ExportError(f"{_where(path, key)} must be an object")
     _str(wds.get("image_key", ""), path, "wds.image_key")
     urls = wds.get("urls", {})
     if not isinstance(urls, dict):
