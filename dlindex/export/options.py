@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dlindex.export.plan import ExportError
+from dlindex.exported.formats import DEFAULT
 from dlindex.exported.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
 from dlindex.shard import Shard
@@ -42,7 +43,7 @@ class ExportOptions:
             ``dlindex-part.json``); ``dlindex.export.merge_exports`` joins the N parts.
     """
 
-    format: str = "jsonl"
+    format: str = DEFAULT
     query: QuerySpec = field(default_factory=QuerySpec)
     shard_size: int | None = None
     shard_bytes: int | str | None = None
