@@ -5,7 +5,7 @@ PostgreSQL + Redis L2 (when --postgres URL or $DLINDEX_TEST_POSTGRES names a cat
 holds the same rows); each with the L1 row cache on and off.
 
 A reader is a process with its own catalog connection (and its own Redis connection) asking
-`dlindex.train.rows.RowCache` for sample rows (path, size, hash) the way the loader's workers
+`dlindex.loader.row_cache.RowCache` for sample rows (path, size, hash) the way the loader's workers
 do, all 8 started together. Two ways of asking:
   one     one sample per call, --lookups calls, ids drawn uniformly from a hot set of --hot
           samples shared by all readers (the seed's per-sample ``__getitem__`` path)
@@ -81,14 +81,14 @@ def start_redis(work: Path) -> tuple[str, subprocess.Popen[bytes]]:
 
 
 def l2_of(catalog: Catalog, url: str | None) -> Any:
-    from dlindex.train.l2 import L2Cache, catalog_identity
+    from dlindex.loader.l2 import L2Cache, catalog_identity
 
     return None if url is None else L2Cache(url, catalog_identity(catalog))
 
 
 def reader(job: dict[str, Any]) -> dict[str, Any]:
     """One reader process: connect, wait for the common start, time its calls."""
-    from dlindex.train.rows import RowCache
+    from dlindex.loader.row_cache import RowCache
 
     with Catalog(job["location"], log=False) as catalog:
         l2 = l2_of(catalog, job["l2"])
@@ -111,7 +111,7 @@ def reader(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolver(job: dict[str, Any]) -> float:
-    from dlindex.train.selection import epoch_spec, resolve
+    from dlindex.loader.selection import epoch_spec, resolve
 
     with Catalog(job["location"], log=False) as catalog:
         l2 = l2_of(catalog, job["l2"])
@@ -135,11 +135,11 @@ def pct(values: list[float], q: float) -> float:
 
 
 def fill_l2(location: str, url: str, hot: list[int]) -> None:
-    from dlindex.train.rows import RowCache
+    from dlindex.loader.row_cache import RowCache
 
     with Catalog(location, log=False) as catalog:
         RowCache(catalog, 0, l2_of(catalog, url), catalog.changes()).get_many(hot)
-        from dlindex.train.selection import epoch_spec, resolve
+        from dlindex.loader.selection import epoch_spec, resolve
 
         resolve(catalog, epoch_spec(QuerySpec(per_label=32), 0, 0), l2_of(catalog, url))
 

@@ -123,7 +123,7 @@ def l1_lookup(db: Path, batch: int) -> dict[str, Any]:
     asked = [rng.choice(ids) for _ in range(LOOKUPS)]
     times: list[float] = []
     from dlindex import Catalog
-    from dlindex.train.rows import RowCache
+    from dlindex.loader.row_cache import RowCache
 
     cache = RowCache(Catalog(db), len(ids))
     cache.get_many(ids)  # fill
@@ -132,7 +132,7 @@ def l1_lookup(db: Path, batch: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         cache.get_many(chunk)
         times += [(time.perf_counter() - t0) / len(chunk)] * len(chunk)
-    how = f"dlindex.train.rows.RowCache.get_many, batches of {batch}, per sample"
+    how = f"dlindex.loader.row_cache.RowCache.get_many, batches of {batch}, per sample"
     return {"p50_ms": pct(times, 0.5) * 1e3, "p99_ms": pct(times, 0.99) * 1e3, "lookups": len(times), "how": how}
 
 

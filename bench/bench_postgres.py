@@ -15,7 +15,7 @@ the scan's own write path, then reused for everything else:
            end, default columns, no result cache, one open catalog per backend; median of
            --reps, backends interleaved; every result compared between backends.
   fetch    `feature_vectors(catalog, ids, type)`, the training loader's one query per batch
-           (dlindex/train/worker.py), for --fetch-batches random batches of 256 ids, no matrix
+           (dlindex/loader/worker.py), for --fetch-batches random batches of 256 ids, no matrix
            cache; median and p99 ms, vectors compared.
   mark     `mark_samples(catalog, 1,000,000 ids, processed=...)` (what `dlindex mark` runs),
            every run changing every row; median of --mark-reps per backend.

@@ -306,7 +306,7 @@ class TreeRss:
 def one_core_rate(paths: list[Path], seconds: float = 2.0) -> tuple[float, str]:
     """Samples/s one core decodes and resizes to 224x224 (bytes already in memory)."""
     blobs = [p.read_bytes() for p in paths]
-    from dlindex.train.decode import ImageSpec
-    from dlindex.train.decode import one_core_rate as rate
+    from dlindex.loader.decode import ImageSpec
+    from dlindex.loader.decode import one_core_rate as rate
 
-    return float(rate(blobs, ImageSpec(size=SIZE), seconds=seconds)), "dlindex.train.decode.one_core_rate"
+    return float(rate(blobs, ImageSpec(size=SIZE), seconds=seconds)), "dlindex.loader.decode.one_core_rate"

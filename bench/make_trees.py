@@ -7,6 +7,9 @@ Trees live OUTSIDE the repository, in ``$DLINDEX_BENCH_DIR`` (default ``/tmp/dli
 * ``small-<N>``       -- N tiny images (~1-3 KB PNG/JPEG) in many class folders.
 * ``img-<N>-copy<M>`` -- a real copy of M files of ``img-<N>`` (cold-scan subset).
 * ``small-<N>-links<M>`` -- the first M files of ``small-<N>`` as hard links (RSS growth).
+* ``tiny-<N>``        -- N tiny images (~150-700 B PNG/JPEG) nested ``c<class>/<part>/``, 1,000 files
+                         a folder: the scan's curve up to millions of files (``--only tiny --tiny N``;
+                         2M files in a few minutes, about 8 GiB of 4 KiB blocks).
 
 How it stays fast (a few minutes on 2 cores): a pool of a few hundred distinct images is encoded
 once with Pillow in a 2-process pool; every file is one pool entry made unique by a distinct tag
@@ -20,6 +23,7 @@ to it (not inside, so the tree holds nothing but images); a tree with a matching
 reused, anything else at that path is removed and rebuilt.
 
 Usage:  python bench/make_trees.py [--quick] [--work DIR] [--only big,small,subset,links] [--force]
+        python bench/make_trees.py --only tiny --tiny 2000000 --work /tmp/dlindex-bench-2m
 """
 
 from __future__ import annotations
@@ -327,7 +331,83 @@ def ensure_links(src: Path, n: int, force: bool = False) -> Path:
     return tree
 
 
-def ensure_all(spec: Spec, work: Path | None = None, only: set[str] | None = None, force: bool = False) -> dict:
+# --------------------------------------------------------------------------- tiny trees (millions)
+def _tiny_pool(seed: int, size: int = 256) -> list[tuple[str, bytes]]:
+    """``size`` distinct tiny images (8-24 px): a few hundred bytes each, so millions fit a disk."""
+    rng = np.random.default_rng([seed, 3])
+    pool = []
+    for _ in range(size):
+        fmt = "JPEG" if rng.random() < 0.7 else "PNG"
+        w, h = int(rng.integers(8, 25)), int(rng.integers(8, 25))
+        quality = int(rng.integers(60, 96)) if fmt == "JPEG" else -int(rng.choice([4, 8, 16]))
+        pool.append(_encode((int(rng.integers(0, 2**63)), fmt, w, h, 2.0, 1, quality)))
+    return pool
+
+
+def _write_tiny(args: tuple) -> tuple[int, int]:
+    """Write classes [first, last) of a tiny tree: files (class, i) for i below its count."""
+    root, name, seed, classes, per_class, per_folder = args
+    nfiles = nbytes = 0
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+    for c, count in zip(classes, per_class, strict=True):
+        picks = np.random.default_rng([seed, 13, c]).integers(0, len(_POOL), count).tolist()
+        for i, p in enumerate(picks):
+            folder = os.path.join(root, f"c{c:05d}", f"{i // per_folder:04d}")
+            if i % per_folder == 0:
+                os.makedirs(folder, exist_ok=True)
+            fmt, data = _POOL[p]
+            blob = make_unique(fmt, data, f"{name} {c} {i}".encode())
+            fd = os.open(os.path.join(folder, f"c{c:05d}_{i:08d}{EXT[fmt]}"), flags, 0o644)
+            try:
+                os.write(fd, blob)
+            finally:
+                os.close(fd)
+            nfiles += 1
+            nbytes += len(blob)
+    return nfiles, nbytes
+
+
+def ensure_tiny(
+    n: int,
+    work: Path | None = None,
+    *,
+    classes: int = 1_000,
+    per_folder: int = 1_000,
+    seed: int = 20240601,
+    force: bool = False,
+    procs: int = 2,
+) -> Path:
+    """``tiny-<n>``: n tiny valid images, distinct bytes each, in c<class>/<part>/ folders.
+
+    Streams: no list of n entries; each class draws its pool entries from its own seeded stream.
+    """
+    tree = work_dir(work) / f"tiny-{n}"
+    meta = {"v": GENERATOR_VERSION, "kind": "tiny", "n": n, "classes": classes, "per_folder": per_folder, "seed": seed}
+    if not force and _is_complete(tree, meta):
+        return tree
+    _reset(tree)
+    print(f"generating {tree} ...", file=sys.stderr)
+    t0 = time.perf_counter()
+    pool = _tiny_pool(seed)
+    per = [n // classes + (1 if c < n % classes else 0) for c in range(classes)]
+    tree.mkdir(parents=True)
+    jobs = [
+        (str(tree), tree.name, seed, list(range(c, min(c + 10, classes))), per[c : c + 10], per_folder)
+        for c in range(0, classes, 10)
+    ]
+    with ProcessPoolExecutor(procs, initializer=_init_writer, initargs=(pool,)) as ex:
+        res = list(ex.map(_write_tiny, jobs))
+    files, nbytes = sum(r[0] for r in res), sum(r[1] for r in res)
+    assert files == n, (files, n)
+    seconds = time.perf_counter() - t0
+    print(f"  {tree.name}: {files} files, {nbytes / 2**20:.0f} MiB of bytes in {seconds:.1f}s", file=sys.stderr)
+    _finish(tree, meta, files=files, bytes=nbytes, seconds=round(seconds, 1))
+    return tree
+
+
+def ensure_all(
+    spec: Spec, work: Path | None = None, only: set[str] | None = None, force: bool = False, tiny: int = 2_000_000
+) -> dict:
     only = only or {"big", "small", "subset", "links"}
     out: dict[str, object] = {}
     if only & {"big", "subset"}:
@@ -338,6 +418,8 @@ def ensure_all(spec: Spec, work: Path | None = None, only: set[str] | None = Non
         out["small"] = ensure_small(spec, work, force)
     if "links" in only:
         out["links"] = {n: ensure_links(out["small"], n, force) for n in spec.links if n < spec.small}
+    if "tiny" in only:
+        out["tiny"] = ensure_tiny(tiny, work, force=force)
     return out
 
 
@@ -347,10 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--only", default="big,small,subset,links")
     ap.add_argument("--force", action="store_true", help="regenerate even if complete")
+    ap.add_argument("--tiny", type=float, default=2e6, help="files of the tiny tree (--only tiny), default 2e6")
     a = ap.parse_args(argv)
     spec = QUICK if a.quick else FULL
     t0 = time.perf_counter()
-    out = ensure_all(spec, Path(a.work) if a.work else None, set(a.only.split(",")), a.force)
+    out = ensure_all(spec, Path(a.work) if a.work else None, set(a.only.split(",")), a.force, int(a.tiny))
     print(
         json.dumps(
             {k: str(v) if not isinstance(v, dict) else {n: str(p) for n, p in v.items()} for k, v in out.items()},

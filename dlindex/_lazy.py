@@ -11,13 +11,15 @@ def lazy_exports(
     package: str, exports: dict[str, str], namespace: dict[str, Any]
 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package``, whose public names live in the
-    submodules ``exports`` maps them to; a name, once imported, is cached in ``namespace``."""
+    submodules ``exports`` maps them to (or in the module a full ``dlindex.`` name gives); a
+    name, once imported, is cached in ``namespace``."""
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        full = module if module.startswith("dlindex.") else f"{package}.{module}"
+        value = getattr(importlib.import_module(full), name)
         namespace[name] = value
         return value
 

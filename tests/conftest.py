@@ -30,7 +30,7 @@ from typer.testing import CliRunner, Result
 from dlindex import Catalog, QuerySpec, ScanOptions, ScanSummary, scan_tree
 from dlindex.cli import app
 from dlindex.export import ExportOptions, ExportSummary, export_catalog
-from dlindex.export.index import index_path
+from dlindex.exported.index import index_path
 from dlindex.features import ComputeOptions, ComputeSummary, ImportSummary, compute_features, import_features
 
 from .backends import Location, backend_first, catalog_backend, raw, where  # noqa: F401  (catalog_backend: a fixture)

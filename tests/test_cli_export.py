@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from dlindex.cli import app
 from dlindex.export import load_index
-from dlindex.export.index import listed_shards
+from dlindex.exported.index import listed_shards
 
 from .backends import ON_BOTH_BACKENDS
 from .conftest import invoke, make_png

@@ -19,7 +19,7 @@ from PIL import Image
 
 from dlindex import QuerySpec
 from dlindex.export import ExportError, load_index, manifest_rows, verify_export
-from dlindex.export.index import listed_shards
+from dlindex.exported.index import listed_shards
 from dlindex.loader import ManifestDataset, WdsDataset
 
 from .backends import ON_BOTH_BACKENDS, where

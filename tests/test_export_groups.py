@@ -17,8 +17,8 @@ from dlindex import Catalog, InputError, ScanOptions, scan_tree
 from dlindex.cli import app
 from dlindex.export import ExportError, load_index, manifest_rows
 from dlindex.export.groups import merged_groups, value_point
-from dlindex.export.index import listed_shards
 from dlindex.export.plan import HASH, ID, ROW, split_of
+from dlindex.exported.index import listed_shards
 from dlindex.query.spec import QuerySpec
 from dlindex.scan.labels import _parse
 

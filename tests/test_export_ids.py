@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlindex import Catalog
-from dlindex.export.ids import IDS_FILE, wds_ids
-from dlindex.export.plan import ExportError
-from dlindex.export.reader import load_index
 from dlindex.export.registry import recorded_exports
-from dlindex.export.verify import verify_export
+from dlindex.exported import ExportError
+from dlindex.exported.ids import IDS_FILE, wds_ids
+from dlindex.exported.reader import load_index
+from dlindex.exported.verify import verify_export
 
 from .backends import ON_BOTH_BACKENDS, on_postgresql, raw
 from .conftest import export, rewrite_export_file, rows

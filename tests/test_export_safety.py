@@ -305,7 +305,7 @@ def test_absolute_paths_only_in_an_absolute_export_and_under_its_root(
     rows[0]["path"] = "/etc/hostname"
     _write_rows(out, rows)
     ManifestDataset(out, decode=False)  # file_root is / in an --absolute-paths export
-    from dlindex.export.reader import source_path
+    from dlindex.exported.reader import source_path
 
     with pytest.raises(ExportError, match="not under"):
         source_path(load_index(out), "/etc/hostname", root=image_tree)

@@ -15,9 +15,9 @@ import pytest
 from PIL import Image, ImageOps, PngImagePlugin
 
 from dlindex import Catalog, QuerySpec, ScanOptions, query_rows, scan_tree
+from dlindex.loader.decode import ImageSpec, decode_image
 from dlindex.orientation import apply_orientation, pillow_orientation, read_orientation, sniff_orientation
 from dlindex.quality.thumbnails import make_thumbnail
-from dlindex.train.decode import ImageSpec, decode_image
 
 from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, raw, schema_before, where
 from .conftest import CORPUS

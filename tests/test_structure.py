@@ -1,11 +1,16 @@
-"""The shape of the code: no SQL in the CLI, and no import cycle between modules or packages."""
+"""The shape of the code: no SQL in the CLI, no import cycle between modules or packages, and an
+export read back without the catalog."""
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "dlindex"
@@ -276,3 +281,85 @@ def test_every_module_is_under_400_lines() -> None:
         "\n".join(f"{name}: {n}" for name, n in sorted(long.items()) if name not in _SPLIT_ELSEWHERE)
     )
     assert not _SPLIT_ELSEWHERE - set(long), f"short now, drop from _SPLIT_ELSEWHERE: {_SPLIT_ELSEWHERE - set(long)}"
+
+
+# The read side of an export: whatever opens one (the loader, --verify) needs none of these.
+WRITE_SIDE = ("dlindex.catalog", "dlindex.query", "dlindex.export")
+
+
+def _under(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def reachable(graph: dict[str, set[str]], start: set[str]) -> dict[str, str]:
+    """Every module ``start`` imports, directly or not, each with the module that imports it."""
+    found: dict[str, str] = {}
+    frontier = sorted(start)
+    while frontier:
+        node = frontier.pop()
+        for target in sorted(graph.get(node, ())):
+            if target not in found and target not in start:
+                found[target] = node
+                frontier.append(target)
+    return found
+
+
+def test_reachable_follows_imports_to_their_end() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}
+    assert reachable(graph, {"a"}) == {"b": "a", "c": "b"}
+
+
+def test_the_export_read_side_imports_no_catalog_query_or_export_module() -> None:
+    graph = import_graph()
+    wing = {name for name in graph if _under(name, ("dlindex.exported",))}
+    assert "dlindex.exported.reader" in wing and "dlindex.exported.verify" in wing
+    found = {t: by for t, by in reachable(graph, wing).items() if _under(t, WRITE_SIDE)}
+    assert not found, "dlindex.exported must not import (at the top, in functions or for types): " + ", ".join(
+        f"{target} (from {by})" for target, by in sorted(found.items())
+    )
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wds and a jsonl export of a few images (one catalog, SQLite)."""
+    from PIL import Image
+
+    from dlindex import Catalog, ScanOptions, scan_tree
+    from dlindex.export import ExportOptions, export_catalog
+
+    base = tmp_path_factory.mktemp("exports")
+    for i in range(6):
+        path = base / "imgs" / ("ant", "bee")[i % 2] / f"{i}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8 + i, 8)).save(path)
+    with Catalog(base / "c.db", create=True) as catalog:
+        scan_tree(catalog, base / "imgs", ScanOptions(workers=1))
+        export_catalog(catalog, base / "wds", ExportOptions(format="wds", shard_size=2))
+        export_catalog(catalog, base / "jsonl", ExportOptions(format="jsonl"))
+    return base
+
+
+def _loaded(code: str) -> list[str]:
+    """The dlindex modules a fresh interpreter has loaded after running ``code``."""
+    code += "\nimport sys\nprint(' '.join(sorted(m for m in sys.modules if m.startswith('dlindex'))))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import dlindex.loader",
+        "from dlindex.loader import WdsDataset\nassert len(list(WdsDataset({wds!r}, decode=False))) == 6",
+        "from dlindex.loader import ManifestDataset\nd = ManifestDataset({jsonl!r})\nassert len(d) == 6 and d[5][0].size[1] == 8",
+        "from dlindex.loader import iter_tar, rank_and_world\nrank_and_world()",
+        "from dlindex.exported.verify import verify_export\nassert verify_export({wds!r}).ok",
+    ],
+    ids=["import", "wds", "manifest", "names", "verify"],
+)
+def test_reading_an_export_back_loads_no_catalog_query_or_export_module(exports: Path, code: str) -> None:
+    loaded = _loaded(code.format(wds=str(exports / "wds"), jsonl=str(exports / "jsonl")))
+    assert loaded, "the code loaded no dlindex module"
+    found = [m for m in loaded if _under(m, WRITE_SIDE)]
+    assert not found, f"reading an export back loaded {found}"

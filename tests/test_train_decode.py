@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, features
 
-from dlindex.train.decode import DecodeError, ImageSpec, decode_image, jpeg_scale, one_core_rate
+from dlindex.loader.decode import DecodeError, ImageSpec, decode_image, jpeg_scale, one_core_rate
 
 from .conftest import CORPUS, CORPUS_EXPECTED
 
@@ -306,7 +306,7 @@ def test_one_core_rate_measures_one_thread_and_restores_torchs_setting() -> None
     seen: list[int] = []
     try:
         with mock.patch(
-            "dlindex.train.decode.decode_image", side_effect=lambda *_, **__: seen.append(torch.get_num_threads())
+            "dlindex.loader.decode.decode_image", side_effect=lambda *_, **__: seen.append(torch.get_num_threads())
         ):
             one_core_rate([b"x"], ImageSpec((16, 16)), seconds=0.01)
         assert seen and set(seen) == {1}

@@ -20,9 +20,9 @@ torch = pytest.importorskip("torch")
 
 from dlindex import Catalog, ScanOptions, mark_samples, scan_tree  # noqa: E402
 from dlindex.errors import DlindexWarning, InputError  # noqa: E402
+from dlindex.loader import l2  # noqa: E402
+from dlindex.loader.row_cache import RowCache  # noqa: E402
 from dlindex.torch import DataLoader  # noqa: E402
-from dlindex.train import l2  # noqa: E402
-from dlindex.train.rows import RowCache  # noqa: E402
 
 from .conftest import make_jpeg  # noqa: E402
 
@@ -248,8 +248,8 @@ def test_l2_is_on_by_default_only_for_a_server_catalog_with_a_redis_url(monkeypa
 
 
 def test_loaded_selection_matches_the_database_bit_for_bit(db: Path, server: RedisServer) -> None:
+    from dlindex.loader.selection import epoch_spec, resolve
     from dlindex.query.spec import QuerySpec
-    from dlindex.train.selection import epoch_spec, resolve
 
     spec = epoch_spec(QuerySpec(per_label=6), seed=1, epoch=4)
     with Catalog(db) as catalog:

@@ -258,7 +258,7 @@ def test_a_damaged_export_falls_back_to_the_files(db: Path, tmp_path: Path) -> N
 def test_a_worker_decodes_one_batch_before_handing_it_over(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # torch asks a worker for at most prefetch_factor batches ahead: a worker that decoded its
     # whole shuffle window before the first batch would sit idle while the training step runs
-    import dlindex.train.worker as worker
+    import dlindex.loader.worker as worker
 
     decoded: list[int] = []
     real = worker.decode_image

@@ -1,4 +1,4 @@
-"""`dlindex.train.plan`: equal rank shares, disjoint worker spans, exact resume over any world."""
+"""`dlindex.loader.layout`: equal rank shares, disjoint worker spans, exact resume over any world."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlindex.errors import InputError
-from dlindex.train.plan import Layout, chunk_order
+from dlindex.loader.layout import Layout, chunk_order
 
 
 def layout(n: int, world: int = 1, workers: int = 1, batch: int = 4, window: int = 8, drop_last: bool = False,

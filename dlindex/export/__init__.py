@@ -34,23 +34,23 @@ __all__ = [
     "verify_export",
 ]
 
-# public name -> module that defines it
+# public name -> module that defines it (a submodule, or a full name: the read side is dlindex.exported)
 _EXPORTS = {
-    "ExportError": "plan",
+    "ExportError": "dlindex.exported",
     "parse_split": "plan",
-    "load_index": "reader",
-    "manifest_files": "reader",
-    "manifest_rows": "reader",
-    "source_path": "reader",
+    "load_index": "dlindex.exported.reader",
+    "manifest_files": "dlindex.exported.reader",
+    "manifest_rows": "dlindex.exported.reader",
+    "source_path": "dlindex.exported.reader",
     "ExportOptions": "options",
     "ExportSummary": "options",
     "parse_size": "options",
     "FORMATS": "run",
     "export_catalog": "run",
-    "VerifyResult": "verify",
+    "VerifyResult": "dlindex.exported.verify",
     "MergeSummary": "merge",
     "merge_exports": "merge",
-    "verify_export": "verify",
+    "verify_export": "dlindex.exported.verify",
 }
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
@@ -59,7 +59,8 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 if TYPE_CHECKING:
     from dlindex.export.merge import MergeSummary, merge_exports
     from dlindex.export.options import ExportOptions, ExportSummary, parse_size
-    from dlindex.export.plan import ExportError, parse_split
-    from dlindex.export.reader import load_index, manifest_files, manifest_rows, source_path
+    from dlindex.export.plan import parse_split
     from dlindex.export.run import FORMATS, export_catalog
-    from dlindex.export.verify import VerifyResult, verify_export
+    from dlindex.exported import ExportError
+    from dlindex.exported.reader import load_index, manifest_files, manifest_rows, source_path
+    from dlindex.exported.verify import VerifyResult, verify_export

@@ -15,8 +15,8 @@ from typing import Any, BinaryIO
 
 import xxhash
 
-from dlindex.export.confine import NotRegularError, SizeError, kind, read_regular
 from dlindex.export.plan import BYTES, HASH, ID, ExportError, absolute_path
+from dlindex.exported.confine import NotRegularError, SizeError, kind, read_regular
 
 
 class HashingFile:

@@ -21,10 +21,10 @@ from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
 from dlindex.engines.runfolder import check_run_folder, claim_run_folder, options_digest, remove_run_folder
 from dlindex.errors import InputError
-from dlindex.export.index import PART_INDEX
 from dlindex.export.merge import MergeSummary, merge_exports
 from dlindex.export.options import ExportOptions
 from dlindex.export.run import export_catalog
+from dlindex.exported.index import PART_INDEX
 
 _RETRIES = 3  # reruns of a part whose worker or node died
 

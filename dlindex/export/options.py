@@ -9,7 +9,8 @@ from typing import Any
 
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.export.plan import ExportError
-from dlindex.export.validate import MAX_COUNT, MAX_WORLD_SIZE
+from dlindex.exported.formats import DEFAULT
+from dlindex.exported.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
 
 DEFAULT_WORKERS = 8  # wds: DataLoader(num_workers=N) up to this many never finds a worker without a shard
@@ -42,7 +43,7 @@ class ExportOptions:
             ``dlindex-part.json``); ``dlindex.export.merge_exports`` joins the N parts.
     """
 
-    format: str = "jsonl"
+    format: str = DEFAULT
     query: QuerySpec = field(default_factory=QuerySpec)
     shard_size: int | None = None
     shard_bytes: int | str | None = None

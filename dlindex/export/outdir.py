@@ -122,9 +122,9 @@ def check_replaceable(out_dir: Path, protected_files: Iterable[str], roots: Iter
 
 def check_old_export(out_dir: Path) -> None:
     """Raise ExportError unless everything in OUT_DIR belongs to the dlindex export there."""
-    from dlindex.export.index import INDEX, PARQUET_INDEX, PART_INDEX, index_path, listed_shards
     from dlindex.export.part import load_part
-    from dlindex.export.reader import load_index
+    from dlindex.exported.index import INDEX, PARQUET_INDEX, PART_INDEX, index_path, listed_shards
+    from dlindex.exported.reader import load_index
 
     keep = "remove it yourself or choose another folder"
     own = index_path(out_dir)  # index.json, or _index.json of a parquet export

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import canonical_splits
 from dlindex.errors import InputError
+from dlindex.exported import ExportError as ExportError  # the read side defines it; export modules import it here
 from dlindex.query.rows import prepare
 from dlindex.query.spec import QuerySpec
 
@@ -43,10 +44,6 @@ _ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
 HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _UNIT = 2.0**64
-
-
-class ExportError(InputError):
-    """The export cannot be written as asked; nothing was left in OUT_DIR."""
 
 
 class Tally:

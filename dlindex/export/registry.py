@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from dlindex.errors import DlindexError
-from dlindex.export.index import index_path
+from dlindex.exported.index import index_path
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -19,42 +19,20 @@ from dlindex.export.plan import (
     ID,
     LABEL,
     WIDTH,
-    ExportError,
     Group,
     Plan,
     UpperHalf,
     relative_prefixes,
     sample_path,
 )
+from dlindex.exported.index import ShardInfo as ShardInfo  # defined with the index it describes
+from dlindex.exported.reader import PATH_B64
 
 # The keys of a manifest row and of a packed sample's metadata, in this order, in every format.
 SAMPLE_KEYS = ("id", "path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
-# Text formats (jsonl, csv, the wds/mds json) add this key: the exact name in base64 where it is
-# not UTF-8 (then ``path`` shows it with \\xNN escapes, valid UTF-8 for pandas, polars, duckdb),
-# else "" (not null: polars types a column from its first rows, and null there would mean no type).
-PATH_B64 = "path_b64"
 TEXT_KEYS = (*SAMPLE_KEYS, PATH_B64)
 
 _encode_text = json.encoder.encode_basestring
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One file an export wrote, as index.json lists it."""
-
-    file: str
-    split: str
-    rank: int
-    samples: int
-    bytes: int
-    xxh3_128: str
-    first: int = 0  # position of its first sample within its split and rank
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file, "split": self.split, "rank": self.rank, "samples": self.samples,
-            "bytes": self.bytes, "xxh3_128": self.xxh3_128,
-        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,16 +85,6 @@ def shown_path(raw: bytes) -> tuple[str, str | None]:
         return raw.decode(), None
     except UnicodeDecodeError:
         return raw.decode("utf-8", "backslashreplace"), base64.b64encode(raw).decode("ascii")
-
-
-def exact_path(text: str, b64: str | None) -> str:
-    """The inverse of shown_path, as ``str`` with surrogate escapes (``os.fsencode`` gives the bytes)."""
-    if not b64:
-        return text
-    try:
-        return os.fsdecode(base64.b64decode(b64, validate=True))
-    except ValueError:
-        raise ExportError(f"path_b64 {b64[:40]!r} is not base64; the manifest is damaged") from None
 
 
 def metadata_json(row: tuple[Any, ...], ctx: Context, label_json: list[str]) -> str:

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dlindex.exported.formats import INDEX_NAMES
 
 INDEX = "index.json"
 # pyarrow (and so pandas) read every file of a folder as parquet except names starting with
@@ -23,15 +26,10 @@ SHARDS_KEY = "dlindex_shards"
 PART_INDEX = "dlindex-part.json"
 
 
-def index_name(fmt: str) -> str:
-    """The file name of an export's own index for a format."""
-    return PARQUET_INDEX if fmt == "parquet" else INDEX
-
-
 def index_path(out_dir: str | os.PathLike[str]) -> Path:
     """OUT_DIR's dlindex index file (index.json, or _index.json in a parquet export)."""
     folder = Path(out_dir)
-    for name in (INDEX, PARQUET_INDEX):
+    for name in INDEX_NAMES:
         if (folder / name).is_file():
             return folder / name
     return folder / INDEX
@@ -47,3 +45,22 @@ def listed_shards(index: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     Version 1 exports listed them under "shards"; they still read."""
     return list(index[shards_key(index.get("dlindex_export", INDEX_VERSION))])
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One file an export wrote, as index.json lists it."""
+
+    file: str
+    split: str
+    rank: int
+    samples: int
+    bytes: int
+    xxh3_128: str
+    first: int = 0  # position of its first sample within its split and rank
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file, "split": self.split, "rank": self.rank, "samples": self.samples,
+            "bytes": self.bytes, "xxh3_128": self.xxh3_128,
+        }  # fmt: skip

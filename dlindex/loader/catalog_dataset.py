@@ -10,13 +10,13 @@ from typing import Any
 
 from dlindex.catalog.postgres import is_server_url
 from dlindex.errors import InputError
-from dlindex.loader import rank_and_world
+from dlindex.loader.decode import ImageSpec
+from dlindex.loader.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
+from dlindex.loader.export_datasets import rank_and_world
+from dlindex.loader.l2 import wanted
+from dlindex.loader.row_cache import DEFAULT_SIZE
+from dlindex.loader.worker import ON_ERROR, WorkerJob, run_worker
 from dlindex.query.spec import QuerySpec
-from dlindex.train.decode import ImageSpec
-from dlindex.train.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
-from dlindex.train.l2 import wanted
-from dlindex.train.rows import DEFAULT_SIZE
-from dlindex.train.worker import ON_ERROR, WorkerJob, run_worker
 
 _FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {
     "columns", "order", "seed", "limit", "offset", "cache", "exif_orient",

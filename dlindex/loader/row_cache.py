@@ -13,7 +13,7 @@ from dlindex.query.lookups import roots_by_id
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
     from dlindex.catalog.state import CatalogState
-    from dlindex.train.l2 import L2Cache
+    from dlindex.loader.l2 import L2Cache
 
 DEFAULT_SIZE = 65536  # rows; ~200 bytes each, so ~13 MB a worker at most
 _ROWS_OF = (

@@ -17,11 +17,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dlindex.export.confine import ConfineError, check_relative, read_regular, resolve_inside
-from dlindex.export.ids import IDS_FILE
-from dlindex.export.index import listed_shards
-from dlindex.export.plan import ExportError
-from dlindex.export.tar import is_regular, iter_headers
+from dlindex.exported import ExportError
+from dlindex.exported.confine import ConfineError, check_relative, read_regular, resolve_inside
+from dlindex.exported.ids import IDS_FILE
+from dlindex.exported.index import listed_shards
+from dlindex.exported.tar import is_regular, iter_headers
 
 _KEY = re.compile(rb"[0-9]{12}(_[0-9]+)?")
 _EXT = re.compile(rb"[a-z0-9]{1,8}")

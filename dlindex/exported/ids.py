@@ -11,11 +11,10 @@ from typing import Any
 
 import xxhash
 
-from dlindex.export.confine import ConfineError, read_regular, resolve_inside
-from dlindex.export.index import listed_shards
-from dlindex.export.plan import ExportError
-from dlindex.export.shards import ShardInfo
-from dlindex.export.tar import iter_members
+from dlindex.exported import ExportError
+from dlindex.exported.confine import ConfineError, read_regular, resolve_inside
+from dlindex.exported.index import ShardInfo, listed_shards
+from dlindex.exported.tar import iter_members
 
 IDS_FILE = "ids.i64"  # int64 little-endian, one per sample (pad repeats included)
 

@@ -17,7 +17,7 @@ from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.train.l2 import L2Cache, Labelled
+    from dlindex.loader.l2 import L2Cache, Labelled
 
 Ints = npt.NDArray[np.int64]
 _COLUMNS = ("id", "label_id", "bytes", "xxh3_128")
@@ -109,7 +109,7 @@ def resolve(catalog: Catalog, spec: QuerySpec, l2: L2Cache | None = None) -> Sel
 
 def _parts(selection: Selection) -> list[Labelled]:
     """A selection cut by label, each part in id order: one L2 value per (selection, label)."""
-    from dlindex.train.l2 import Labelled
+    from dlindex.loader.l2 import Labelled
 
     out = []
     for label in np.unique(selection.labels).tolist():

@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from dlindex.export.confine import open_regular
-from dlindex.export.plan import ExportError
+from dlindex.exported import ExportError
+from dlindex.exported.confine import open_regular
 
 BLOCK = 512
 _EMPTY = bytes(BLOCK)

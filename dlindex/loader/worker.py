@@ -16,14 +16,14 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import DlindexError, DlindexWarning
+from dlindex.loader.decode import DecodeError, ImageSpec, decode_image
+from dlindex.loader.l2 import L2Cache
+from dlindex.loader.row_cache import RowCache
+from dlindex.loader.sources import FileReader, Read, WdsReader
 from dlindex.query.spec import LOADER_FAILURE
-from dlindex.train.decode import DecodeError, ImageSpec, decode_image
-from dlindex.train.l2 import L2Cache
-from dlindex.train.rows import RowCache
-from dlindex.train.sources import FileReader, Read, WdsReader
 
 if TYPE_CHECKING:
-    from dlindex.train.epoch import EpochPlan
+    from dlindex.loader.epoch import EpochPlan
 
 Ints = npt.NDArray[np.int64]
 ON_ERROR = ("skip", "replace")

@@ -10,11 +10,11 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import DlindexError, InputError
+from dlindex.loader.l2 import L2Cache, catalog_identity
+from dlindex.loader.layout import Layout, chunk_order
+from dlindex.loader.selection import Selection, epoch_spec, resolve
+from dlindex.loader.sources import WdsExport, arrange_files, arrange_wds, find_export, named_export
 from dlindex.query.spec import QuerySpec
-from dlindex.train.l2 import L2Cache, catalog_identity
-from dlindex.train.plan import Layout, chunk_order
-from dlindex.train.selection import Selection, epoch_spec, resolve
-from dlindex.train.sources import WdsExport, arrange_files, arrange_wds, find_export, named_export
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

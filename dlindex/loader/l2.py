@@ -54,7 +54,7 @@ return out
 """
 
 _warned = False
-Row = tuple[bytes, int | None, str | None]  # path, bytes, xxh3_128: a dlindex.train.rows.SampleRow
+Row = tuple[bytes, int | None, str | None]  # path, bytes, xxh3_128: a dlindex.loader.row_cache.SampleRow
 
 
 def wanted(mode: str, url: str | None, location: str) -> str | None:

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import xxhash
 
-from dlindex.export.plan import ExportError
+from dlindex.exported import ExportError
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _OPEN_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)

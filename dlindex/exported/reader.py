@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from dlindex.export.confine import (
+from dlindex.exported import ExportError
+from dlindex.exported.confine import (
     MAX_INDEX_BYTES,
     ConfineError,
     bounded_lines,
@@ -18,18 +20,21 @@ from dlindex.export.confine import (
     read_regular,
     resolve_inside,
 )
-from dlindex.export.index import (
+from dlindex.exported.formats import MANIFEST_SUFFIXES
+from dlindex.exported.index import (
     INDEX,
     PART_INDEX,
     index_path,
     listed_shards,
     shards_key,
 )
-from dlindex.export.plan import ExportError
-from dlindex.export.shards import PATH_B64, exact_path
-from dlindex.export.validate import check_index, check_row, check_version
+from dlindex.exported.validate import check_index, check_row, check_version
 
-MANIFEST_SUFFIXES = (".jsonl", ".csv", ".parquet")
+# Text formats (jsonl, csv, the wds/mds json) add this key: the exact name in base64 where it is
+# not UTF-8 (then ``path`` shows it with \\xNN escapes, valid UTF-8 for pandas, polars, duckdb),
+# else "" (not null: polars types a column from its first rows, and null there would mean no type).
+PATH_B64 = "path_b64"
+
 _INTS = ("id", "label_id", "width", "height", "bytes")
 
 
@@ -120,6 +125,16 @@ def manifest_rows(
             raise ExportError(f"{name} is not a manifest shard")
     except FileNotFoundError:
         raise ExportError(f"{shown}: missing") from None
+
+
+def exact_path(text: str, b64: str | None) -> str:
+    """The inverse of export.shards.shown_path, as ``str`` with surrogate escapes (``os.fsencode`` gives the bytes)."""
+    if not b64:
+        return text
+    try:
+        return os.fsdecode(base64.b64decode(b64, validate=True))
+    except ValueError:
+        raise ExportError(f"path_b64 {b64[:40]!r} is not base64; the manifest is damaged") from None
 
 
 def _exact(row: Any, where: str) -> dict[str, Any]:
