@@ -9,7 +9,7 @@ from typing import Any
 
 from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.dialect import postgres_form
+from dlindex.catalog.postgres.dialect import postgres_form
 from dlindex.catalog.reachable import unreachable_roots
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"

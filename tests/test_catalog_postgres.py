@@ -1,4 +1,4 @@
-"""dlindex/catalog/postgres.py and dialect.py: the server catalog's connection, its SQL, its bad input.
+"""dlindex/catalog/postgres/connect.py and dialect.py: the server catalog's connection, its SQL, its bad input.
 
 The dialect rules are checked on their own and fuzzed; everything else runs against a real
 PostgreSQL server (tests/servers.py), with many writers in real processes.
@@ -20,9 +20,9 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from dlindex import Catalog
-from dlindex.catalog.dialect import element_type, translate
-from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
-from dlindex.catalog.postgres import is_server_url, redact
+from dlindex.catalog.postgres.connect import is_server_url, redact
+from dlindex.catalog.postgres.dialect import element_type, translate
+from dlindex.catalog.sqlite.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
 from dlindex.errors import CatalogError, InputError
 
 from .backends import schema_before

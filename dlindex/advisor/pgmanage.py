@@ -29,7 +29,7 @@ from dlindex.querylog.importer import LineSource, iter_lines
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _INDEX = """SELECT pg_get_indexdef(c.oid), t.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
     JOIN pg_class t ON t.oid = i.indrelid WHERE c.oid = to_regclass(%s)"""

@@ -27,7 +27,7 @@ from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
 
 if TYPE_CHECKING:
     from dlindex.advisor.pgworkload import Run
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _COLUMNS = """SELECT table_name, column_name FROM information_schema.columns
     WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"""

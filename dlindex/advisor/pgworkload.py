@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, cast
 from dlindex.advisor.shapes import check_select
 from dlindex.advisor.workload import Skipped, Statement, load_workload
 from dlindex.advisor.write_shapes import write_columns
-from dlindex.catalog.dialect import translate
+from dlindex.catalog.postgres.dialect import translate
 from dlindex.catalog.fingerprint import fingerprint, table_of
-from dlindex.catalog.postgres import server_statement
+from dlindex.catalog.postgres.dialect import server_statement
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _PRELOAD = (
     "SELECT current_setting('shared_preload_libraries'), current_database(), current_setting('server_version_num')"

@@ -47,7 +47,7 @@ from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 PREFIX = "idx_dlindex_"
 MIN_GAIN = 1.15  # planned cost, then buffers, of the statements an index serves: at most 1/1.15

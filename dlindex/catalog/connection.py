@@ -17,11 +17,11 @@ from types import TracebackType
 from typing import Any
 
 from dlindex import faults
-from dlindex.catalog.dialect import postgres_form
-from dlindex.catalog.postgres import PgConnection, is_server_url, redact
-from dlindex.catalog.postgres import connect as connect_postgres
+from dlindex.catalog.postgres.connect import PgConnection, is_server_url, redact
+from dlindex.catalog.postgres.connect import connect as connect_postgres
+from dlindex.catalog.postgres.dialect import postgres_form
 from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
-from dlindex.catalog.sqlite import (
+from dlindex.catalog.sqlite.connect import (
     DEFAULT_DB,
     LoggedConnection,
     Writeback,
@@ -416,10 +416,10 @@ def connect_reader(location: str, *, timeout: float, any_thread: bool = False) -
         any_thread: the connection may be used from threads other than the opener's.
     """
     if is_server_url(location):
-        from dlindex.catalog.postgres import connect_readonly as connect_postgres_readonly
+        from dlindex.catalog.postgres.connect import connect_readonly as connect_postgres_readonly
 
         return connect_postgres_readonly(location, wait_s=timeout)
-    from dlindex.catalog.sqlite import connect_readonly
+    from dlindex.catalog.sqlite.connect import connect_readonly
 
     return connect_readonly(location, timeout=timeout, check_same_thread=not any_thread)
 

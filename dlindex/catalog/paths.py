@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from dlindex.catalog.dialect import postgres_form
+from dlindex.catalog.postgres.dialect import postgres_form
 
 if TYPE_CHECKING:
     import sqlite3

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
-from dlindex.catalog.migrations import schema_version
+from dlindex.catalog.sqlite.migrations import schema_version
 from dlindex.catalog.reachable import unreachable_roots
 from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split

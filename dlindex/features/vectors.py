@@ -21,7 +21,7 @@ from dlindex.features.types import FeatureType
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _UPSERT_VECTOR = """INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, ?, ?)
     ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = CURRENT_TIMESTAMP"""

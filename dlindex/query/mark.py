@@ -20,7 +20,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
-from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN, rollback
+from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN, rollback
 from dlindex.errors import InputError, UsageError, did_you_mean
 from dlindex.query.spec import PROCESSING_FILTERS, STATUSES
 

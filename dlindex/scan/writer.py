@@ -15,7 +15,7 @@ from contextlib import suppress
 from typing import Any
 
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.migrations import path_hash
+from dlindex.catalog.sqlite.migrations import path_hash
 from dlindex.errors import DlindexError
 from dlindex.procs import pid_alive
 from dlindex.query.spec import LOADER_FAILURE

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
-from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.postgres.connect import is_server_url
 from dlindex.errors import InputError
 from dlindex.loader import rank_and_world
 from dlindex.query.spec import QuerySpec

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from dlindex import faults
-from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations, missing_tables, schema_version
+from dlindex.catalog.sqlite.migrations import (
+    APPLICATION_ID,
+    LATEST_VERSION,
+    apply_migrations,
+    missing_tables,
+    schema_version,
+)
 from dlindex.errors import CatalogBusyError, CatalogError, ReadOnlyCatalogError
 
 DEFAULT_DB = "dlindex.db"

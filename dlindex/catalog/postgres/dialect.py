@@ -24,11 +24,14 @@ The rules (outside quoted strings and identifiers):
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from dlindex.catalog.pgschema import NOW_TEXT, PRIMARY_KEYS
+from dlindex.catalog.postgres.migrations import NOW_TEXT, PRIMARY_KEYS
 
 _QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 _PARAM = re.compile(r"\?|(?<![:\w]):([A-Za-z_]\w*)")
@@ -182,3 +185,44 @@ def element_type(values: list[object], empty_type: str) -> str:
     if all(isinstance(v, str) for v in values):
         return "text"
     return "jsonb"
+
+
+_LASTROWID = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)\b(?!.*\b(?:RETURNING|ON\s+CONFLICT|SELECT)\b)", re.I | re.S)
+_ID_TABLES = frozenset(t for t, key in PRIMARY_KEYS.items() if key == ("id",) and t != "catalog_changes")
+
+
+def wants_lastrowid(text: str) -> bool:
+    """An INSERT of one row into a table with an id: ask for the id, as sqlite3's lastrowid."""
+    m = _LASTROWID.match(text)
+    return bool(m and m.group(1).lower() in _ID_TABLES)
+
+
+def server_statement(
+    sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ()
+) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
+    """``sql`` in dlindex's SQLite dialect as PostgreSQL runs it, with its psycopg parameters
+    (for ``execute_raw``: the index advisor explains and times logged reads this way)."""
+    return bind(translate(sql), parameters)
+
+
+def bind(
+    translated: Translated, parameters: Sequence[Any] | Mapping[str, Any]
+) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
+    """The statement's text and psycopg parameters; JSON arrays go over as arrays."""
+    if translated.named and not isinstance(parameters, Mapping):
+        parameters = dict(zip(translated.names, parameters, strict=False))
+    if not translated.json_params:
+        return translated.text, parameters
+    params: Any = dict(parameters) if isinstance(parameters, Mapping) else list(parameters)
+    types = {}
+    for p in translated.json_params:
+        raw = params[p.key]
+        values = json.loads(raw) if isinstance(raw, (str, bytes)) else list(raw)
+        kind = element_type(values, p.empty_type)
+        if kind == "jsonb":
+            from psycopg.types.json import Jsonb
+
+            values = [Jsonb(v) for v in values]
+        params[p.key] = values
+        types[p.slot] = kind
+    return translated.text.format(**types), params
