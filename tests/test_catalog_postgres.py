@@ -20,7 +20,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from dlindex import Catalog
-from dlindex.catalog.postgres.connect import is_server_url, redact
+from dlindex.catalog.backend import is_server_url
+from dlindex.catalog.postgres.backend import redact
 from dlindex.catalog.postgres.dialect import element_type, translate
 from dlindex.catalog.sqlite.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
 from dlindex.errors import CatalogError, InputError
@@ -182,7 +183,7 @@ def test_a_read_left_open_past_close_ends_quietly(pg_url: str) -> None:
     with Catalog(pg_url) as catalog, pytest.raises(Exception, match="closed") as closed:
         catalog.close()
         catalog.conn.execute("SELECT 1")
-    assert type(closed.value).__name__ == "ProgrammingError"
+    assert type(closed.value).__name__ == "CatalogClosedError"
 
 
 def test_vectors_keep_their_bytes(pg_url: str, tmp_path: Path) -> None:

@@ -22,12 +22,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from dlindex import faults
 from dlindex.catalog import merge_cut, merge_rows
+from dlindex.catalog.backend import backend_for
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.postgres.connect import is_server_url
 from dlindex.catalog.shard_runs import RUN_COLUMNS, ShardRun
 from dlindex.catalog.sqlite.connect import connect_readonly
 from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION
@@ -71,7 +71,7 @@ def merge_catalogs(
             nothing is written (a new ``into`` is removed again).
         CatalogError: a part that is no dlindex catalog, of another schema version, or damaged.
     """
-    if is_server_url(into) or any(is_server_url(p) for p in parts):
+    if backend_for(into).is_server or any(backend_for(p).is_server for p in parts):
         raise InputError(
             "merge joins part catalog files; on a server catalog the parts of a job write into it "
             "directly, with nothing to merge"
@@ -83,19 +83,20 @@ def merge_catalogs(
     existed = target.exists()
     try:
         with Catalog(target, create=True, log=False) as catalog:
-            known = {ShardRun(*row) for row in catalog.conn.execute(_TARGET_RUNS)}
+            conn = cast(sqlite3.Connection, catalog.conn)  # merge joins catalog files only
+            known = {ShardRun(*row) for row in conn.execute(_TARGET_RUNS)}
             jobs = check_jobs({path: [run for run in found if run not in known] for path, found in runs.items()})
             try:
-                merge_rows.stage(catalog.conn, paths)
+                merge_rows.stage(conn, paths)
                 if cut is not None:
-                    merge_cut.drop_copies(catalog.conn, Path(cut), merge_rows.CONTENT)
-                with catalog.write_transaction() as conn:
+                    merge_cut.drop_copies(conn, Path(cut), merge_rows.CONTENT)
+                with catalog.write_transaction():
                     kept = merge_cut.drop_overtaken(conn, merge_rows.CONTENT) if cut is not None else 0
                     counts = merge_rows.apply(conn, paths)
             except sqlite3.IntegrityError as e:
                 raise InputError(f"a part holds rows this catalog refuses ({e}); nothing was merged") from None
             finally:
-                merge_rows.unstage(catalog.conn)
+                merge_rows.unstage(conn)
     except BaseException:
         if not existed:
             for suffix in ("", "-wal", "-shm", "-journal"):

@@ -1,11 +1,10 @@
 """PostgreSQL connections to a server catalog, which run dlindex's SQLite-dialect SQL.
 
 The URL, the checks before any write, the schema under an advisory lock, and the connection.
-``PgConnection`` offers what dlindex uses of ``sqlite3.Connection`` (execute, executemany,
-fetch, rowcount, lastrowid, in_transaction) and raises sqlite3's exception classes, with
-``sqlite_errorname`` set to SQLite's name for the same condition (SQLITE_BUSY for a lock
-wait that ran out or a deadlock, SQLITE_FULL for a full disk, SQLITE_CONSTRAINT), so the
-layers above handle both backends with one set of rules. Statements are rewritten by
+``PgConnection`` speaks ``dlindex.catalog.backend.Connection`` (execute, executemany, stream,
+fetch, rowcount, lastrowid, in_transaction) and raises dlindex's own exceptions for what fails
+(``dlindex_error``: CatalogLockTimeout for a lock wait that ran out or a deadlock,
+CatalogFullError, CatalogReadOnlySQLError, CatalogIntegrityError, else CatalogOperationalError). Statements are rewritten by
 ``dialect.translate``. Bulk inserts use COPY (``copy_rows``). psycopg 3 is imported only
 when a ``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``).
 """
@@ -14,38 +13,30 @@ from __future__ import annotations
 
 import logging
 import re
-import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from dlindex.catalog.postgres.backend import busy_message, redact
 from dlindex.catalog.postgres.cursor import STREAM_ROWS, Counted, PgCursor, Rows, Streamed
 from dlindex.catalog.postgres.dialect import bind, translate, wants_lastrowid
 from dlindex.catalog.postgres.migrations import ensure_schema
-from dlindex.errors import CatalogConnectionLost, CatalogError, InputError
+from dlindex.errors import (
+    CatalogClosedError,
+    CatalogConnectionLost,
+    CatalogError,
+    CatalogFullError,
+    CatalogIntegrityError,
+    CatalogLockTimeout,
+    CatalogOperationalError,
+    CatalogReadOnlySQLError,
+    CatalogSQLError,
+    InputError,
+)
 
-SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 10
-
-
-def is_server_url(location: object) -> bool:
-    """Whether a ``--db`` value names a server catalog rather than a file."""
-    return isinstance(location, str) and location.lower().startswith(SCHEMES)
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "postgresql://..."
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = urllib.parse.quote(parts.username or "", safe="")
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 _QUIET = logging.NullHandler()  # one instance: addHandler ignores a handler it already has
@@ -146,15 +137,15 @@ class PgConnection:
         status = self.raw.info.transaction_status
         return bool(status != self._psycopg.pq.TransactionStatus.IDLE)
 
+    wait_s = 30.0
+
     def set_lock_wait(self, wait_s: float) -> None:
         """How long a statement waits for another transaction's row lock before it fails
-        (as SQLITE_BUSY): ``--wait``, like SQLite's busy timeout."""
+        (CatalogLockTimeout): ``--wait``, like SQLite's busy timeout."""
         self.execute_raw(f"SET lock_timeout = {int(max(wait_s, 0.001) * 1000)}")  # an int, not input
+        self.wait_s = wait_s
 
     def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> PgCursor:
-        special = self._pragma(sql)
-        if special is not None:
-            return special
         if _EXPLAIN.match(sql):
             return self._explain(_EXPLAIN.sub("", sql, count=1), parameters)
         translated = translate(sql)
@@ -188,7 +179,7 @@ class PgConnection:
         try:
             with self._statement(False, cursor):
                 cursor.execute(text, params)
-        except sqlite3.Error:
+        except CatalogSQLError:
             self._open_reads.discard(slot)
             raise
         return Streamed(cursor, lambda: self._open_reads.discard(slot), self._statement)
@@ -233,7 +224,7 @@ class PgConnection:
             cursor.execute(f"EXPLAIN {text}", params)
             lines = [str(row[0]).strip().removeprefix("->").strip() for row in cursor.fetchall()]
         except self._psycopg.Error as e:
-            raise (self.lost_error(e) if self.lost(e) else self.translate_error(e)) from e
+            raise (self.lost_error(e) if self.lost(e) else self.dlindex_error(e)) from e
         finally:
             with suppress(self._psycopg.Error):
                 cursor.close()
@@ -266,18 +257,18 @@ class PgConnection:
         return bool(pattern.match(text)) and self.in_transaction
 
     def _cursor(self, **options: Any) -> Any:
-        """A psycopg cursor; on a closed connection, sqlite3's error for one (ProgrammingError), which
-        code finishing a read after close() expects, as on a file catalog."""
+        """A psycopg cursor; on a closed connection CatalogClosedError, which code finishing a read
+        after close() expects (dlindex.catalog.backend.CLOSED_ERRORS), as on a file catalog."""
         if self.raw.closed:
             if getattr(self.raw, "broken", False):  # closed by the server, not by dlindex
                 raise self.lost_error(None)
-            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+            raise CatalogClosedError("Cannot operate on a closed database.")
         return self.raw.cursor(**options)
 
     @contextmanager
     def _statement(self, savepoint: bool, cursor: Any = None) -> Iterator[None]:
-        """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as sqlite3's
-        (``translate_error``), after rolling back to the savepoint and closing ``cursor``."""
+        """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as dlindex's
+        (``dlindex_error``), after rolling back to the savepoint and closing ``cursor``."""
         try:
             if savepoint:
                 self.raw.execute("SAVEPOINT dlindex_statement")
@@ -293,7 +284,7 @@ class PgConnection:
             if cursor is not None:
                 with suppress(self._psycopg.Error):
                     cursor.close()
-            raise self.translate_error(e) from e
+            raise self.dlindex_error(e) from e
 
     def copy_rows(
         self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, logged_as: str | None = None
@@ -317,20 +308,6 @@ class PgConnection:
             report(shown, n, n, time.perf_counter() - started)
         return n
 
-    def _pragma(self, sql: str) -> PgCursor | None:
-        """SQLite's PRAGMAs that dlindex sends to any catalog: the busy timeout becomes the lock
-        wait; cache and journal settings have no PostgreSQL counterpart and do nothing."""
-        head = sql.lstrip()[:7].upper()
-        if head != "PRAGMA ":
-            return None
-        m = re.fullmatch(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(-?\d+))?\s*", sql, re.IGNORECASE)
-        if m and m.group(1).lower() == "busy_timeout" and m.group(2) is not None:
-            self.execute_raw(f"SET lock_timeout = {max(int(m.group(2)), 1)}")
-            return PgCursor(self._cursor())
-        if m and m.group(1).lower() in ("cache_size", "synchronous", "wal_checkpoint"):
-            return PgCursor(self._cursor())
-        raise sqlite3.OperationalError(f"not supported on a PostgreSQL catalog: {sql.strip()[:60]}")
-
     def lost(self, e: Exception) -> bool:
         """Whether ``e`` says the server connection is gone: the server stopped, crashed or
         restarted, or the network dropped it. No statement can run on it any more."""
@@ -350,31 +327,25 @@ class PgConnection:
             "again when the server is back"
         )
 
-    def translate_error(self, e: Exception) -> sqlite3.Error:
-        """The sqlite3 exception class and SQLite error name for a PostgreSQL error."""
+    def dlindex_error(self, e: Exception) -> CatalogSQLError:
+        """dlindex's exception for a PostgreSQL error (dlindex.errors: busy, full, read-only,
+        integrity; anything else a CatalogOperationalError, as SQLite reports it)."""
         errors = self._psycopg.errors
         message = _first_line(e)
-        out: sqlite3.Error
         if isinstance(e, self._psycopg.IntegrityError):
-            out = sqlite3.IntegrityError(message)
-            name = "SQLITE_CONSTRAINT"
-        elif isinstance(e, (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)):
-            out = sqlite3.OperationalError(f"database is locked ({message})")
-            name = "SQLITE_BUSY"
-        elif isinstance(e, (errors.DiskFull, errors.OutOfMemory)):
-            out = sqlite3.OperationalError(f"database or disk is full ({message})")
-            name = "SQLITE_FULL"
-        elif isinstance(e, (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
-            out = sqlite3.OperationalError(f"attempt to write a readonly database ({message})")
-            name = "SQLITE_READONLY"
-        elif isinstance(e, self._psycopg.DataError):
-            out = sqlite3.DataError(message)
-            name = "SQLITE_MISMATCH"
-        else:
-            out = sqlite3.OperationalError(message)
-            name = "SQLITE_ERROR"
-        out.sqlite_errorname = name
-        return out
+            return CatalogIntegrityError(message)
+        if isinstance(e, (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)):
+            return CatalogLockTimeout(busy_message(self.shown, self.wait_s, message))
+        if isinstance(e, (errors.DiskFull, errors.OutOfMemory)):
+            return CatalogFullError(
+                f"disk full: the PostgreSQL catalog {self.shown} has no room left ({message}); what was "
+                "committed is kept and the catalog is consistent. Free some space and run the command again"
+            )
+        if isinstance(e, (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
+            return CatalogReadOnlySQLError(f"catalog {self.shown} is read-only ({message}); nothing was changed")
+        if isinstance(e, self._psycopg.DataError):
+            return CatalogSQLError(message)
+        return CatalogOperationalError(message)
 
     def rollback_quietly(self) -> None:
         if self.in_transaction:

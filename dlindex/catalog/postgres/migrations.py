@@ -260,7 +260,7 @@ def ensure_schema(conn: PgConnection, *, create: bool) -> None:
                 f"dlindex scan ROOT --db {conn.shown}"
             )
     else:
-        version = _version(conn)
+        version = stored_version(conn)
         if version > LATEST_VERSION:
             raise CatalogError(
                 f"PostgreSQL catalog {conn.shown} is schema version {version}, newer than this dlindex "
@@ -277,7 +277,8 @@ def ensure_schema(conn: PgConnection, *, create: bool) -> None:
     _migrate(conn)
 
 
-def _version(conn: PgConnection) -> int:
+def stored_version(conn: PgConnection) -> int:
+    """The schema version the catalog records (its one row of dlindex_schema)."""
     rows = conn.execute(_VERSION).fetchall()
     if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
         raise CatalogError(f"PostgreSQL catalog {conn.shown} has a damaged {SCHEMA_TABLE} table; nothing was changed")
@@ -296,7 +297,7 @@ def _migrate(conn: PgConnection) -> None:
             "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?",
             (SCHEMA_TABLE,),
         ).fetchone()
-        version = _version(conn) if exists else 0
+        version = stored_version(conn) if exists else 0
         for reached, statements in MIGRATIONS:
             if reached <= version:
                 continue
