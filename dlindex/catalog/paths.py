@@ -22,7 +22,6 @@ from dlindex.catalog.backend import ReadConnection
 from dlindex.catalog.postgres.dialect import postgres_form
 
 if TYPE_CHECKING:
-
     from dlindex.catalog.connection import Catalog
 
 _ROOTS = "SELECT id, path, path_bytes FROM roots"

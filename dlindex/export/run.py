@@ -220,7 +220,15 @@ def _write_part(
         None if points is None or points.grouping is None else points.grouping.describe(points.groups),
     )  # fmt: skip
     manifest = part_manifest(
-        shard, plan, owner, digest, catalog.backend.schema_version(catalog.conn), head, sorted(ctx.seen), label_counts(plan), written
+        shard,
+        plan,
+        owner,
+        digest,
+        catalog.backend.schema_version(catalog.conn),
+        head,
+        sorted(ctx.seen),
+        label_counts(plan),
+        written,
     )
     (output.tmp / PART_INDEX).write_bytes(manifest)
     output.commit()
