@@ -15,9 +15,9 @@ from dlindex.catalog.backend import (
     OPERATIONAL_ERRORS,
     SQL_ERRORS,
     Connection,
-    backend_for,
     is_server_url,
 )
+from dlindex.catalog.connection import backend_for
 from dlindex.errors import (
     CatalogBusyError,
     CatalogError,

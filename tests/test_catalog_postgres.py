@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.catalog.backend import is_server_url
-from dlindex.catalog.postgres.backend import redact
+from dlindex.catalog.postgres.connect import redact
 from dlindex.catalog.postgres.dialect import element_type, translate
 from dlindex.catalog.sqlite.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
 from dlindex.errors import CatalogError, InputError

@@ -1,7 +1,7 @@
 """The backend seam: what a catalog's connection offers, and what differs between a file and a server.
 
-``backend_for(location)`` picks the backend from the ``--db`` value: a ``postgresql://`` URL
-is a server catalog (``dlindex.catalog.postgres``), anything else a file
+``dlindex.catalog.connection.backend_for(location)`` picks the backend from the ``--db`` value:
+a ``postgresql://`` URL is a server catalog (``dlindex.catalog.postgres``), anything else a file
 (``dlindex.catalog.sqlite``). ``Catalog.backend`` is that object; code above the catalog asks it
 (``catalog.backend.bulk_insert(...)``, ``catalog.backend.is_server``) rather than comparing
 names. Every connection speaks the ``Connection`` protocol below, in dlindex's SQL (SQLite's
@@ -14,13 +14,12 @@ hot path. Code that catches either catches the tuples below.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from dlindex.errors import (
     CatalogBusyError,
@@ -29,9 +28,6 @@ from dlindex.errors import (
     CatalogOperationalError,
     CatalogSQLError,
 )
-
-if TYPE_CHECKING:
-    from dlindex.catalog.connection import Catalog
 
 Params = Sequence[Any] | Mapping[str, Any]
 
@@ -93,17 +89,6 @@ def is_server_url(location: object) -> bool:
     return isinstance(location, str) and location.lower().startswith(SERVER_SCHEMES)
 
 
-def backend_for(location: str | os.PathLike[str]) -> Backend:
-    """The backend of the catalog at ``location`` (nothing is opened yet)."""
-    if is_server_url(location):
-        from dlindex.catalog.postgres.backend import PostgresBackend
-
-        return PostgresBackend(str(location))
-    from dlindex.catalog.sqlite.backend import SqliteBackend
-
-    return SqliteBackend(location)
-
-
 class Backend(ABC):
     """What differs between a catalog file and a server catalog; one per Catalog."""
 
@@ -144,7 +129,7 @@ class Backend(ABC):
         """Which catalog this is, as text two different catalogs never share."""
 
     @abstractmethod
-    def features_dir(self, catalog: Catalog) -> Path:
+    def features_dir(self, conn: Connection) -> Path:
         """Where this machine keeps the catalog's feature matrices."""
 
     @abstractmethod
@@ -188,7 +173,7 @@ class Backend(ABC):
         """Be done with this connection's temp table ``table`` (a name from dlindex's code)."""
 
     @abstractmethod
-    def check_before_first_write(self, catalog: Catalog) -> list[int]:
+    def check_before_first_write(self, conn: Connection) -> list[int]:
         """Refuse to write into a damaged catalog (raise); the ids of scans marked running whose
         process died."""
 
@@ -201,7 +186,7 @@ class Backend(ABC):
         """After a write failed for space, give back what the failed transaction took."""
 
     @abstractmethod
-    def rollback_journal(self, catalog: Catalog) -> AbstractContextManager[bool]:
+    def rollback_journal(self, conn: Connection, wait_s: float) -> AbstractContextManager[bool]:
         """A cheaper journal for a bulk append while the block runs, where the backend has
         one and no other connection is open; yields whether it switched (``Catalog.rollback_journal``)."""
 

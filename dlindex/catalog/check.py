@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlindex.catalog.backend import backend_for
+from dlindex.catalog.backend import is_server_url
 from dlindex.catalog.reachable import unreachable_roots
 from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
 from dlindex.errors import CatalogError, InputError
@@ -84,7 +84,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
         quick: ``PRAGMA quick_check`` (pages and records) instead of the full
             ``integrity_check`` (also every index entry); several times faster on large files.
     """
-    if backend_for(path).is_server:
+    if is_server_url(path):
         raise InputError(
             "dlindex check reads catalog files; a PostgreSQL catalog is kept whole by its server "
             "(check it with PostgreSQL's pg_amcheck)"

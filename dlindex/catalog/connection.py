@@ -19,16 +19,30 @@ from dlindex.catalog.backend import (
     Backend,
     Connection,
     ReadConnection,
-    backend_for,
+    is_server_url,
 )
+from dlindex.catalog.postgres.backend import PostgresBackend
 from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
+from dlindex.catalog.sqlite.backend import SqliteBackend
 from dlindex.catalog.sqlite.connect import DEFAULT_DB, default_wait, is_write_command, rollback
 from dlindex.catalog.state import BUMP, CatalogState, new_token, read_state
-from dlindex.errors import CatalogConnectionLost, DlindexError, DlindexWarning, ReadOnlyCatalogError
+from dlindex.errors import (
+    CatalogConnectionLost,
+    DamagedCatalogError,
+    DlindexError,
+    DlindexWarning,
+    ReadOnlyCatalogError,
+)
 
 _CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
 _ABANDON_SCAN = "UPDATE scans SET state = 'interrupted' WHERE id = ? AND state = 'running'"
 _LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
+
+
+def backend_for(location: str | os.PathLike[str]) -> Backend:
+    """The backend of the catalog at ``location``: a ``postgresql://`` URL is a server catalog,
+    anything else a file (nothing is opened yet)."""
+    return PostgresBackend(str(location)) if is_server_url(location) else SqliteBackend(location)
 
 
 class Catalog:
@@ -214,7 +228,11 @@ class Catalog:
 
     def _check_before_first_write(self) -> None:
         """Refuse to write into a damaged catalog; record scans whose process died as interrupted."""
-        dead = self.backend.check_before_first_write(self)
+        try:
+            dead = self.backend.check_before_first_write(self.conn)
+        except DamagedCatalogError:
+            self.querylog.enabled = False  # not even bookkeeping goes into a damaged file
+            raise
         self._checked_for_write = True
         if dead:
             # A scan killed (kill -9, power loss) before it could say so: it no longer runs.
@@ -311,7 +329,7 @@ class Catalog:
         The price: a process that opens the catalog meanwhile waits (busy timeout) until the
         block ends. ``synchronous = FULL`` keeps a rollback journal safe from power loss.
         """
-        with self.backend.rollback_journal(self) as switched:
+        with self.backend.rollback_journal(self.conn, self.wait_s) as switched:
             yield switched
 
     def _maybe_flush_log(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from dlindex import faults
 from dlindex.catalog import merge_cut, merge_rows
-from dlindex.catalog.backend import backend_for
+from dlindex.catalog.backend import is_server_url
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.shard_runs import RUN_COLUMNS, ShardRun
 from dlindex.catalog.sqlite.connect import connect_readonly
@@ -71,7 +71,7 @@ def merge_catalogs(
             nothing is written (a new ``into`` is removed again).
         CatalogError: a part that is no dlindex catalog, of another schema version, or damaged.
     """
-    if backend_for(into).is_server or any(backend_for(p).is_server for p in parts):
+    if is_server_url(into) or any(is_server_url(p) for p in parts):
         raise InputError(
             "merge joins part catalog files; on a server catalog the parts of a job write into it "
             "directly, with nothing to merge"

@@ -59,7 +59,7 @@ class Matrix:
 
 def matrix_path(catalog: Catalog, name: str) -> Path:
     """Beside the catalog file; for a server catalog, in this machine's cache folder."""
-    return catalog.backend.features_dir(catalog) / f"{name}.matrix"
+    return catalog.backend.features_dir(catalog.conn) / f"{name}.matrix"
 
 
 def _key(ftype: FeatureType) -> dict[str, Any]:

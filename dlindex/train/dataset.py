@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
-from dlindex.catalog.backend import backend_for
+from dlindex.catalog.backend import is_server_url
 from dlindex.errors import InputError
 from dlindex.loader import rank_and_world
 from dlindex.query.spec import QuerySpec
@@ -74,7 +74,7 @@ class CatalogDataset:
         if batch_size is not None and batch_size < 1:
             raise InputError(f"batch_size must be 1 or more, not {batch_size}")
         self.database_path = os.fspath(database_path)
-        if not backend_for(self.database_path).is_server and not os.path.isfile(self.database_path):
+        if not is_server_url(self.database_path) and not os.path.isfile(self.database_path):
             raise InputError(f"no catalog at {self.database_path}; run dlindex scan first")
         self.feature_type = feature_type
         self.images = feature_type is None if images is None else bool(images)

@@ -10,32 +10,16 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
+from dlindex.catalog.postgres.connect import PgConnection, busy_message, connect, connect_readonly, redact
 from dlindex.errors import CatalogBusyError, CatalogError
-
-if TYPE_CHECKING:
-    from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres.connect import PgConnection
 
 _SERVER_IDENTITY = (
     "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), 'dlindex_schema'::regclass::oid"
 )
 _DATABASE_SIZE = "SELECT pg_database_size(current_database())"
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and logs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "postgresql://..."
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = urllib.parse.quote(parts.username or "", safe="")
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 class PostgresBackend(Backend):
@@ -56,13 +40,9 @@ class PostgresBackend(Backend):
         return None  # the server says so per statement (CatalogReadOnlySQLError)
 
     def connect(self, *, create: bool, readonly: bool, wait_s: float) -> Connection:
-        from dlindex.catalog.postgres.connect import connect
-
         return connect(self.url, create=create, wait_s=wait_s)
 
     def connect_reader(self, *, timeout: float, any_thread: bool = False) -> ReadConnection:
-        from dlindex.catalog.postgres.connect import connect_readonly
-
         return connect_readonly(self.url, wait_s=timeout)
 
     def identity(self, conn: Connection) -> str:
@@ -76,11 +56,11 @@ class PostgresBackend(Backend):
         text = json.dumps([parts.scheme, where, parts.path, *(row or ())])
         return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
-    def features_dir(self, catalog: Catalog) -> Path:
+    def features_dir(self, conn: Connection) -> Path:
         """This machine's cache folder, ``$XDG_CACHE_HOME/dlindex/<identity>/features``, so a
         dropped and remade catalog never meets an old cache."""
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return Path(base) / "dlindex" / catalog.identity() / "features"
+        return Path(base) / "dlindex" / self.identity(conn) / "features"
 
     def files(self) -> list[str]:
         return []  # a server catalog has no files here
@@ -120,7 +100,7 @@ class PostgresBackend(Backend):
             raise ValueError(f"not a table name: {table!r}")
         conn.execute(f"DELETE FROM temp.{table}")  # a name from dlindex's code, checked
 
-    def check_before_first_write(self, catalog: Catalog) -> list[int]:
+    def check_before_first_write(self, conn: Connection) -> list[int]:
         """Nothing to check: the server checks its own pages; a scan's pid means nothing on
         another host, so a killed scan stays 'running' until the next scan of its root ends it."""
         return []
@@ -133,7 +113,7 @@ class PostgresBackend(Backend):
         """Nothing: the server gives back a rolled-back transaction's space itself."""
 
     @contextmanager
-    def rollback_journal(self, catalog: Catalog) -> Iterator[bool]:
+    def rollback_journal(self, conn: Connection, wait_s: float) -> Iterator[bool]:
         yield False  # the server keeps its own write-ahead log
 
     def sqlite_utils(self, conn: Connection) -> Any:
@@ -143,12 +123,5 @@ class PostgresBackend(Backend):
         )
 
 
-def busy_message(path: Path | str, wait_s: float, detail: str) -> str:
-    return (
-        f"catalog {path}: another transaction held the rows this one needs for over {wait_s:.3g} s "
-        f"({detail}); run the command again, or wait longer with --wait SECONDS"
-    )
-
-
 def _server(conn: Connection) -> PgConnection:
-    return cast("PgConnection", conn)
+    return cast(PgConnection, conn)

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from dlindex.catalog.postgres.backend import busy_message, redact
 from dlindex.catalog.postgres.cursor import STREAM_ROWS, Counted, PgCursor, Rows, Streamed
 from dlindex.catalog.postgres.dialect import bind, translate, wants_lastrowid
 from dlindex.catalog.postgres.migrations import ensure_schema
@@ -37,6 +36,26 @@ from dlindex.errors import (
 )
 
 _CONNECT_TIMEOUT_S = 10
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and logs."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "postgresql://..."
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = urllib.parse.quote(parts.username or "", safe="")
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def busy_message(path: object, wait_s: float, detail: str) -> str:
+    return (
+        f"catalog {path}: another transaction held the rows this one needs for over {wait_s:.3g} s "
+        f"({detail}); run the command again, or wait longer with --wait SECONDS"
+    )
 
 
 _QUIET = logging.NullHandler()  # one instance: addHandler ignores a handler it already has

@@ -28,30 +28,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from dlindex.catalog.postgres.migrations import PRIMARY_KEYS
+from dlindex.catalog.postgres.statement import Translated
 
 _OVERRIDES: dict[str, str] = {}
-
-
-@dataclass(frozen=True)
-class JsonParam:
-    """A parameter that holds a JSON array, sent as a PostgreSQL array of its elements' type."""
-
-    key: str | int  # the name of a :name parameter, or the place of a ? parameter
-    slot: str  # the format field in ``Translated.text`` for the array's element type
-    empty_type: str  # the element type for an empty array (it has no elements to tell)
-
-
-@dataclass(frozen=True)
-class Translated:
-    text: str  # PostgreSQL SQL; when json_params is not empty, ``text.format(**types)`` first
-    json_params: tuple[JsonParam, ...] = ()
-    named: bool = False  # parameters are :name (a mapping), not ? (a sequence)
-    names: tuple[str, ...] = ()  # the :names in order of first use (sqlite3 binds a sequence so)
 
 
 def postgres_form(sqlite_sql: str, postgres_sql: str) -> str:

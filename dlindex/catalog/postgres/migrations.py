@@ -12,12 +12,20 @@ upgrades it under an advisory lock when a connection opens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from dlindex.errors import CatalogError, DamagedCatalogError
 
-if TYPE_CHECKING:
-    from dlindex.catalog.postgres.connect import PgConnection
+
+class Server(Protocol):
+    """What the schema checks use of ``dlindex.catalog.postgres.connect.PgConnection``."""
+
+    shown: str
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+    def execute_raw(self, sql: str, parameters: Any = ...) -> Any: ...
+    def rollback_quietly(self) -> None: ...
+
 
 SCHEMA_TABLE = "dlindex_schema"
 APPLICATION = "dlindex"
@@ -243,7 +251,7 @@ _TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema =
 _VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"
 
 
-def ensure_schema(conn: PgConnection, *, create: bool) -> None:
+def ensure_schema(conn: Server, *, create: bool) -> None:
     from dlindex.catalog.sqlite.migrations import LATEST_VERSION, missing_tables
 
     tables = {row[0] for row in conn.execute(_TABLES).fetchall()}
@@ -277,7 +285,7 @@ def ensure_schema(conn: PgConnection, *, create: bool) -> None:
     _migrate(conn)
 
 
-def stored_version(conn: PgConnection) -> int:
+def stored_version(conn: Server) -> int:
     """The schema version the catalog records (its one row of dlindex_schema)."""
     rows = conn.execute(_VERSION).fetchall()
     if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
@@ -285,7 +293,7 @@ def stored_version(conn: PgConnection) -> int:
     return int(rows[0][1])
 
 
-def _migrate(conn: PgConnection) -> None:
+def _migrate(conn: Server) -> None:
     """Create or upgrade the schema in one transaction under an advisory lock, so processes
     opening a new catalog at once make it once; every step re-reads the version inside."""
     from dlindex.catalog.sqlite.migrations import LATEST_VERSION

@@ -17,8 +17,8 @@ from sqlglot import exp
 from sqlglot.errors import ErrorLevel
 from sqlglot.tokenizer_core import TokenType
 
-from dlindex.catalog.postgres.dialect import JsonParam, Translated
 from dlindex.catalog.postgres.migrations import NOW_TEXT, PRIMARY_KEYS
+from dlindex.catalog.postgres.statement import JsonParam, Translated
 
 # sqlglot logs what it parses as an opaque command (SAVEPOINT ...): such text goes over as it is,
 # and the warning must not reach dlindex's stderr (an application's own handlers still get it)

@@ -9,16 +9,13 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from dlindex import faults
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
 from dlindex.catalog.sqlite.connect import Writeback, connect, connect_readonly, readonly_reason
 from dlindex.catalog.sqlite.migrations import schema_version
 from dlindex.errors import CatalogBusyError
-
-if TYPE_CHECKING:
-    from dlindex.catalog.connection import Catalog
 
 _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
@@ -58,7 +55,7 @@ class SqliteBackend(Backend):
         text = f"file:{socket.gethostname()}:{real}:{st.st_dev}:{st.st_ino}"
         return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
-    def features_dir(self, catalog: Catalog) -> Path:
+    def features_dir(self, conn: Connection) -> Path:
         return Path(os.fspath(self.path) + "-features")
 
     def files(self) -> list[str]:
@@ -97,17 +94,15 @@ class SqliteBackend(Backend):
             raise ValueError(f"not a table name: {table!r}")
         conn.execute(f"DROP TABLE IF EXISTS temp.{table}")  # a name from dlindex's code, checked
 
-    def check_before_first_write(self, catalog: Catalog) -> list[int]:
+    def check_before_first_write(self, conn: Connection) -> list[int]:
         """The whole-file check runs within a time budget (a catalog of ~20 MB is checked in
         full; a larger one as far as the budget reaches: every page a write touches is still
         checked by SQLite, and `dlindex check` reads everything)."""
         from dlindex.catalog.check import quick_check
         from dlindex.procs import pid_alive
 
-        conn = cast(sqlite3.Connection, catalog.conn)
-        problems = quick_check(conn, budget_s=_QUICK_CHECK_BUDGET_S)
+        problems = quick_check(cast(sqlite3.Connection, conn), budget_s=_QUICK_CHECK_BUDGET_S)
         if problems:
-            catalog.querylog.enabled = False  # not even bookkeeping goes into a damaged file
             raise faults.damaged_error(self.path, problems[0])
         try:
             return [sid for sid, pid in conn.execute(_RUNNING_SCANS).fetchall() if not pid_alive(pid)]
@@ -132,16 +127,18 @@ class SqliteBackend(Backend):
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     @contextmanager
-    def rollback_journal(self, catalog: Catalog) -> Iterator[bool]:
+    def rollback_journal(self, conn: Connection, wait_s: float) -> Iterator[bool]:
         """A rollback journal instead of WAL: it saves only pages that existed before the write
         transaction (an append adds new ones), where WAL writes every page twice, to the log and
         again at the checkpoint. ``synchronous = FULL`` keeps it safe from power loss."""
-        conn = catalog.conn
         try:
-            with catalog.busy_timeout(0):  # someone else has it open: keep WAL, don't wait
-                switched = conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
+            self.set_lock_wait(conn, 0)  # someone else has it open: keep WAL, don't wait
+            switched = conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
         except sqlite3.OperationalError:
             switched = False
+        finally:
+            with suppress(sqlite3.ProgrammingError):  # closed meanwhile
+                self.set_lock_wait(conn, int(wait_s * 1000))
         if switched:
             conn.execute("PRAGMA synchronous = FULL")
         flusher = Writeback(Path(self.path)) if switched else None
