@@ -107,6 +107,21 @@ def test_translate_keeps_every_parameter_and_literal(conditions: list[str], tabl
         assert literal.replace("%", "%%") in text
 
 
+def test_a_later_process_reads_the_translation_from_disk(tmp_path: Path) -> None:
+    """sqlglot is imported and a statement parsed once per machine, not once per command."""
+    code = (
+        "import sys; from dlindex.catalog.postgres.dialect import translate; "
+        "t = translate('SELECT id FROM roots WHERE path = ? AND added_at LIKE ?'); print(t.text, 'sqlglot' in sys.modules)"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True) for _ in "ab"
+    ]
+    text = "SELECT id FROM roots WHERE path = %s AND added_at ILIKE %s"
+    assert [r.stdout for r in runs] == [f"{text} True\n", f"{text} False\n"]
+    assert [p.name.startswith("pg-sql-") for p in (tmp_path / "dlindex").iterdir()] == [True]
+
+
 def _native(text: str) -> bool:
     """PostgreSQL's own SQL (psycopg parameters, casts) or a template: sent as it is, or formatted first."""
     return "%s" in text or "::" in text or "{" in text

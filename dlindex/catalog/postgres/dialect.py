@@ -2,9 +2,10 @@
 
 dlindex's statements are SQLite SQL with ``?`` and ``:name`` parameters. On PostgreSQL each
 one is parsed by sqlglot (SQLite's grammar), rewritten as a tree and written out in
-PostgreSQL's (``transpile``); once per text (an LRU), so the hot path never parses again. The library keeps one
-text per statement and the two backends cannot drift apart; a statement the rules cannot carry
-registers its PostgreSQL form with ``postgres_form`` next to its SQLite one.
+PostgreSQL's (``transpile``); once per text (an LRU in the process, and ``sqlcache`` on disk
+for the next processes), so neither the hot path nor a short command parses again. The
+library keeps one text per statement and the two backends cannot drift apart; a statement the
+rules cannot carry registers its PostgreSQL form with ``postgres_form`` next to its SQLite one.
 
 sqlglot itself turns ``?`` and ``:name`` into psycopg's ``%s`` and ``%(name)s``, ``BEGIN
 IMMEDIATE`` into ``BEGIN``, ``a IS b`` into ``IS NOT DISTINCT FROM``, SQLite's bare ``JOIN t``
@@ -31,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
+from dlindex.catalog.postgres import sqlcache
 from dlindex.catalog.postgres.migrations import PRIMARY_KEYS
 from dlindex.catalog.postgres.statement import Translated
 
@@ -57,9 +59,14 @@ def translate(sql: str) -> Translated:
     override = _OVERRIDES.get(sql)
     if override is not None:
         return Translated(override, named="%(" in override)
+    remembered = sqlcache.lookup(sql)  # an earlier process on this machine translated it
+    if remembered is not None:
+        return remembered
     from dlindex.catalog.postgres.transpile import to_postgres  # sqlglot: a server catalog's cost only
 
-    return to_postgres(sql)
+    translated = to_postgres(sql)
+    sqlcache.remember(sql, translated)
+    return translated
 
 
 def element_type(values: list[object], empty_type: str) -> str:
