@@ -55,9 +55,7 @@ def encode(value: object, dtype: np.dtype[np.floating[Any]], *, allow_integers: 
     return cast
 
 
-def write_vectors(
-    conn: Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]
-) -> None:
+def write_vectors(conn: Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]) -> None:
     """Upsert vectors inside the caller's write transaction; bumps the type's version once."""
     name, width = ftype.name, ftype.vector_bytes
     assert width is not None, "set the type's dim before storing vectors"
