@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
-from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.backend import is_server_url
 from dlindex.errors import InputError
 from dlindex.loader.decode import ImageSpec
 from dlindex.loader.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
