@@ -12,8 +12,8 @@ import numpy.typing as npt
 from dlindex.errors import DlindexError, InputError
 from dlindex.loader.l2 import L2Cache, catalog_identity
 from dlindex.loader.layout import Layout, chunk_order
-from dlindex.loader.selection import Selection, epoch_spec, resolve
-from dlindex.loader.shared_plan import PlanFile, write_plan
+from dlindex.loader.selection import Selection, epoch_spec, resolve, with_hashes
+from dlindex.loader.shared_plan import PlanFile, release, write_plan
 from dlindex.loader.sources import WdsExport, arrange_files, arrange_wds, find_export, named_export
 from dlindex.query.spec import QuerySpec
 
@@ -94,17 +94,18 @@ class EpochOptions:
 
 
 def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tuple[Generation, ...],
-              now: Generation, digest: str | None = None) -> EpochPlan:  # fmt: skip
+              now: Generation, digest: str | None = None, *, private: bool = False) -> EpochPlan:  # fmt: skip
     """Resolve the epoch's selection, choose its source and lay it out over the ranks.
 
     ``history``: the generations already read this epoch (a resumed job), oldest first.
+    ``private``: the plan of one DataLoader worker, which shares it with no one.
     """
     spec = epoch_spec(options.filters, options.seed, epoch)
     l2 = identity = None
     if options.l2_url is not None:
         identity = catalog_identity(catalog)
         l2 = L2Cache(options.l2_url, identity)
-    selection = resolve(catalog, spec, l2)
+    selection = resolve(catalog, spec, l2, full=False)  # hashes only if an export is read
     export = None
     if options.source not in ("auto", "files"):
         export, selection = named_export(options.source, selection, options.export_split)
@@ -118,7 +119,7 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
         export = find_export(catalog, selection)
     where = None
     if export is not None:
-        selection, starts, where = arrange_wds(selection, export)
+        selection, starts, where = arrange_wds(with_hashes(catalog, selection), export)
     else:
         selection, starts = arrange_files(selection)
     order = chunk_order(starts, len(selection), options.seed, epoch, options.shuffle)
@@ -130,24 +131,27 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
         following = history[k + 1] if k + 1 < len(history) else now
         layout = layout.resumed(list(done.offsets), following.world, following.workers, following.batch_size)
     plan = EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest, l2_identity=identity)
-    return share_plan(plan)
+    return share_plan(plan, private=private)
 
 
-def share_plan(plan: EpochPlan) -> EpochPlan:
+def share_plan(plan: EpochPlan, *, private: bool = False) -> EpochPlan:
     """The plan with its arrays in a shared read-only file (shared_plan): ids, classes and the
     reading order, ~20 bytes a sample; with an export, also each sample's hash and member."""
     selection, n = plan.selection, len(plan.selection)
     labels = selection.labels
     if n and int(labels.min()) >= -(2**31) and int(labels.max()) < 2**31:
-        labels = labels.astype(np.int32)
+        labels = labels.astype(np.int32, copy=False)
     arrays: dict[str, npt.NDArray[Any]] = {"ids": selection.ids, "labels": labels, "order": plan.layout.order}
     if plan.where is not None:
         arrays |= {"hashes": selection.hashes, "where": plan.where}
     shared = EpochPlan(plan.epoch, selection, plan.layout, plan.export, plan.where, plan.missing_features,
                        plan.digest, plan.l2_identity)  # fmt: skip
     written = write_plan(arrays, shared)
-    object.__setattr__(shared, "shared", written)
     _fill(shared, written.arrays(), n)
+    if private:  # mapped, then gone from the folder: a worker's exit skips clean-up at exit
+        release(written)
+    else:
+        object.__setattr__(shared, "shared", written)
     return shared
 
 

@@ -37,7 +37,8 @@ def chunk_order(chunk_starts: Ints, n: int, seed: int, epoch: int, shuffle: bool
     landed = np.cumsum(lengths) - lengths
     del positions
     order = np.repeat(starts[picked] - landed, lengths)
-    order += np.arange(n, dtype=np.int64)
+    for at in range(0, n, 1 << 20):  # in blocks: no second array of n
+        order[at : at + (1 << 20)] += np.arange(at, min(n, at + (1 << 20)), dtype=np.int64)
     return order
 
 

@@ -26,6 +26,7 @@ from dlindex.errors import DlindexError
 ENV = "DLINDEX_PLAN_DIR"
 _SHM = "/dev/shm"
 _ALIGN = 64
+_PREFIX = "dlindex-plan-"
 
 
 class PlanSpaceError(DlindexError):
@@ -96,7 +97,8 @@ def write_plan(arrays: dict[str, np.ndarray[Any, Any]], owner: object) -> PlanFi
     if need > free:
         raise PlanSpaceError(f"the epoch plan needs {need:,} bytes in {folder}, which has {free:,} free; "
                              f"set {ENV} to a folder with room")  # fmt: skip
-    path = os.path.join(folder, f"dlindex-plan-{os.getpid()}-{secrets.token_hex(6)}.bin")
+    _sweep(folder)
+    path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.bin")
     try:
         with open(path, "xb") as f:
             for (_, section), array in zip(sections, arrays.values(), strict=True):
@@ -110,6 +112,37 @@ def write_plan(arrays: dict[str, np.ndarray[Any, Any]], owner: object) -> PlanFi
                              f"{e.strerror or e}; set {ENV} to a folder with room") from None  # fmt: skip
     weakref.finalize(owner, _remove, path, os.getpid())
     return PlanFile(path, tuple(sections), need)
+
+
+def _sweep(folder: str) -> None:
+    """Remove the plans of processes that are gone (killed before they could remove their own)."""
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(_PREFIX) and n.endswith(".bin")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(_PREFIX) :].partition("-")[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: theirs to remove
+    return True
+
+
+def release(plan_file: PlanFile) -> None:
+    """Remove the file now (its mappings stay valid): a plan made inside a worker, which no other
+    process opens and whose exit skips the clean-up at exit."""
+    with contextlib.suppress(OSError):
+        os.unlink(plan_file.path)
 
 
 def _remove(path: str, pid: int) -> None:
