@@ -121,15 +121,16 @@ def render(rows: list[tuple[str, str, dict[str, Any], dict[str, Any]]], command:
              "epoch's query, order and this rank's share, no image read; a fresh process each, peak RSS "
              "by `/usr/bin/time -v`, less the same process without the plan (python, torch, dlindex, the "
              "catalog open) for the plan's own share. Workers: a torch DataLoader of 2 workers that each "
-             "take their part of the plan; private (smaps Private_*) and PSS of the busiest worker.", "",
+             "take their part of the plan: its heap (RssAnon: python and torch are ~300 MB of it) and the "
+             "plan file it maps (RssShmem: one copy in /dev/shm, whatever the number of workers).", "",
              "| catalog | dlindex | plan s | peak RSS | the plan's own | bytes/sample | plan file "
-             "| pickled dataset | worker private, fork / spawn | worker PSS, fork / spawn |",
+             "| pickled dataset | worker heap, fork / spawn | worker's plan file mapped, fork / spawn |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for db, name, r, base in rows:
         n = max(1, r["selected"])
         own = r["peak_rss"] - base["peak_rss"]
         cells = []
-        for key in ("Private", "Pss"):
+        for key in ("RssAnon", "RssShmem"):
             per = [mb(max(w[key] for w in r[f"workers_{c}"]["workers"])) for c in ("fork", "spawn")
                    if r.get(f"workers_{c}", {}).get("workers")]  # fmt: skip
             cells.append(" / ".join(per))
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="fork,spawn", help="DataLoader contexts to probe ('' for none)")
     ap.add_argument("--docs", default=str(REPO / "docs" / "benchmarks.md"))
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--render", help="write the docs from a saved run's output (its JSON lines)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-workers", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -155,14 +157,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     impls = ([("before", a.before)] if a.before else []) + [("this", str(REPO))]
     rows: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
-    for db in a.db:
+    if a.render:
+        for line in Path(a.render).read_text().splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.append((r["db"], r["dlindex"], r, {"peak_rss": r["baseline_rss"]}))
+    for db in a.db if not a.render else []:
         for name, impl in impls:
             base = run(db, impl, "baseline")
             r = run(db, impl, a.workers)
             print(json.dumps({"db": db, "dlindex": name, **r, "baseline_rss": base["peak_rss"]}), flush=True)
             rows.append((db, name, r, base))
     if not a.no_docs and rows:
-        command = "python bench/bench_loader_plan.py " + " ".join(sys.argv[1:] if argv is None else argv)
+        args = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--render" and x != a.render]
+        command = "python bench/bench_loader_plan.py " + " ".join(args)
         write_section(Path(a.docs), *MARKERS, render(rows, command))
     return 0
 
