@@ -52,7 +52,7 @@ import psycopg
 from common import compile_sources, write_section
 
 from dlindex import Catalog, QuerySpec, query_rows
-from dlindex.catalog.postgres import server_statement
+from dlindex.catalog.postgres.dialect import server_statement
 from dlindex.query.rows import prepare
 
 START, END = "<!-- bench_index_postgres:start -->", "<!-- bench_index_postgres:end -->"

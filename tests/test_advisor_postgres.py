@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.advisor.pgworkload import server_fingerprint
-from dlindex.catalog.dialect import translate
+from dlindex.catalog.postgres.dialect import translate
 
 from .conftest import invoke, one_error_line
 

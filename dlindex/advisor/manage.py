@@ -12,6 +12,7 @@ from dlindex.advisor.plans import explain, index_names
 from dlindex.advisor.shapes import check_select
 from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.write_shapes import where_as_select
+from dlindex.catalog.backend import Connection
 from dlindex.catalog.sandbox import guarded
 from dlindex.errors import InputError
 
@@ -130,7 +131,7 @@ def list_indexes(catalog: Catalog) -> list[IndexUsage]:
         plain.close()
 
 
-def _record(conn: sqlite3.Connection, run: int, change: IndexChange, fingerprints: Sequence[str]) -> None:
+def _record(conn: Connection, run: int, change: IndexChange, fingerprints: Sequence[str]) -> None:
     conn.execute(_RECORD, {"run": run, "action": change.action, "name": change.name, "table": change.table,
                            "sql": change.sql, "fingerprints": json.dumps(list(fingerprints))})  # fmt: skip
 

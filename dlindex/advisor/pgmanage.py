@@ -14,9 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 # index_changes is the same table on both backends: the same statements (the dialect rewrites them)
 from dlindex.advisor.manage import _LAST_RUN, _MARK_REVERTED, _NEXT_RUN, _RECORD, _RUN_CHANGES
@@ -24,12 +23,13 @@ from dlindex.advisor.memo import State
 from dlindex.advisor.model import Advice, Changes, Finding, IndexChange, IndexUsage
 from dlindex.advisor.postgres import PREFIX
 from dlindex.advisor.sqltext import quote_identifier
+from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource, iter_lines
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _INDEX = """SELECT pg_get_indexdef(c.oid), t.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
     JOIN pg_class t ON t.oid = i.indrelid WHERE c.oid = to_regclass(%s)"""
@@ -47,7 +47,7 @@ def apply_server_advice(catalog: Catalog, advice: Advice, *, create: bool = True
     for finding in drop:
         if not finding.dlindex:
             raise InputError(f"{finding.name} was not created by dlindex; drop it yourself: {finding.drop_sql}")
-    conn: PgConnection = catalog.conn
+    conn = cast("PgConnection", catalog.conn)
     with catalog.write_transaction(bookkeeping=True) as tx:
         run = int(tx.execute(_NEXT_RUN).fetchone()[0])
     changes: list[IndexChange] = []
@@ -70,7 +70,7 @@ def apply_server_advice(catalog: Catalog, advice: Advice, *, create: bool = True
 
 def revert_server_indexes(catalog: Catalog) -> Changes:
     """Undo the latest run not yet reverted: drop what it created, build again what it dropped."""
-    conn: PgConnection = catalog.conn
+    conn = cast("PgConnection", catalog.conn)
     run = catalog.conn.execute(_LAST_RUN).fetchone()[0]
     if run is None:
         return Changes(None, (), False)
@@ -91,7 +91,7 @@ def revert_server_indexes(catalog: Catalog) -> Changes:
 
 def list_server_indexes(catalog: Catalog) -> list[IndexUsage]:
     """Every index of the catalog's schema, with the logged statements whose plan uses it."""
-    conn: PgConnection = catalog.conn
+    conn = cast("PgConnection", catalog.conn)
     users: dict[str, list[str]] = {}
     for sql, detail in catalog.conn.execute(_PLANS).fetchall():
         for m in _USING.finditer(str(detail)):
@@ -115,7 +115,7 @@ def _definition(conn: PgConnection, name: str) -> tuple[str, str] | None:
 def _concurrently(conn: PgConnection, sql: str, name: str) -> None:
     try:
         conn.execute_raw(sql)
-    except sqlite3.Error:
+    except SQL_ERRORS:
         # a failed CONCURRENTLY build leaves an INVALID index behind: never keep half an index
         conn.execute_raw(f"DROP INDEX CONCURRENTLY IF EXISTS {quote_identifier(name)}")
         raise
@@ -144,7 +144,7 @@ def server_state(
     options; pg_stat_statements moves with every statement, the advisor's own included, so it is
     not part of it.
     """
-    conn: PgConnection = catalog.conn
+    conn = cast("PgConnection", catalog.conn)
     schema = hashlib.sha256(json.dumps(conn.execute_raw(_SCHEMA).fetchall()).encode()).hexdigest()
     entries, last, calls = catalog.conn.execute(_LOG).fetchone()
     samples = hashlib.sha256()

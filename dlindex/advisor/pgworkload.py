@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Any, cast
 from dlindex.advisor.shapes import check_select
 from dlindex.advisor.workload import Skipped, Statement, load_workload
 from dlindex.advisor.write_shapes import write_columns
-from dlindex.catalog.dialect import translate
+from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.catalog.fingerprint import fingerprint, table_of
-from dlindex.catalog.postgres import server_statement
+from dlindex.catalog.postgres.dialect import server_statement, translate
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _PRELOAD = (
     "SELECT current_setting('shared_preload_libraries'), current_database(), current_setting('server_version_num')"
@@ -125,7 +125,7 @@ def ensure_hypopg(conn: PgConnection, major: int) -> None:
         )
     try:
         conn.execute_raw(_CREATE_HYPOPG)
-    except sqlite3.Error as e:
+    except SQL_ERRORS as e:
         raise InputError(
             f"cannot create the hypopg extension ({e}): run CREATE EXTENSION hypopg as a superuser; nothing was changed"
         ) from None

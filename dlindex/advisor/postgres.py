@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from dlindex.advisor.candidates import Candidate, candidates_for, existing_serves, merge
 from dlindex.advisor.dexter import MIN_COST, MIN_SAVINGS, dexter_advice
@@ -42,12 +41,13 @@ from dlindex.advisor.pgworkload import ServerStatement, check_statistics, ensure
 from dlindex.advisor.shapes import Access, analyze
 from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.workload import Skipped
+from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 PREFIX = "idx_dlindex_"
 MIN_GAIN = 1.15  # planned cost, then buffers, of the statements an index serves: at most 1/1.15
@@ -85,7 +85,7 @@ def suggest_server_indexes(
     """Index advice for a server catalog; nothing is created but the hypopg extension, if missing."""
     say = progress or (lambda _line: None)
     started = time.perf_counter()
-    conn: PgConnection = catalog.conn
+    conn = cast("PgConnection", catalog.conn)
     database, major = check_statistics(conn)
     work = load_server_workload(conn, logs)
     if not work.reads:
@@ -103,7 +103,7 @@ def suggest_server_indexes(
         if s.runs:
             try:
                 plans[fp] = explain(conn, s.runs[0])
-            except sqlite3.Error as e:
+            except SQL_ERRORS as e:
                 skipped.append(Skipped("replay", None, f"cannot be planned ({e})", _short(s.statement.sql)))
     weights = {fp: s.statement.calls * (s.statement.mean_ms or 0.0) for fp, s in reads.items()}
     total = sum(weights.values())
@@ -220,7 +220,7 @@ def _time_all(conn: PgConnection, reads: Mapping[str, ServerStatement], fps: Seq
                 conn.execute_raw("SAVEPOINT dlindex_timed")
                 out[fp] = time_run(conn, run, runs)
                 conn.execute_raw("RELEASE SAVEPOINT dlindex_timed")
-        except sqlite3.Error as e:
+        except SQL_ERRORS as e:
             if not transaction:
                 conn.execute_raw("ROLLBACK TO SAVEPOINT dlindex_timed")
             skipped.append(Skipped("replay", None, f"not timed ({e}); the advice goes on without it",

@@ -23,7 +23,7 @@ from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
 from dlindex.advisor.write_cost import WriteCosts
 from dlindex.catalog.sandbox import guarded
-from dlindex.catalog.sqlite import readonly_uri
+from dlindex.catalog.sqlite.connect import readonly_uri
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"

@@ -18,7 +18,7 @@ def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[
             memory_mib: int) -> Advice:  # fmt: skip
     """Compute the advice and keep it for a later --apply on the same state."""
     progress = (lambda line: status.update(line[:100])) if status is not None else None
-    if catalog.backend == "postgresql":
+    if catalog.backend.advisor == "hypopg":
         from dlindex.advisor.pgmanage import server_state
         from dlindex.advisor.postgres import suggest_server_indexes
 
@@ -35,7 +35,7 @@ def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[
 
 def stored(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any]) -> Advice | None:
     """The advice --suggest printed for this very state, or None after saying why it is recomputed."""
-    if catalog.backend == "postgresql":
+    if catalog.backend.advisor == "hypopg":
         from dlindex.advisor.pgmanage import server_state
 
         key, state = server_state(catalog, logs, options)
@@ -135,7 +135,7 @@ def confirm_drops(drops: Sequence[Finding]) -> bool:
 
 
 def apply(catalog: Catalog, advice: Advice, *, create: bool, drops: Sequence[Finding]) -> Changes:
-    if catalog.backend == "postgresql":
+    if catalog.backend.advisor == "hypopg":
         from dlindex.advisor.pgmanage import apply_server_advice
 
         return apply_server_advice(catalog, advice, create=create, drop=drops)
@@ -153,7 +153,7 @@ def print_changes(c: Changes) -> None:
 
 
 def revert(catalog: Catalog, as_json: bool) -> None:
-    if catalog.backend == "postgresql":
+    if catalog.backend.advisor == "hypopg":
         from dlindex.advisor.pgmanage import revert_server_indexes
 
         changes = revert_server_indexes(catalog)
@@ -172,7 +172,7 @@ def revert(catalog: Catalog, as_json: bool) -> None:
 
 
 def listing(catalog: Catalog, as_json: bool) -> None:
-    if catalog.backend == "postgresql":
+    if catalog.backend.advisor == "hypopg":
         from dlindex.advisor.pgmanage import list_server_indexes
 
         usages = list_server_indexes(catalog)

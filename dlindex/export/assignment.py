@@ -147,9 +147,7 @@ def _check_owner(catalog: Catalog, shown: str, index: Mapping[str, Any]) -> None
     """The export must come from this catalog: index.json names its file, or (a catalog
     moved since) the catalog's own record of the export matches index.json."""
     written_from = index["catalog"]["path"]
-    if catalog.backend != "sqlite" and written_from == catalog.location:
-        return
-    if catalog.backend == "sqlite" and os.path.realpath(written_from) == os.path.realpath(catalog.path):
+    if catalog.backend.is_location(written_from):
         return
     here = os.fsdecode(os.path.abspath(shown))
     record = catalog.conn.execute(_RECORDED, {"path": here}).fetchone()

@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.sqlite import DEFAULT_DB
+from dlindex.catalog.sqlite.connect import DEFAULT_DB
 from dlindex.engines.parts import MAX_PARTS as MAX_SHARDS
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.engines.ray import cluster_resources, connected, run_tasks

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
-from dlindex.catalog.migrations import schema_version
 from dlindex.catalog.reachable import unreachable_roots
 from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
@@ -209,7 +208,15 @@ def _write_part(
         None if points is None or points.grouping is None else points.grouping.describe(points.groups),
     )  # fmt: skip
     manifest = part_manifest(
-        shard, plan, owner, digest, schema_version(catalog.conn), head, sorted(ctx.seen), label_counts(plan), written
+        shard,
+        plan,
+        owner,
+        digest,
+        catalog.backend.schema_version(catalog.conn),
+        head,
+        sorted(ctx.seen),
+        label_counts(plan),
+        written,
     )
     (output.tmp / PART_INDEX).write_bytes(manifest)
     output.commit()
@@ -248,7 +255,4 @@ def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | Non
 
 def protected_files(catalog: Catalog) -> list[str]:
     """The catalog file and its journals: no export may replace a folder that holds them."""
-    if catalog.backend != "sqlite":
-        return []  # a server catalog has no files here
-    path = os.fspath(catalog.path)
-    return [path, *(path + suffix for suffix in ("-wal", "-journal", "-shm"))]
+    return catalog.backend.files()  # a server catalog has none here

@@ -25,7 +25,7 @@ from dlindex.exported.ids import wds_ids
 from dlindex.exported.index import listed_shards
 from dlindex.exported.reader import load_index
 from dlindex.exported.tar import iter_members
-from dlindex.loader.selection import Selection
+from dlindex.loader.selection import Selection, pick
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -104,7 +104,7 @@ def arrange_wds(selection: Selection, export: WdsExport) -> tuple[Selection, Int
 
 def _reorder(selection: Selection, order: Ints) -> Selection:
     return replace(selection, ids=selection.ids[order], labels=selection.labels[order],
-                   sizes=selection.sizes[order], hashes=selection.hashes[order])  # fmt: skip
+                   sizes=pick(selection.sizes, order), hashes=pick(selection.hashes, order))  # fmt: skip
 
 
 class FileReader:
