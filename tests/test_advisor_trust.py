@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
-from dlindex.advisor.leftovers import PREFIX, remove_leftovers
+from dlindex.advisor.scratch import PREFIX, remove_leftovers
 from dlindex.procs import process_start
 
 from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot
@@ -276,9 +276,9 @@ def test_inserts_into_a_table_keyed_by_two_columns_are_measured(tmp_path: Path) 
     the logged inserts ("not measured (only INSERT and UPDATE are)" beside an INSERT)."""
     import sqlite3
 
-    from dlindex.advisor.copy_stats import CopyStatistics
+    from dlindex.advisor.replay import WriteCosts
+    from dlindex.advisor.scratch import CopyStatistics
     from dlindex.advisor.shapes import TableInfo
-    from dlindex.advisor.write_cost import WriteCosts
 
     path = tmp_path / "pk.db"
     conn = sqlite3.connect(path, isolation_level=None)

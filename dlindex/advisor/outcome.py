@@ -1,24 +1,28 @@
-"""No logged read may get slower: the suggestions tried together, existing indexes tried without.
+"""What the advice does: no logged read slower, findings on existing indexes, each statement before/after.
 
-"Slower" is against two baselines: the catalog as it is, and the copy with no secondary index
-at all (an existing index may already slow a statement down, and a suggestion must not be
-excused by it). An index in the plan of a statement that got slower is dropped, whatever it
-saves elsewhere; an existing index whose every logged user is faster without it is reported
-as *slower*.
+The suggestions are tried together and existing indexes without (``together``,
+``slower_existing``). "Slower" is against two baselines: the catalog as it is, and the copy
+with no secondary index at all (an existing index may already slow a statement down, and a
+suggestion must not be excused by it). An index in the plan of a statement that got slower
+is dropped, whatever it saves elsewhere; an existing index whose every logged user is faster
+without it is reported as *slower*. ``findings()`` reports existing indexes no logged
+statement uses (*unused*) and those whose columns lead a better index (*redundant*);
+``flag_led`` those led by a flag or status column. ``effects()`` is the report: each logged
+statement before and after, and ``suggestion()`` whom each suggestion serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import Any
 
-from dlindex.advisor.bench import Bench, Plans, more_work, slower_ms
-from dlindex.advisor.findings import users
-from dlindex.advisor.model import Finding, Rejected
-from dlindex.advisor.plans import index_names
-from dlindex.advisor.replay import Timing
+from dlindex.advisor.candidates import LOW_CARDINALITY, Candidate, Stats
+from dlindex.advisor.model import Effect, Finding, Rejected, Served, Suggestion
+from dlindex.advisor.replay import WRITE_ROWS, Timing, index_names
 from dlindex.advisor.scratch import IndexDef
-from dlindex.advisor.verify import Verdict
+from dlindex.advisor.verification import Bench, Plans, Verdict, more_work, slower_ms, touches
+from dlindex.advisor.workload import Statement
 
 ATTEMPTS = 4  # rounds of building the survivors together and dropping what fails
 
@@ -178,3 +182,173 @@ def _without(bench: Bench, indexes: Sequence[IndexDef]) -> Iterator[None]:
             assert e.sql is not None  # never a constraint's
             stack.enter_context(bench.scratch.without(e.name, e.sql))
         yield
+
+
+def findings(
+    existing: Sequence[IndexDef], kept: Sequence[Candidate], before: Mapping[str, tuple[str, ...]],
+    after: Mapping[str, tuple[str, ...]], hot: set[str], reads: Mapping[str, Statement],
+) -> tuple[list[Finding], list[Finding]]:  # fmt: skip
+    """Existing indexes no logged statement uses, and those whose columns lead a better index."""
+    unused: list[Finding] = []
+    redundant: list[Finding] = []
+    users_before, users_after = users(before), users(after)
+    others = [(e.name, e.table, e.columns, where_key(e.where, e.partial)) for e in existing]
+    others += [(c.name, c.table, c.columns, frozenset(w.sql() for w in c.where)) for c in kept]
+    for e in existing:
+        if e.constraint:
+            continue
+        dlindex = e.name.startswith("idx_dlindex_")
+        used_before, used_after = users_before.get(e.name, set()), users_after.get(e.name, set())
+        mine = where_key(e.where, e.partial)
+        better = reason = None
+        strict = False
+        for name, table, columns, where in others:
+            if name == e.name or table != e.table or tuple(columns[: len(e.columns)]) != e.columns:
+                continue
+            if not where or where == mine:
+                strict = True
+                better = name
+                reason = (
+                    f"duplicate of {name}"
+                    if len(columns) == len(e.columns) and where == mine
+                    else f"its columns lead {name}"
+                )
+                break
+            hot_users = {fp for fp in used_before if fp in hot}
+            if hot_users and all(name in index_names(after.get(fp, ())) for fp in hot_users):
+                rest = used_after
+                calls = sum(reads[fp].calls for fp in rest if fp in reads)
+                tail = f"; still chosen by {len(rest)} rarer statement(s), {calls:,} call(s)" if rest else ""
+                better = name
+                reason = f"its columns lead {name} (WHERE {' AND '.join(sorted(where))}), which serves the hot statements that used it{tail}"
+                break
+        drop = f"DROP INDEX {e.name}"
+        if better is not None and reason is not None:
+            redundant.append(Finding("redundant", e.name, e.table, e.sql or "", reason, better, dlindex,
+                                     dlindex and (strict or not used_after), drop))  # fmt: skip
+        elif not used_before:
+            unused.append(Finding("unused", e.name, e.table, e.sql or "", "no logged statement's plan uses it",
+                                  None, dlindex, dlindex, drop))  # fmt: skip
+        elif kept and not used_after:
+            unused.append(Finding("unused", e.name, e.table, e.sql or "",
+                                  "no logged statement's plan uses it once the suggestions exist", None, dlindex, dlindex, drop))  # fmt: skip
+    return unused, redundant
+
+
+def where_key(where: Iterable[Any] | None, partial: bool) -> frozenset[str]:
+    if not partial:
+        return frozenset()
+    return frozenset(c.sql() for c in where or ()) or frozenset({"?"})
+
+
+def users(plans: Mapping[str, tuple[str, ...]]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for fp, plan in plans.items():
+        for name in index_names(plan):
+            found.setdefault(name, set()).add(fp)
+    return found
+
+
+def flag_led(existing: Sequence[IndexDef], stats: Stats) -> list[Finding]:
+    """Full indexes whose first column is a flag or status (few distinct values), used or not.
+
+    Each value of such a column matches a large share of the rows, so the index mostly costs
+    writes and space; a partial index (``WHERE processed = 0``) serves the rare value for less.
+    """
+    found: list[Finding] = []
+    for e in existing:
+        if e.constraint or e.partial or not e.columns:
+            continue
+        distinct = stats.distinct(e.table, e.columns[0])
+        if distinct > LOW_CARDINALITY:
+            continue
+        dlindex = e.name.startswith("idx_dlindex_")
+        reason = (f"a full index led by {e.columns[0]}, which has {distinct} distinct value(s): each matches a large "
+                  f"share of the rows; a partial index (WHERE {e.columns[0]} = <the rare value>) serves the rare "
+                  "value for a fraction of the size and write cost")  # fmt: skip
+        found.append(Finding("low_cardinality", e.name, e.table, e.sql or "", reason, None, dlindex, dlindex,
+                             f"DROP INDEX {e.name}"))  # fmt: skip
+    return found
+
+
+MIN_SPEEDUP = 1.1  # a statement this much faster is "faster" in the report
+
+
+def effects(
+    bench: Bench, verdicts: Sequence[Verdict], plans_before: Plans, plans_after: Plans, after: Mapping[str, Timing]
+) -> list[Effect]:
+    """Every logged statement before and after the accepted set (writes: per call, from WRITE_ROWS-row runs)."""
+    found: list[Effect] = []
+    for fp, r in bench.reads.items():
+        b = bench.before.get(fp)
+        if b is None:
+            found.append(Effect(fp, "read", r.sql, r.calls, None, None, bench.refused.get(fp, "not timed")))
+            continue
+        a = after.get(fp) or b
+        if plans_after.get(fp) == plans_before.get(fp) and fp not in after:
+            note = "same plan"
+        else:
+            note = "faster" if a.ms * MIN_SPEEDUP < b.ms else "slower" if slower_ms(b, a) else "about the same"
+        found.append(Effect(fp, "read", r.sql, r.calls, round(b.ms, 3), round(a.ms, 3), note))
+    for table in sorted({w.table for w in bench.workload.writes if w.table in bench.tables}):
+        found += _write_effects(bench, table, verdicts)
+    return found
+
+
+def _write_effects(bench: Bench, table: str, verdicts: Sequence[Verdict]) -> list[Effect]:
+    """The logged writes of ``table``, measured with and without the suggestions on it."""
+    scratch, info = bench.scratch, bench.tables[table]
+    writes = [w for w in bench.workload.writes if w.table == table]
+    columns = tuple(sorted({c for w in writes for col in (w.set_columns or ()) if (c := info.canonical(col))}))
+    scratch.writes.pick_rows(table, info)
+    mine = [v.candidate for v in verdicts if v.candidate.table == table]
+    with_set = scratch.writes.measure(table, info, columns)
+    for candidate in mine:
+        scratch.drop(candidate.name)
+    without = scratch.writes.measure(table, info, columns) if mine else with_set
+    for candidate in mine:
+        scratch.create(candidate.name, candidate.sql(candidate.name))
+    found: list[Effect] = []
+    for w in writes:
+        pick = 0 if w.set_columns is None else 1
+        b, a = without[pick], with_set[pick]
+        if w.sql.lstrip()[:6].lower() not in ("insert", "update", "replac") or b is None or a is None:
+            found.append(Effect(w.fingerprint, "write", w.sql, w.calls, None, None,
+                                "not measured (only INSERT and UPDATE are)"))  # fmt: skip
+            continue
+        found.append(_write_effect(bench, w, b, a, verdicts))
+    return found
+
+
+def _write_effect(bench: Bench, w: Statement, b: Timing, a: Timing, verdicts: Sequence[Verdict]) -> Effect:
+    table = w.table
+    assert table is not None  # only writes of a known table are measured
+    # the measurement wrote WRITE_ROWS rows, or the whole table when it is smaller
+    per_call = (w.rows or w.calls) / max(w.calls, 1) / max(1, min(WRITE_ROWS, bench.scratch.stats.rows(table)))
+    sets = {bench.tables[table].canonical(c) for c in w.set_columns or ()}
+    touched = any(v.candidate.table == table and (w.set_columns is None or sets & touches(v.candidate))
+                  for v in verdicts)  # fmt: skip
+    change = "counted against the suggestions" if touched else "unchanged"
+    return Effect(w.fingerprint, "write", w.sql, w.calls, round(b.ms * per_call, 4), round(a.ms * per_call, 4), change)
+
+
+def suggestion(bench: Bench, v: Verdict, after: Mapping[str, Timing], plans: Plans) -> Suggestion:
+    """What ``v`` is reported as: its index, the statements it serves, before and after, and its costs."""
+    name = v.candidate.name
+    served: list[Served] = []
+    for fp in sorted(bench.reads, key=lambda f: (-bench.reads[f].calls, f)):
+        if name in index_names(plans.get(fp, ())) and fp in after and fp in bench.before:
+            r = bench.reads[fp]
+            served.append(Served(fp, r.sql, r.calls, round(bench.before[fp].ms, 3), round(after[fp].ms, 3)))
+    calls = sum(s.calls for s in served) or 1
+    before = sum(s.calls * s.before_ms for s in served)
+    after_total = sum(s.calls * s.after_ms for s in served)
+    return Suggestion(
+        name=name, table=v.candidate.table, sql=v.candidate.sql(name), columns=v.candidate.columns,
+        where=v.candidate.where_sql(), covering=bool(v.candidate.include), served=tuple(served),
+        before_ms=round(before / calls, 3), after_ms=round(after_total / calls, 3),
+        saved_ms=round(before - after_total, 3), size_bytes=v.size,
+        insert_10k_ms=None if v.insert is None else round(v.insert.ms, 2),
+        update_10k_ms=None if v.update is None else round(v.update.ms, 2), update_columns=v.update_columns,
+        write_cost_ms=round(v.write_ms, 3),
+    )  # fmt: skip
