@@ -1,4 +1,9 @@
-"""Index advice a user can trust: the README tour, stable advice, --apply of what was printed, replay limits."""
+"""Index advice a user can trust: the README tour, stable advice, --apply of what was printed, replay limits.
+
+As in test_advisor_suggest.py, the logged catalog's durations are pinned and replays are timed
+by their VM steps, so "the same advice twice" and "slower without it" are decided the same way
+under any load; the replay limits stay on the wall clock.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +25,15 @@ from dlindex.advisor import Advice, suggest_indexes
 from dlindex.advisor.scratch import PREFIX, remove_leftovers
 from dlindex.procs import process_start
 
-from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot
+from .advisor_workload import (
+    MARK,
+    copy_catalog,
+    make_catalog,
+    pin_logged_durations,
+    run_workload,
+    snapshot,
+    steps_clock,
+)
 from .conftest import invoke, rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +51,12 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dlindex.advisor.suggest.RUNS", 2)  # keep the suite fast
 
 
+@pytest.fixture(scope="module", autouse=True)
+def replays_timed_by_steps() -> Iterator[None]:
+    with steps_clock():
+        yield
+
+
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = make_catalog(
@@ -44,6 +64,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"planted_wh": "width, height", "planted_processed": "processed"},
     )
     run_workload(path)
+    pin_logged_durations(path)
     return path
 
 
