@@ -1,8 +1,9 @@
-"""dlindex/advisor/server.py, pgworkload, pgplans, pgmanage, dexter: `dlindex index` on a real PostgreSQL server.
+"""dlindex/advisor/server.py, server_workload, server_plans, manage: `dlindex index` on a real PostgreSQL server.
 
 A 20,000-row catalog is written by SQL on the server, a workload is run through dlindex (so
-the query log and pg_stat_statements both see it), then the advice, Dexter's set beside it,
---apply / --list / --revert / --drop-unused and the bad-input lines are checked.
+the query log and pg_stat_statements both see it), then the advice (nothing built but dlindex's
+own candidates, in a transaction rolled back), the library's entry points, --apply / --list /
+--revert / --drop-unused and the bad-input lines are checked.
 """
 
 from __future__ import annotations
