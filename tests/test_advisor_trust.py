@@ -206,9 +206,11 @@ def test_a_runaway_statement_is_skipped_and_the_advice_goes_on(db: Path) -> None
 def test_a_statement_past_the_memory_limit_is_skipped(db: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace.sql"
     trace.write_text(HUGE_STRING + "\n")
-    # its own process: SQLite's heap limit, once lowered, holds for the rest of the process
+    # its own process: SQLite's heap limit, once lowered, holds for the rest of the process; a time
+    # limit it cannot reach first, however loaded the machine (it did, at 10 s, under load 12)
     result = subprocess.run(
-        [sys.executable, "-m", "dlindex", "index", "--suggest", "--log", str(trace), "--memory-limit", "64", "--db", str(db)],
+        [sys.executable, "-m", "dlindex", "index", "--suggest", "--log", str(trace), "--memory-limit", "64",
+         "--time-limit", "240", "--db", str(db)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
