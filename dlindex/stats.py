@@ -155,7 +155,7 @@ def slow_queries(catalog: Catalog, top: int = 5) -> SlowReport:
     """
     import json
 
-    from dlindex.advisor.plans import explain
+    from dlindex.advisor.replay import explain
     from dlindex.advisor.shapes import check_select
     from dlindex.catalog.sandbox import guarded
 

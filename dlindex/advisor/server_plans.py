@@ -19,13 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dlindex.advisor.pgworkload import OWN
 from dlindex.advisor.scratch import IndexDef
+from dlindex.advisor.server_workload import OWN
 from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
 
 if TYPE_CHECKING:
-    from dlindex.advisor.pgworkload import Run
+    from dlindex.advisor.server_workload import Run
     from dlindex.catalog.postgres.connect import PgConnection
 
 _COLUMNS = """SELECT table_name, column_name FROM information_schema.columns
