@@ -59,7 +59,7 @@ import numpy as np
 from common import compile_sources, write_section
 
 from dlindex import Catalog, feature_vectors, query_rows
-from dlindex.catalog.postgres.server import start_local_postgres, stop_local_postgres
+from dlindex.catalog.postgres.local_server import start_local_postgres, stop_local_postgres
 from dlindex.features.types import create_type
 from dlindex.query.mark import mark_samples
 from dlindex.scan.batch_writer import BatchWriter, register_root

@@ -1,4 +1,4 @@
-"""dlindex/catalog/postgres/server.py on real PostgreSQL servers: start, status, stop, restart, bad input."""
+"""dlindex/catalog/postgres/local_server.py on real PostgreSQL servers: start, status, stop, restart, bad input."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dlindex.catalog.postgres import server as pgserver
-from dlindex.catalog.postgres.server import (
+from dlindex.catalog.postgres import local_server as pgserver
+from dlindex.catalog.postgres.local_server import (
     find_bindir,
     local_postgres_status,
     start_local_postgres,
