@@ -4,7 +4,9 @@ A test module opts in with ``pytestmark = ON_BOTH_BACKENDS``: each of its tests 
 as ``[sqlite]`` and as ``[postgresql]``. Its catalogs are still named as files
 (``tmp_path / "c.db"``); ``where(path)`` turns that name into the catalog's location on the
 backend of the run: the path itself, or the URL of a new database on the session's server
-(tests/servers.py), made on first use and dropped after the test. ``raw(location)`` reads and
+(tests/servers.py), made on first use and dropped after the test. ``where(path, migrated=True)``
+gives a database that already holds an empty catalog, copied from a template database migrated
+once per session (``CREATE DATABASE ... TEMPLATE``) rather than migrated anew. ``raw(location)`` reads and
 writes a catalog behind dlindex's back with the backend's own driver (sqlite3 or psycopg), with
 ``?`` parameters on both. A test about SQLite files themselves (journals, file names, sqlite3's
 own plan text) is marked ``@SQLITE_ONLY``.
@@ -36,17 +38,14 @@ Location = Path | str  # a catalog file, or a postgresql:// URL
 class _ServerDatabases:
     """The databases one test made on the session's PostgreSQL server, by the file name they stand for."""
 
-    def __init__(self, server_url: str) -> None:
+    def __init__(self, server_url: str, template: str) -> None:
         self.server_url = server_url
+        self.template = template
         self.urls: dict[Path, str] = {}
 
-    def url_for(self, path: Path) -> str:
+    def url_for(self, path: Path, migrated: bool = False) -> str:
         if path not in self.urls:
-            from psycopg import connect, sql
-
-            name = f"dlindex_test_{uuid.uuid4().hex[:12]}"
-            with connect(self.server_url, autocommit=True) as conn:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            name = _create_database(self.server_url, self.template if migrated else None)
             self.urls[path] = with_database(self.server_url, name)
         return self.urls[path]
 
@@ -62,6 +61,36 @@ class _ServerDatabases:
 _active: _ServerDatabases | None = None  # set while a [postgresql] test runs
 
 
+def _create_database(server_url: str, template: str | None = None) -> str:
+    """A new database on the server (a copy of ``template`` if given); its name."""
+    from psycopg import connect, sql
+
+    name = f"dlindex_test_{uuid.uuid4().hex[:12]}"
+    statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+    if template:
+        statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+    with connect(server_url, autocommit=True) as conn:
+        conn.execute(statement)
+    return name
+
+
+@pytest.fixture(scope="session")
+def catalog_template(postgres_server: str) -> Iterator[str]:
+    """The name of a database holding an empty catalog of the current schema, made once per session:
+    ``where(path, migrated=True)`` copies it (a file-level copy, no migration run per test)."""
+    from psycopg import connect, sql
+
+    from dlindex import Catalog
+
+    name = _create_database(postgres_server)
+    try:
+        Catalog(with_database(postgres_server, name), create=True).close()
+        yield name
+    finally:
+        with connect(postgres_server, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
 @pytest.fixture(params=BACKENDS)
 def catalog_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     """The backend this run of the test puts its catalogs on."""
@@ -74,7 +103,7 @@ def catalog_backend(request: pytest.FixtureRequest) -> Iterator[str]:
     tmp_path: Path = request.getfixturevalue("tmp_path")
     # a server catalog's client cache (feature matrices) goes under XDG_CACHE_HOME: the test's, not ~/.cache
     request.getfixturevalue("monkeypatch").setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-    databases = _ServerDatabases(server)
+    databases = _ServerDatabases(server, request.getfixturevalue("catalog_template"))
     _active = databases
     try:
         yield "postgresql"
@@ -97,9 +126,10 @@ def on_postgresql() -> bool:
     return _active is not None
 
 
-def where(path: Path) -> Location:
-    """Where the catalog named ``path`` lives in this run: the file itself, or its server database."""
-    return path if _active is None else _active.url_for(path)
+def where(path: Path, migrated: bool = False) -> Location:
+    """Where the catalog named ``path`` lives in this run: the file itself, or its server database
+    (with ``migrated``, a new one that already holds an empty catalog: the caller creates the catalog)."""
+    return path if _active is None else _active.url_for(path, migrated)
 
 
 def is_server(location: Location) -> bool:

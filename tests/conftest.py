@@ -33,7 +33,7 @@ from dlindex.export import ExportOptions, ExportSummary, export_catalog
 from dlindex.exported.index import index_path
 from dlindex.features import ComputeOptions, ComputeSummary, ImportSummary, compute_features, import_features
 
-from .backends import Location, backend_first, catalog_backend, raw, where  # noqa: F401  (catalog_backend: a fixture)
+from .backends import Location, backend_first, catalog_backend, catalog_template, raw, where  # noqa: F401  (fixtures)
 from .servers import pg_url, postgres_server, redis_server, redis_url  # noqa: F401  (fixtures for every module)
 from .synthetic import Row, balanced, make_catalog
 

@@ -5,11 +5,16 @@
 dlindex's own ``pgserver`` and ``redis-server``) on free ports and stops them at its end. Where
 the programs or client libraries are absent the tests that use them skip, saying why.
 
+A test server is thrown away after the run, so it is run without durability (``throwaway``): no
+fsync, no synchronous commit. Each ``DROP DATABASE`` forces a checkpoint, and with fsync on a
+checkpoint waits for the disk: on a busy machine that made one test's teardown take 75 s.
+
     def test_x(pg_url: str, redis_url: str) -> None:  # an empty database, an empty Redis db
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -30,7 +35,11 @@ from dlindex.errors import DlindexError
 # Read at import: the autouse fixture of conftest.py removes every DLINDEX_* variable per test.
 ENV_POSTGRES = os.environ.get("DLINDEX_TEST_POSTGRES")
 ENV_REDIS = os.environ.get("DLINDEX_TEST_REDIS")
-_REDIS_DBS = itertools.cycle(range(1, 16))  # Redis has 16 logical dbs by default; 0 is left alone
+# Redis has 16 logical dbs by default; 0 is left alone. Under pytest-xdist the workers may share one
+# server ($DLINDEX_TEST_REDIS): each takes every Nth db, so no two tests ever flush each other's.
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_REDIS_DBS = itertools.cycle(range(1 + _WORKER % 15, 16, min(_WORKERS, 15)))  # up to 15 workers
 
 
 def postgres_home() -> Path:
@@ -55,6 +64,18 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
+def throwaway(url: str) -> None:
+    """Run the server at ``url`` (superuser) as a scratch server: what it writes is not fsynced,
+    commits do not wait for the disk, and checkpoints cost no disk flush. For test servers only:
+    the data of a server that crashes (the machine, not PostgreSQL) is lost. .ci/run calls it too."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for name in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {name} = off")
+        conn.execute("SELECT pg_reload_conf()")
+
+
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """The URL of a PostgreSQL server's ``dlindex`` database (superuser): $DLINDEX_TEST_POSTGRES or our own."""
@@ -64,7 +85,10 @@ def postgres_server() -> Iterator[str]:
     require_postgres()
     home = postgres_home()
     try:
-        yield start_local_postgres(home / "data")
+        url = start_local_postgres(home / "data")
+        with contextlib.suppress(ImportError):  # without psycopg no test reaches the server's databases
+            throwaway(url)
+        yield url
     finally:
         if (home / "data" / "PG_VERSION").exists():
             stop_local_postgres(home / "data")

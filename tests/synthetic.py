@@ -45,8 +45,9 @@ def present_root(folder: Path, rows: list[Row]) -> str:
 def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
     """A catalog whose image rows have ids 1..len(rows), in order, under one root; its location.
     Rows carry the path_hash a scan gives them, so seeded samples rank them as a scan's."""
-    location = where(path)
-    Catalog(location, create=True).close()
+    location = where(path, migrated=True)
+    if not is_server(location):  # a server database comes with its (empty) catalog
+        Catalog(location, create=True).close()
     with raw(location) as conn:
         conn.execute("INSERT INTO roots (id, path) VALUES (1, ?)", (root,))
         labels = sorted({r.label for r in rows})
