@@ -8,7 +8,8 @@ import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -27,7 +28,7 @@ SMALL = "160KiB"  # 256 rows for a few groups: every multi-group export below sp
 
 def reference_groups(
     rows: list[tuple[Any, ...]], split: Mapping[str, float] | None, world_size: int, drop_last: bool
-) -> list[tuple[str, int, list[tuple[Any, ...]], int, Sequence[int]]]:
+) -> list[tuple[str, int, list[tuple[Any, ...]], int, range]]:
     """The plan before it streamed (dlindex 0.2's make_plan): every row in lists, cut per rank."""
     if split:
         assign = split_of(split)
@@ -105,7 +106,7 @@ def test_the_buffers_never_hold_more_than_the_budget(tmp_path: Path, monkeypatch
 def test_a_budget_too_small_is_one_line(tmp_path: Path, rows: int, budget: int) -> None:
     """Before a row is read where --pad's repeats alone pass it; else once the rows must spill
     in chunks too small to read back."""
-    with pytest.raises(ExportError, match="memory budget .* too small .* 16 \\(split, rank\\) group"):
+    with pytest.raises(ExportError, match=r"memory budget .* too small .* 16 \(split, rank\) group"):
         make_plan(
             iter(fake_rows(rows)), ["x"] * 7, {k: k for k in range(7)}, {1: ("/r", b"/r/")},
             split={"train": 0.5, "val": 0.5}, world_size=8, drop_last=False, absolute_paths=False, stream=False,
@@ -213,8 +214,8 @@ class _FillingFile:
 def test_a_full_disk_while_spilling_is_one_line_and_leaves_nothing(
     bench_catalog: Path, tmp_path: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made = spill.tempfile.TemporaryFile
-    monkeypatch.setattr(spill.tempfile, "TemporaryFile", lambda **kw: _FillingFile(made(**kw)))
+    made = tempfile.TemporaryFile
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: _FillingFile(made(**kw)))
     out = tmp_path / "out"
     result = invoke(runner, "export", str(out), "--db", str(bench_catalog), "--shuffle",
                     "--split", "train=0.9,val=0.1", "--memory-budget", SMALL)  # fmt: skip
