@@ -163,21 +163,29 @@ def test_a_spilled_export_is_byte_identical_to_one_held_in_memory(
     assert dict(_files(tmp_path / "held")) == dict(_files(tmp_path / "spilled"))
 
 
-def test_parquet_row_groups_are_those_of_one_table(
-    bench_catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("row_group", [1 << 20, 25_000])
+def test_parquet_written_a_row_group_at_a_time_is_the_one_table_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, row_group: int
 ) -> None:
-    """A shard written row group by row group is the file pq.write_table makes of the whole shard."""
+    """60,000 rows: the hash column's dictionary passes its 1 MB page limit (the writer falls
+    back to plain pages), which a table in 4096-row chunks would do at another place."""
+    pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
     from dlindex.export import parquet
+    from dlindex.export.shards import Context
 
-    monkeypatch.setattr(parquet, "ROW_GROUP", 700)
-    out = tmp_path / "out"
-    export(bench_catalog, out, format="parquet", split="tree")
-    shard = out / "train-000000.parquet"
-    table = pq.read_table(shard)
-    assert pq.ParquetFile(shard).num_row_groups == -(-table.num_rows // 700) > 1
-    pq.write_table(table, tmp_path / "whole.parquet", compression="zstd", row_group_size=700)
-    assert shard.read_bytes() == (tmp_path / "whole.parquet").read_bytes()
+    monkeypatch.setattr(parquet, "ROW_GROUP", row_group)
+    rows = fake_rows(60_000)
+    plan = make_plan(iter(rows), [f"c{k}" for k in range(7)], {k: k for k in range(7)}, {1: ("/r", b"/r/")},
+                     split=None, world_size=1, drop_last=False, absolute_paths=False)  # fmt: skip
+    ctx = Context.make(plan, tmp_path, shard_size=None, shard_bytes=None)
+    (shard,) = parquet.write_parquet(ctx, plan.groups[0], 0)
+    written = (tmp_path / shard.file).read_bytes()
+    whole = parquet.ParquetWriter(ctx, plan.groups[0], 0).table([(row, None) for row in rows])
+    assert isinstance(whole, pa.Table) and whole.num_rows == 60_000
+    pq.write_table(whole, tmp_path / "whole.parquet", compression="zstd", row_group_size=row_group)
+    assert written == (tmp_path / "whole.parquet").read_bytes()
+    assert pq.ParquetFile(tmp_path / shard.file).num_row_groups == -(-60_000 // row_group)
 
 
 def test_the_cli_refuses_a_budget_it_cannot_keep(

@@ -53,7 +53,7 @@ class ParquetWriter(ShardWriter[_Sample]):
 
     def write_rows(self, n: int) -> None:
         """Write the first ``n`` staged rows as one row group of the open shard."""
-        table = self.pa.concat_tables(self.staged)
+        table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
         if self.file is None:
             path = self.ctx.out / self.shard_file(len(self.shards))
             self.file = self.pq.ParquetWriter(path, table.schema, compression="zstd")
@@ -65,7 +65,7 @@ class ParquetWriter(ShardWriter[_Sample]):
     def seal_shard(self, path: Path, pending: list[_Sample]) -> tuple[int, str]:
         self.stage()
         if self.file is None:  # the whole shard in one table, as it has always been written
-            table = self.pa.concat_tables(self.staged)
+            table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
             self.pq.write_table(table, path, compression="zstd")
         else:
             if self.staged_rows:
