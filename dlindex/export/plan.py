@@ -66,8 +66,9 @@ class Tally:
 class Group:
     """The samples of one split for one rank, in output order; the last ``padded`` repeat earlier ones.
 
-    ``rows`` is a list, or (a single group without splits or ranks) the query's rows as they
-    stream from SQLite, so a plain manifest of millions of rows is never held in memory.
+    ``rows`` is the query's rows as they stream from SQLite (without split fractions or ranks:
+    one group, or one per tree split), a list, or rows spilled to disk (dlindex.export.spill),
+    so no export of millions of rows holds them all in memory.
     """
 
     split: str
@@ -256,8 +257,8 @@ def make_plan(
     spill_dir: Path | None = None,
     memory_budget: int | None = None,
 ) -> Plan:
-    """Arrange rows into groups. Without splits and ranks (and with ``stream``), the rows are
-    not read here: the one group streams them to the writer.
+    """Arrange rows into groups. Without split fractions and ranks (and with ``stream``), the
+    rows are not read here: each group (one, or one per tree split) streams them to the writer.
 
     Args:
         classes, class_index: the selection's class list (dlindex.catalog.classes), whether or not a
@@ -276,9 +277,12 @@ def make_plan(
     prefixes = {k: v[1] for k, v in roots.items()}
     file_root = b"/" if absolute_paths else _common_root(list(prefixes.values()))
     tally = Tally()
-    if not split and tree_splits is None and world_size == 1 and stream:
-        group = Group(DEFAULT_SPLIT, 0, rows, tally=tally)
-        return Plan((group,), tuple(names), label_index, prefixes, file_root, tally, None, 0, 0, class_list)
+    if not split and world_size == 1 and stream:
+        # One group per split, each streaming its own query's rows (the tree's split folders)
+        # or the one query's, to the writer in turn.
+        streams = tree_splits if tree_splits is not None else {DEFAULT_SPLIT: rows}
+        streamed = tuple(Group(name, 0, members, tally=tally) for name, members in streams.items())
+        return Plan(streamed, tuple(names), label_index, prefixes, file_root, tally, None, 0, 0, class_list)
     # One pass over the rows, each routed to its (split, rank) group; held in memory up to the
     # budget, spilled to a file in ``spill_dir`` beyond it (dlindex.export.spill).
     pairs: Iterable[tuple[str, tuple[Any, ...]]]
