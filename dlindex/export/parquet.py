@@ -54,6 +54,7 @@ class ParquetWriter(ShardWriter[_Sample]):
     def write_rows(self, n: int) -> None:
         """Write the first ``n`` staged rows as one row group of the open shard."""
         table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
+        self.staged = []  # the chunks freed before the row group is encoded
         if self.file is None:
             path = self.ctx.out / self.shard_file(len(self.shards))
             self.file = self.pq.ParquetWriter(path, table.schema, compression="zstd")
@@ -66,6 +67,7 @@ class ParquetWriter(ShardWriter[_Sample]):
         self.stage()
         if self.file is None:  # the whole shard in one table, as it has always been written
             table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
+            self.staged = []
             self.pq.write_table(table, path, compression="zstd")
         else:
             if self.staged_rows:
