@@ -5,9 +5,10 @@ order SQLite sorts with its own external merge sort). Each row goes to its split
 hash) and, by its place in that split, to a rank, exactly as a list per split cut with
 ``members[rank::world_size]`` would; the first ``world_size`` rows of each split stay in
 memory, being all that ``--pad`` repeats. The rows wait in one buffer per group; once the
-buffers together hold the memory budget's worth of rows (or ``CHUNK_ROWS`` a group), each is
-written as one chunk (``marshal``) to a spill file and its place noted, and a group's rows are
-later read back chunk by chunk. An export that fits in the buffers never touches the disk.
+buffers together hold the memory budget's worth of rows, each is written in chunks of
+``CHUNK_ROWS`` (``marshal``) to a spill file and their places noted; a group's rows are later
+read back chunk by chunk, then what its buffer held at the end. An export that fits in the
+budget never touches the disk.
 
 The spill file is made with ``tempfile.TemporaryFile`` inside the export's temporary folder:
 on Linux it has no name at all (``O_TMPFILE``), elsewhere on POSIX it is unlinked at once, so
@@ -31,7 +32,7 @@ ENV_BUDGET = "DLINDEX_MEMORY_BUDGET"
 DEFAULT_BUDGET = 256 << 20
 ROW_BYTES = 640  # what a buffered row tuple costs in Python objects, measured on catalog rows
 MIN_GROUP_ROWS = 8  # rows a group's chunk needs at least when it spills: smaller ones are mostly seeks
-CHUNK_ROWS = 1 << 16  # rows per group buffered at most: a chunk read back stays small too
+CHUNK_ROWS = 1 << 16  # rows per chunk in the file: one read back stays small
 
 
 def budget_rows(budget: int, groups: int, held: int) -> int:
@@ -40,7 +41,7 @@ def budget_rows(budget: int, groups: int, held: int) -> int:
     alone do not fit."""
     if budget <= held * ROW_BYTES:
         raise ExportError(_too_small(budget, groups, held))
-    return max(1, min((budget - held * ROW_BYTES) // ROW_BYTES, groups * CHUNK_ROWS))
+    return max(1, (budget - held * ROW_BYTES) // ROW_BYTES)
 
 
 def _too_small(budget: int, groups: int, held: int) -> str:
@@ -83,14 +84,15 @@ class Spill:
         for k, buffer in enumerate(self.buffers):
             if not buffer:
                 continue
-            blob = marshal.dumps(buffer)
-            try:
-                self.file.write(blob)
-            except OSError as e:  # a full disk: name the export's temporary folder, not the catalog
-                raise OSError(e.errno, e.strerror, os.fspath(self.folder)) from None
-            self.offsets[k].append(self.size)
-            self.lengths[k].append(len(blob))
-            self.size += len(blob)
+            for start in range(0, len(buffer), CHUNK_ROWS):  # a chunk read back stays small
+                blob = marshal.dumps(buffer[start : start + CHUNK_ROWS])
+                try:
+                    self.file.write(blob)
+                except OSError as e:  # a full disk: name the export's temporary folder, not the catalog
+                    raise OSError(e.errno, e.strerror, os.fspath(self.folder)) from None
+                self.offsets[k].append(self.size)
+                self.lengths[k].append(len(blob))
+                self.size += len(blob)
             self.buffers[k] = []
         self.held = 0
 
@@ -99,9 +101,8 @@ class Spill:
         return self.file is not None
 
     def finish(self) -> None:
-        """After the last row: write what the buffers hold, if anything was spilled before."""
+        """After the last row: what the buffers hold stays there, each group's last rows."""
         if self.file is not None:
-            self.flush()
             self.file.flush()
 
     def rows(self, group: int, count: int, tail: Sequence[tuple[Any, ...]] = ()) -> Collection[tuple[Any, ...]]:
@@ -142,6 +143,8 @@ class SpilledRows(Collection[tuple[Any, ...]]):
                 chunk = chunk[:left]
             left -= len(chunk)
             yield from chunk
+        if left > 0:
+            yield from self.spill.buffers[self.group][:left]
         yield from self.tail
 
 
