@@ -289,3 +289,20 @@ def test_packed_exports_spilled_are_byte_identical(packed_catalog: Path, tmp_pat
     spilled = export(packed_catalog, tmp_path / "spilled", memory_budget=least, **case)
     assert held.samples == spilled.samples == 90 + held.padded
     assert dict(_files(tmp_path / "held")) == dict(_files(tmp_path / "spilled"))
+
+
+def test_a_parts_plan_digest_is_the_same_spilled(tmp_path: Path) -> None:
+    """``--shard I/N``: every part must compute the same plan digest, whatever its budget."""
+    from dlindex.export.part import owners, plan_digest
+
+    def plan(spill_dir: Path | None) -> Any:
+        return make_plan(
+            iter(fake_rows(5000)), ["x"] * 7, {k: k for k in range(7)}, {1: ("/r", b"/r/")},
+            split={"train": 0.8, "val": 0.2}, world_size=3, drop_last=False, absolute_paths=False, stream=False,
+            spill_dir=spill_dir, memory_budget=50_000 * 8,
+        )  # fmt: skip
+
+    held, spilled = plan(None), plan(tmp_path)
+    assert isinstance(spilled.groups[0].rows, spill.SpilledRows)
+    assert plan_digest(held) == plan_digest(spilled)
+    assert owners(held, 4) == owners(spilled, 4)
