@@ -285,24 +285,23 @@ def make_plan(
         return Plan(streamed, tuple(names), label_index, prefixes, file_root, tally, None, 0, 0, class_list)
     # One pass over the rows, each routed to its (split, rank) group; held in memory up to the
     # budget, spilled to a file in ``spill_dir`` beyond it (dlindex.export.spill).
-    pairs: Iterable[tuple[str, tuple[Any, ...]]]
+    parts: list[tuple[Any, Iterable[tuple[Any, ...]]]]
     if tree_splits is not None:
         split_names = list(tree_splits)
-        pairs = ((name, row) for name, members in tree_splits.items() for row in members)
+        parts = list(tree_splits.items())
     elif split:
         split_names = list(split)
-        assign = split_of(split, points)
-        pairs = ((assign(row), row) for row in rows)
+        parts = [(split_of(split, points), rows)]
     else:
         split_names = [DEFAULT_SPLIT]
-        pairs = ((DEFAULT_SPLIT, row) for row in rows)
+        parts = [(DEFAULT_SPLIT, rows)]
     held = len(split_names) * world_size if world_size > 1 else 0
     limit, budget = _UNLIMITED, 0
     if spill_dir is not None:
         budget = DEFAULT_BUDGET if memory_budget is None else memory_budget
         limit = budget_rows(budget, len(split_names) * world_size, held)
     spill = Spill(spill_dir or Path("."), len(split_names) * world_size, limit, held, budget)
-    counts, heads = route(pairs, split_names, world_size, spill)
+    counts, heads = route(parts, split_names, world_size, spill)
     groups: list[Group] = []
     dropped = padded = 0
     for k, name in enumerate(split_names):

@@ -22,7 +22,7 @@ import marshal
 import os
 import tempfile
 import weakref
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -161,25 +161,34 @@ def _pread(fd: int, length: int, offset: int) -> bytes:
 
 
 def route(
-    rows: Iterable[tuple[str, tuple[Any, ...]]], names: Sequence[str], world_size: int, spill: Spill
+    parts: Iterable[tuple[str | Callable[[tuple[Any, ...]], str], Iterable[tuple[Any, ...]]]],
+    names: Sequence[str],
+    world_size: int,
+    spill: Spill,
 ) -> tuple[dict[str, int], dict[str, list[tuple[Any, ...]]]]:
-    """Send each (split, row) to group ``split_index * world_size + position % world_size``;
-    returns the rows per split and each split's first ``world_size`` rows (--pad's repeats)."""
+    """Send each row of each (split, rows) part (split: a name, or a function of the row) to
+    group ``split_index * world_size + position % world_size``; returns the rows per split and
+    each split's first ``world_size`` rows (--pad's repeats)."""
     counts = dict.fromkeys(names, 0)
     heads: dict[str, list[tuple[Any, ...]]] = {name: [] for name in names}
     base = {name: k * world_size for k, name in enumerate(names)}
     buffers, limit = spill.buffers, spill.limit
     held = spill.held
-    for name, row in rows:
-        position = counts[name]
-        counts[name] = position + 1
-        if world_size > 1 and position < world_size:
-            heads[name].append(row)
-        buffers[base[name] + position % world_size].append(row)
-        held += 1
-        if held >= limit:
-            spill.flush()
-            buffers, held = spill.buffers, 0
+    for split, rows in parts:
+        assign = split if callable(split) else None
+        name = split if isinstance(split, str) else ""
+        for row in rows:
+            if assign is not None:
+                name = assign(row)
+            position = counts[name]
+            counts[name] = position + 1
+            if position < world_size and world_size > 1:
+                heads[name].append(row)
+            buffers[base[name] + position % world_size].append(row)
+            held += 1
+            if held >= limit:
+                spill.flush()
+                held = 0
     spill.held = held
     spill.finish()
     return counts, heads
