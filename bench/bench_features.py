@@ -55,7 +55,7 @@ import make_trees as mt
 from common import compile_sources, write_section
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.catalog.sqlite import PAGE_SIZE
+from dlindex.catalog.sqlite.connect import PAGE_SIZE
 from dlindex.features import nearest
 
 START, END = "<!-- bench_features:start -->", "<!-- bench_features:end -->"

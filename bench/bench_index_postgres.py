@@ -15,10 +15,10 @@ slice through dlindex, so both the query log and pg_stat_statements record it:
   writes       UPDATE ... SET processed = 1 WHERE id = ? on 2,000 rows
 
 (a tenth of bench_index.py's three-hour slice: the same mix). `dlindex index --suggest --json`
-computes the advice and, in its "postgresql" section, Dexter's set for the same statements
-(cost >= 100, saving >= 50%, single and two-column candidates; dlindex/advisor/dexter.py).
-Then each set is built for real (CREATE INDEX, ANALYZE), every statement is timed on the
-server with the same parameters (EXPLAIN ANALYZE execution time, median of --reps runs),
+computes the advice; then bench/dexter.py computes Dexter's set for the same statements with
+hypothetical indexes (cost >= 100, saving >= 50%, single and two-column candidates; the advice
+a user runs builds no competitor's indexes). Then each set is built for real (CREATE INDEX,
+ANALYZE), every statement is timed on the server with the same parameters (EXPLAIN ANALYZE execution time, median of --reps runs),
 weighted by its calls, and the per-row cost of `UPDATE ... SET processed = 1 WHERE id = ?`
 over 2,000 rows is timed (rolled back); then the set is dropped again.
 
@@ -50,9 +50,10 @@ sys.path.insert(0, str(REPO))
 
 import psycopg
 from common import compile_sources, write_section
+from dexter import RULE, dexter_for
 
 from dlindex import Catalog, QuerySpec, query_rows
-from dlindex.catalog.postgres import server_statement
+from dlindex.catalog.postgres.dialect import server_statement
 from dlindex.query.rows import prepare
 
 START, END = "<!-- bench_index_postgres:start -->", "<!-- bench_index_postgres:end -->"
@@ -234,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"dlindex index --suggest failed:\n{proc.stderr}")
     advice = json.loads(proc.stdout)
     ours = [s["sql"] for s in advice["suggestions"]]
-    dexter = advice["postgresql"]["dexter"]["indexes"]
+    print("Dexter's rule on the same statements (hypothetical indexes) ...", flush=True)
+    started = time.perf_counter()
+    dexter_set, verdicts = dexter_for(url)
+    dexter_s = time.perf_counter() - started
+    dexter = [d.sql() for d in dexter_set]
     timed: dict[str, dict[str, Any]] = {}
     per_row: dict[str, float] = {}
     sizes: dict[str, int] = {}
@@ -258,13 +263,23 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(a.url) as conn:
         version = conn.execute("SHOW server_version").fetchone()[0]
     meta = {"rows": a.rows, "labels": a.labels, "reps": a.reps, "made_s": made, "workload_s": workload_s,
-            "suggest_s": suggest_s, "server": version, "cpus": os.cpu_count(), "machine": platform.machine(),
-            "when": _dt.datetime.now().strftime("%Y-%m-%d %H:%M")}  # fmt: skip
+            "suggest_s": suggest_s, "dexter_s": dexter_s, "server": version, "cpus": os.cpu_count(),
+            "machine": platform.machine(), "when": _dt.datetime.now().strftime("%Y-%m-%d %H:%M")}  # fmt: skip
     section = render(meta, ps, timed, totals, per_row, sizes, ours, dexter, advice, checks)
     print(section)
     Path("/tmp/dlindex-bench").mkdir(parents=True, exist_ok=True)
     Path(f"/tmp/dlindex-bench/bench_index_postgres-{int(time.time())}.json").write_text(
-        json.dumps({"meta": meta, "timed": timed, "totals": totals, "per_row_us": per_row, "advice": advice}, indent=1)
+        json.dumps(
+            {
+                "meta": meta,
+                "timed": timed,
+                "totals": totals,
+                "per_row_us": per_row,
+                "advice": advice,
+                "dexter": {"rule": RULE, "indexes": dexter, "statements": [v.as_dict() for v in verdicts]},
+            },
+            indent=1,
+        )
     )
     if docs is not None:
         write_section(docs, START, END, section)
@@ -285,7 +300,8 @@ def render(meta: dict[str, Any], ps: list[dict[str, Any]], timed: dict[str, Any]
         f"Server catalog: {meta['rows']:,} rows, {meta['labels']:,} labels (bench_index.py's generator, written on "
         f"the server in {meta['made_s']:.1f} s), PostgreSQL {meta['server']}, {meta['cpus']} CPUs, {meta['machine']}. "
         f"Run {meta['when']}; the workload (a tenth of bench_index.py's slice) ran through dlindex in "
-        f"{meta['workload_s']:.1f} s; `dlindex index --suggest` took {meta['suggest_s']:.1f} s. Each set was built "
+        f"{meta['workload_s']:.1f} s; `dlindex index --suggest` took {meta['suggest_s']:.1f} s, Dexter's rule "
+        f"({RULE}; bench/dexter.py, hypothetical indexes) {meta['dexter_s']:.1f} s. Each set was built "
         f"for real with ANALYZE; times are the server's execution times (EXPLAIN ANALYZE), medians of {meta['reps']} runs.",
         "",
         "| statement | calls | keys only ms | dlindex ms | Dexter ms | dlindex plan | Dexter plan |",

@@ -59,7 +59,7 @@ import numpy as np
 from common import compile_sources, write_section
 
 from dlindex import Catalog, feature_vectors, query_rows
-from dlindex.catalog.pgserver import start_local_postgres, stop_local_postgres
+from dlindex.catalog.postgres.server import start_local_postgres, stop_local_postgres
 from dlindex.features.types import create_type
 from dlindex.query.mark import mark_samples
 from dlindex.scan.diff import ToProbe
@@ -162,7 +162,7 @@ class ServerSide:
     """A PostgreSQL catalog's server process: its CPU seconds and the WAL the server wrote."""
 
     def __init__(self, catalog: Catalog) -> None:
-        self.conn = catalog.conn if catalog.backend == "postgresql" else None
+        self.conn = catalog.conn if catalog.backend.is_server else None
         self.pid = int(self.conn.execute_raw("SELECT pg_backend_pid()").fetchone()[0]) if self.conn else None
 
     def sample(self) -> tuple[float, int]:
@@ -401,7 +401,7 @@ def _writer(location: str, first: int, transactions: int, batch: int, flag: bool
     """One writer process: ``transactions`` marks of ``batch`` consecutive ids from ``first``."""
     with Catalog(location) as catalog:
         backend = None
-        if catalog.backend == "postgresql":
+        if catalog.backend.is_server:
             backend = int(catalog.conn.execute("SELECT pg_backend_pid()").fetchone()[0])
         mark_samples(catalog, [], processed=flag)  # warm: temp tables, statements, a commit
         ready.put(os.getpid())

@@ -64,7 +64,7 @@ def make_part(path: Path, index: int, count: int, rows: int, root: str) -> None:
     """A finished scan part of ``rows`` samples, written straight into SQLite (like a real part:
     its own root row, labels, rows and its shard run)."""
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.migrations import path_hash
+    from dlindex.catalog.sqlite.migrations import path_hash
 
     rm_db(path)
     Catalog(path, create=True, log=False).close()

@@ -37,11 +37,11 @@ def compile_sources() -> None:
 
 
 def fill_path_hash(path: Path) -> None:
-    """Give generated rows the path_hash a scan writes (dlindex.catalog.migrations.path_hash), so
+    """Give generated rows the path_hash a scan writes (dlindex.catalog.sqlite.migrations.path_hash), so
     seeded samples rank them as they rank a scanned tree's rows, not by the id fallback."""
     import sqlite3
 
-    from dlindex.catalog.migrations import path_hash
+    from dlindex.catalog.sqlite.migrations import path_hash
 
     conn = sqlite3.connect(path)
     try:

@@ -54,6 +54,42 @@ class DiskFullError(DlindexError):
     exit_code = ExitCode.DISK_FULL
 
 
+# A statement a catalog refused, in the DB-API's terms (PEP 249: DatabaseError, IntegrityError,
+# OperationalError). A server catalog raises these; a file catalog raises sqlite3's own (no
+# translation on the hot path), so code that catches either uses dlindex.catalog.backend's
+# SQL_ERRORS, INTEGRITY_ERRORS, OPERATIONAL_ERRORS and CLOSED_ERRORS.
+class CatalogSQLError(CatalogError):
+    """A statement the catalog refused (a bug, or a state nothing below names)."""
+
+
+class CatalogIntegrityError(CatalogSQLError):
+    """A row a constraint refused: a duplicate key, a foreign key to no row."""
+
+
+class CatalogOperationalError(CatalogSQLError):
+    """The catalog could not run a statement: locked, full, read-only, cancelled."""
+
+
+class CatalogClosedError(CatalogSQLError):
+    """A statement on a connection that was already closed."""
+
+
+class CatalogLockTimeout(CatalogOperationalError, CatalogBusyError):
+    """Another transaction held the rows a statement needs for longer than --wait."""
+
+    exit_code = ExitCode.BUSY
+
+
+class CatalogFullError(CatalogOperationalError, DiskFullError):
+    """The catalog's storage (a server's disk, its memory) has no room for the write."""
+
+    exit_code = ExitCode.DISK_FULL
+
+
+class CatalogReadOnlySQLError(CatalogOperationalError, ReadOnlyCatalogError):
+    """A write on a catalog that accepts only reads (a read-only transaction or role)."""
+
+
 class InputError(DlindexError):
     """A command-line value or input file that dlindex cannot use."""
 

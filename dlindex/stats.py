@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from contextlib import suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.dialect import postgres_form
+from dlindex.catalog.postgres.dialect import postgres_form
 from dlindex.catalog.reachable import unreachable_roots
 
 _BY_STATUS = "SELECT status, count(*), coalesce(sum(bytes), 0) FROM image_metadata GROUP BY status"
@@ -39,10 +37,6 @@ _INDEXES = postgres_form(
     "ORDER BY t.relname, i.relname",
 )
 _ROOTS = "SELECT id, path, added_at FROM roots ORDER BY id"
-_DATABASE_SIZE = postgres_form(
-    "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()",
-    "SELECT pg_database_size(current_database())",
-)
 _LAST_SCANS = """SELECT scans.id, roots.path AS root, state, started_at, finished_at, seen, new, changed,
         unchanged, missing, corrupt, skipped, errors, seconds
     FROM scans JOIN roots ON roots.id = scans.root_id ORDER BY scans.id DESC LIMIT ?"""
@@ -109,7 +103,7 @@ def catalog_stats(catalog: Catalog, top: int = 5, scans: int = 5) -> CatalogStat
         smallest_labels=[LabelCount(*row) for row in read(_SMALLEST_LABELS, (top,))],
         total_bytes=bytes_by_status["ok"] + bytes_by_status["corrupt"],
         catalog_bytes=_file_size(catalog),
-        catalog_backend=catalog.backend,
+        catalog_backend=catalog.backend.name,
         indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
         roots=[dict(zip(("id", "path", "added_at"), row, strict=True)) for row in read(_ROOTS)],
         last_scans=[dict(zip(_LAST_SCANS_KEYS, row, strict=True)) for row in read(_LAST_SCANS, (scans,))],
@@ -122,13 +116,7 @@ def _split_order(split: str) -> tuple[int, str]:
 
 
 def _file_size(catalog: Catalog) -> int:
-    if catalog.backend == "postgresql":
-        return int(catalog.conn.execute(_DATABASE_SIZE).fetchone()[0])
-    total = 0
-    for suffix in ("", "-wal"):
-        with suppress(OSError):
-            total += os.path.getsize(os.fspath(catalog.path) + suffix)
-    return total
+    return catalog.backend.size_bytes(catalog.conn)
 
 
 _SLOW = """SELECT fingerprint, sql, sum(calls), sum(duration_ms), max(logged_at) FROM query_log
@@ -167,7 +155,7 @@ def slow_queries(catalog: Catalog, top: int = 5) -> SlowReport:
     """
     import json
 
-    from dlindex.advisor.plans import explain
+    from dlindex.advisor.replay import explain
     from dlindex.advisor.shapes import check_select
     from dlindex.catalog.sandbox import guarded
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch.utils.data
 
 from dlindex.errors import InputError
+from dlindex.exported.formats import WDS
 from dlindex.loader.catalog_dataset import CatalogDataset
 from dlindex.loader.epoch import Generation
 from dlindex.loader.worker import NothingReadError, nothing_read
@@ -141,7 +142,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             if plan.layout.share() * plan.layout.world < len(plan.selection) else 0,
             "missing_features": plan.missing_features, "l1_hit_rate": round(total["l1_hits"] / asked, 4) if asked else 0.0,
             "l2_hit": plan.selection.l2_hit, "l2": plan.l2_identity is not None,
-            "l3_hit": plan.selection.cache_hit, "source": "wds" if plan.export is not None else "files",
+            "l3_hit": plan.selection.cache_hit, "source": WDS.name if plan.export is not None else "files",
             "export": plan.export.out_dir if plan.export is not None else None,
             "errors": [e for s in self._stats.values() for e in s.get("errors", [])][:5],
         }  # fmt: skip

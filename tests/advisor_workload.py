@@ -5,9 +5,14 @@ from __future__ import annotations
 import random
 import shutil
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from dlindex import Catalog
+from dlindex.advisor import replay
 
 ROWS, LABELS = 20_000, 200
 LABEL_FILES = "SELECT file_path, label_id FROM image_metadata WHERE label_id = ? AND processed = 1"
@@ -53,6 +58,34 @@ def run_workload(path: Path, scale: int = 1) -> None:
         list(catalog.read(HOURLY, (210_000,)))
         with catalog.write_transaction() as conn:
             conn.executemany(MARK, [(i,) for i in range(1, 200 * scale)])
+
+
+# The logged ms per call of each statement, as a machine with nothing else to do logs them
+# (measured under load they were about twice these, in the same proportions).
+LOGGED_MS = {LABEL_FILES: 2.5, FAILED: 5.0, RANDOM: 6.0, HOURLY: 5.0, MARK: 0.01}
+STEPS_PER_MS = 10_000  # a replay's time in tests that pin it: its VM steps at 10 million a second
+
+
+def pin_logged_durations(path: Path) -> None:
+    """The query log's durations set to ``LOGGED_MS``: which statements are hot (calls x logged ms)
+    is then the same however loaded the machine was while the workload ran."""
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            for sql, ms in LOGGED_MS.items():
+                conn.execute("UPDATE query_log SET duration_ms = calls * ? WHERE sql = ? AND duration_ms IS NOT NULL",
+                             (ms, sql))  # fmt: skip
+    finally:
+        conn.close()
+
+
+@contextmanager
+def steps_clock() -> Iterator[None]:
+    """Replays (reads, the 10,000-row writes) take as long as their VM steps say, not the wall clock:
+    every decision the advice still weighs by time comes out the same under any load."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replay, "replay_ms", lambda _measured_ms, steps: steps / STEPS_PER_MS)
+        yield
 
 
 def copy_catalog(src: Path, dst: Path) -> Path:

@@ -158,10 +158,10 @@ def raw(location: Location) -> Iterator[Any]:
 
 def schema_before(location: Location, migration: Any) -> None:
     """Turn a catalog back to the schema version before ``migration`` (a function of
-    ``dlindex.catalog.migrations``), as the dlindex of that version left it: every column that
+    ``dlindex.catalog.sqlite.migrations``), as the dlindex of that version left it: every column that
     migration and the later ones added is dropped, the version set back. The next open
     migrates it forward again."""
-    from dlindex.catalog.migrations import MIGRATIONS
+    from dlindex.catalog.sqlite.migrations import MIGRATIONS
 
     version = MIGRATIONS.index(migration)
     with raw(location) as conn:
@@ -178,7 +178,7 @@ def columns_added_after(version: int) -> list[tuple[str, str]]:
     schema's steps, which spell out the same columns as SQLite's migrations)."""
     import re
 
-    from dlindex.catalog.pgschema import MIGRATIONS as PG_MIGRATIONS
+    from dlindex.catalog.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
 
     added = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
     return [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := added.match(s))]  # type: ignore[misc]

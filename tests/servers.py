@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from dlindex.catalog.pgserver import find_bindir, start_local_postgres, stop_local_postgres
+from dlindex.catalog.postgres.server import find_bindir, start_local_postgres, stop_local_postgres
 from dlindex.errors import DlindexError
 
 # Read at import: the autouse fixture of conftest.py removes every DLINDEX_* variable per test.

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dlindex import Catalog
-from dlindex.catalog.migrations import path_hash
+from dlindex.catalog.sqlite.migrations import path_hash
 
 from .backends import Location, is_server, raw, where
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import pytest
 
 from dlindex.advisor.candidates import Candidate, candidate_for, combine, existing_serves, merge
-from dlindex.advisor.findings import findings as _findings
-from dlindex.advisor.plans import index_names
+from dlindex.advisor.outcome import findings as _findings
+from dlindex.advisor.replay import index_names
 from dlindex.advisor.scratch import IndexDef
-from dlindex.advisor.shapes import TableInfo, analyze, check_select
+from dlindex.advisor.shapes import TableInfo, analyze, check_select, where_as_select, write_columns
 from dlindex.advisor.sqltext import Constant
 from dlindex.advisor.suggest import _combined_shape
 from dlindex.advisor.workload import Statement
-from dlindex.advisor.write_shapes import where_as_select, write_columns
 
 COLUMNS = ("id", "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "bytes",
            "xxh3_128", "status", "error", "processed", "processing_status", "created_at")  # fmt: skip

@@ -1,8 +1,9 @@
-"""dlindex/advisor/postgres.py, pgworkload, pgplans, pgmanage, dexter: `dlindex index` on a real PostgreSQL server.
+"""dlindex/advisor/server.py, server_workload, server_plans, manage: `dlindex index` on a real PostgreSQL server.
 
 A 20,000-row catalog is written by SQL on the server, a workload is run through dlindex (so
-the query log and pg_stat_statements both see it), then the advice, Dexter's set beside it,
---apply / --list / --revert / --drop-unused and the bad-input lines are checked.
+the query log and pg_stat_statements both see it), then the advice (nothing built but dlindex's
+own candidates, in a transaction rolled back), the library's entry points, --apply / --list /
+--revert / --drop-unused and the bad-input lines are checked.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dlindex import Catalog
-from dlindex.advisor.pgworkload import server_fingerprint
-from dlindex.catalog.dialect import translate
+from dlindex.advisor.server_workload import server_fingerprint
+from dlindex.catalog.postgres.dialect import translate
 
 from .conftest import invoke, one_error_line
 
@@ -105,7 +106,7 @@ def test_a_logged_statement_joins_its_pg_stat_statements_entry() -> None:
     )
 
 
-def test_suggest_verifies_on_the_server_with_dexter_beside(
+def test_suggest_verifies_on_the_server_and_builds_no_competitor(
     logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = index_defs(logged)
@@ -120,16 +121,36 @@ def test_suggest_verifies_on_the_server_with_dexter_beside(
     server = advice["postgresql"]
     assert server["workload"]["joined"] >= 3
     assert server["verified"].startswith("timed on the server")
-    assert server["dexter"]["indexes"], server["dexter"]
+    assert "dexter" not in server and set(server["workload_ms"]) == {"before", "dlindex"}  # a benchmark's, not ours
     ms = server["workload_ms"]
-    assert ms["dlindex"] < ms["before"] / 5 and ms["dexter"] < ms["before"], ms  # times: the bench compares them
-    assert len(advice["suggestions"]) <= len(server["dexter"]["indexes"])
+    assert ms["dlindex"] < ms["before"] / 5, ms
+    with psycopg.connect(logged) as conn:  # the only indexes ever built were dlindex's candidates
+        rows = conn.execute(r"SELECT query FROM pg_stat_statements WHERE query ~* '^\s*(/\*.*?\*/\s*)?CREATE INDEX'")
+        built = [r[0] for r in rows if "planted_" not in r[0]]  # the fixture's own
+    assert built and all("idx_dlindex_" in q for q in built), built
     unused = {f["name"]: f for f in advice["unused"]}
     assert unused["planted_width_height"]["droppable"] is False  # made by hand: reported, never dropped
     assert not [e for e in advice["statements"] if e["change"] == "slower"]
     once = [e["fingerprint"] for e in advice["statements"] if "bytes >" in e["sql"] or "width = 100" in e["sql"]]
     assert len(once) == 2 and not set(once) & set(advice["workload"]["hot"])  # seen once: no index, however slow
     assert not any("width" in s or "height" in s for s in sqls), sqls
+
+
+def test_the_library_entry_points_take_a_server_catalog(logged: str) -> None:
+    """suggest_indexes, list_indexes, apply_advice and revert_indexes on a server catalog, as the CLI
+    does; the first two used to open the URL as an SQLite file ("unable to open database file")."""
+    from dlindex.advisor import apply_advice, list_indexes, revert_indexes, suggest_indexes
+
+    with Catalog(logged, log=False) as catalog:
+        advice = suggest_indexes(catalog, top=5)
+        assert advice.server is not None and advice.suggestions, advice
+        origins = {u.name: u.origin for u in list_indexes(catalog)}
+        assert origins["image_metadata_pkey"] == "constraint" and origins["planted_width_height"] == "manual"
+        changes = apply_advice(catalog, advice)
+        assert {c.name for c in changes.changes} == {s.name for s in advice.suggestions}
+        assert {u.name: u.origin for u in list_indexes(catalog)}[advice.suggestions[0].name] == "dlindex"
+        assert revert_indexes(catalog).run == changes.run
+    assert not [n for n, _sql in index_defs(logged) if n.startswith("idx_dlindex_")]
 
 
 def test_apply_list_revert_and_drop_unused(logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

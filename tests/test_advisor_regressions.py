@@ -9,11 +9,10 @@ import pytest
 
 from dlindex import Catalog
 from dlindex.advisor import suggest_indexes
-from dlindex.advisor.bench import Bench
-from dlindex.advisor.plans import index_names
-from dlindex.advisor.replay import Timing
+from dlindex.advisor.replay import Timing, index_names
 from dlindex.advisor.scratch import Scratch
 from dlindex.advisor.suggest import _advise
+from dlindex.advisor.verification import Bench
 from dlindex.advisor.workload import Statement, Workload, load_workload
 from dlindex.catalog.fingerprint import fingerprint
 from dlindex.catalog.sandbox import guarded

@@ -1,4 +1,9 @@
-"""Index advice a user can trust: the README tour, stable advice, --apply of what was printed, replay limits."""
+"""Index advice a user can trust: the README tour, stable advice, --apply of what was printed, replay limits.
+
+As in test_advisor_suggest.py, the logged catalog's durations are pinned and replays are timed
+by their VM steps, so "the same advice twice" and "slower without it" are decided the same way
+under any load; the replay limits stay on the wall clock.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,10 +22,18 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
-from dlindex.advisor.leftovers import PREFIX, remove_leftovers
+from dlindex.advisor.scratch import PREFIX, remove_leftovers
 from dlindex.procs import process_start
 
-from .advisor_workload import MARK, copy_catalog, make_catalog, run_workload, snapshot
+from .advisor_workload import (
+    MARK,
+    copy_catalog,
+    make_catalog,
+    pin_logged_durations,
+    run_workload,
+    snapshot,
+    steps_clock,
+)
 from .conftest import invoke, rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,6 +51,12 @@ def _private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dlindex.advisor.suggest.RUNS", 2)  # keep the suite fast
 
 
+@pytest.fixture(scope="module", autouse=True)
+def replays_timed_by_steps() -> Iterator[None]:
+    with steps_clock():
+        yield
+
+
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = make_catalog(
@@ -44,6 +64,7 @@ def logged(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {"planted_wh": "width, height", "planted_processed": "processed"},
     )
     run_workload(path)
+    pin_logged_durations(path)
     return path
 
 
@@ -185,9 +206,11 @@ def test_a_runaway_statement_is_skipped_and_the_advice_goes_on(db: Path) -> None
 def test_a_statement_past_the_memory_limit_is_skipped(db: Path, tmp_path: Path) -> None:
     trace = tmp_path / "trace.sql"
     trace.write_text(HUGE_STRING + "\n")
-    # its own process: SQLite's heap limit, once lowered, holds for the rest of the process
+    # its own process: SQLite's heap limit, once lowered, holds for the rest of the process; a time
+    # limit it cannot reach first, however loaded the machine (it did, at 10 s, under load 12)
     result = subprocess.run(
-        [sys.executable, "-m", "dlindex", "index", "--suggest", "--log", str(trace), "--memory-limit", "64", "--db", str(db)],
+        [sys.executable, "-m", "dlindex", "index", "--suggest", "--log", str(trace), "--memory-limit", "64",
+         "--time-limit", "240", "--db", str(db)],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -276,9 +299,9 @@ def test_inserts_into_a_table_keyed_by_two_columns_are_measured(tmp_path: Path) 
     the logged inserts ("not measured (only INSERT and UPDATE are)" beside an INSERT)."""
     import sqlite3
 
-    from dlindex.advisor.copy_stats import CopyStatistics
+    from dlindex.advisor.replay import WriteCosts
+    from dlindex.advisor.scratch import CopyStatistics
     from dlindex.advisor.shapes import TableInfo
-    from dlindex.advisor.write_cost import WriteCosts
 
     path = tmp_path / "pk.db"
     conn = sqlite3.connect(path, isolation_level=None)

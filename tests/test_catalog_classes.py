@@ -317,7 +317,7 @@ def test_old_catalog_rows_with_the_empty_label_lose_it_on_rescan(tmp_path: Path)
 
 @SQLITE_ONLY  # an old catalog file, migrated
 def test_migration_makes_label_id_nullable_and_adds_split_keeping_everything(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, m006_classes
+    from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION, MIGRATIONS, m006_classes
 
     db = tmp_path / "v5.db"
     conn = sqlite3.connect(db, isolation_level=None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, CatalogError
-from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION
+from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION
 
 
 def test_create_makes_schema_with_version_and_wal(db_path: Path) -> None:
@@ -107,7 +107,7 @@ def test_reopening_does_not_migrate_again(db_path: Path) -> None:
 
 
 def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import MIGRATIONS
+    from dlindex.catalog.sqlite.migrations import MIGRATIONS
 
     db = tmp_path / "v4.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -143,7 +143,7 @@ def test_version_4_catalog_gets_cheap_checks_keeping_rows_indexes_and_features(t
 
 
 def test_version_4_catalog_with_edited_constraints_is_migrated_without_the_rewrite(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import MIGRATIONS
+    from dlindex.catalog.sqlite.migrations import MIGRATIONS
 
     db = tmp_path / "v4-edited.db"
     conn = sqlite3.connect(db, isolation_level=None)
@@ -172,7 +172,7 @@ def test_version_4_catalog_with_edited_constraints_is_migrated_without_the_rewri
 def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> None:
     import threading
 
-    from dlindex.catalog.sqlite import Writeback as _Writeback
+    from dlindex.catalog.sqlite.connect import Writeback as _Writeback
 
     with Catalog(scanned_db) as catalog:
         flusher = _Writeback(catalog.path, interval_s=0.01)
@@ -188,7 +188,7 @@ def test_writeback_syncs_sqlites_own_descriptor_and_stops(scanned_db: Path) -> N
 
 
 def test_a_catalog_from_before_the_file_keys_gets_them_keeping_its_rows(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import MIGRATIONS, m015_file_keys, path_hash
+    from dlindex.catalog.sqlite.migrations import MIGRATIONS, m015_file_keys, path_hash
 
     db = tmp_path / "v11.db"
     conn = sqlite3.connect(db, isolation_level=None)

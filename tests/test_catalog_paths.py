@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.catalog.migrations import path_hash
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, normalise, path_key, resolve_paths
+from dlindex.catalog.sqlite.migrations import path_hash
 from dlindex.errors import InputError
 from dlindex.features.importer import _resolve_paths
 from dlindex.features.samples import resolve_sample

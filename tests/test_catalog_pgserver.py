@@ -1,4 +1,4 @@
-"""dlindex/catalog/pgserver.py on real PostgreSQL servers: start, status, stop, restart, bad input."""
+"""dlindex/catalog/postgres/server.py on real PostgreSQL servers: start, status, stop, restart, bad input."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from dlindex.catalog import pgserver
-from dlindex.catalog.pgserver import find_bindir, local_postgres_status, start_local_postgres, stop_local_postgres
+from dlindex.catalog.postgres import server as pgserver
+from dlindex.catalog.postgres.server import (
+    find_bindir,
+    local_postgres_status,
+    start_local_postgres,
+    stop_local_postgres,
+)
 from dlindex.errors import DlindexError, InputError
 
 from .servers import free_port, postgres_home, require_postgres

@@ -1,4 +1,4 @@
-"""dlindex/catalog/postgres.py and dialect.py: the server catalog's connection, its SQL, its bad input.
+"""dlindex/catalog/postgres/connect.py and dialect.py: the server catalog's connection, its SQL, its bad input.
 
 The dialect rules are checked on their own and fuzzed; everything else runs against a real
 PostgreSQL server (tests/servers.py), with many writers in real processes.
@@ -20,9 +20,10 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from dlindex import Catalog
-from dlindex.catalog.dialect import element_type, translate
-from dlindex.catalog.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
-from dlindex.catalog.postgres import is_server_url, redact
+from dlindex.catalog.backend import is_server_url
+from dlindex.catalog.postgres.connect import redact
+from dlindex.catalog.postgres.dialect import element_type, translate
+from dlindex.catalog.sqlite.migrations import LATEST_VERSION, m012_change_token, m015_file_keys, path_hash
 from dlindex.errors import CatalogError, InputError
 
 from .backends import schema_before
@@ -40,23 +41,27 @@ psycopg = pytest.importorskip("psycopg")
         ("SELECT id FROM t WHERE a = ? AND b = ?", "SELECT id FROM t WHERE a = %s AND b = %s"),
         ("SELECT id FROM t WHERE a = :a OR b = :b", "SELECT id FROM t WHERE a = %(a)s OR b = %(b)s"),
         ("BEGIN IMMEDIATE", "BEGIN"),
-        ("SELECT 1 FROM temp.mark_ids JOIN main.roots ON true", "SELECT 1 FROM pg_temp.mark_ids JOIN roots ON true"),
+        ("SELECT 1 FROM temp.mark_ids JOIN main.roots ON true", "SELECT 1 FROM pg_temp.mark_ids JOIN roots ON TRUE"),
         ("INSERT OR IGNORE INTO labels (name) VALUES (?)", "INSERT INTO labels (name) VALUES (%s) ON CONFLICT DO NOTHING"),
         (
             "INSERT OR REPLACE INTO query_cache (key, changes) VALUES (:key, :changes)",
             "INSERT INTO query_cache (key, changes) VALUES (%(key)s, %(changes)s) "
-            "ON CONFLICT (key) DO UPDATE SET changes = EXCLUDED.changes",
+            "ON CONFLICT(key) DO UPDATE SET changes = EXCLUDED.changes",
         ),
         ("UPDATE roots SET presplit = ? WHERE presplit IS NOT ?",
          "UPDATE roots SET presplit = %s WHERE presplit IS DISTINCT FROM %s"),
-        ("SELECT 1 WHERE a IS ? AND b IS NULL AND c IS NOT NULL", "SELECT 1 WHERE a IS NOT DISTINCT FROM %s AND b IS NULL AND c IS NOT NULL"),
-        ("SELECT 1 FROM a JOIN b JOIN c ON c.x = b.x", "SELECT 1 FROM a JOIN b ON true JOIN c ON c.x = b.x"),
+        ("SELECT 1 WHERE a IS ? AND b IS NULL AND c IS NOT NULL", "SELECT 1 WHERE a IS NOT DISTINCT FROM %s AND b IS NULL AND NOT c IS NULL"),
+        ("SELECT 1 FROM a JOIN b JOIN c ON c.x = b.x", "SELECT 1 FROM a JOIN b ON TRUE JOIN c ON c.x = b.x"),
+        ("SELECT 1 WHERE n NOT LIKE 'sqlite_%'", "SELECT 1 WHERE n NOT ILIKE 'sqlite_%%'"),
+        ("SELECT a FROM t ORDER BY a, b DESC", "SELECT a FROM t ORDER BY a, b DESC"),  # no NULLS FIRST: indexes serve it
         ("SELECT 'it''s ? :x 50%' WHERE e LIKE ?", "SELECT 'it''s ? :x 50%%' WHERE e ILIKE %s"),
         ("SELECT id FROM t ORDER BY id LIMIT -1 OFFSET :offset", "SELECT id FROM t ORDER BY id LIMIT ALL OFFSET %(offset)s"),
         ("UPDATE t SET at = CURRENT_TIMESTAMP",
-         "UPDATE t SET at = to_char(timezone('UTC', now()), 'YYYY-MM-DD HH24:MI:SS')"),
+         "UPDATE t SET at = TO_CHAR(TIMEZONE('UTC', CURRENT_TIMESTAMP), 'YYYY-MM-DD HH24:MI:SS')"),
         ("CREATE TEMP TABLE x (id INTEGER PRIMARY KEY, p TEXT, v BLOB, r REAL) WITHOUT ROWID",
-         'CREATE TEMP TABLE x (id BIGINT PRIMARY KEY, p TEXT COLLATE "C", v BYTEA, r DOUBLE PRECISION)'),
+         'CREATE TEMPORARY TABLE x (id BIGINT PRIMARY KEY, p TEXT COLLATE "C", v BYTEA, r DOUBLE PRECISION)'),
+        # positional parameters keep their order
+        ("SELECT a FROM t LIMIT ? OFFSET ?", "SELECT a FROM t LIMIT %s OFFSET %s"),
     ],
 )  # fmt: skip
 def test_dialect_rules(sqlite: str, postgres: str) -> None:
@@ -78,23 +83,74 @@ def test_json_each_becomes_a_typed_array() -> None:
     assert element_type([[None, "a"]], "text") == "jsonb"
 
 
-_WORDS = st.sampled_from(
-    ["SELECT", "a", "FROM", "t", "WHERE", "=", "?", ":name", "'x''y'", "'%'", '"q""r"', "IS", "NOT", "NULL",
-     "LIKE", "JOIN", "ON", "true", ",", "(", ")", "%", "{", "}", "temp.t", "main.t", "CURRENT_TIMESTAMP"]
+_CONDITIONS = st.sampled_from(
+    ["a = ?", "a = :name", "b IS ?", "b IS NOT NULL", "c LIKE ?", "d = 'x''y'", "e = '%'", 'f = "q""r"',
+     "g IN (SELECT value FROM json_each(?))", "h = CURRENT_TIMESTAMP", "i NOT LIKE '50%'", "j = '?:name{}'"]
 )  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_WORDS, max_size=30))
-def test_translate_keeps_every_parameter_and_literal(words: list[str]) -> None:
-    sql = " ".join(words)
-    text = translate(sql).text
+@given(st.lists(_CONDITIONS, min_size=1, max_size=8), st.sampled_from(["temp.t", "main.t", "t"]))
+def test_translate_keeps_every_parameter_and_literal(conditions: list[str], table: str) -> None:
+    sql = f"SELECT a FROM {table} WHERE " + " AND ".join(conditions)
+    if "?" in sql.replace("'?", "") and ":name" in sql.replace("':name", "").replace("?:name", ""):
+        with pytest.raises(ValueError):  # one kind of parameter per statement
+            translate(sql)
+        return
+    t = translate(sql)
+    text = t.text.format(**{p.slot: "bigint" for p in t.json_params}) if t.json_params else t.text
     quoted = re.findall(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", sql)
     outside = re.sub(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"", "", sql)
-    assert text.count("%s") == outside.count("?")
+    assert text.count("%s") + text.count("%(__dlx_q") == outside.count("?")
     assert text.count("%(name)s") == len(re.findall(r"(?<![:\w]):name\b", outside))
     for literal in quoted:
         assert literal.replace("%", "%%") in text
+
+
+def test_a_later_process_reads_the_translation_from_disk(tmp_path: Path) -> None:
+    """sqlglot is imported and a statement parsed once per machine, not once per command."""
+    code = (
+        "import sys; from dlindex.catalog.postgres.dialect import translate; "
+        "t = translate('SELECT id FROM roots WHERE path = ? AND added_at LIKE ?'); print(t.text, 'sqlglot' in sys.modules)"
+    )
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    runs = [
+        subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True) for _ in "ab"
+    ]
+    text = "SELECT id FROM roots WHERE path = %s AND added_at ILIKE %s"
+    assert [r.stdout for r in runs] == [f"{text} True\n", f"{text} False\n"]
+    assert [p.name.startswith("pg-sql-") for p in (tmp_path / "dlindex").iterdir()] == [True]
+
+
+def _native(text: str) -> bool:
+    """PostgreSQL's own SQL (psycopg parameters, casts) or a template: sent as it is, or formatted first."""
+    return "%s" in text or "::" in text or "{" in text
+
+
+def test_every_statement_the_library_sends_translates() -> None:
+    """Every SQL constant of the modules that run on a server catalog has a PostgreSQL form
+    (PostgreSQL's own SQL, sent with execute_raw, and SQLite-only modules are left out)."""
+    import importlib
+    import pkgutil
+
+    import dlindex
+
+    sqlite_only = (".catalog.sqlite.", ".catalog.merge", ".catalog.check", ".catalog.sandbox", ".advisor.scratch",
+                   ".advisor.copy_stats", ".advisor.replay", ".catalog.postgres.migrations")  # fmt: skip
+    statement = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|DROP)\s", re.IGNORECASE)
+    checked = 0
+    for found in pkgutil.walk_packages(dlindex.__path__, "dlindex."):
+        if found.name.endswith("__main__") or any(part in found.name + "." for part in sqlite_only):
+            continue
+        module = importlib.import_module(found.name)
+        for name, value in vars(module).items():
+            texts = value if isinstance(value, tuple) else (value,)
+            for text in texts:
+                if isinstance(text, str) and statement.match(text) and not _native(text):
+                    t = translate(text)
+                    assert t.text and "__dlx_" not in t.text, f"{found.name}.{name}"
+                    checked += 1
+    assert checked > 150
 
 
 def test_urls() -> None:
@@ -182,7 +238,7 @@ def test_a_read_left_open_past_close_ends_quietly(pg_url: str) -> None:
     with Catalog(pg_url) as catalog, pytest.raises(Exception, match="closed") as closed:
         catalog.close()
         catalog.conn.execute("SELECT 1")
-    assert type(closed.value).__name__ == "ProgrammingError"
+    assert type(closed.value).__name__ == "CatalogClosedError"
 
 
 def test_vectors_keep_their_bytes(pg_url: str, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlindex.catalog.pgserver import stop_local_postgres
+from dlindex.catalog.postgres.server import stop_local_postgres
 
 from .conftest import DLINDEX, REPO, invoke, one_error_line
 from .servers import postgres_home, require_postgres

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlindex.catalog.migrations import LATEST_VERSION
+from dlindex.catalog.sqlite.migrations import LATEST_VERSION
 from dlindex.cli import app
 
 from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, catalog_exists, where

@@ -14,6 +14,7 @@ from PIL import Image
 
 from dlindex import Catalog, InputError, QuerySpec, ScanOptions, scan_tree
 from dlindex.export import ExportError, load_index, manifest_rows, verify_export
+from dlindex.exported.formats import NAMES
 from dlindex.exported.index import INDEX_VERSION, listed_shards
 
 from .backends import ON_BOTH_BACKENDS, on_postgresql, raw, where
@@ -21,7 +22,7 @@ from .conftest import export, make_jpeg, make_png, rows
 
 pytestmark = ON_BOTH_BACKENDS
 
-FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
+FORMATS = NAMES  # every registered format
 
 
 def manifest_path(meta: dict[str, Any]) -> str:

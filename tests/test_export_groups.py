@@ -286,7 +286,7 @@ def test_hostile_labels_files_parse_or_fail_in_one_line(header: list[str], cells
 
 @SQLITE_ONLY  # an old catalog file, migrated
 def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import LATEST_VERSION
+    from dlindex.catalog.sqlite.migrations import LATEST_VERSION
 
     db, _ = scanned(tmp_path, pairs=2)
     conn = sqlite3.connect(db)

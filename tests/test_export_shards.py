@@ -25,12 +25,13 @@ from dlindex import Catalog
 from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, merge_exports, verify_export
 from dlindex.export.part import parse_part
 from dlindex.export.registry import recorded_exports
+from dlindex.exported.formats import NAMES
 from dlindex.exported.index import PART_INDEX
 from dlindex.shard import Shard
 
 from .conftest import import_file, invoke, make_jpeg, one_error_line, scan
 
-FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
+FORMATS = NAMES  # every registered format
 CASES = {
     "plain": {},
     "splits-ranks": {"split": "train=0.6,val=0.4", "world_size": 2, "shard_size": 2, "workers": 2},

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog, ExitCode
 from dlindex.catalog.check import check_catalog
-from dlindex.catalog.migrations import LATEST_VERSION
+from dlindex.catalog.sqlite.migrations import LATEST_VERSION
 from dlindex.cli import app
 from dlindex.errors import DiskFullError
 from dlindex.faults import translate_error

@@ -244,7 +244,7 @@ def test_opening_a_catalog_that_stays_locked_is_one_clear_error(cats: Path, monk
     try:
         holder.execute("PRAGMA journal_mode = DELETE")
         holder.execute("BEGIN EXCLUSIVE")  # as a rollback-journal import does once it spills
-        monkeypatch.setattr("dlindex.catalog.sqlite.BUSY_TIMEOUT_S", 0.2)
+        monkeypatch.setattr("dlindex.catalog.sqlite.connect.BUSY_TIMEOUT_S", 0.2)
         with pytest.raises(CatalogError, match=r"stayed locked .* by another process"):
             Catalog(cats)
     finally:

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dlindex import Catalog, InputError, QuerySpec, mark_samples, sample_ids
-from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS
+from dlindex.catalog.sqlite.migrations import APPLICATION_ID, MIGRATIONS
 from dlindex.cli import app
 from dlindex.features import ComputeOptions, compute_features, import_features, list_feature_types, show_features
 

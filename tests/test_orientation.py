@@ -138,7 +138,7 @@ def test_thumbnails_show_the_stored_pixels(tmp_path: Path) -> None:
 @ON_BOTH_BACKENDS
 @SQLITE_ONLY
 def test_rows_scanned_before_the_column_have_no_orientation_until_probed_again(tmp_path: Path) -> None:
-    from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS, m013_orientation
+    from dlindex.catalog.sqlite.migrations import APPLICATION_ID, MIGRATIONS, m013_orientation
 
     root = tmp_path / "photos"
     save(root / "p" / "six.jpg", 6)
@@ -162,7 +162,7 @@ def test_rows_scanned_before_the_column_have_no_orientation_until_probed_again(t
 
 
 def test_a_postgresql_catalog_of_the_version_before_gets_the_column(pg_url: str) -> None:
-    from dlindex.catalog.migrations import LATEST_VERSION, m013_orientation
+    from dlindex.catalog.sqlite.migrations import LATEST_VERSION, m013_orientation
 
     psycopg = pytest.importorskip("psycopg")
     Catalog(pg_url, create=True).close()

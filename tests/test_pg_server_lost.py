@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dlindex import Catalog, ScanOptions, scan_tree
-from dlindex.catalog.pgserver import start_local_postgres, stop_local_postgres
+from dlindex.catalog.postgres.server import start_local_postgres, stop_local_postgres
 
 from .conftest import make_jpeg
 from .servers import postgres_home, require_postgres, with_database

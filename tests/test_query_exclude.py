@@ -115,7 +115,7 @@ def test_mark_status_and_query_status_cannot_be_confused(copies_db: Path, runner
 
 
 def test_a_catalog_from_before_the_column_gains_it_with_nothing_set_aside(copies_db: Path, runner: CliRunner) -> None:
-    from dlindex.catalog.migrations import m014_excluded
+    from dlindex.catalog.sqlite.migrations import m014_excluded
 
     schema_before(copies_db, m014_excluded)
     assert len(invoke(runner, "query", "-c", "id", "--db", str(copies_db)).stdout.splitlines()) == 6

@@ -21,8 +21,8 @@ from dlindex import (
     scan_tree,
 )
 from dlindex.catalog.fingerprint import fingerprint, normalize, table_of
-from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, m001_initial
 from dlindex.catalog.recorder import RESERVOIR_SIZE, classify_plan
+from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION, m001_initial
 from dlindex.querylog.importer import parse_statements, statement_kind
 
 from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, on_postgresql

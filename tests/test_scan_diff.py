@@ -61,7 +61,7 @@ def test_verify_records_the_limit_it_did_not_decode_under(tmp_path: Path, db_pat
 
 @SQLITE_ONLY
 def test_rows_judged_before_the_column_existed_are_probed_once(tmp_path: Path, db_path: Path) -> None:
-    from dlindex.catalog.migrations import APPLICATION_ID, MIGRATIONS, m008_pixel_limit
+    from dlindex.catalog.sqlite.migrations import APPLICATION_ID, MIGRATIONS, m008_pixel_limit
 
     root = big_png(tmp_path / "images")
     before = MIGRATIONS.index(m008_pixel_limit)

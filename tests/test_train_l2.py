@@ -325,7 +325,7 @@ def test_a_server_catalog_restored_from_a_dump_never_meets_the_lost_states_entri
 ) -> None:
     """The same on PostgreSQL: a data-only pg_dump restored into the same tables (the same
     catalog identity) with psql brings the counter back."""
-    from dlindex.catalog.pgserver import find_bindir
+    from dlindex.catalog.postgres.server import find_bindir
 
     psycopg = pytest.importorskip("psycopg")
     root = tmp_path / "imgs"

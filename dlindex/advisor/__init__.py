@@ -9,21 +9,20 @@
             print(s.sql, s.speedup, s.size_bytes)
         apply_advice(catalog, advice)                # CREATE INDEX ... + ANALYZE, recorded
 
-Modules, bottom-up: ``sqltext`` (parsing logged SQL, rendering identifiers and literals),
-``shapes`` (what a read asks of each table, via sqlglot), ``write_shapes`` (what a write
-changes), ``workload`` (the log and captured files), ``sandbox`` (read-only connections for
-logged statements), ``replay`` (timed, step-counted replays under time and memory limits),
-``plans`` (EXPLAIN QUERY PLAN and what a plan uses), ``leftovers`` (scratch directories of
-dead runs), ``scratch`` (the copy: schema, building indexes), ``copy_stats`` (its row and
-value statistics), ``write_cost`` (what an index adds to inserts and updates),
-``candidates`` (derivation and merging), ``bench`` (the logged reads planned and timed),
-``verify`` (one candidate alone), ``regressions`` (the suggestions together, existing indexes
-without), ``effects`` (the before/after report), ``findings``, ``hints``, ``suggest`` (the
-steps in order), ``memo`` (the advice ``--suggest`` printed, for ``--apply``), ``manage``
-(apply, revert, list), ``model`` (the results). A PostgreSQL catalog has its own steps:
-``pgworkload`` (pg_stat_statements joined with the query log), ``pgplans`` (the server's schema,
-statistics, hypopg and timed runs), ``postgres`` (``suggest_server_indexes``), ``dexter``
-(Dexter's rule, for comparison) and ``pgmanage`` (apply, revert, list on the server).
+Modules, bottom-up, one per stage: ``sqltext`` (parsing logged SQL, rendering identifiers and
+literals), ``shapes`` (what a read asks of each table and what a write changes, via sqlglot),
+``workload`` (the log and captured files), ``replay`` (reads and writes replayed on the copy,
+timed and step-counted under time and memory limits; plans), ``scratch`` (the copy: made,
+its schema and statistics, indexes built; the leftovers of dead runs), ``candidates``
+(derivation, merging, rewrite hints), ``model`` (the results, and the advice ``--suggest``
+printed, kept for ``--apply``), ``verification`` (the logged reads planned and timed; one
+candidate alone), ``outcome`` (the suggestions together, findings on existing indexes, the
+before/after report), ``suggest`` (the steps in order), ``manage`` (apply, revert, list, on
+either backend). A PostgreSQL catalog has its own steps: ``server_workload``
+(pg_stat_statements joined with the query log), ``server_plans`` (the server's schema,
+statistics, hypopg and timed runs) and ``server`` (``suggest_server_indexes``); the library's
+entry points pick them through ``workload.on_server``. Comparing the advice with Dexter's
+rule is a benchmark: ``bench/bench_index_postgres.py``.
 """
 
 from dlindex.advisor.manage import apply_advice, list_indexes, revert_indexes

@@ -2,28 +2,38 @@
 
 The catalog is copied with SQLite's backup API from a read-only connection (a large one is
 sampled: every k-th row of its big tables); candidate indexes are built, timed and dropped
-on the copy only. Statements from logs run on it only through ``sandbox.guarded``
-connections. ``stats`` measures what candidates are chosen by, ``writes`` what an index
-adds to inserts and updates.
+on the copy only. Statements from logs run on it only through ``dlindex.catalog.sandbox.guarded``
+connections. ``Scratch.stats`` (``CopyStatistics``: rows, distinct values, widths) measures
+what candidates are chosen by, ``Scratch.writes`` (``replay.WriteCosts``) what an index adds
+to inserts and updates.
+
+A scratch copy lives in ``<tmp>/dlindex-advisor-<pid>-<start>-<random>``: ``start`` is when
+the owning process started (clock ticks since boot, from ``/proc/<pid>/stat``), so a pid
+reused by another process does not keep a leftover alive. A run killed with ``kill -9``
+cannot clean up after itself; the next run does (``remove_leftovers``), and never touches a
+live owner's copy, another program's directory, or a directory holding anything but a
+scratch catalog.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sqlite3
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar, cast
 
-from dlindex.advisor.copy_stats import CopyStatistics, has_stat1
-from dlindex.advisor.leftovers import make_scratch_dir, remove_leftovers
+from dlindex.advisor.replay import WriteCosts
 from dlindex.advisor.shapes import TableInfo
-from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
-from dlindex.advisor.write_cost import WriteCosts
+from dlindex.advisor.sqltext import Constant, Value, index_where, quote_identifier
 from dlindex.catalog.sandbox import guarded
-from dlindex.catalog.sqlite import readonly_uri
+from dlindex.catalog.sqlite.connect import readonly_uri
+from dlindex.procs import pid_alive, process_start
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
@@ -188,3 +198,137 @@ def _max_rowid(conn: sqlite3.Connection, table: str) -> int:
         return int(conn.execute(f"SELECT max(rowid) FROM {quote_identifier(table)}").fetchone()[0] or 0)
     except sqlite3.OperationalError:
         return 0
+
+
+PREFIX = "dlindex-advisor-"
+_NAME = re.compile(re.escape(PREFIX) + r"(\d+)-(\d+)-[A-Za-z0-9_]+")
+# What a scratch directory may hold: the copy and SQLite's side files.
+_OURS = re.compile(r"scratch\.db(?:-journal|-wal|-shm)?")
+
+
+def make_scratch_dir(base: str | os.PathLike[str] | None = None) -> Path:
+    """A new private directory named after this process."""
+    pid = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{pid}-{process_start(pid)}-", dir=base))
+
+
+def owner_alive(name: str) -> bool:
+    """Whether the process that made scratch directory ``name`` still runs (True when unsure)."""
+    m = _NAME.fullmatch(name)
+    if m is None:
+        return True
+    return pid_alive(int(m.group(1)), int(m.group(2)))
+
+
+def remove_leftovers(base: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the scratch directories of processes that are gone; return what was removed."""
+    root = Path(base if base is not None else tempfile.gettempdir())
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not _NAME.fullmatch(entry.name) or not entry.is_dir(follow_symlinks=False) or owner_alive(entry.name):
+            continue
+        path = Path(entry.path)
+        try:
+            if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+                continue
+            names = os.listdir(path)
+        except OSError:
+            continue
+        if not all(_OURS.fullmatch(n) and (path / n).is_file() and not (path / n).is_symlink() for n in names):
+            continue  # not only a scratch catalog: not ours to delete
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+T = TypeVar("T")
+
+_BYTES = "SELECT sum(pgsize) FROM dbstat WHERE name = ?"  # of a table or an index
+_HAS_STAT1 = "SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'"
+# ANALYZE also writes a row with idx NULL (the table's row count) for a table without indexes
+_STAT1 = "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = ? AND idx IS NOT NULL ORDER BY idx"
+_PARTIAL = "SELECT 1 FROM pragma_index_list(?) WHERE name = ? AND partial"
+
+
+def has_stat1(conn: sqlite3.Connection) -> bool:
+    """Whether ANALYZE has ever run on ``conn``'s database (``sqlite_stat1`` exists)."""
+    return bool(conn.execute(_HAS_STAT1).fetchone())
+
+
+class CopyStatistics:
+    """Measured on the copy once each, until the indexes change (``clear``)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self._cache: dict[tuple[str, str], object] = {}
+
+    def clear(self) -> None:
+        self._cache.clear()
+
+    def rows(self, table: str) -> int:
+        def count() -> int:
+            return int(self.conn.execute(f"SELECT count(*) FROM {quote_identifier(table)}").fetchone()[0])
+
+        return self._cached(table, "", count)
+
+    def distinct(self, table: str, column: str) -> int:
+        def count() -> int:
+            # an index's sqlite_stat1 row says it without a scan: rows / rows per value of its lead
+            for idx, stat in self.conn.execute(_STAT1, (table,)).fetchall() if has_stat1(self.conn) else ():
+                if self.conn.execute(_PARTIAL, (table, idx)).fetchone():
+                    continue  # its counts cover only the rows of its WHERE
+                if self._index_columns(idx)[:1] == (column,) and stat:
+                    parts = str(stat).split()
+                    if len(parts) >= 2 and int(parts[1]) > 0:
+                        return max(1, int(parts[0]) // int(parts[1]))
+            c, t = quote_identifier(column), quote_identifier(table)
+            q = f"SELECT count(DISTINCT {c}) + max(count(*) > count({c}), 0) FROM {t}"
+            return int(self.conn.execute(q).fetchone()[0] or 0)
+
+        return self._cached(table, "distinct:" + column, count)
+
+    def fraction(self, table: str, constant: Constant) -> float:
+        def share() -> float:
+            q = f"SELECT count(*) FROM {quote_identifier(table)} WHERE {quote_identifier(constant.column)} IS ?"
+            return int(self.conn.execute(q, (constant.value,)).fetchone()[0]) / max(1, self.rows(table))
+
+        return self._cached(table, f"fraction:{constant.column}={constant.value!r}", share)
+
+    def width(self, table: str, column: str) -> float:
+        def average() -> float:
+            c, t = quote_identifier(column), quote_identifier(table)
+            q = f"SELECT avg(coalesce(length({c}), 0)) FROM (SELECT {c} FROM {t} LIMIT 10000)"
+            return float(self.conn.execute(q).fetchone()[0] or 0.0) + 1.0
+
+        return self._cached(table, "width:" + column, average)
+
+    def row_width(self, table: str) -> float:
+        def average() -> float:
+            size = self.conn.execute(_BYTES, (table,)).fetchone()[0] or 0
+            return float(size) / max(1, self.rows(table))
+
+        return self._cached(table, "row_width", average)
+
+    def frequent_values(self, table: str, column: str) -> list[Value]:
+        def top() -> list[Value]:
+            c, t = quote_identifier(column), quote_identifier(table)
+            q = f"SELECT {c} FROM {t} GROUP BY 1 ORDER BY count(*) DESC, 1 LIMIT 2"
+            return [r[0] for r in self.conn.execute(q)]
+
+        return list(self._cached(table, "top:" + column, top))
+
+    def index_size(self, name: str) -> int:
+        return int(self.conn.execute(_BYTES, (name,)).fetchone()[0] or 0)
+
+    def _cached(self, table: str, key: str, compute: Callable[[], T]) -> T:
+        slot = (table, key)
+        if slot not in self._cache:
+            self._cache[slot] = compute()
+        return cast(T, self._cache[slot])  # each key is always computed by the same function
+
+    def _index_columns(self, name: str) -> tuple[str, ...]:
+        return tuple(r[2] for r in self.conn.execute(f"PRAGMA index_info({quote_identifier(name)})"))

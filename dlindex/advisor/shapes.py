@@ -1,10 +1,12 @@
-"""What a logged statement asks of each table, read with a real SQL parser (sqlglot).
+"""What a logged statement asks of each table, and what a logged write changes (sqlglot).
 
 ``check_select`` decides whether a statement from a log may be explained at all (one
 read-only SELECT, nothing else); ``analyze`` turns it into one ``Access`` per table
 reference of every SELECT scope (subqueries, CTEs and derived tables included): the
 columns compared for equality, the constants (``processed = 1``), ranges, the ORDER BY,
-and every column it touches, which is what candidate indexes are made from.
+and every column it touches, which is what candidate indexes are made from. For a write,
+``write_columns`` names its table and the columns an UPDATE sets, and ``where_as_select``
+turns its WHERE into a read that can be planned.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import cast
 from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
-from dlindex.advisor.sqltext import PARSE_ERRORS, Constant, conjuncts, literal, parse
+from dlindex.advisor.sqltext import PARSE_ERRORS, Constant, conjuncts, literal, parse, parse_one
 
 NOT_READ_ONLY = "not a read-only SELECT"
 _READS = (exp.Select, exp.Union, exp.Intersect, exp.Except)
@@ -311,3 +313,35 @@ def _ordering(select: exp.Select, resolve: Resolve, builders: dict[str, _Builder
     for other, b in builders.items():
         if other != alias:
             b.order_other = True
+
+
+_WRITES = (exp.Insert, exp.Update, exp.Delete)
+
+
+def write_columns(sql: str) -> tuple[str | None, tuple[str, ...] | None]:
+    """(table, columns an UPDATE sets) of a write statement; columns None for INSERT/DELETE."""
+    statement = parse_one(sql)
+    if not isinstance(statement, _WRITES):
+        return None, None
+    target = statement.this
+    table = target if isinstance(target, exp.Table) else target.find(exp.Table)
+    name = table.name if table is not None else None
+    if isinstance(statement, exp.Update):
+        cols = tuple(
+            e.this.name for e in statement.expressions if isinstance(e, exp.EQ) and isinstance(e.this, exp.Column)
+        )
+        return name, cols
+    return name, None
+
+
+def where_as_select(sql: str) -> str | None:
+    """``SELECT rowid FROM t WHERE ...`` with the WHERE of an UPDATE or DELETE: its plan, read-only."""
+    statement = parse_one(sql)
+    if not isinstance(statement, (exp.Update, exp.Delete)):
+        return None
+    table = statement.this if isinstance(statement.this, exp.Table) else statement.find(exp.Table)
+    where = statement.args.get("where")
+    if table is None or where is None:
+        return None
+    select = exp.select("rowid").from_(exp.Table(this=exp.to_identifier(table.name))).where(where.this)
+    return select.sql(dialect="sqlite")

@@ -4,7 +4,7 @@
    least ``min_share`` of all read time and ``MIN_WEIGHT_MS``, seen at least ``MIN_CALLS``
    times) are *hot*. Rarer statements never earn an index: one seen once may never return.
 2. Derive candidates from the hot statements and merge them (``candidates``).
-3. Build each candidate alone on the scratch copy (``verify``): EXPLAIN QUERY PLAN must use
+3. Build each candidate alone on the scratch copy (``verification.verify``): EXPLAIN QUERY PLAN must use
    it, the statements it serves are replayed with their logged parameters, a 10,000-row insert
    and update are run with and without it. Every replay is timed and its VM steps counted
    (``replay``); the decisions use the steps, which do not change from run to run: it stays
@@ -13,11 +13,11 @@
 4. Build the survivors together with ANALYZE (what ``--apply`` does) and replay every logged
    read: an index no statement chooses is dropped, and so is any index in the plan of a read
    that got slower than on the catalog as it is or than on the copy with no secondary index
-   at all (``regressions``). Every statement is reported before/after (``effects``).
+   at all (``outcome.together``). Every statement is reported before/after (``outcome.effects``).
 5. Existing indexes no logged statement uses are *unused*; one whose columns lead another
-   index is *redundant* (``findings``); one whose users are faster without it is *slower*;
+   index is *redundant* (``outcome.findings``); one whose users are faster without it is *slower*;
    a full one led by a flag or status column is *low_cardinality*.
-   Statements no index can help get a rewrite hint (``hints``).
+   Statements no index can help get a rewrite hint (``candidates.hints_for``).
 """
 
 from __future__ import annotations
@@ -27,18 +27,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from dlindex.advisor.bench import Bench
-from dlindex.advisor.candidates import candidates_for, existing_serves, merge
-from dlindex.advisor.effects import effects, suggestion
-from dlindex.advisor.findings import findings, flag_led
-from dlindex.advisor.hints import hints_for
+from dlindex.advisor.candidates import candidates_for, existing_serves, hints_for, merge
 from dlindex.advisor.model import Advice, Rejected
-from dlindex.advisor.regressions import slower_existing, together
+from dlindex.advisor.outcome import effects, findings, flag_led, slower_existing, suggestion, together
 from dlindex.advisor.replay import MEMORY_LIMIT, STATEMENT_DEADLINE_S, limit_heap, stop_on_signals
 from dlindex.advisor.scratch import SAMPLE_ROWS, Scratch
 from dlindex.advisor.shapes import Access, Shape, TableInfo, analyze
-from dlindex.advisor.verify import Verdict, verify
-from dlindex.advisor.workload import Skipped, Statement, load_workload
+from dlindex.advisor.verification import Bench, Verdict, verify
+from dlindex.advisor.workload import Skipped, Statement, load_workload, on_server
 from dlindex.catalog.sandbox import guarded
 from dlindex.errors import Interrupted
 from dlindex.querylog.importer import LineSource
@@ -67,8 +63,12 @@ def suggest_indexes(
 ) -> Advice:
     """Verified index suggestions for the logged workload; the catalog is only read.
 
+    On a server catalog (PostgreSQL) this is ``server.suggest_server_indexes``: judged with
+    hypothetical indexes, verified on the server; ``sample_rows`` and ``memory_limit_bytes``
+    apply to SQLite only.
+
     Args:
-        logs: ``(name, text or logview.file_lines(path))`` of captured SQL (as ``dlindex log import``
+        logs: ``(name, text or querylog.importer.file_lines(path))`` of captured SQL (as ``dlindex log import``
             reads it), never run.
         top: how many of the heaviest read fingerprints may earn an index.
         runs: timed runs per statement (median); default ``RUNS``.
@@ -81,6 +81,11 @@ def suggest_indexes(
     Raises:
         Interrupted: Ctrl-C or SIGTERM; the scratch copy is removed, the catalog is unchanged.
     """
+    if on_server(catalog):
+        from dlindex.advisor.server import suggest_server_indexes
+
+        return suggest_server_indexes(catalog, logs, top=top, min_share=min_share, runs=runs,
+                                      time_limit_s=time_limit_s, progress=progress)  # fmt: skip
     say = progress or (lambda _line: None)
     started = time.perf_counter()
     restore = stop_on_signals()
@@ -103,7 +108,7 @@ def suggest_indexes(
 
 
 def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]) -> Advice:
-    """Steps 1 to 5 of the module docstring, on ``bench``'s scratch copy."""
+    """Steps 1 to 5 of the module docstring, on the bench's scratch copy."""
     scratch, reads = bench.scratch, bench.reads
     existing = scratch.indexes()
     say(f"planning {len(reads)} logged reads")

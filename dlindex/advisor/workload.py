@@ -14,15 +14,17 @@ import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlglot import exp
 
-from dlindex.advisor.shapes import NOT_READ_ONLY, check_select
+from dlindex.advisor.shapes import NOT_READ_ONLY, check_select, write_columns
 from dlindex.advisor.sqltext import PARSE_ERRORS, parse
-from dlindex.advisor.write_shapes import write_columns
 from dlindex.catalog.fingerprint import fingerprint, table_of
 from dlindex.querylog.importer import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
 
 _LOG_GROUPS = """SELECT fingerprint, kind, source, sql, count(*), sum(calls),
         sum(CASE WHEN duration_ms IS NOT NULL THEN calls ELSE 0 END), sum(duration_ms), sum(rows), max(logged_at)
@@ -32,6 +34,11 @@ _LOCK_WAIT_SQL = "BEGIN IMMEDIATE"  # how the log records time spent waiting for
 MAX_SAMPLES = 3  # parameter sets (or literal variants) a read is explained and timed with
 MAX_VARIANTS = 8  # literal variants analysed to tell constants from values that vary
 MAX_ANALYZED_CHARS = 100_000  # a longer statement from a --log file is reported, not parsed
+
+
+def on_server(catalog: Catalog) -> bool:
+    """Whether ``catalog``'s backend advises with hypothetical indexes (PostgreSQL): the one place the advisor asks."""
+    return catalog.backend.advisor == "hypopg"
 
 
 @dataclass(frozen=True)

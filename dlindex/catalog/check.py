@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
-from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.backend import is_server_url
 from dlindex.catalog.reachable import unreachable_roots
+from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
 from dlindex.errors import CatalogError, InputError
 
 # The tables each schema version brought and the version that dropped them (None: kept); a
@@ -89,7 +89,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
             "dlindex check reads catalog files; a PostgreSQL catalog is kept whole by its server "
             "(check it with PostgreSQL's pg_amcheck)"
         )
-    from dlindex.catalog.sqlite import connect_readonly
+    from dlindex.catalog.sqlite.connect import connect_readonly
     from dlindex.procs import pid_alive
 
     started = time.perf_counter()
@@ -239,7 +239,7 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
     pages are lost, the rest keep their ids. The new file gets dlindex's schema version
     and is checked; ``target`` must not exist (nothing is overwritten).
     """
-    from dlindex.catalog.sqlite import PAGE_SIZE, connect_readonly
+    from dlindex.catalog.sqlite.connect import PAGE_SIZE, connect_readonly
 
     src, dst = Path(source), Path(target)
     if dst.exists() or Path(os.fspath(dst) + "-wal").exists():

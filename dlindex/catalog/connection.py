@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import socket
-import sqlite3
 import time
-import urllib.parse
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -17,33 +12,37 @@ from types import TracebackType
 from typing import Any
 
 from dlindex import faults
-from dlindex.catalog.dialect import postgres_form
-from dlindex.catalog.postgres import PgConnection, is_server_url, redact
-from dlindex.catalog.postgres import connect as connect_postgres
+from dlindex.catalog.backend import (
+    CLOSED_ERRORS,
+    OPERATIONAL_ERRORS,
+    SQL_ERRORS,
+    Backend,
+    Connection,
+    ReadConnection,
+    is_server_url,
+)
+from dlindex.catalog.postgres.backend import PostgresBackend
 from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
-from dlindex.catalog.sqlite import (
-    DEFAULT_DB,
-    LoggedConnection,
-    Writeback,
-    connect,
-    default_wait,
-    is_write_command,
-    readonly_reason,
-    rollback,
-)
+from dlindex.catalog.sqlite.backend import SqliteBackend
+from dlindex.catalog.sqlite.connect import DEFAULT_DB, default_wait, is_write_command, rollback
 from dlindex.catalog.state import BUMP, CatalogState, new_token, read_state
-from dlindex.errors import CatalogBusyError, CatalogConnectionLost, DlindexWarning, ReadOnlyCatalogError
-from dlindex.procs import pid_alive
-
-_SERVER_IDENTITY = postgres_form(
-    "SELECT 0, 0",
-    "SELECT (SELECT oid FROM pg_database WHERE datname = current_database()), 'dlindex_schema'::regclass::oid",
+from dlindex.errors import (
+    CatalogConnectionLost,
+    DamagedCatalogError,
+    DlindexError,
+    DlindexWarning,
+    ReadOnlyCatalogError,
 )
+
 _CHANGES = "SELECT counter FROM catalog_changes WHERE id = 1"
-_LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
-_RUNNING_SCANS = "SELECT id, pid FROM scans WHERE state = 'running'"
 _ABANDON_SCAN = "UPDATE scans SET state = 'interrupted' WHERE id = ? AND state = 'running'"
-_QUICK_CHECK_BUDGET_S = 0.1  # before the first write: whole-file check of catalogs up to ~20 MB
+_LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, never stalls a reader
+
+
+def backend_for(location: str | os.PathLike[str]) -> Backend:
+    """The backend of the catalog at ``location``: a ``postgresql://`` URL is a server catalog,
+    anything else a file (nothing is opened yet)."""
+    return PostgresBackend(str(location)) if is_server_url(location) else SqliteBackend(location)
 
 
 class Catalog:
@@ -80,24 +79,18 @@ class Catalog:
         self.path: Path | str
         #: what another process opens: the file's path, or the server catalog's full URL
         self.url: str
-        #: "sqlite" (a file) or "postgresql" (a server catalog, docs/postgres.md)
-        self.backend: str
-        self.conn: Any
-        if is_server_url(location):
-            self.url = str(location)
-            self.path = redact(self.url)
-            self.backend = "postgresql"
-            self.conn = connect_postgres(self.url, create=create, wait_s=self.wait_s)
-        else:
-            self.path = file = Path(location)
-            self.url = os.path.abspath(file)
-            self.backend = "sqlite"
-            self.readonly_reason = readonly_reason(file) if file.exists() else None
-            if create and self.readonly_reason is not None:
-                raise ReadOnlyCatalogError(
-                    f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed"
-                )
-            self.conn = connect(file, create=create, readonly=self.readonly_reason is not None, wait_s=self.wait_s)
+        #: what differs between a file and a server catalog (dlindex.catalog.backend);
+        #: ``backend.name`` is "sqlite" or "postgresql" (docs/postgres.md)
+        self.backend: Backend = backend_for(location)
+        self.path, self.url = self.backend.path, self.backend.url
+        self.readonly_reason = self.backend.readonly_reason()
+        if create and self.readonly_reason is not None:
+            raise ReadOnlyCatalogError(
+                f"catalog {self.path} is read-only ({self.readonly_reason}); nothing was changed"
+            )
+        self.conn: Connection = self.backend.connect(
+            create=create, readonly=self.readonly_reason is not None, wait_s=self.wait_s
+        )
         self._db: Any = None
         self._checked_for_write = False
         if log is None:
@@ -114,7 +107,7 @@ class Catalog:
     def location(self) -> str:
         """Where the catalog is, as index.json and messages name it: the file's absolute path,
         or the server catalog's URL without its password."""
-        return os.fsdecode(self.url) if self.backend == "sqlite" else str(self.path)
+        return self.backend.location
 
     def identity(self) -> str:
         """Which catalog this is, as a digest that two different catalogs never share: a file by
@@ -122,36 +115,15 @@ class Catalog:
         catalog by its URL (with this host's name where the URL is local), its database and
         its tables (a dropped and remade catalog is another one). Keys the L2 cache and the
         matrix cache of a server catalog."""
-        if self.backend == "sqlite":
-            real = os.path.realpath(self.path)
-            st = os.stat(real)
-            text = f"file:{socket.gethostname()}:{real}:{st.st_dev}:{st.st_ino}"
-        else:
-            parts = urllib.parse.urlsplit(self.location)
-            host = parts.hostname or ""
-            local = host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/")
-            where = f"{host}:{parts.port or ''}" + (f"@{socket.gethostname()}" if local else "")
-            row = self.conn.execute(_SERVER_IDENTITY).fetchone()
-            text = json.dumps([parts.scheme, where, parts.path, *row])
-        return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:24]
-
-    def local_cache_dir(self) -> Path:
-        """This machine's folder for what a server catalog's clients cache (feature matrices):
-        ``$XDG_CACHE_HOME/dlindex/<identity>``, so a dropped and remade catalog never meets an
-        old cache."""
-        if self.backend == "sqlite":
-            return Path(os.fspath(self.path) + "-cache")
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return Path(base) / "dlindex" / self.identity()
+        return self.backend.identity(self.conn)
 
     @property
     def db(self) -> Any:
-        """The connection as a ``sqlite_utils.Database`` (imported on first use: it pulls in
-        pandas and numpy when they are installed, which would slow every command's start)."""
+        """The catalog file as a ``sqlite_utils.Database`` (imported on first use: it pulls in
+        pandas and numpy when they are installed, which would slow every command's start).
+        A server catalog has no such view: CatalogError, in one line."""
         if self._db is None:
-            import sqlite_utils
-
-            self._db = sqlite_utils.Database(self.conn)
+            self._db = self.backend.sqlite_utils(self.conn)
         return self._db
 
     def close(self) -> None:
@@ -194,7 +166,7 @@ class Catalog:
             self._check_before_first_write()
 
     @contextmanager
-    def write_transaction(self, *, bookkeeping: bool = False) -> Iterator[sqlite3.Connection]:
+    def write_transaction(self, *, bookkeeping: bool = False) -> Iterator[Connection]:
         """BEGIN IMMEDIATE ... COMMIT; the change counter moves, so cached query results expire.
 
         Args:
@@ -211,18 +183,17 @@ class Catalog:
         started = time.perf_counter()
         try:
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as e:
+        except SQL_ERRORS as e:
             raise self._translate(e, bookkeeping) from None
         log = self.querylog
         if log.enabled and not bookkeeping:
             log.record_lock_wait(time.perf_counter() - started)  # busy retries happen inside BEGIN
-        if log.enabled and not bookkeeping and isinstance(conn, (LoggedConnection, PgConnection)):
+        if log.enabled and not bookkeeping:
             conn.on_write = log.count_write
         flushed = False
         try:
             yield conn
-            if isinstance(conn, (LoggedConnection, PgConnection)):
-                conn.on_write = None
+            conn.on_write = None
             if not bookkeeping:
                 conn.execute(BUMP, {"token": new_token()})  # one row per transaction: scan speed is unaffected
                 log.commit_writes()
@@ -231,66 +202,41 @@ class Catalog:
                     flushed = True
             conn.execute("COMMIT")
         except BaseException as e:
-            if isinstance(conn, (LoggedConnection, PgConnection)):
-                conn.on_write = None
+            conn.on_write = None
             log.discard_writes()
             rollback(conn)
-            if isinstance(e, sqlite3.Error):
+            if isinstance(e, SQL_ERRORS):
                 raise self._translate(e, bookkeeping) from e
             raise
         if flushed:
             log.flushed()
 
-    def _translate(self, e: sqlite3.Error, bookkeeping: bool) -> BaseException:
+    def _translate(self, e: Exception, bookkeeping: bool) -> BaseException:
         """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
-        read-only catalog quietly. The user's writes get the one-line DlindexError."""
+        read-only catalog quietly. The user's writes get the one-line DlindexError (a server
+        catalog's errors already are one)."""
         self._found_damaged(e)
-        if bookkeeping:
+        if bookkeeping or isinstance(e, DlindexError):
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
-            if self.backend == "postgresql":
-                return CatalogBusyError(
-                    f"catalog {self.path}: another transaction held the rows this one needs for over "
-                    f"{self.wait_s:.3g} s ({e}); run the command again, or wait longer with --wait SECONDS"
-                )
-            return CatalogBusyError(faults.busy_message(Path(self.path), self.wait_s))
+            return self.backend.busy_error(self.path, self.wait_s, e)
         if faults.is_disk_full(e):
-            self._release_wal()
+            # give back what the failed transaction took (for recording the failure, and for
+            # the user's next run)
+            self.backend.release_space(self.conn)
         return faults.translate_error(e, catalog=self.path) or e
 
-    def _release_wal(self) -> None:
-        """After a write failed for space, give back what the -wal file holds: committed pages
-        move into the catalog and the log is cut to zero, so the space the failed transaction
-        took is free again (for recording the failure, and for the user's next run)."""
-        with suppress(sqlite3.Error):
-            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
     def _check_before_first_write(self) -> None:
-        """Refuse to write into a damaged catalog; record scans whose process died as interrupted.
-
-        The whole-file check runs within a time budget (a catalog of ~20 MB is checked in full;
-        a larger one as far as the budget reaches: every page a write touches is still checked
-        by SQLite, and `dlindex check` reads everything).
-        """
-        if self.backend == "postgresql":
-            # The server checks its own pages; a scan's pid means nothing on another host,
-            # so a killed scan stays 'running' until the next scan of its root ends it.
-            self._checked_for_write = True
-            return
-        from dlindex.catalog.check import quick_check
-
-        problems = quick_check(self.conn, budget_s=_QUICK_CHECK_BUDGET_S)
-        if problems:
-            self.querylog.enabled = False  # not even bookkeeping goes into a damaged file
-            raise faults.damaged_error(self.path, problems[0])
-        self._checked_for_write = True
+        """Refuse to write into a damaged catalog; record scans whose process died as interrupted."""
         try:
-            dead = [sid for sid, pid in self.conn.execute(_RUNNING_SCANS).fetchall() if not pid_alive(pid)]
-        except sqlite3.Error as e:
-            raise faults.translate_error(e, catalog=self.path) or e from None
+            dead = self.backend.check_before_first_write(self.conn)
+        except DamagedCatalogError:
+            self.querylog.enabled = False  # not even bookkeeping goes into a damaged file
+            raise
+        self._checked_for_write = True
         if dead:
             # A scan killed (kill -9, power loss) before it could say so: it no longer runs.
-            with suppress(sqlite3.Error), self.write_transaction(bookkeeping=True) as conn:
+            with suppress(*SQL_ERRORS), self.write_transaction(bookkeeping=True) as conn:
                 conn.executemany(_ABANDON_SCAN, ((sid,) for sid in dead))
 
     def read(
@@ -307,8 +253,8 @@ class Catalog:
         """
         logging = self.querylog.enabled
         started = time.perf_counter()
-        # a server catalog streams (bounded memory for any result); a file catalog's cursor already does
-        cursor = self.conn.stream(sql, params) if self.backend == "postgresql" else self.conn.execute(sql, params)
+        # bounded memory for any result: a server catalog streams, a file catalog's cursor already does
+        cursor = self.conn.stream(sql, params)
         seconds = time.perf_counter() - started
         rows = 0
         try:
@@ -322,12 +268,12 @@ class Catalog:
                 yield from batch
             if on_done is not None:
                 on_done(seconds, rows)
-        except sqlite3.Error as e:
+        except SQL_ERRORS as e:
             self._found_damaged(e)  # before the log below would record (and flush) this read
             raise
         finally:
             # Also runs when the reader stops early (a closed pipe), maybe after close().
-            with suppress(sqlite3.ProgrammingError):
+            with suppress(*CLOSED_ERRORS):
                 cursor.close()
                 if logging and self.querylog.enabled:
                     self.querylog.record_read(self.conn, sql, params, seconds, rows)
@@ -351,12 +297,12 @@ class Catalog:
             with self.busy_timeout(timeout_ms), self.write_transaction(bookkeeping=True) as conn:
                 log.flush_into(conn)
             log.flushed()
-        except sqlite3.OperationalError:
+        except OPERATIONAL_ERRORS:
             # Busy or read-only: the log is evidence, not data; never fail the user's work.
             # A mid-run flush keeps its entries for the next try, up to a bound.
             if timeout_ms is None or len(log.entries) > 10 * FLUSH_ENTRIES:
                 log.flushed()
-        except (sqlite3.ProgrammingError, CatalogConnectionLost):
+        except (*CLOSED_ERRORS, CatalogConnectionLost):  # type: ignore[misc]
             log.flushed()  # the connection is already closed (by the server: the next command says so)
 
     @contextmanager
@@ -365,12 +311,12 @@ class Catalog:
         if timeout_ms is None:
             yield
             return
-        self.conn.execute(f"PRAGMA busy_timeout = {int(timeout_ms)}")  # PRAGMA takes no parameters
+        self.backend.set_lock_wait(self.conn, int(timeout_ms))
         try:
             yield
         finally:
-            with suppress(sqlite3.ProgrammingError):  # closed meanwhile
-                self.conn.execute(f"PRAGMA busy_timeout = {int(self.wait_s * 1000)}")
+            with suppress(*CLOSED_ERRORS):  # closed meanwhile
+                self.backend.set_lock_wait(self.conn, int(self.wait_s * 1000))
 
     @contextmanager
     def rollback_journal(self) -> Iterator[bool]:
@@ -383,45 +329,21 @@ class Catalog:
         The price: a process that opens the catalog meanwhile waits (busy timeout) until the
         block ends. ``synchronous = FULL`` keeps a rollback journal safe from power loss.
         """
-        conn = self.conn
-        try:
-            with self.busy_timeout(0):  # someone else has it open: keep WAL, don't wait
-                switched = conn.execute("PRAGMA journal_mode = DELETE").fetchone()[0] == "delete"
-        except sqlite3.OperationalError:
-            switched = False
-        if switched:
-            conn.execute("PRAGMA synchronous = FULL")
-        flusher = Writeback(Path(self.path)) if switched else None
-        try:
+        with self.backend.rollback_journal(self.conn, self.wait_s) as switched:
             yield switched
-        finally:
-            if flusher is not None:
-                flusher.stop()
-            if switched:
-                # Every open sets WAL again, so a failure here (a waiting opener won the
-                # lock) costs nothing lasting.
-                with suppress(sqlite3.Error):
-                    conn.execute("PRAGMA synchronous = NORMAL")
-                    conn.execute("PRAGMA journal_mode = WAL")
 
     def _maybe_flush_log(self) -> None:
         if self.querylog.due() and not self.conn.in_transaction:
             self.flush_log(timeout_ms=_LOG_FLUSH_TIMEOUT_MS)
 
 
-def connect_reader(location: str, *, timeout: float, any_thread: bool = False) -> Any:
+def connect_reader(location: str, *, timeout: float, any_thread: bool = False) -> ReadConnection:
     """A read-only connection of the catalog's own backend, for reads in another process.
 
     Args:
         any_thread: the connection may be used from threads other than the opener's.
     """
-    if is_server_url(location):
-        from dlindex.catalog.postgres import connect_readonly as connect_postgres_readonly
-
-        return connect_postgres_readonly(location, wait_s=timeout)
-    from dlindex.catalog.sqlite import connect_readonly
-
-    return connect_readonly(location, timeout=timeout, check_same_thread=not any_thread)
+    return backend_for(location).connect_reader(timeout=timeout, any_thread=any_thread)
 
 
 def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = False) -> Catalog:

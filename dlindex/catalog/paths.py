@@ -18,11 +18,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from dlindex.catalog.dialect import postgres_form
+from dlindex.catalog.backend import ReadConnection
+from dlindex.catalog.postgres.dialect import postgres_form
 
 if TYPE_CHECKING:
-    import sqlite3
-
     from dlindex.catalog.connection import Catalog
 
 _ROOTS = "SELECT id, path, path_bytes FROM roots"
@@ -100,7 +99,7 @@ def root_path(text: str, raw: bytes | None) -> bytes:
     return bytes(raw) if raw is not None else os.fsencode(text)
 
 
-def root_prefixes(conn: sqlite3.Connection) -> list[tuple[bytes, int]]:
+def root_prefixes(conn: ReadConnection) -> list[tuple[bytes, int]]:
     """(root path ending in '/', root id) of every root, the deepest first: the deepest wins."""
     prefixes = [(root_path(text, raw).rstrip(b"/") + b"/", int(id_)) for id_, text, raw in conn.execute(_ROOTS)]
     return sorted(prefixes, key=lambda p: -len(p[0]))

@@ -11,11 +11,11 @@ the catalog is closed). Reading, importing and clearing the log is ``logview``.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.backend import SQL_ERRORS, Connection, ReadConnection
 from dlindex.catalog.fingerprint import fingerprint, table_of
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class QueryLog:
 
     def record_read(
         self,
-        conn: sqlite3.Connection,
+        conn: Connection,
         sql: str,
         params: Sequence[Any] | Mapping[str, Any],
         seconds: float,
@@ -135,7 +135,7 @@ class QueryLog:
     def has_entries(self) -> bool:
         return bool(self.entries or self.pending_writes or self.lock_waits[0])
 
-    def flush_into(self, conn: sqlite3.Connection) -> None:
+    def flush_into(self, conn: Connection) -> None:
         """Write the buffer with ``conn``, which must be inside a write transaction."""
         entries = list(self.entries)
         for sql, (calls, rows, seconds) in self.pending_writes.items():
@@ -160,7 +160,7 @@ class QueryLog:
 
 
 def _merge_samples(
-    conn: sqlite3.Connection,
+    conn: Connection,
     sql: str,
     fp: str,
     plan_detail: str | None,
@@ -194,11 +194,11 @@ def _jsonable(params: Sequence[Any] | Mapping[str, Any]) -> Any:
     return [value(v) for v in params]
 
 
-def explain_plan(conn: sqlite3.Connection, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[str, str]:
+def explain_plan(conn: ReadConnection, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> tuple[str, str]:
     """(summary, detail) of ``EXPLAIN QUERY PLAN``: summary is scan, index or none."""
     try:
         lines = [str(row[3]) for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
-    except sqlite3.Error:
+    except SQL_ERRORS:
         return "none", ""
     return classify_plan(lines), "\n".join(lines)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from dlindex.catalog.sqlite import readonly_uri
+from dlindex.catalog.sqlite.connect import readonly_uri
 
 _ALLOWED = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 _DENIED_FUNCTIONS = {"load_extension", "fts3_tokenizer", "readfile", "writefile", "edit", "sqlite_offset"}

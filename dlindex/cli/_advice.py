@@ -8,7 +8,8 @@ from typing import Any
 import typer
 
 from dlindex.advisor import Advice, Changes, Finding, apply_advice, list_indexes, revert_indexes, suggest_indexes
-from dlindex.advisor.memo import current_state, load_advice, save_advice
+from dlindex.advisor.manage import advice_state
+from dlindex.advisor.model import load_advice, save_advice
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._shared import human_bytes, print_json, stderr_console, stdout_console
 from dlindex.querylog.importer import LineSource
@@ -18,30 +19,16 @@ def suggest(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[
             memory_mib: int) -> Advice:  # fmt: skip
     """Compute the advice and keep it for a later --apply on the same state."""
     progress = (lambda line: status.update(line[:100])) if status is not None else None
-    if catalog.backend == "postgresql":
-        from dlindex.advisor.pgmanage import server_state
-        from dlindex.advisor.postgres import suggest_server_indexes
-
-        key, state = server_state(catalog, logs, options)
-        advice = suggest_server_indexes(catalog, logs, top=options["top"], progress=progress, time_limit_s=time_limit)
-        save_advice(key, state, advice)
-        return advice
-    state = current_state(catalog.path, logs, options)
+    key, state = advice_state(catalog, logs, options)
     advice = suggest_indexes(catalog, logs, top=options["top"], progress=progress, time_limit_s=time_limit,
                              memory_limit_bytes=memory_mib * 2**20)  # fmt: skip
-    save_advice(catalog.path, state, advice)
+    save_advice(key, state, advice)
     return advice
 
 
 def stored(catalog: Catalog, logs: list[tuple[str, LineSource]], options: dict[str, Any]) -> Advice | None:
     """The advice --suggest printed for this very state, or None after saying why it is recomputed."""
-    if catalog.backend == "postgresql":
-        from dlindex.advisor.pgmanage import server_state
-
-        key, state = server_state(catalog, logs, options)
-        advice, why = load_advice(key, state)
-    else:
-        advice, why = load_advice(catalog.path, current_state(catalog.path, logs, options))
+    advice, why = load_advice(*advice_state(catalog, logs, options))
     if advice is not None:
         stderr_console.print("applying the advice `dlindex index --suggest` printed for this state", markup=False)
     else:
@@ -94,15 +81,12 @@ def print_advice(a: Advice) -> None:
 
 
 def _server(server: Any) -> None:
-    """A server catalog: where the workload came from, how it was verified, and Dexter's set beside ours."""
-    out, w, ms, dexter = stdout_console, server["workload"], server["workload_ms"], server["dexter"]
+    """A server catalog: where the workload came from, how it was verified, and what the advice saves."""
+    out, w, ms = stdout_console, server["workload"], server["workload_ms"]
     out.print(f"\nworkload: {w['log']} statement(s) from dlindex's query log, {w['pg_stat_statements']} from "
               f"pg_stat_statements, {w['joined']} in both; {server['verified']}", markup=False, soft_wrap=True)  # fmt: skip
-    out.print(f"Dexter's rule ({dexter['rule']}): {len(dexter['indexes'])} index(es)", markup=False, soft_wrap=True)
-    for sql in dexter["indexes"]:
-        out.print(f"  {sql};", markup=False, highlight=False, soft_wrap=True)
     out.print(f"logged reads on the server, calls x ms: {_ms(ms['before'])} now, {_ms(ms['dlindex'])} with dlindex's "
-              f"advice, {_ms(ms['dexter'])} with Dexter's set", markup=False, soft_wrap=True)  # fmt: skip
+              "advice", markup=False, soft_wrap=True)  # fmt: skip
 
 
 def _effects(a: Advice) -> None:
@@ -135,10 +119,6 @@ def confirm_drops(drops: Sequence[Finding]) -> bool:
 
 
 def apply(catalog: Catalog, advice: Advice, *, create: bool, drops: Sequence[Finding]) -> Changes:
-    if catalog.backend == "postgresql":
-        from dlindex.advisor.pgmanage import apply_server_advice
-
-        return apply_server_advice(catalog, advice, create=create, drop=drops)
     return apply_advice(catalog, advice, create=create, drop=drops)
 
 
@@ -153,12 +133,7 @@ def print_changes(c: Changes) -> None:
 
 
 def revert(catalog: Catalog, as_json: bool) -> None:
-    if catalog.backend == "postgresql":
-        from dlindex.advisor.pgmanage import revert_server_indexes
-
-        changes = revert_server_indexes(catalog)
-    else:
-        changes = revert_indexes(catalog)
+    changes = revert_indexes(catalog)
     if as_json:
         print_json(changes.as_dict())
     elif changes.run is None:
@@ -172,12 +147,7 @@ def revert(catalog: Catalog, as_json: bool) -> None:
 
 
 def listing(catalog: Catalog, as_json: bool) -> None:
-    if catalog.backend == "postgresql":
-        from dlindex.advisor.pgmanage import list_server_indexes
-
-        usages = list_server_indexes(catalog)
-    else:
-        usages = list_indexes(catalog)
+    usages = list_indexes(catalog)
     if as_json:
         print_json({"indexes": [u.as_dict() for u in usages]})
         return

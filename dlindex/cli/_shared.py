@@ -46,7 +46,7 @@ QuietFlag = Annotated[
 
 
 def _set_wait(seconds: float | None) -> float | None:
-    from dlindex.catalog.sqlite import set_default_wait  # catalogs opened by this command wait this long
+    from dlindex.catalog.sqlite.connect import set_default_wait  # catalogs opened by this command wait this long
 
     set_default_wait(seconds)
     return seconds
@@ -154,7 +154,7 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
                 typer.echo(f"Error: {error}", err=True)
                 raise typer.Exit(error.exit_code) from None
             finally:
-                from dlindex.catalog.sqlite import set_default_wait
+                from dlindex.catalog.sqlite.connect import set_default_wait
 
                 set_default_wait(None, write_command=False)  # what --wait set lasts one command
 

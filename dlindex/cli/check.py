@@ -57,7 +57,7 @@ def check(
 
 
 def _default_db() -> str:
-    from dlindex.catalog.sqlite import DEFAULT_DB
+    from dlindex.catalog.sqlite.connect import DEFAULT_DB
 
     return DEFAULT_DB
 

@@ -49,11 +49,12 @@ def demo(
         f"[bold]5. $ dlindex export {shlex.quote(str(shards))} --format wds --split train=0.9,val=0.1 --shuffle --db {shlex.quote(str(db))}[/]"
     )
     from dlindex.export import ExportOptions, export_catalog
+    from dlindex.exported.formats import WDS
     from dlindex.loader import WdsDataset
 
     with open_catalog(db) as catalog:
         exported = export_catalog(
-            catalog, shards, ExportOptions(format="wds", split="train=0.9,val=0.1", shuffle=True, overwrite=True)
+            catalog, shards, ExportOptions(format=WDS.name, split="train=0.9,val=0.1", shuffle=True, overwrite=True)
         )
     stdout_console.print(f"exported {exported.samples} samples to {exported.shards} shards: {exported.splits}")
     say("[bold]6. one batch back through dlindex.loader.WdsDataset[/] (what a DataLoader would get)")

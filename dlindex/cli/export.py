@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from itertools import groupby
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -25,17 +26,33 @@ from dlindex.cli._shared import (
     progress_bar,
     stdout_console,
 )
+from dlindex.exported.formats import DEFAULT, FORMATS, NAMES
 
 MAX_WARNINGS = 20
+if TYPE_CHECKING:
+    ExportFormat = str
+else:  # the registry's formats, as typer offers an Enum's values
+    ExportFormat = StrEnum("ExportFormat", {name: name for name in NAMES})
 
 
-class ExportFormat(StrEnum):
-    jsonl = "jsonl"
-    csv = "csv"
-    parquet = "parquet"
-    dali = "dali"
-    wds = "wds"
-    mds = "mds"
+def _format_help() -> str:
+    """``jsonl, csv, parquet (manifests); dali (file lists); ...``: the registry's formats by kind."""
+    kinds = groupby(FORMATS.values(), key=lambda f: f.kind)
+    return "; ".join(f"{', '.join(f.name for f in group)} ({kind})" for kind, group in kinds) + "."
+
+
+def _default_shards() -> str:
+    """``256MiB for wds, 64MiB for mds, one shard otherwise``: the registry's default shard sizes."""
+    sizes = [f"{_size(f.shard_bytes)} for {f.name}" for f in FORMATS.values() if f.shard_bytes is not None]
+    sizes += [f"{f.shard_size} samples for {f.name}" for f in FORMATS.values() if f.shard_size is not None]
+    return ", ".join([*sizes, "one shard otherwise"])
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return f"{n}B"
 
 
 @handle_errors
@@ -44,14 +61,7 @@ def export(
     out_dir: Annotated[
         Path, typer.Argument(metavar="OUT_DIR", help="Folder to write (made atomically), or to check with --verify.")
     ],
-    fmt: Annotated[
-        ExportFormat,
-        typer.Option(
-            "--format",
-            "-f",
-            help="jsonl, csv, parquet (manifests); dali (file lists); wds (WebDataset tars); mds (MosaicML Streaming).",
-        ),
-    ] = ExportFormat.jsonl,
+    fmt: Annotated[ExportFormat, typer.Option("--format", "-f", help=_format_help())] = DEFAULT,
     *,
     select: Selection,
     classes: ClassesOption = ClassList.selected,
@@ -66,7 +76,7 @@ def export(
             "--shard-bytes",
             metavar="SIZE",
             help="Shards of at most SIZE (256MiB, 1GB).",
-            show_default="256MiB for wds, 64MiB for mds, one shard otherwise",
+            show_default=_default_shards(),
         ),
     ] = None,
     shuffle: Annotated[bool, typer.Option("--shuffle", help="Seeded random sample order (else by id).")] = False,
@@ -223,7 +233,7 @@ def export(
         classes=classes.value,
     )
     options = ExportOptions(
-        format=fmt.value, query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
+        format=str(fmt), query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
         group=group, group_by=group_by, group_type=group_type, group_max_distance=group_max_distance,

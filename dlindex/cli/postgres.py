@@ -38,7 +38,7 @@ def start(
 
     export DLINDEX_DB=$(dlindex postgres start ./pg)
     """
-    from dlindex.catalog.pgserver import start_local_postgres
+    from dlindex.catalog.postgres.server import start_local_postgres
 
     url = start_local_postgres(data_dir, port=port, bindir=bindir)
     typer.echo(url)
@@ -52,7 +52,7 @@ def stop(data_dir: DirArgument, bindir: BindirOption = None) -> None:
 
     dlindex postgres stop ./pg
     """
-    from dlindex.catalog.pgserver import stop_local_postgres
+    from dlindex.catalog.postgres.server import stop_local_postgres
 
     stopped = stop_local_postgres(data_dir, bindir=bindir)
     typer.echo(f"{'stopped' if stopped else 'not running'}: {data_dir}", err=True)
@@ -65,7 +65,7 @@ def status(data_dir: DirArgument, as_json: JsonFlag = False, bindir: BindirOptio
 
     dlindex postgres status ./pg --json | jq -r .url
     """
-    from dlindex.catalog.pgserver import local_postgres_status
+    from dlindex.catalog.postgres.server import local_postgres_status
 
     s = local_postgres_status(data_dir, bindir=bindir)
     if as_json:

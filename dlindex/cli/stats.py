@@ -44,10 +44,10 @@ def stats(
     if as_json:
         print_json(result.as_dict())
     else:
-        print_stats(result)
+        print_stats(result, catalog.backend.storage)
 
 
-def print_stats(s: CatalogStats) -> None:
+def print_stats(s: CatalogStats, storage: str = "file") -> None:
     out = stdout_console
     status = ", ".join(f"{k} {v:,}" for k, v in s.by_status.items())
     out.print(f"[bold]images[/] {s.images:,} ({status})")
@@ -66,9 +66,7 @@ def print_stats(s: CatalogStats) -> None:
         out.print(
             "  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False
         )
-    out.print(
-        f"[bold]image bytes[/] {human_bytes(s.total_bytes)}; catalog {'file' if s.catalog_backend == 'sqlite' else 'database'} {human_bytes(s.catalog_bytes)}"
-    )
+    out.print(f"[bold]image bytes[/] {human_bytes(s.total_bytes)}; catalog {storage} {human_bytes(s.catalog_bytes)}")
     out.print(f"[bold]indexes[/] {', '.join(i['name'] for i in s.indexes) or 'none (see dlindex index --suggest)'}")
     if s.roots:
         out.print("[bold]roots[/] " + ", ".join(str(r["path"]) for r in s.roots), markup=True, highlight=False)

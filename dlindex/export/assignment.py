@@ -20,9 +20,10 @@ import numpy.typing as npt
 
 from dlindex.export.plan import ID, ExportError, parse_split, select_rows, split_of
 from dlindex.exported.confine import ConfineError, hash_regular, resolve_inside
+from dlindex.exported.formats import FORMATS, MANIFEST_SUFFIXES, get, listing
 from dlindex.exported.ids import wds_ids
 from dlindex.exported.index import listed_shards
-from dlindex.exported.reader import MANIFEST_SUFFIXES, absolute_paths, load_index, manifest_rows
+from dlindex.exported.reader import absolute_paths, load_index, manifest_rows
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -89,21 +90,22 @@ def export_assignment(catalog: Catalog, out_dir: str | os.PathLike[str]) -> Assi
     if len(splits) > MAX_SPLITS:
         raise ExportError(f"{shown}: index.json lists {len(splits)} splits; it is damaged")
     code = {name: k for k, name in enumerate(splits)}
-    fmt = index["format"]
-    if fmt == "wds":
+    fmt = get(index["format"])
+    if fmt.manifest is not None:
+        ids, codes = _manifest_ids(out_dir, index, shards, code)
+    elif fmt.ids_file:
         found = wds_ids(out_dir, index)
         if found is None:
             raise ExportError(f"{shown} has no ids.i64 (written before dlindex 0.2); export it again")
         ids = np.frombuffer(found, dtype=np.int64)
         counts = [int(s["samples"]) for s in shards]
         codes = np.repeat(np.array([code[s["split"]] for s in shards], dtype=np.int16), counts)
-    elif fmt == "mds":
-        raise ExportError(
-            f"{shown} is an mds export, which lists no sample ids outside its shards; "
-            "leaks reads jsonl, csv, parquet, dali and wds exports (or give the rule: --split train=0.8,val=0.2)"
-        )
     else:
-        ids, codes = _manifest_ids(out_dir, index, shards, code)
+        readable = listing(tuple(f.name for f in FORMATS.values() if f.manifest is not None or f.ids_file))
+        raise ExportError(
+            f"{shown} is an {fmt.name} export, which lists no sample ids outside its shards; "
+            f"leaks reads {readable} exports (or give the rule: --split train=0.8,val=0.2)"
+        )
     return _assignment(splits, ids, codes, shown, catalog)
 
 
@@ -145,9 +147,7 @@ def _check_owner(catalog: Catalog, shown: str, index: Mapping[str, Any]) -> None
     """The export must come from this catalog: index.json names its file, or (a catalog
     moved since) the catalog's own record of the export matches index.json."""
     written_from = index["catalog"]["path"]
-    if catalog.backend != "sqlite" and written_from == catalog.location:
-        return
-    if catalog.backend == "sqlite" and os.path.realpath(written_from) == os.path.realpath(catalog.path):
+    if catalog.backend.is_location(written_from):
         return
     here = os.fsdecode(os.path.abspath(shown))
     record = catalog.conn.execute(_RECORDED, {"path": here}).fetchone()

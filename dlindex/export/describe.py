@@ -8,12 +8,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from dlindex.export.mds import VERSION as MDS_VERSION
-from dlindex.export.mds import streaming_shards
 from dlindex.export.options import ExportOptions
 from dlindex.export.plan import Plan, parse_split
 from dlindex.export.shards import ShardInfo
-from dlindex.export.wds import hf_features, image_key_spec
+from dlindex.exported.formats import get, load
 from dlindex.exported.index import INDEX_VERSION, SHARDS_KEY
 
 if TYPE_CHECKING:
@@ -66,7 +64,7 @@ def describe_export(
             "split": options.split if options.split == "tree" else parse_split(options.split),
             "world_size": options.world_size, "drop_last": options.drop_last and options.world_size > 1,
             "shard_size": options.shard_size, "shard_bytes": shard_bytes, "features": options.features,
-            "absolute_paths": options.absolute_paths, "workers": options.workers if fmt == "wds" else None,
+            "absolute_paths": options.absolute_paths, "workers": options.workers if get(fmt).workers else None,
             "group": None if grouping is None else dict(grouping),
         },
         "file_root": os.fsdecode(plan.file_root.rstrip(b"/") or b"/"),
@@ -131,27 +129,17 @@ def client_keys(
     fmt: str, shards: Sequence[ShardInfo], splits: Sequence[str], seen: Iterable[str], features: Any,
     shard_bytes: int | None,
 ) -> dict[str, Any]:  # fmt: skip
-    """What a format's own client reads from index.json: streaming's keys (mds), the
-    webdataset recipe's keys (wds).
+    """What a format's own client reads from index.json (the registry's ``client_keys``:
+    streaming's for mds, the webdataset recipe's for wds).
 
     Args:
-        seen: wds: the image member suffixes written.
+        seen: the image member suffixes written (packed formats).
     """
-    if fmt == "mds":
-        # streaming reads only "version" and "shards" of an index.json: StreamingDataset(local=OUT_DIR)
-        return {"version": MDS_VERSION, "shards": streaming_shards(features, shard_bytes, shards)}
-    if fmt == "wds":
-        used = set(seen)
-        per_rank: dict[str, int] = {}
-        for shard in shards:
-            if shard.rank == 0:
-                per_rank[shard.split] = per_rank.get(shard.split, 0) + 1
-        return {"wds": {
-            "image_key": image_key_spec(used), "shards_per_rank": per_rank,
-            "urls": {split: [s.file for s in shards if s.split == split] for split in splits},
-            "hf_features": hf_features(used, features),
-        }}  # fmt: skip
-    return {}
+    record = get(fmt)
+    if record.clients is None:
+        return {}
+    values = load(record.clients)(shards, splits, seen, features, shard_bytes)
+    return dict(zip(record.client_keys, values, strict=True))
 
 
 def _created_at() -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import xxhash
 
-from dlindex.export.files import read_sources
+from dlindex.export.files import hash_file, read_sources
 from dlindex.export.plan import ID, LABEL, Group, absolute_path
 from dlindex.export.shards import Context, Features, ShardInfo, json_maker, sample_key
 from dlindex.export.wds import extension
@@ -64,7 +64,7 @@ class MdsWriter(ShardWriter[bytes]):
         (ctx.out / group.split).mkdir(exist_ok=True)
 
     def shard_file(self, k: int) -> str:
-        return f"{self.group.split}/shard.{self.number + k:05d}.mds"
+        return _shard_file(self.group.split, self.number + k)
 
     def seal_shard(self, path: Path, pending: list[bytes]) -> tuple[int, str]:
         data = encode_shard(pending, self.config)
@@ -93,6 +93,36 @@ def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             j += 1
         ctx.tick(len(batch))
     return sink.finish()
+
+
+def _shard_file(split: str, number: int) -> str:
+    return f"{split}/shard.{number:05d}.mds"
+
+
+def shard_files(split: str, rank: int, base: int, count: int) -> list[str]:
+    """A group's shard files as MdsWriter names them (merge's rule)."""
+    return [_shard_file(split, base + k) for k in range(count)]
+
+
+def finish_mds(
+    out: Path, shards: Sequence[ShardInfo], splits: Sequence[str], *, features: Features | None,
+    shard_bytes: int | None, **_: Any,
+) -> tuple[list[ShardInfo], list[dict[str, Any]]]:  # fmt: skip
+    """Once every group is written: streaming's index.json in each split folder."""
+    files = []
+    for name, data in split_index(splits, features, shard_bytes, shards).items():
+        (out / name).parent.mkdir(exist_ok=True)  # a split none of whose groups wrote a shard
+        (out / name).write_bytes(data)
+        size, digest = hash_file(out / name)
+        files.append({"file": name, "bytes": size, "xxh3_128": digest})
+    return list(shards), files
+
+
+def streaming_keys(
+    shards: Sequence[ShardInfo], splits: Sequence[str], seen: Any, features: Features | None, shard_bytes: int | None
+) -> tuple[int, list[dict[str, Any]]]:
+    """The root index.json's ``version`` and ``shards``: all streaming reads of it (StreamingDataset(local=OUT_DIR))."""
+    return VERSION, streaming_shards(features, shard_bytes, shards)
 
 
 def encode_sample(cols: dict[str, tuple[str, int | None]], values: dict[str, bytes]) -> bytes:

@@ -23,24 +23,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlindex.export.describe import client_keys, complete_index, split_counts
-from dlindex.export.files import hash_file
-from dlindex.export.mds import split_index
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import Part, PlanGroup, group_folder, load_part
 from dlindex.export.plan import ExportError
 from dlindex.export.registry import record_export
 from dlindex.export.shards import Features, ShardInfo, shard_name
-from dlindex.export.wds import arrange
 from dlindex.exported.confine import ConfineError, hash_regular, open_regular, resolve_inside
-from dlindex.exported.ids import write_wds_ids
-from dlindex.exported.index import index_name, listed_shards
+from dlindex.exported.formats import Format, get, load
+from dlindex.exported.index import listed_shards
 from dlindex.exported.validate import check_index
 from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-
-_SUFFIXES = {"jsonl": ".jsonl", "csv": ".csv", "parquet": ".parquet"}
 
 
 @dataclass(frozen=True)
@@ -87,7 +82,7 @@ def merge_exports(
     started = time.perf_counter()
     loaded = _load_all(parts)
     first = loaded[0]
-    head, fmt, groups = first.head, first.format, first.groups
+    head, fmt, groups = first.head, get(first.format), first.groups
     target = Path(into)
     _check_target(target, loaded)
     if catalog is not None:
@@ -100,9 +95,6 @@ def merge_exports(
     try:
         by_index = {part.shard.index: part for part in loaded}
         splits = tuple(dict.fromkeys(g.split for g in groups))
-        if fmt == "mds":
-            for split in splits:
-                (output.tmp / split).mkdir()
         shards: list[ShardInfo] = []
         numbers: Counter[str] = Counter()
         for position, group in enumerate(groups):
@@ -110,48 +102,45 @@ def merge_exports(
             mine = part.written[position]
             names = _names(fmt, group, numbers[group.split], len(mine), part)
             local = _names(fmt, group, 0, len(mine), part)
-            numbers[group.split] += len(mine) // (2 if fmt == "dali" else 1)
+            numbers[group.split] += len(mine) // fmt.files_per_shard
             for shard, name, expected in zip(mine, names, local, strict=True):
                 if shard.file != f"{group_folder(position)}/{expected}":
                     raise ExportError(f"{part.folder}: its part manifest lists {shard.file!r} where group "
                                       f"{position} has {group_folder(position)}/{expected}; rerun part {part.shard}")  # fmt: skip
+                (output.tmp / name).parent.mkdir(exist_ok=True)  # mds: its split's folder
                 linked += _place(part, shard, output.tmp / name)
                 shards.append(ShardInfo(name, shard.split, shard.rank, shard.samples, shard.bytes, shard.xxh3_128,
                                         shard.first))  # fmt: skip
         options = head["options"]
         features = _features(head.get("features"))
         extra: list[dict[str, Any]] = []
-        if fmt == "wds":
-            shards = arrange(output.tmp, shards, splits, options["world_size"], options["workers"])
-        if fmt == "mds":
-            for name, data in split_index(splits, features, options["shard_bytes"], shards).items():
-                (output.tmp / name).write_bytes(data)
-                size, digest = hash_file(output.tmp / name)
-                extra.append({"file": name, "bytes": size, "xxh3_128": digest})
-        if fmt == "wds":
-            extra.append(write_wds_ids(output.tmp, shards))
+        if fmt.finish is not None:  # the same as export's, on the same files
+            shards, extra = load(fmt.finish)(
+                output.tmp, shards, splits, world_size=options["world_size"], workers=options["workers"],
+                features=features, shard_bytes=options["shard_bytes"],
+            )  # fmt: skip
         seen = {ext for part in loaded for ext in part.seen}
-        clients = client_keys(fmt, shards, splits, seen, features, options["shard_bytes"])
+        clients = client_keys(fmt.name, shards, splits, seen, features, options["shard_bytes"])
         counts = split_counts(
             [(g.split, g.rank) for g in groups], {(g.split, g.rank): g.samples for g in groups},
             [entry for part in loaded for entry in part.labels],
         )  # fmt: skip
         index = complete_index(head, counts, shards, extra, clients)
-        name = index_name(fmt)
+        name = fmt.index
         data = json.loads(index)
         check_index(data, f"the merged {name}", listed_shards(data))  # a part manifest can be hand-edited
         (output.tmp / name).write_bytes(index)
         output.commit()
         recorded = False
         if catalog is not None:  # best effort, as export's: the merged export is done
-            recorded = record_export(catalog, target, fmt, data["counts"]["samples"], head["catalog"]["changes"])
+            recorded = record_export(catalog, target, fmt.name, data["counts"]["samples"], head["catalog"]["changes"])
     except BaseException:
         output.abort()  # never leave a half export that looks whole
         raise
     finally:
         restore()
     return MergeSummary(
-        out_dir=str(target), format=fmt, parts=len(loaded), samples=data["counts"]["samples"], shards=len(shards),
+        out_dir=str(target), format=fmt.name, parts=len(loaded), samples=data["counts"]["samples"], shards=len(shards),
         bytes=sum(s.bytes for s in shards) + sum(f["bytes"] for f in extra) + len(index), linked=linked,
         recorded=recorded, seconds=round(time.perf_counter() - started, 3),
     )  # fmt: skip
@@ -230,20 +219,18 @@ def _check_catalog(catalog: Catalog, head: dict[str, Any]) -> None:
         raise ExportError(f"the parts were exported from the catalog {recorded}, not {here}")
 
 
-def _names(fmt: str, group: PlanGroup, base: int, count: int, part: Part) -> list[str]:
+def _names(fmt: Format, group: PlanGroup, base: int, count: int, part: Part) -> list[str]:
     """The names a one-machine export gives a group's ``count`` shard files, numbered from
     ``base`` (the shards its split's earlier groups wrote); the same rules as the writers'."""
-    if fmt == "wds":  # WdsWriter's names until arrange() numbers the shards of every rank
-        return [f".{group.split}.{group.rank}.{k:06d}.part" for k in range(count)]
-    if fmt == "mds":
-        return [f"{group.split}/shard.{base + k:05d}.mds" for k in range(count)]
-    if fmt == "dali":  # the file lists, then their jsonl manifests, numbered alike
-        if count % 2:
-            raise ExportError(f"{part.folder}: a DALI group lists {count} files, not a list and a manifest each; "
-                              f"rerun part {part.shard}")  # fmt: skip
-        half = count // 2
-        return [shard_name(group.split, base + k % half, ".txt" if k < half else ".jsonl") for k in range(count)]
-    return [shard_name(group.split, base + k, _SUFFIXES[fmt]) for k in range(count)]
+    if fmt.names is not None:
+        names: list[str] = load(fmt.names)(group.split, group.rank, base, count)
+        return names
+    per = fmt.files_per_shard  # each suffix's files in turn (dali: the lists, then their manifests)
+    if count % per:
+        raise ExportError(f"{part.folder}: a {fmt.name} group lists {count} files, not one of each of "
+                          f"{', '.join(fmt.suffixes)} per shard; rerun part {part.shard}")  # fmt: skip
+    each = count // per
+    return [shard_name(group.split, base + k % each, fmt.suffixes[k // each]) for k in range(count)]
 
 
 def _place(part: Part, shard: ShardInfo, target: Path) -> int:

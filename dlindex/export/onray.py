@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.sqlite import DEFAULT_DB
+from dlindex.catalog.sqlite.connect import DEFAULT_DB
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
 from dlindex.engines.runfolder import check_run_folder, claim_run_folder, options_digest, remove_run_folder
 from dlindex.errors import InputError

@@ -10,6 +10,7 @@ from typing import Any
 
 from dlindex.export.plan import ExportError
 from dlindex.export.spill import ENV_BUDGET
+from dlindex.exported.formats import DEFAULT
 from dlindex.exported.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
 from dlindex.shard import Shard
@@ -47,7 +48,7 @@ class ExportOptions:
             ``$DLINDEX_MEMORY_BUDGET``, else 256 MiB (dlindex.export.spill).
     """
 
-    format: str = "jsonl"
+    format: str = DEFAULT
     query: QuerySpec = field(default_factory=QuerySpec)
     shard_size: int | None = None
     shard_bytes: int | str | None = None

@@ -22,6 +22,7 @@ import xxhash
 from dlindex.export.plan import ExportError, Group, Plan
 from dlindex.export.shards import Context, ShardInfo
 from dlindex.exported.confine import MAX_INDEX_BYTES, ConfineError, check_relative, read_regular
+from dlindex.exported.formats import get
 from dlindex.exported.index import INDEX_VERSION, PART_INDEX
 from dlindex.exported.validate import KNOWN_FORMATS, MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.shard import MAX_SHARDS, Shard, balanced_parts
@@ -193,7 +194,7 @@ def parse_part(raw: bytes, folder: Path) -> Part:
             raise ExportError(f"{where}: {key}: group {position} belongs to part {group.part}, not {shard.index}")
         shards = tuple(_shard_entry(check, s, f"{key}.shards[{j}]", group)
                        for j, s in enumerate(check.items(entry.get("shards"), f"{key}.shards")))  # fmt: skip
-        per_file = 2 if head["format"] == "dali" else 1  # a DALI list and its jsonl manifest
+        per_file = get(head["format"]).files_per_shard  # dali: a list and its jsonl manifest
         if sum(s.samples for s in shards) != group.samples * per_file:
             raise ExportError(f"{where}: {key}: its shards hold {sum(s.samples for s in shards)} samples, "
                               f"the plan gives the group {group.samples}")  # fmt: skip
@@ -269,7 +270,7 @@ def _head(check: _Checker, value: Any) -> dict[str, Any]:
     check.number(options.get("world_size"), "index.options.world_size", 1, MAX_WORLD_SIZE)
     if options.get("shard_bytes") is not None:
         check.number(options.get("shard_bytes"), "index.options.shard_bytes", 1)
-    if head["format"] == "wds":
+    if get(head["format"]).workers:
         check.number(options.get("workers"), "index.options.workers", 1, 1 << 20)
     features = head.get("features")
     if features is not None:

@@ -11,21 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
-from dlindex.catalog.migrations import schema_version
 from dlindex.catalog.reachable import unreachable_roots
-from dlindex.export.dali import write_dali
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
-from dlindex.export.files import hash_file, packable
+from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
-from dlindex.export.manifest import write_csv, write_jsonl
-from dlindex.export.mds import split_index, write_mds
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
-from dlindex.export.parquet import pyarrow_modules, write_parquet
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
     ExportError,
-    Group,
     make_plan,
     parse_split,
     select_halves,
@@ -35,9 +29,9 @@ from dlindex.export.plan import (
 from dlindex.export.registry import record_export
 from dlindex.export.shards import Context, ShardInfo
 from dlindex.export.vectors import feature_source
-from dlindex.export.wds import arrange, write_wds
-from dlindex.exported.ids import write_wds_ids
-from dlindex.exported.index import PART_INDEX, index_name
+from dlindex.exported.formats import FORMATS as _REGISTRY
+from dlindex.exported.formats import NAMES, Format, load
+from dlindex.exported.index import PART_INDEX
 from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import split_counts
 from dlindex.query.spec import QuerySpec
@@ -46,14 +40,7 @@ from dlindex.shard import Shard, parse_shard
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-WRITERS: dict[str, Callable[[Context, Group, int], list[ShardInfo]]] = {
-    "jsonl": write_jsonl, "csv": write_csv, "parquet": write_parquet, "dali": write_dali,
-    "wds": write_wds, "mds": write_mds,
-}  # fmt: skip
-FORMATS = tuple(WRITERS)
-# Packed formats cut shards by size unless told otherwise (mds: streaming's own default).
-DEFAULT_SHARD_BYTES = {"wds": 256 << 20, "mds": 64 << 20}
-PACKED = ("wds", "mds")  # the formats that read and carry the image bytes
+FORMATS = NAMES  # dlindex.export.FORMATS: the registry's (dlindex.exported.formats)
 _ROOTS = "SELECT path FROM roots"
 
 
@@ -79,10 +66,11 @@ def export_catalog(
     started = time.perf_counter()
     fmt = options.format
     shard = parse_shard(options.shard)
-    if fmt not in WRITERS:
+    record = _REGISTRY.get(fmt)
+    if record is None:
         raise ExportError(f"unknown format {fmt!r}; choose from: {', '.join(FORMATS)}")
-    if fmt == "parquet":
-        pyarrow_modules()
+    if record.needs is not None:
+        load(record.needs)()
     tree = tree_split_choice(options.split)
     split = None if tree is not None else parse_split(options.split)
     grouping = check_grouping(
@@ -92,8 +80,9 @@ def export_catalog(
     shard_bytes = parse_size(options.shard_bytes)
     check_bounds(options, shard_bytes)
     if options.shard_size is None and shard_bytes is None:
-        shard_bytes = DEFAULT_SHARD_BYTES.get(fmt)
-    if fmt not in PACKED:  # a manifest names source files: they must be there to be read
+        options = replace(options, shard_size=record.shard_size)
+        shard_bytes = record.shard_bytes
+    if not record.packed:  # a manifest names source files: they must be there to be read
         for problem in unreachable_roots(catalog.read):
             raise ExportError(f"{problem}; a {fmt} export names the files there, so nothing was written")
     target = Path(out_dir)
@@ -122,66 +111,63 @@ def export_catalog(
             tree_rows = {}
             for name in tree_names:
                 part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
-                if fmt in PACKED:  # these read every source: only regular files of their catalogued size
+                if record.packed:  # these read every source: only regular files of their catalogued size
                     part = packable(part, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
                 tree_rows[name] = part  # read in turn by make_plan, one statement at a time
             rows: Any = ()
         else:
             # Only a plain single jsonl file is written in two halves (the writer appends the
             # second process's part); every other export needs all the rows here.
-            halves = (fmt == "jsonl" and options.shard_size is None and shard_bytes is None and features is None
+            halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
                       and not split and options.world_size == 1 and shard is None)  # fmt: skip
             if halves:
                 rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
             else:
                 rows, prepared = select_rows(catalog, query, options.shuffle, options.seed)
-            if fmt in PACKED:  # these read every source: only regular files of their catalogued size
+            if record.packed:  # these read every source: only regular files of their catalogued size
                 rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
         plan = make_plan(
             rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
             class_list=prepared.class_list or "catalog", split=split,
             points=None if points is None else points.points, tree_splits=tree_rows,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
-            stream=fmt != "dali" and shard is None,  # a part digests every group's rows
+            stream=record.one_pass and shard is None,  # a part digests every group's rows
             spill_dir=output.tmp, memory_budget=memory_budget(options.memory_budget),
         )  # fmt: skip
         del rows, tree_rows
         split_option: Any = "tree" if tree_names is not None else split
         ctx = Context.make(
             plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
-            progress=progress, read_threads=options.read_threads, upper=upper if fmt == "jsonl" else None,
+            progress=progress, read_threads=options.read_threads, upper=upper if record.halves else None,
         )  # fmt: skip
         shards: list[ShardInfo] = []
         if shard is not None:
-            return _write_part(catalog, output, ctx, shard, fmt, options, query, split_option, shard_bytes, changes,
+            return _write_part(catalog, output, ctx, shard, record, options, query, split_option, shard_bytes, changes,
                                features, skipped, points, started, note)  # fmt: skip
         numbers: Counter[str] = Counter()
+        writer = load(record.writer)
         for group in plan.groups:
-            written = WRITERS[fmt](ctx, group, numbers[group.split])
-            numbers[group.split] += len(written) // (2 if fmt == "dali" else 1)
+            written = writer(ctx, group, numbers[group.split])
+            numbers[group.split] += len(written) // record.files_per_shard
             shards.extend(written)
-        if fmt == "wds":
-            shards = arrange(ctx.out, shards, plan.splits, options.world_size, options.workers)
         selected = plan.selected if plan.selected is not None else plan.samples
         if not selected:
             if skipped:
                 raise ExportError(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
             raise ExportError("no samples match the filters; nothing exported")
         extra: list[dict[str, Any]] = []
-        if fmt == "mds":
-            for name, data in split_index(plan.splits, features, shard_bytes, shards).items():
-                (output.tmp / name).write_bytes(data)
-                size, digest = hash_file(output.tmp / name)
-                extra.append({"file": name, "bytes": size, "xxh3_128": digest})
-        if fmt == "wds":
-            extra.append(write_wds_ids(output.tmp, shards))
+        if record.finish is not None:
+            shards, extra = load(record.finish)(
+                ctx.out, shards, plan.splits, world_size=options.world_size, workers=options.workers,
+                features=features, shard_bytes=shard_bytes,
+            )  # fmt: skip
         clients = client_keys(fmt, shards, plan.splits, ctx.seen, features, shard_bytes)
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
             shards, extra, features, clients, skipped,
             None if points is None or points.grouping is None else points.grouping.describe(points.groups),
         )  # fmt: skip
-        (output.tmp / index_name(fmt)).write_bytes(index)
+        (output.tmp / record.index).write_bytes(index)
         output.commit()
         record_export(catalog, target, fmt, plan.samples, changes)  # best effort: the export is done
     except BaseException:
@@ -198,7 +184,7 @@ def export_catalog(
 
 
 def _write_part(
-    catalog: Catalog, output: OutputDir, ctx: Context, shard: Shard, fmt: str, options: ExportOptions,
+    catalog: Catalog, output: OutputDir, ctx: Context, shard: Shard, record: Format, options: ExportOptions,
     query: QuerySpec, split_option: Any, shard_bytes: int | None, changes: int, features: Any,
     skipped: Counter[str], points: Any, started: float, note: Callable[[str], None] | None,
 ) -> ExportSummary:  # fmt: skip
@@ -215,21 +201,29 @@ def _write_part(
         note(f"part {shard} has nothing to write: the export has {len(plan.groups)} (split, rank) group(s) "
              f"for {shard.count} parts; it writes only its part manifest")  # fmt: skip
     digest = plan_digest(plan)
-    written = write_groups(ctx, shard, owner, WRITERS[fmt])
+    written = write_groups(ctx, shard, owner, load(record.writer))
     head = describe_export(
-        catalog.location, replace(options, query=query, split=split_option), fmt,
+        catalog.location, replace(options, query=query, split=split_option), record.name,
         shard_bytes, changes, plan, selected, features, skipped,
         None if points is None or points.grouping is None else points.grouping.describe(points.groups),
     )  # fmt: skip
     manifest = part_manifest(
-        shard, plan, owner, digest, schema_version(catalog.conn), head, sorted(ctx.seen), label_counts(plan), written
+        shard,
+        plan,
+        owner,
+        digest,
+        catalog.backend.schema_version(catalog.conn),
+        head,
+        sorted(ctx.seen),
+        label_counts(plan),
+        written,
     )
     (output.tmp / PART_INDEX).write_bytes(manifest)
     output.commit()
     mine = [s for shards in written.values() for s in shards]
     samples = sum(plan.tally.samples.values())
     return ExportSummary(
-        out_dir=str(output.out_dir), format=fmt, samples=samples, selected=selected, dropped=plan.dropped,
+        out_dir=str(output.out_dir), format=record.name, samples=samples, selected=selected, dropped=plan.dropped,
         padded=plan.padded, splits=written_per_split(plan), shards=len(mine),
         bytes=sum(s.bytes for s in mine) + len(manifest), skipped=dict(sorted(skipped.items())),
         seconds=round(time.perf_counter() - started, 3),
@@ -261,7 +255,4 @@ def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | Non
 
 def protected_files(catalog: Catalog) -> list[str]:
     """The catalog file and its journals: no export may replace a folder that holds them."""
-    if catalog.backend != "sqlite":
-        return []  # a server catalog has no files here
-    path = os.fspath(catalog.path)
-    return [path, *(path + suffix for suffix in ("-wal", "-journal", "-shm"))]
+    return catalog.backend.files()  # a server catalog has none here

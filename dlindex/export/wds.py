@@ -25,6 +25,7 @@ from dlindex.export.files import RawShard, read_sources
 from dlindex.export.plan import FORMAT, ID, LABEL, ExportError, Group, absolute_path
 from dlindex.export.shards import Context, ShardInfo, json_maker, sample_key, shard_name
 from dlindex.export.writer import StreamWriter, batches
+from dlindex.exported.ids import write_wds_ids
 
 BLOCK = 512
 _ZEROS = bytes(BLOCK * 2)
@@ -106,7 +107,7 @@ class WdsWriter(StreamWriter[list[bytes], RawShard]):
     """Tar shards written one ``writev`` per sample, named as parts until ``arrange`` numbers them."""
 
     def shard_file(self, k: int) -> str:
-        return f".{self.group.split}.{self.group.rank}.{k:06d}.part"  # renamed by arrange() once all ranks are written
+        return _part_name(self.group.split, self.group.rank, k)
 
     def create(self, path: Path) -> RawShard:
         return RawShard(path)
@@ -147,6 +148,39 @@ def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             j += 1
         ctx.tick(len(batch))
     return sink.finish()
+
+
+def _part_name(split: str, rank: int, k: int) -> str:
+    return f".{split}.{rank}.{k:06d}.part"  # renamed by arrange() once all ranks are written
+
+
+def part_names(split: str, rank: int, base: int, count: int) -> list[str]:
+    """A group's shard files as WdsWriter names them, before ``finish_wds`` (merge's rule)."""
+    return [_part_name(split, rank, k) for k in range(count)]
+
+
+def finish_wds(
+    out: Path, shards: Sequence[ShardInfo], splits: Sequence[str], *, world_size: int, workers: int, **_: Any
+) -> tuple[list[ShardInfo], list[dict[str, Any]]]:
+    """Once every group is written: the shards arranged for ``split_by_node``, and ids.i64."""
+    arranged = arrange(out, shards, splits, world_size, workers)
+    return arranged, [write_wds_ids(out, arranged)]
+
+
+def recipe_keys(
+    shards: Sequence[ShardInfo], splits: Sequence[str], seen: Iterable[str], features: Any, shard_bytes: int | None
+) -> tuple[dict[str, Any]]:
+    """index.json's ``wds``: what the webdataset recipe reads (``seen``: the image member suffixes written)."""
+    used = set(seen)
+    per_rank: dict[str, int] = {}
+    for shard in shards:
+        if shard.rank == 0:
+            per_rank[shard.split] = per_rank.get(shard.split, 0) + 1
+    return ({
+        "image_key": image_key_spec(used), "shards_per_rank": per_rank,
+        "urls": {split: [s.file for s in shards if s.split == split] for split in splits},
+        "hf_features": hf_features(used, features),
+    },)  # fmt: skip
 
 
 _PADS = [bytes(n) for n in range(BLOCK)]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dlindex.exported.formats import INDEX_NAMES
+
 INDEX = "index.json"
 # pyarrow (and so pandas) read every file of a folder as parquet except names starting with
 # "_" or ".": a parquet export keeps its index under this name so `pd.read_parquet(DIR)` works.
@@ -24,15 +26,10 @@ SHARDS_KEY = "dlindex_shards"
 PART_INDEX = "dlindex-part.json"
 
 
-def index_name(fmt: str) -> str:
-    """The file name of an export's own index for a format."""
-    return PARQUET_INDEX if fmt == "parquet" else INDEX
-
-
 def index_path(out_dir: str | os.PathLike[str]) -> Path:
     """OUT_DIR's dlindex index file (index.json, or _index.json in a parquet export)."""
     folder = Path(out_dir)
-    for name in (INDEX, PARQUET_INDEX):
+    for name in INDEX_NAMES:
         if (folder / name).is_file():
             return folder / name
     return folder / INDEX

@@ -20,6 +20,7 @@ from dlindex.exported.confine import (
     read_regular,
     resolve_inside,
 )
+from dlindex.exported.formats import MANIFEST_SUFFIXES
 from dlindex.exported.index import (
     INDEX,
     PART_INDEX,
@@ -29,11 +30,11 @@ from dlindex.exported.index import (
 )
 from dlindex.exported.validate import check_index, check_row, check_version
 
-MANIFEST_SUFFIXES = (".jsonl", ".csv", ".parquet")
 # Text formats (jsonl, csv, the wds/mds json) add this key: the exact name in base64 where it is
 # not UTF-8 (then ``path`` shows it with \\xNN escapes, valid UTF-8 for pandas, polars, duckdb),
 # else "" (not null: polars types a column from its first rows, and null there would mean no type).
 PATH_B64 = "path_b64"
+
 _INTS = ("id", "label_id", "width", "height", "bytes")
 
 

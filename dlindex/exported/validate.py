@@ -11,11 +11,12 @@ from typing import Any
 
 from dlindex.exported import ExportError
 from dlindex.exported.confine import ConfineError, check_relative
+from dlindex.exported.formats import NAMES, WDS, get, load
 from dlindex.exported.index import INDEX_VERSION, shards_key
 
 MAX_COUNT = (1 << 63) - 1  # counts and sizes fit SQLite's INTEGER, like the catalog's own
 MAX_WORLD_SIZE = 1 << 16
-KNOWN_FORMATS = ("jsonl", "csv", "parquet", "dali", "wds", "mds")
+KNOWN_FORMATS = NAMES  # the registry's (dlindex.exported.formats)
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -133,18 +134,21 @@ def check_index(data: Any, path: str, shards: Any) -> dict[str, Any]:
     for i, entry in enumerate(files):
         _file_entry(entry, path, f"files[{i}]", shard=False)
     listed = {entry["file"] for entry in (*shards, *files)}
-    if "wds" in data:
-        _check_wds(data["wds"], path, listed)
-    if version >= 2 and data["format"] == "mds":
-        _check_streaming(data, path, listed)
+    check = get(data["format"]).check_clients
+    if check is not None:
+        load(check)(data, path, listed, version)
     checked: dict[str, Any] = data  # a dict: check_version saw to it
     return checked
 
 
-def _check_wds(wds: Any, path: str, listed: set[str]) -> None:
-    """The webdataset recipe's keys: its urls must be shards the export lists."""
+def check_wds_keys(data: Mapping[str, Any], path: str, listed: set[str], version: int) -> None:
+    """The webdataset recipe's keys (where there are): its urls must be shards the export lists."""
+    (key,) = WDS.client_keys  # the recipe's object
+    if key not in data:
+        return
+    wds = data[key]
     if not isinstance(wds, dict):
-        raise ExportError(f"{_where(path, 'wds')} must be an object")
+        raise ExportError(f"{_where(path, key)} must be an object")
     _str(wds.get("image_key", ""), path, "wds.image_key")
     urls = wds.get("urls", {})
     if not isinstance(urls, dict):
@@ -164,9 +168,11 @@ def _check_wds(wds: Any, path: str, listed: set[str]) -> None:
         raise ExportError(f"{_where(path, 'wds.hf_features')} must be an object")
 
 
-def _check_streaming(data: Mapping[str, Any], path: str, listed: set[str]) -> None:
-    """An mds export's root index is also streaming's: "version" 2 and "shards" whose
-    basenames are shards the export lists (streaming opens them)."""
+def check_streaming_keys(data: Mapping[str, Any], path: str, listed: set[str], version: int) -> None:
+    """An mds export's root index is also streaming's (since export version 2): "version" 2
+    and "shards" whose basenames are shards the export lists (streaming opens them)."""
+    if version < 2:
+        return
     _int(data.get("version"), path, "version", 2, 2)
     entries = data.get("shards")
     if not isinstance(entries, list):

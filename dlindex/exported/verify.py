@@ -19,8 +19,8 @@ import xxhash
 
 from dlindex.exported import ExportError
 from dlindex.exported.confine import hash_regular, read_regular, real_inside, resolve_inside
+from dlindex.exported.formats import FORMATS, JSONL, load
 from dlindex.exported.index import listed_shards
-from dlindex.exported.packed import check_wds
 from dlindex.exported.reader import absolute_paths, load_index, manifest_files, manifest_rows, source_path
 from dlindex.exported.validate import listed_bytes
 
@@ -39,11 +39,7 @@ class VerifyResult:
     @property
     def summary(self) -> str:
         """What was checked, in words."""
-        if self.format == "wds":
-            return f"{self.files} files, {self.samples} samples in the shards"
-        if self.format == "mds":
-            return f"{self.files} files (mds shards: size and checksum only)"
-        return f"{self.files} files, {self.samples} source images"
+        return FORMATS.get(self.format, JSONL).verified.format(files=self.files, samples=self.samples)
 
     @property
     def ok(self) -> bool:
@@ -111,8 +107,9 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
             continue
         if rows != claimed[name]:
             problem(f"{name}: holds {rows} rows, index.json says {claimed[name]} samples")
-    if index["format"] == "wds":
-        samples = check_wds(root, index, failed, problem)
+    check = FORMATS[index["format"]].verify  # reads the packed shards as their readers do
+    if check is not None:
+        samples = load(check)(root, index, failed, problem)
     return VerifyResult(str(out_dir), index.get("format", "?"), len(listed), samples, tuple(problems), count)
 
 

@@ -8,10 +8,9 @@ Unknown sample ids are caught by the foreign key while writing, which rolls it a
 from __future__ import annotations
 
 import os
-import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from dlindex.catalog.backend import INTEGRITY_ERRORS
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, path_key, resolve_paths, root_prefixes
 from dlindex.errors import CatalogError, InputError
 from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
@@ -30,8 +30,6 @@ if TYPE_CHECKING:
 
 _ALL_IDS = "SELECT id FROM image_metadata ORDER BY id"
 _SAMPLES = "SELECT count(*) FROM image_metadata"
-_CACHE_KIB = "SELECT * FROM pragma_cache_size"
-_MAX_CACHE_KIB = 256 * 1024
 _CHUNK = 65_536
 # Below this, WAL's second write of the pages costs well under a second: not worth taking
 # the catalog from other processes for.
@@ -121,7 +119,7 @@ def import_features(
     _check_finite(vectors, ids, target, path)
     size = n * dim * target.itemsize
     with ExitStack() as stack:
-        stack.enter_context(_page_cache(catalog, size))
+        stack.enter_context(catalog.backend.page_cache(catalog.conn, size))
         rollback = False
         if size >= _ROLLBACK_MIN_BYTES and not concurrent:
             rollback = stack.enter_context(catalog.rollback_journal())
@@ -136,7 +134,7 @@ def import_features(
             raise InputError(f"feature type {name!r} was made meanwhile by another process; nothing was imported")
         try:
             write_vectors(conn, ftype, _rows(ids, vectors, target))
-        except sqlite3.IntegrityError as e:
+        except INTEGRITY_ERRORS as e:
             # image_id's foreign key caught an id the catalog lacks: name them all, and the
             # transaction rolls back. (Checking first cost 0.5-0.9 s of a 20 s import.)
             _check_known(catalog, ids, path)
@@ -146,24 +144,6 @@ def import_features(
         name, os.fspath(path), existing is None, n, dim, target.name, size, round(seconds, 3),
         round(size / seconds / 1e6, 1) if seconds > 0 else 0.0, "rollback" if rollback else "wal",
     )  # fmt: skip
-
-
-@contextmanager
-def _page_cache(catalog: Catalog, size: int) -> Iterator[None]:
-    """A page cache as large as the import (at most 256 MiB) while it runs: with SQLite's
-    default 2 MiB, index pages are spilled to the WAL and rewritten over and over (measured:
-    a 1,000,000-vector import 15-20% slower)."""
-    conn = catalog.conn
-    if catalog.backend != "sqlite":  # the server sizes its own buffers
-        yield
-        return
-    before = int(conn.execute(_CACHE_KIB).fetchone()[0])
-    kib = min(_MAX_CACHE_KIB, size // 1024 + 1024)
-    conn.execute(f"PRAGMA cache_size = {-int(kib)}")  # PRAGMA takes no parameters; an int
-    try:
-        yield
-    finally:
-        conn.execute(f"PRAGMA cache_size = {int(before)}")
 
 
 def _rows(ids: Ids, vectors: _Floats, dtype: np.dtype[np.floating[Any]]) -> Iterator[tuple[int, memoryview]]:

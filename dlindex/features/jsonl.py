@@ -16,7 +16,7 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN
+from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
 from dlindex.features.loaded import Loaded, check_rows, one_line
 

@@ -59,9 +59,7 @@ class Matrix:
 
 def matrix_path(catalog: Catalog, name: str) -> Path:
     """Beside the catalog file; for a server catalog, in this machine's cache folder."""
-    if catalog.backend == "sqlite":
-        return Path(os.fspath(catalog.path) + "-features") / f"{name}.matrix"
-    return catalog.local_cache_dir() / "features" / f"{name}.matrix"
+    return catalog.backend.features_dir(catalog.conn) / f"{name}.matrix"
 
 
 def _key(ftype: FeatureType) -> dict[str, Any]:

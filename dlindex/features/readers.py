@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy_format
 
-from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN
+from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
 from dlindex.features.jsonl import read_jsonl
 from dlindex.features.loaded import Loaded, check_rows, one_line

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from dlindex.catalog.paths import AMBIGUOUS, UNKNOWN, resolve_paths, root_prefixes
-from dlindex.catalog.sqlite import INT64_MAX
+from dlindex.catalog.sqlite.connect import INT64_MAX
 from dlindex.errors import InputError
 from dlindex.query.mark import read_records
 

@@ -11,9 +11,10 @@ Every write is set-based, one statement per batch of ids (a JSON array).
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
+
+from dlindex.catalog.backend import Connection
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -38,18 +39,18 @@ _ROWS = (
 )
 
 
-def queue(conn: sqlite3.Connection, name: str, ids: Sequence[int]) -> None:
+def queue(conn: Connection, name: str, ids: Sequence[int]) -> None:
     conn.execute(_QUEUE, {"type": name, "ids": json.dumps(list(ids))})
 
 
-def record(conn: sqlite3.Connection, name: str, done: Sequence[int], failed: Iterable[tuple[int, str]]) -> None:
+def record(conn: Connection, name: str, done: Sequence[int], failed: Iterable[tuple[int, str]]) -> None:
     """Inside the caller's write transaction: ``done`` have their vector now, ``failed`` failed."""
     if done:
         conn.execute(_DONE, {"type": name, "ids": json.dumps(list(done))})
     conn.executemany(_FAIL, ((image_id, name, error) for image_id, error in failed))
 
 
-def counts(conn: sqlite3.Connection, name: str) -> dict[str, int]:
+def counts(conn: Connection, name: str) -> dict[str, int]:
     """Samples per state (``queued``, ``failed``) of a type, zeros included."""
     found = {state: 0 for state in STATES}
     found.update((state, int(n)) for state, n in conn.execute(_COUNTS, (name,)))

@@ -7,12 +7,12 @@ A feature type's name is used unquoted in SQL and in file names (its matrix file
 from __future__ import annotations
 
 import re
-import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dlindex.catalog.backend import Connection
 from dlindex.errors import InputError
 
 if TYPE_CHECKING:
@@ -112,10 +112,10 @@ def unknown_type_message(catalog: Catalog, name: str) -> str:
     return f"unknown feature type {name!r}; known types: {', '.join(known)}"
 
 
-def create_type(conn: sqlite3.Connection, name: str, dtype: str, extractor: str, dim: int | None = None) -> None:
+def create_type(conn: Connection, name: str, dtype: str, extractor: str, dim: int | None = None) -> None:
     check_dtype(dtype)
     conn.execute(_CREATE_TYPE, (check_name(name), dim, dtype, extractor))
 
 
-def set_dim(conn: sqlite3.Connection, name: str, dim: int) -> None:
+def set_dim(conn: Connection, name: str, dim: int) -> None:
     conn.execute(_SET_DIM, (dim, name))

@@ -20,8 +20,8 @@ from dlindex.errors import InputError
 from dlindex.features.types import FeatureType
 
 if TYPE_CHECKING:
+    from dlindex.catalog.backend import Connection
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
 
 _UPSERT_VECTOR = """INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, ?, ?)
     ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = CURRENT_TIMESTAMP"""
@@ -55,9 +55,7 @@ def encode(value: object, dtype: np.dtype[np.floating[Any]], *, allow_integers: 
     return cast
 
 
-def write_vectors(
-    conn: sqlite3.Connection | PgConnection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]
-) -> None:
+def write_vectors(conn: Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]) -> None:
     """Upsert vectors inside the caller's write transaction; bumps the type's version once."""
     name, width = ftype.name, ftype.vector_bytes
     assert width is not None, "set the type's dim before storing vectors"

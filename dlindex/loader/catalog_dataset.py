@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
-from dlindex.catalog.postgres import is_server_url
+from dlindex.catalog.backend import is_server_url
 from dlindex.errors import InputError
 from dlindex.loader.decode import ImageSpec
 from dlindex.loader.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Generation, make_plan
@@ -122,7 +122,8 @@ class CatalogDataset:
             from dlindex.catalog.connection import Catalog
 
             with Catalog(self.database_path) as catalog:  # logged: the query log sees training's queries
-                plan = make_plan(catalog, self.options, self.epoch, self.history, now, self.digest)
+                plan = make_plan(catalog, self.options, self.epoch, self.history, now, self.digest,
+                                 private=_in_worker())  # fmt: skip
             self._plan = (key, plan)
         return self._plan[1]
 
@@ -155,6 +156,11 @@ def _workers() -> tuple[int, int]:
     data = sys.modules.get("torch.utils.data")
     info = data.get_worker_info() if data is not None else None
     return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _in_worker() -> bool:
+    data = sys.modules.get("torch.utils.data")
+    return data is not None and data.get_worker_info() is not None
 
 
 def _torch_iterable() -> type | None:

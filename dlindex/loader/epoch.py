@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,7 +12,8 @@ import numpy.typing as npt
 from dlindex.errors import DlindexError, InputError
 from dlindex.loader.l2 import L2Cache, catalog_identity
 from dlindex.loader.layout import Layout, chunk_order
-from dlindex.loader.selection import Selection, epoch_spec, resolve
+from dlindex.loader.selection import Selection, epoch_spec, resolve, with_hashes
+from dlindex.loader.shared_plan import PlanFile, release, write_plan
 from dlindex.loader.sources import WdsExport, arrange_files, arrange_wds, find_export, named_export
 from dlindex.query.spec import QuerySpec
 
@@ -64,6 +65,16 @@ class EpochPlan:
     missing_features: int  # samples left out (or computed) for lack of a vector
     digest: str = field(default="")
     l2_identity: str | None = None  # the catalog's name in the L2 cache, when L2 is on
+    shared: PlanFile | None = None  # the file holding the arrays (share_plan): what a pickle carries
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.shared is None:
+            return (_plain, (dict(self.__dict__),))
+        # a worker maps the plan's file instead of receiving its arrays
+        bare = replace(self, selection=replace(self.selection, ids=_NONE, labels=_NONE, sizes=_NONE,
+                                               hashes=_NO_HASHES), layout=replace(self.layout, order=_NONE),
+                       where=None, shared=None)  # fmt: skip
+        return (_attach, (bare, self.shared))
 
 
 @dataclass(frozen=True)
@@ -83,17 +94,18 @@ class EpochOptions:
 
 
 def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tuple[Generation, ...],
-              now: Generation, digest: str | None = None) -> EpochPlan:  # fmt: skip
+              now: Generation, digest: str | None = None, *, private: bool = False) -> EpochPlan:  # fmt: skip
     """Resolve the epoch's selection, choose its source and lay it out over the ranks.
 
     ``history``: the generations already read this epoch (a resumed job), oldest first.
+    ``private``: the plan of one DataLoader worker, which shares it with no one.
     """
     spec = epoch_spec(options.filters, options.seed, epoch)
     l2 = identity = None
     if options.l2_url is not None:
         identity = catalog_identity(catalog)
         l2 = L2Cache(options.l2_url, identity)
-    selection = resolve(catalog, spec, l2)
+    selection = resolve(catalog, spec, l2, full=False)  # hashes only if an export is read
     export = None
     if options.source not in ("auto", "files"):
         export, selection = named_export(options.source, selection, options.export_split)
@@ -107,7 +119,7 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
         export = find_export(catalog, selection)
     where = None
     if export is not None:
-        selection, starts, where = arrange_wds(selection, export)
+        selection, starts, where = arrange_wds(with_hashes(catalog, selection), export)
     else:
         selection, starts = arrange_files(selection)
     order = chunk_order(starts, len(selection), options.seed, epoch, options.shuffle)
@@ -118,7 +130,58 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
     for k, done in enumerate(history):
         following = history[k + 1] if k + 1 < len(history) else now
         layout = layout.resumed(list(done.offsets), following.world, following.workers, following.batch_size)
-    return EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest, l2_identity=identity)
+    plan = EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest, l2_identity=identity)
+    return share_plan(plan, private=private)
+
+
+def share_plan(plan: EpochPlan, *, private: bool = False) -> EpochPlan:
+    """The plan with its arrays in a shared read-only file (shared_plan): ids, classes and the
+    reading order, ~20 bytes a sample; with an export, also each sample's hash and member."""
+    selection, n = plan.selection, len(plan.selection)
+    labels = selection.labels
+    if n and int(labels.min()) >= -(2**31) and int(labels.max()) < 2**31:
+        labels = labels.astype(np.int32, copy=False)
+    arrays: dict[str, npt.NDArray[Any]] = {"ids": selection.ids, "labels": labels, "order": plan.layout.order}
+    if plan.where is not None:
+        arrays |= {"hashes": selection.hashes, "where": plan.where}
+    shared = EpochPlan(plan.epoch, selection, plan.layout, plan.export, plan.where, plan.missing_features,
+                       plan.digest, plan.l2_identity)  # fmt: skip
+    written = write_plan(arrays, shared)
+    _fill(shared, written.arrays(), n)
+    if private:  # mapped, then gone from the folder: a worker's exit skips clean-up at exit
+        release(written)
+    else:
+        object.__setattr__(shared, "shared", written)
+    return shared
+
+
+def _plain(state: dict[str, Any]) -> EpochPlan:
+    plan = EpochPlan.__new__(EpochPlan)
+    plan.__dict__.update(state)
+    return plan
+
+
+def _attach(bare: EpochPlan, shared: PlanFile) -> EpochPlan:
+    object.__setattr__(bare, "shared", shared)
+    _fill(bare, shared.arrays(), int(shared.sections[0][1].count))
+    return bare
+
+
+def _fill(plan: EpochPlan, arrays: dict[str, npt.NDArray[Any]], n: int) -> None:
+    """Point the plan's arrays at the file's (sizes are not kept: only the L2 cache, filled
+    when the selection was resolved, needs them)."""
+    hashes = arrays.get("hashes")
+    selection = replace(plan.selection, ids=arrays["ids"], labels=arrays["labels"],
+                        sizes=np.broadcast_to(np.int64(-1), (n,)),
+                        hashes=hashes if hashes is not None else np.broadcast_to(_ZERO_HASH, (n,)))  # fmt: skip
+    object.__setattr__(plan, "selection", selection)
+    object.__setattr__(plan, "layout", replace(plan.layout, order=arrays["order"]))
+    object.__setattr__(plan, "where", arrays.get("where"))
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+_ZERO_HASH = np.zeros(1, dtype="V16")
+_NO_HASHES = _ZERO_HASH[:0]
 
 
 def _window(options: EpochOptions, batch_size: int) -> int:

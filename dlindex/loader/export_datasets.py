@@ -31,6 +31,7 @@ from typing import Any
 
 from dlindex.errors import DlindexError
 from dlindex.exported.confine import read_regular, real_inside, resolve_inside
+from dlindex.exported.formats import WDS
 from dlindex.exported.index import listed_shards
 from dlindex.exported.reader import absolute_paths, exact_path, load_index, manifest_files, manifest_rows, source_path
 from dlindex.exported.tar import iter_tar
@@ -224,7 +225,7 @@ class WdsDataset:
         )  # fmt: skip
         self.out_dir = Path(out_dir)
         self.index = load_index(out_dir)
-        if self.index.get("format") != "wds":
+        if self.index.get("format") != WDS.name:
             raise DlindexError(f"{out_dir} is a {self.index.get('format')} export; WdsDataset reads wds exports")
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
         self.shards = [s for s in listed_shards(self.index) if split is None or s["split"] == split]

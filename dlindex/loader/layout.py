@@ -31,7 +31,15 @@ def chunk_order(chunk_starts: Ints, n: int, seed: int, epoch: int, shuffle: bool
     bounds = np.append(starts, n)
     rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(seed) >> 32, int(epoch), _CHUNK_TAG])
     picked = rng.permutation(starts.size)
-    return np.concatenate([positions[bounds[k] : bounds[k + 1]] for k in picked])
+    # each picked chunk's positions, shifted from where it lands to where it starts: no list of
+    # a view per chunk (625k of them at 10^7 samples)
+    lengths = np.diff(bounds)[picked]
+    landed = np.cumsum(lengths) - lengths
+    del positions
+    order = np.repeat(starts[picked] - landed, lengths)
+    for at in range(0, n, 1 << 20):  # in blocks: no second array of n
+        order[at : at + (1 << 20)] += np.arange(at, min(n, at + (1 << 20)), dtype=np.int64)
+    return order
 
 
 @dataclass(frozen=True)

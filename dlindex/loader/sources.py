@@ -20,11 +20,12 @@ import xxhash
 
 from dlindex.errors import DlindexError
 from dlindex.exported.confine import read_regular, resolve_inside
+from dlindex.exported.formats import WDS
 from dlindex.exported.ids import wds_ids
 from dlindex.exported.index import listed_shards
 from dlindex.exported.reader import load_index
 from dlindex.exported.tar import iter_members
-from dlindex.loader.selection import Selection
+from dlindex.loader.selection import Selection, pick
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -50,7 +51,7 @@ class WdsExport:
     @classmethod
     def open(cls, out_dir: str | os.PathLike[str]) -> WdsExport:
         index = load_index(out_dir)
-        if index.get("format") != "wds":
+        if index.get("format") != WDS.name:
             raise DlindexError(f"{os.fsdecode(out_dir)} is a {index.get('format')} export, not wds")
         ids = wds_ids(out_dir, index)
         if ids is None:
@@ -103,7 +104,7 @@ def arrange_wds(selection: Selection, export: WdsExport) -> tuple[Selection, Int
 
 def _reorder(selection: Selection, order: Ints) -> Selection:
     return replace(selection, ids=selection.ids[order], labels=selection.labels[order],
-                   sizes=selection.sizes[order], hashes=selection.hashes[order])  # fmt: skip
+                   sizes=pick(selection.sizes, order), hashes=pick(selection.hashes, order))  # fmt: skip
 
 
 class FileReader:
@@ -265,7 +266,7 @@ def find_export(catalog: Catalog, selection: Selection) -> WdsExport | None:
     """The newest recorded wds export that holds every sample of ``selection``; None when there is none."""
     from dlindex.export.registry import recorded_exports
 
-    for recorded in recorded_exports(catalog, "wds"):
+    for recorded in recorded_exports(catalog, WDS.name):
         try:
             export = WdsExport.open(Path(recorded.path))
         except (DlindexError, OSError):
@@ -276,4 +277,4 @@ def find_export(catalog: Catalog, selection: Selection) -> WdsExport | None:
 
 
 def describe(export: WdsExport | None) -> dict[str, Any]:
-    return {"source": "wds" if export else "files", "export": export.out_dir if export else None}
+    return {"source": WDS.name if export else "files", "export": export.out_dir if export else None}

@@ -244,7 +244,7 @@ def _emit(
 ) -> Iterator[dict[str, Any]]:
     selection = job.plan.selection
     at = np.fromiter((s.position for s in piece), dtype=np.int64, count=len(piece))
-    ids, labels = selection.ids[at], selection.labels[at]
+    ids, labels = selection.ids[at], selection.labels[at].astype(np.int64)  # the plan keeps int32 classes
     vectors = None
     if job.feature_type is not None:
         from dlindex.features.storage import feature_vectors

@@ -10,9 +10,10 @@ from __future__ import annotations
 import array
 import hashlib
 import json
-import sqlite3
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
+
+from dlindex.catalog.backend import OPERATIONAL_ERRORS
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -68,7 +69,7 @@ def store(catalog: Catalog, key: str, changes: int, ids: list[int]) -> None:
         with catalog.busy_timeout(_STORE_TIMEOUT_MS), catalog.write_transaction(bookkeeping=True) as tx:
             tx.execute(_EXPIRE, {"changes": changes, "keep": _KEEP})
             tx.execute(_STORE, {"key": key, "changes": changes, "ids": blob, "rows": len(ids)})
-    except sqlite3.OperationalError:
+    except OPERATIONAL_ERRORS:
         pass  # a cache is an optimisation, never a reason to fail
 
 

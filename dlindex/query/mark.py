@@ -20,7 +20,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
-from dlindex.catalog.sqlite import INT64_MAX, INT64_MIN, rollback
+from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN, rollback
 from dlindex.errors import InputError, UsageError, did_you_mean
 from dlindex.query.spec import PROCESSING_FILTERS, STATUSES
 
@@ -32,10 +32,6 @@ _CREATE_PATHS = (
     "CREATE TEMP TABLE IF NOT EXISTS mark_paths (root_id INTEGER NOT NULL, file_path TEXT NOT NULL, "
     "PRIMARY KEY (root_id, file_path)) WITHOUT ROWID"
 )
-_DROP_IDS = "DROP TABLE IF EXISTS temp.mark_ids"
-_DROP_PATHS = "DROP TABLE IF EXISTS temp.mark_paths"
-_EMPTY_IDS = "DELETE FROM temp.mark_ids"
-_EMPTY_PATHS = "DELETE FROM temp.mark_paths"
 _STAGE_IDS = "INSERT OR IGNORE INTO temp.mark_ids (id) SELECT value FROM json_each(:ids)"
 _STAGE_PATH = "INSERT OR IGNORE INTO temp.mark_paths (root_id, file_path) VALUES (?, ?)"
 _COUNT_IDS = "SELECT count(*) FROM temp.mark_ids"
@@ -185,11 +181,8 @@ def mark_samples(
             if staged_paths:
                 matched = int(tx.execute(_MATCHED).fetchone()[0])
             updated = 0
-            if catalog.backend == "postgresql":
-                if staged_ids:
-                    tx.execute(_LOCK_BY_ID).fetchall()
-                if staged_paths:
-                    tx.execute(_LOCK_BY_PATH).fetchall()
+            locks = ([_LOCK_BY_ID] if staged_ids else []) + ([_LOCK_BY_PATH] if staged_paths else [])
+            catalog.backend.lock_rows(tx, locks)  # a server catalog's row locks, in id order
             if staged_ids:
                 sql = _UPDATE_BY_ID.replace("{set}", set_sql).replace("{changed}", changed_sql)
                 updated += tx.execute(sql, values).rowcount
@@ -197,14 +190,8 @@ def mark_samples(
                 sql = _UPDATE_BY_PATH.replace("{set}", set_sql).replace("{changed}", changed_sql)
                 updated += tx.execute(sql, values).rowcount
     finally:
-        if catalog.backend == "postgresql":
-            # emptied, not dropped: a new temp table each call is a new statement to the
-            # server's statistics (pg_stat_statements), which would crowd out the real workload
-            conn.execute(_EMPTY_IDS)
-            conn.execute(_EMPTY_PATHS)
-        else:
-            conn.execute(_DROP_IDS)
-            conn.execute(_DROP_PATHS)
+        catalog.backend.end_temp_table(conn, "mark_ids")
+        catalog.backend.end_temp_table(conn, "mark_paths")
     return MarkResult(
         inputs=inputs, matched=matched, updated=updated, unknown=unknown,
         seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(examples),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from dlindex.catalog.sqlite import INT64_MAX
+from dlindex.catalog.sqlite.connect import INT64_MAX
 from dlindex.errors import InputError, UsageError, did_you_mean
 
 # Two columns, two vocabularies: scan's verdict on the file (status) and what mark records

@@ -10,12 +10,12 @@ import math
 import os
 import re
 import shutil
-import sqlite3
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO
 
+from dlindex.catalog.backend import Connection
 from dlindex.catalog.fingerprint import SQL_COMMENT, SQL_STRING, fingerprint, table_of
 from dlindex.errors import InputError
 
@@ -226,7 +226,7 @@ def _ends_statement(line: str) -> bool:
     return _split_comment(line)[0].rstrip().endswith(";")
 
 
-def import_statements(conn: sqlite3.Connection, statements: Iterable[ParsedStatement]) -> ImportSummary:
+def import_statements(conn: Connection, statements: Iterable[ParsedStatement]) -> ImportSummary:
     """Store captured statements as ``source = 'import'`` log entries; nothing is executed.
 
     ``conn`` must be inside a write transaction.

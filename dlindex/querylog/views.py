@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.backend import Connection
 from dlindex.querylog.importer import ImportSummary, LineSource, import_statements, parse_statements
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class FingerprintStats:
     sample_params: tuple[Any, ...] = ()
 
 
-def summarize(conn: sqlite3.Connection, top: int | None = 10) -> list[FingerprintStats]:
+def summarize(conn: Connection, top: int | None = 10) -> list[FingerprintStats]:
     """Fingerprints ranked by total time (then calls): the input of ``dlindex log show``."""
     samples: dict[str, list[Any]] = {}
     for fp, params in conn.execute(_TEMPLATE_PARAMS):
@@ -83,7 +83,7 @@ def _summarize_group(group: list[tuple[Any, ...]], samples: dict[str, Any]) -> F
     )  # fmt: skip
 
 
-def clear(conn: sqlite3.Connection) -> int:
+def clear(conn: Connection) -> int:
     """Delete every log entry and template sample; ``conn`` must be in a write transaction."""
     removed = int(conn.execute(_CLEAR_LOG).rowcount)
     conn.execute(_CLEAR_TEMPLATES)

@@ -8,10 +8,10 @@ an unchanged file costs one ``lstat`` and nothing is written.
 from __future__ import annotations
 
 import os
-import sqlite3
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from dlindex.catalog.backend import Cursor, ReadConnection
 from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.listing import Child, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe, stored_inode
@@ -99,7 +99,7 @@ class DiffOptions:
 class LabelIds:
     """Label name -> id as the catalog had it; re-read when a name is not known yet."""
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: ReadConnection) -> None:
         self.conn = conn
         self.ids: dict[str, int] = {}
 
@@ -114,7 +114,7 @@ class LabelIds:
         return found
 
 
-def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffOptions, labels: LabelIds) -> UnitDiff:
+def diff_unit(conn: ReadConnection, root_id: int, unit: Unit, options: DiffOptions, labels: LabelIds) -> UnitDiff:
     """Merge-join the unit's walk with its catalog rows, both in file_path order."""
     diff = UnitDiff()
     params = {"root": root_id, "start": unit.start, "end": unit.end, "limit": options.max_pixels,
@@ -189,7 +189,7 @@ def diff_unit(conn: sqlite3.Connection, root_id: int, unit: Unit, options: DiffO
 
 def _diff_linked(
     diff: UnitDiff,
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     known: tuple[Any, ...] | None,
     folder: Folder,
     run: list[Child],

@@ -25,7 +25,7 @@ from typing import Any
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.merge import CatalogMergeSummary, merge_catalogs
-from dlindex.catalog.sqlite import DEFAULT_DB, connect_readonly
+from dlindex.catalog.sqlite.connect import DEFAULT_DB, connect_readonly
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
 from dlindex.engines.runfolder import (
     check_run_folder,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
-import sqlite3
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,6 +19,7 @@ from typing import Any
 
 from PIL import Image
 
+from dlindex.catalog.backend import ReadConnection
 from dlindex.errors import DlindexError
 from dlindex.procs import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
 from dlindex.scan.diff import DiffOptions, LabelIds, UnitDiff, diff_unit
@@ -36,7 +36,7 @@ class _Worker:
     io: ThreadPoolExecutor | None  # reader threads for batches not in the page cache
     io_threads: int
     catalog_path: str | None
-    reader: sqlite3.Connection | None = None  # opened by the first diff task
+    reader: ReadConnection | None = None  # opened by the first diff task
     labels: LabelIds | None = None
 
 

@@ -12,10 +12,10 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from contextlib import suppress
-from typing import Any
 
+from dlindex.catalog.backend import INTEGRITY_ERRORS, Connection
 from dlindex.catalog.connection import Catalog
-from dlindex.catalog.migrations import path_hash
+from dlindex.catalog.sqlite.migrations import path_hash
 from dlindex.errors import DlindexError
 from dlindex.procs import pid_alive
 from dlindex.query.spec import LOADER_FAILURE
@@ -97,7 +97,7 @@ class BatchWriter:
         self._last_flush = time.monotonic()
 
     @staticmethod
-    def _label_ids(conn: sqlite3.Connection, names: set[str | None]) -> dict[str | None, int | None]:
+    def _label_ids(conn: Connection, names: set[str | None]) -> dict[str | None, int | None]:
         """Label ids, inserting new names, in the transaction that writes the rows using them:
         another scan dropping unused labels can never remove one in between."""
         ids: dict[str | None, int | None] = {None: None}  # no class: directly under ROOT (or a split folder)
@@ -133,12 +133,8 @@ class BatchWriter:
                 try:
                     # A plain INSERT costs two thirds of an upsert, and files the walk found
                     # no row for are new unless another scan of this root raced us here.
-                    if self.catalog.backend == "postgresql":  # COPY: PostgreSQL's bulk path
-                        server: Any = conn
-                        server.copy_rows("image_metadata", _COLUMNS, new, logged_as=_INSERT)
-                    else:
-                        conn.executemany(_INSERT, new)
-                except sqlite3.IntegrityError:
+                    self.catalog.backend.bulk_insert(conn, "image_metadata", _COLUMNS, new, statement=_INSERT)
+                except INTEGRITY_ERRORS:
                     conn.executemany(_UPSERT, new)  # same transaction: rows inserted so far are updated
                 conn.executemany(_UPSERT, changed)
                 conn.executemany(_MARK_MISSING, ((i,) for i in self.missing))

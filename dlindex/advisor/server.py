@@ -1,6 +1,6 @@
 """``suggest_server_indexes``: index advice for a PostgreSQL catalog, judged by hypopg, verified by timing.
 
-1. Workload: dlindex's query log joined with pg_stat_statements (``pgworkload``); the
+1. Workload: dlindex's query log joined with pg_stat_statements (``server_workload``); the
    heaviest reads (``top``, each at least 1% of the read time, seen at least twice) are *hot*.
 2. Candidates from the hot statements, as on SQLite (``candidates``: equality, range, order,
    partial WHEREs for flags, covering columns as ``INCLUDE``), merged.
@@ -10,23 +10,24 @@
    logged parameters (EXPLAIN ANALYZE, BUFFERS), and the transaction is rolled back. An index
    no plan uses, one whose statements do not touch at most 1/MIN_GAIN of the buffers, and
    one in the plan of a read that got slower, is dropped; repeated until the set holds.
-5. Dexter's rule on the same statements (``dexter``); its set is timed the same way, so the
-   report holds both side by side. Existing indexes the server never scanned are *unused*.
+5. Existing indexes the server never scanned are *unused*.
+
+Nothing but dlindex's own candidates is ever built: the comparison with Dexter's rule is a
+benchmark (bench/bench_index_postgres.py, bench/dexter.py), not part of the advice.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from dlindex.advisor.candidates import Candidate, candidates_for, existing_serves, merge
-from dlindex.advisor.dexter import MIN_COST, MIN_SAVINGS, dexter_advice
+from dlindex.advisor.manage import PREFIX
 from dlindex.advisor.model import Advice, Effect, Finding, Rejected, Served, Suggestion
-from dlindex.advisor.pgplans import (
+from dlindex.advisor.server_plans import (
     Hypothetical,
     Plan,
     ServerStatistics,
@@ -38,18 +39,18 @@ from dlindex.advisor.pgplans import (
     tables,
     time_run,
 )
-from dlindex.advisor.pgworkload import ServerStatement, check_statistics, ensure_hypopg, load_server_workload
+from dlindex.advisor.server_workload import ServerStatement, check_statistics, ensure_hypopg, load_server_workload
 from dlindex.advisor.shapes import Access, analyze
 from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.workload import Skipped
+from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
-PREFIX = "idx_dlindex_"
 MIN_GAIN = 1.15  # planned cost, then buffers, of the statements an index serves: at most 1/1.15
 MIN_SHARE = 0.01
 MIN_WEIGHT_MS = 1.0
@@ -78,14 +79,16 @@ def suggest_server_indexes(
     logs: Iterable[tuple[str, LineSource]] = (),
     *,
     top: int = 10,
-    runs: int = RUNS,
+    min_share: float = MIN_SHARE,
+    runs: int | None = None,
     time_limit_s: float = 10.0,
     progress: Callable[[str], None] | None = None,
 ) -> Advice:
     """Index advice for a server catalog; nothing is created but the hypopg extension, if missing."""
     say = progress or (lambda _line: None)
+    runs = runs or RUNS
     started = time.perf_counter()
-    conn: PgConnection = catalog.conn
+    conn = cast("PgConnection", catalog.conn)
     database, major = check_statistics(conn)
     work = load_server_workload(conn, logs)
     if not work.reads:
@@ -103,18 +106,18 @@ def suggest_server_indexes(
         if s.runs:
             try:
                 plans[fp] = explain(conn, s.runs[0])
-            except sqlite3.Error as e:
+            except SQL_ERRORS as e:
                 skipped.append(Skipped("replay", None, f"cannot be planned ({e})", _short(s.statement.sql)))
     weights = {fp: s.statement.calls * (s.statement.mean_ms or 0.0) for fp, s in reads.items()}
     total = sum(weights.values())
     ranked = sorted(reads, key=lambda fp: (-weights[fp], fp))
     supported = [fp for fp in ranked if fp in plans and reads[fp].statement.calls >= MIN_CALLS]
-    hot = [fp for fp in supported[:top] if weights[fp] >= max(MIN_SHARE * total, MIN_WEIGHT_MS)]
+    hot = [fp for fp in supported[:top] if weights[fp] >= max(min_share * total, MIN_WEIGHT_MS)]
     timed = [fp for fp in ranked if fp in plans]
     say(f"timing {len(timed)} reads on the server")
     before = _time_all(conn, reads, timed, runs, time_limit_s, skipped)
-    accesses = {fp: analyze(reads[fp].statement.sql, infos).accesses for fp in timed}
-    candidates = merge(candidates_for({fp: accesses[fp] for fp in hot}, weights, infos, stats), stats)
+    accesses = {fp: analyze(reads[fp].statement.sql, infos).accesses for fp in hot}
+    candidates = merge(candidates_for(accesses, weights, infos, stats), stats)
     candidates = [c for c in candidates if not any(existing_serves(e, c) for e in existing)]
     rejected: list[Rejected] = []
     winners: list[Candidate] = []
@@ -134,15 +137,6 @@ def suggest_server_indexes(
     say("building the winners in a transaction that is rolled back, timing every logged read")
     winners, after, sizes, note = _verify(conn, catalog.wait_s, winners, reads, timed, before, runs, time_limit_s,
                                           rejected)  # fmt: skip
-    say("Dexter's rule on the same statements")
-    full = [(e.table, e.columns) for e in existing if not e.partial]
-    dexter_set, verdicts = dexter_advice(hypo, {fp: (accesses[fp], reads[fp].runs[0]) for fp in timed}, plans, full)
-    dexter_after: dict[str, Timed] = {}
-    if dexter_set:
-        with built(conn, [d.sql() for d in dexter_set], [d.name for d in dexter_set], time_limit_s,
-                   catalog.wait_s) as visible:  # fmt: skip
-            if visible:
-                dexter_after = _time_all(conn, reads, timed, runs, time_limit_s, [], transaction=False)
     suggestions = tuple(_suggestion(c, reads, before, after, sizes) for c in winners)
     served = {fp for c in winners for fp in c.fingerprints}
 
@@ -157,11 +151,7 @@ def suggest_server_indexes(
                      "pg_stat_statements": sum(1 for s in (*reads.values(), *work.writes.values()) if s.source != "log"),
                      "joined": work.joined},
         "verified": note,
-        "workload_ms": {"before": workload_ms(before), "dlindex": workload_ms(after) if winners else workload_ms(before),
-                        "dexter": workload_ms(dexter_after) if dexter_set else workload_ms(before)},
-        "dexter": {"rule": f"planner cost >= {MIN_COST:g} and a saving >= {MIN_SAVINGS:.0%}, single and two-column "
-                           "indexes of the WHERE, JOIN and ORDER BY columns",
-                   "indexes": [d.sql() for d in dexter_set], "statements": [v.as_dict() for v in verdicts]},
+        "workload_ms": {"before": workload_ms(before), "dlindex": workload_ms(after) if winners else workload_ms(before)},
     }  # fmt: skip
     statements = tuple(
         Effect(fp, "read", reads[fp].statement.sql, reads[fp].statement.calls,
@@ -220,7 +210,7 @@ def _time_all(conn: PgConnection, reads: Mapping[str, ServerStatement], fps: Seq
                 conn.execute_raw("SAVEPOINT dlindex_timed")
                 out[fp] = time_run(conn, run, runs)
                 conn.execute_raw("RELEASE SAVEPOINT dlindex_timed")
-        except sqlite3.Error as e:
+        except SQL_ERRORS as e:
             if not transaction:
                 conn.execute_raw("ROLLBACK TO SAVEPOINT dlindex_timed")
             skipped.append(Skipped("replay", None, f"not timed ({e}); the advice goes on without it",

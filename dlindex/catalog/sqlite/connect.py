@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from dlindex import faults
-from dlindex.catalog.migrations import APPLICATION_ID, LATEST_VERSION, apply_migrations, missing_tables, schema_version
+from dlindex.catalog.backend import Connection
+from dlindex.catalog.sqlite.migrations import (
+    APPLICATION_ID,
+    LATEST_VERSION,
+    apply_migrations,
+    missing_tables,
+    schema_version,
+)
 from dlindex.errors import CatalogBusyError, CatalogError, ReadOnlyCatalogError
 
 DEFAULT_DB = "dlindex.db"
@@ -60,7 +67,8 @@ def is_write_command() -> bool:
 
 
 class LoggedConnection(sqlite3.Connection):
-    """A connection that can report each write statement it runs (to the query log)."""
+    """A connection that can report each write statement it runs (to the query log); it speaks
+    dlindex.catalog.backend.Connection."""
 
     on_write: Callable[[str, int, int, float], None] | None = None
 
@@ -73,6 +81,10 @@ class LoggedConnection(sqlite3.Connection):
         if cursor.rowcount >= 0:  # -1: a SELECT or DDL, not a row write
             report(sql, 1, cursor.rowcount, time.perf_counter() - started)
         return cursor
+
+    def stream(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        """A read whose rows come as the caller fetches them: sqlite3's cursor already does."""
+        return super().execute(sql, parameters)
 
     def executemany(self, sql: str, parameters: Iterable[Any], /) -> sqlite3.Cursor:
         report = self.on_write
@@ -249,7 +261,7 @@ def _writable_dir(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
 
 
-def rollback(conn: sqlite3.Connection) -> None:
+def rollback(conn: Connection) -> None:
     """Roll back if a transaction is still open. SQLite ends some failed transactions itself
     (a full disk, an I/O error): a second ROLLBACK would raise "cannot rollback - no
     transaction is active" and hide the real cause, so that error is never raised from here."""

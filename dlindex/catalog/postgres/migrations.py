@@ -6,10 +6,26 @@ Kept the same where it matters to results: every text column compares byte by by
 (dlindex's SQL says ``processed = 1``); timestamps stay the text SQLite's CURRENT_TIMESTAMP
 writes (``YYYY-MM-DD HH:MM:SS``, UTC); vectors and id arrays are bytea with the same bytes.
 The schema version is the one row of ``dlindex_schema``; a catalog of another version is
-refused before anything is written (docs/postgres.md).
+refused before anything is written (docs/postgres.md): ``ensure_schema`` checks, creates or
+upgrades it under an advisory lock when a connection opens.
 """
 
 from __future__ import annotations
+
+from typing import Any, Protocol
+
+from dlindex.errors import CatalogError, DamagedCatalogError
+
+
+class Server(Protocol):
+    """What the schema checks use of ``dlindex.catalog.postgres.connect.PgConnection``."""
+
+    shown: str
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Any: ...
+    def execute_raw(self, sql: str, parameters: Any = ...) -> Any: ...
+    def rollback_quietly(self) -> None: ...
+
 
 SCHEMA_TABLE = "dlindex_schema"
 APPLICATION = "dlindex"
@@ -208,7 +224,7 @@ SCHEMA_V12 = (
 # Version 13: migrations.m013_orientation.
 SCHEMA_V13 = ("ALTER TABLE image_metadata ADD COLUMN orientation BIGINT",)
 SCHEMA_V14 = ("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0",)  # m014_excluded
-# 15: SQLite's m015_file_keys (INTEGER is BIGINT here); path_hash as dlindex.catalog.migrations.path_hash
+# 15: SQLite's m015_file_keys (INTEGER is BIGINT here); path_hash as dlindex.catalog.sqlite.migrations.path_hash
 # computes it: of the UTF-8 bytes of file_path, whatever encoding the database keeps its text in.
 SCHEMA_V15 = (
     "ALTER TABLE image_metadata ADD COLUMN inode BIGINT",
@@ -229,3 +245,80 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "index_changes": ("id",), "feature_state": ("image_id", "feature_type"), "exports": ("path",),
     "sample_attributes": ("image_id", "name"), "shard_runs": ("id",),
 }  # fmt: skip
+
+
+_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+_VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"
+
+
+def ensure_schema(conn: Server, *, create: bool) -> None:
+    from dlindex.catalog.sqlite.migrations import LATEST_VERSION, missing_tables
+
+    tables = {row[0] for row in conn.execute(_TABLES).fetchall()}
+    if SCHEMA_TABLE not in tables:
+        ours = sorted(tables & set(PRIMARY_KEYS))
+        if ours:
+            raise CatalogError(
+                f"PostgreSQL database {conn.shown} holds tables dlindex did not make ({', '.join(ours[:3])}); "
+                "nothing was changed: give a database of its own"
+            )
+        if not create:
+            raise CatalogError(
+                f"no dlindex catalog in the PostgreSQL database {conn.shown}; make one with: "
+                f"dlindex scan ROOT --db {conn.shown}"
+            )
+    else:
+        version = stored_version(conn)
+        if version > LATEST_VERSION:
+            raise CatalogError(
+                f"PostgreSQL catalog {conn.shown} is schema version {version}, newer than this dlindex "
+                f"knows ({LATEST_VERSION}); nothing was changed: upgrade dlindex"
+            )
+        lost = missing_tables(tables, version)
+        if lost:  # as on a file catalog: a damaged catalog is neither read nor migrated
+            raise DamagedCatalogError(
+                f"PostgreSQL catalog {conn.shown} is damaged (table {', '.join(lost)} is missing); nothing was "
+                "changed: restore the database from a backup (pg_dump / pg_restore)"
+            )
+        if version == LATEST_VERSION:
+            return
+    _migrate(conn)
+
+
+def stored_version(conn: Server) -> int:
+    """The schema version the catalog records (its one row of dlindex_schema)."""
+    rows = conn.execute(_VERSION).fetchall()
+    if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
+        raise CatalogError(f"PostgreSQL catalog {conn.shown} has a damaged {SCHEMA_TABLE} table; nothing was changed")
+    return int(rows[0][1])
+
+
+def _migrate(conn: Server) -> None:
+    """Create or upgrade the schema in one transaction under an advisory lock, so processes
+    opening a new catalog at once make it once; every step re-reads the version inside."""
+    from dlindex.catalog.sqlite.migrations import LATEST_VERSION
+
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
+        exists = conn.execute(
+            "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?",
+            (SCHEMA_TABLE,),
+        ).fetchone()
+        version = stored_version(conn) if exists else 0
+        for reached, statements in MIGRATIONS:
+            if reached <= version:
+                continue
+            for statement in statements:
+                conn.execute_raw(statement)
+            if version == 0:
+                conn.execute(f"INSERT INTO {SCHEMA_TABLE} (application, version) VALUES (?, ?)", (APPLICATION, reached))
+            else:
+                conn.execute(f"UPDATE {SCHEMA_TABLE} SET version = ?", (reached,))
+            version = reached
+        if version != LATEST_VERSION:
+            raise CatalogError(f"PostgreSQL catalog {conn.shown}: no migration reaches schema {LATEST_VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.rollback_quietly()
+        raise

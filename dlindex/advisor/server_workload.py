@@ -5,10 +5,10 @@ from any client, with calls and time, but with its values replaced by ``$1``, ``
 dlindex's ``query_log`` knows its own reads with real parameter sets (the reservoir of
 ``query_log_templates``), which PostgreSQL 15 needs to EXPLAIN a statement at all (it has no
 ``EXPLAIN (GENERIC_PLAN)``). The two are joined by a *server fingerprint*: a log template is
-rewritten as PostgreSQL runs it (``dialect.translate``), a server statement loses the
+rewritten as PostgreSQL runs it (``dlindex.catalog.dialect.translate``), a server statement loses the
 ``DECLARE ... CURSOR ... FOR`` that dlindex's streamed reads run under, and in both
 placeholders (``$1``, ``%s``, ``%(name)s``) and literals become ``?`` and their casts are
-dropped before ``catalog.fingerprint`` hashes the text. A statement the log holds is weighed
+dropped before ``dlindex.catalog.fingerprint`` hashes the text. A statement the log holds is weighed
 by the log's calls and durations (a read through a held cursor is executed when the cursor
 is materialised, which pg_stat_statements does not credit to the DECLARE); a statement only
 the server saw is weighed by its calls and ``total_exec_time`` and can be explained and
@@ -23,17 +23,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-from dlindex.advisor.shapes import check_select
+from dlindex.advisor.shapes import check_select, write_columns
 from dlindex.advisor.workload import Skipped, Statement, load_workload
-from dlindex.advisor.write_shapes import write_columns
-from dlindex.catalog.dialect import translate
+from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.catalog.fingerprint import fingerprint, table_of
-from dlindex.catalog.postgres import server_statement
+from dlindex.catalog.postgres.dialect import server_statement, translate
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _PRELOAD = (
     "SELECT current_setting('shared_preload_libraries'), current_database(), current_setting('server_version_num')"
@@ -125,7 +124,7 @@ def ensure_hypopg(conn: PgConnection, major: int) -> None:
         )
     try:
         conn.execute_raw(_CREATE_HYPOPG)
-    except sqlite3.Error as e:
+    except SQL_ERRORS as e:
         raise InputError(
             f"cannot create the hypopg extension ({e}): run CREATE EXTENSION hypopg as a superuser; nothing was changed"
         ) from None

@@ -13,21 +13,20 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dlindex.advisor.pgworkload import OWN
 from dlindex.advisor.scratch import IndexDef
+from dlindex.advisor.server_workload import OWN
 from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
 
 if TYPE_CHECKING:
-    from dlindex.advisor.pgworkload import Run
-    from dlindex.catalog.postgres import PgConnection
+    from dlindex.advisor.server_workload import Run
+    from dlindex.catalog.postgres.connect import PgConnection
 
 _COLUMNS = """SELECT table_name, column_name FROM information_schema.columns
     WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"""
@@ -245,5 +244,5 @@ def built(conn: PgConnection, ddl: Sequence[str], names: Sequence[str], time_lim
         conn.rollback_quietly()
 
 
-def is_timeout(e: sqlite3.Error) -> bool:
+def is_timeout(e: Exception) -> bool:
     return "statement timeout" in str(e) or "canceling statement" in str(e)

@@ -1,4 +1,9 @@
-"""Dexter's method on the same workload, for comparison with dlindex's advice on PostgreSQL.
+"""Dexter's method on the same workload, for comparison with dlindex's advice on PostgreSQL (a benchmark).
+
+``bench_index_postgres.py`` compares dlindex's suggestions with Dexter's set; ``dexter_for``
+computes that set for a server catalog from the same logged statements (dlindex's query log
+joined with pg_stat_statements), with hypothetical indexes only (hypopg): nothing is built
+here. The bench then builds each set itself, on its own database, to time it.
 
 Dexter (github.com/ankane/dexter, the automatic indexer for Postgres) is re-implemented here
 as its documented rule, not run: for the statements of the workload it creates a
@@ -12,17 +17,21 @@ partial, covering or write-aware indexes, and no timing: planner cost decides al
 from __future__ import annotations
 
 import itertools
+import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dlindex.advisor.pgplans import Hypothetical, Plan, explain
-from dlindex.advisor.pgworkload import Run
-from dlindex.advisor.shapes import Access
+from dlindex import Catalog
+from dlindex.advisor.server_plans import Hypothetical, Plan, explain, indexes, tables
+from dlindex.advisor.server_workload import Run, check_statistics, ensure_hypopg, load_server_workload
+from dlindex.advisor.shapes import Access, analyze
 from dlindex.advisor.sqltext import quote_identifier
 
 MIN_COST = 100.0
 MIN_SAVINGS = 0.5
+RULE = (f"planner cost >= {MIN_COST:g} and a saving >= {MIN_SAVINGS:.0%}, single and two-column indexes of the WHERE, "
+        "JOIN and ORDER BY columns")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,3 +115,25 @@ def dexter_advice(
         verdicts.append(DexterVerdict(fp, cost, best.cost, ddl, kept))
     found = [DexterIndex(t, c, tuple(sorted(fps))) for (t, c), fps in sorted(chosen.items())]
     return found, verdicts
+
+
+def dexter_for(url: str) -> tuple[list[DexterIndex], list[DexterVerdict]]:
+    """Dexter's set for the logged reads of the server catalog at ``url``, and its verdict on each."""
+    with Catalog(url, log=False) as catalog:
+        conn = catalog.conn
+        _database, major = check_statistics(conn)
+        work = load_server_workload(conn)
+        ensure_hypopg(conn, major)
+        infos, existing = tables(conn), indexes(conn)
+        statements: dict[str, tuple[Sequence[Access], Run]] = {}
+        plans: dict[str, Plan] = {}
+        for fp, s in sorted(work.reads.items()):
+            if not s.runs:
+                continue
+            try:
+                plans[fp] = explain(conn, s.runs[0])
+            except sqlite3.Error:
+                continue  # cannot be planned: dlindex's advice reports it as skipped
+            statements[fp] = (analyze(s.statement.sql, infos).accesses, s.runs[0])
+        full = [(e.table, e.columns) for e in existing if not e.partial]
+        return dexter_advice(Hypothetical(conn), statements, plans, full)

@@ -1,41 +1,41 @@
 """PostgreSQL connections to a server catalog, which run dlindex's SQLite-dialect SQL.
 
 The URL, the checks before any write, the schema under an advisory lock, and the connection.
-``PgConnection`` offers what dlindex uses of ``sqlite3.Connection`` (execute, executemany,
-fetch, rowcount, lastrowid, in_transaction) and raises sqlite3's exception classes, with
-``sqlite_errorname`` set to SQLite's name for the same condition (SQLITE_BUSY for a lock
-wait that ran out or a deadlock, SQLITE_FULL for a full disk, SQLITE_CONSTRAINT), so the
-layers above handle both backends with one set of rules. Statements are rewritten by
+``PgConnection`` speaks ``dlindex.catalog.backend.Connection`` (execute, executemany, stream,
+fetch, rowcount, lastrowid, in_transaction) and raises dlindex's own exceptions for what fails
+(``dlindex_error``: CatalogLockTimeout for a lock wait that ran out or a deadlock,
+CatalogFullError, CatalogReadOnlySQLError, CatalogIntegrityError, else CatalogOperationalError). Statements are rewritten by
 ``dialect.translate``. Bulk inserts use COPY (``copy_rows``). psycopg 3 is imported only
 when a ``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import sqlite3
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
-from dlindex.catalog.dialect import Translated, element_type, translate
-from dlindex.catalog.pgschema import APPLICATION, MIGRATION_LOCK, MIGRATIONS, PRIMARY_KEYS, SCHEMA_TABLE
-from dlindex.errors import CatalogConnectionLost, CatalogError, DamagedCatalogError, InputError
+from dlindex.catalog.postgres.cursor import STREAM_ROWS, Counted, PgCursor, Rows, Streamed
+from dlindex.catalog.postgres.dialect import bind, translate, wants_lastrowid
+from dlindex.catalog.postgres.migrations import ensure_schema
+from dlindex.errors import (
+    CatalogClosedError,
+    CatalogConnectionLost,
+    CatalogError,
+    CatalogFullError,
+    CatalogIntegrityError,
+    CatalogLockTimeout,
+    CatalogOperationalError,
+    CatalogReadOnlySQLError,
+    CatalogSQLError,
+    InputError,
+)
 
-SCHEMES = ("postgresql://", "postgres://")
 _CONNECT_TIMEOUT_S = 10
-_STREAM_ROWS = 2000  # rows a streamed read brings over per round trip
-_TABLES = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
-_VERSION = f"SELECT application, version FROM {SCHEMA_TABLE}"
-
-
-def is_server_url(location: object) -> bool:
-    """Whether a ``--db`` value names a server catalog rather than a file."""
-    return isinstance(location, str) and location.lower().startswith(SCHEMES)
 
 
 def redact(url: str) -> str:
@@ -49,6 +49,13 @@ def redact(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = urllib.parse.quote(parts.username or "", safe="")
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def busy_message(path: object, wait_s: float, detail: str) -> str:
+    return (
+        f"catalog {path}: another transaction held the rows this one needs for over {wait_s:.3g} s "
+        f"({detail}); run the command again, or wait longer with --wait SECONDS"
+    )
 
 
 _QUIET = logging.NullHandler()  # one instance: addHandler ignores a handler it already has
@@ -86,7 +93,7 @@ def connect(url: str, *, create: bool, wait_s: float) -> PgConnection:
     conn = PgConnection(raw, shown)
     try:
         conn.set_lock_wait(wait_s)
-        _ensure_schema(conn, create=create)
+        ensure_schema(conn, create=create)
     except BaseException:
         conn.close()
         raise
@@ -113,122 +120,6 @@ def _first_line(e: BaseException) -> str:
     text = lines[0] if lines else type(e).__name__
     # libpq says "connection to server at "HOST", port N failed:" before the reason
     return re.sub(r"^(?:connection failed: )?(?:connection to server (?:at|on) .*? failed: )?", "", text) or text
-
-
-def _ensure_schema(conn: PgConnection, *, create: bool) -> None:
-    from dlindex.catalog.migrations import LATEST_VERSION, missing_tables
-
-    tables = {row[0] for row in conn.execute(_TABLES).fetchall()}
-    if SCHEMA_TABLE not in tables:
-        ours = sorted(tables & set(PRIMARY_KEYS))
-        if ours:
-            raise CatalogError(
-                f"PostgreSQL database {conn.shown} holds tables dlindex did not make ({', '.join(ours[:3])}); "
-                "nothing was changed: give a database of its own"
-            )
-        if not create:
-            raise CatalogError(
-                f"no dlindex catalog in the PostgreSQL database {conn.shown}; make one with: "
-                f"dlindex scan ROOT --db {conn.shown}"
-            )
-    else:
-        version = _version(conn)
-        if version > LATEST_VERSION:
-            raise CatalogError(
-                f"PostgreSQL catalog {conn.shown} is schema version {version}, newer than this dlindex "
-                f"knows ({LATEST_VERSION}); nothing was changed: upgrade dlindex"
-            )
-        lost = missing_tables(tables, version)
-        if lost:  # as on a file catalog: a damaged catalog is neither read nor migrated
-            raise DamagedCatalogError(
-                f"PostgreSQL catalog {conn.shown} is damaged (table {', '.join(lost)} is missing); nothing was "
-                "changed: restore the database from a backup (pg_dump / pg_restore)"
-            )
-        if version == LATEST_VERSION:
-            return
-    _migrate(conn)
-
-
-def _version(conn: PgConnection) -> int:
-    rows = conn.execute(_VERSION).fetchall()
-    if len(rows) != 1 or rows[0][0] != APPLICATION or not isinstance(rows[0][1], int):
-        raise CatalogError(f"PostgreSQL catalog {conn.shown} has a damaged {SCHEMA_TABLE} table; nothing was changed")
-    return int(rows[0][1])
-
-
-def _migrate(conn: PgConnection) -> None:
-    """Create or upgrade the schema in one transaction under an advisory lock, so processes
-    opening a new catalog at once make it once; every step re-reads the version inside."""
-    from dlindex.catalog.migrations import LATEST_VERSION
-
-    conn.execute("BEGIN")
-    try:
-        conn.execute("SELECT pg_advisory_xact_lock(?)", (MIGRATION_LOCK,))
-        exists = conn.execute(
-            "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?",
-            (SCHEMA_TABLE,),
-        ).fetchone()
-        version = _version(conn) if exists else 0
-        for reached, statements in MIGRATIONS:
-            if reached <= version:
-                continue
-            for statement in statements:
-                conn.execute_raw(statement)
-            if version == 0:
-                conn.execute(f"INSERT INTO {SCHEMA_TABLE} (application, version) VALUES (?, ?)", (APPLICATION, reached))
-            else:
-                conn.execute(f"UPDATE {SCHEMA_TABLE} SET version = ?", (reached,))
-            version = reached
-        if version != LATEST_VERSION:
-            raise CatalogError(f"PostgreSQL catalog {conn.shown}: no migration reaches schema {LATEST_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.rollback_quietly()
-        raise
-
-
-class PgCursor:
-    """The rows of one statement, read the way dlindex reads sqlite3 cursors."""
-
-    def __init__(self, cursor: Any, lastrowid: int | None = None) -> None:
-        self._cursor = cursor
-        self.lastrowid = lastrowid
-
-    @property
-    def rowcount(self) -> int:
-        return int(self._cursor.rowcount)
-
-    @property
-    def description(self) -> Any:
-        return self._cursor.description
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        if self._cursor.description is None:
-            return None
-        row: tuple[Any, ...] | None = self._cursor.fetchone()
-        return row
-
-    def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
-        if self._cursor.description is None:
-            return []
-        return list(self._cursor.fetchmany(size))
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        if self._cursor.description is None:
-            return []
-        return list(self._cursor.fetchall())
-
-    def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        return self
-
-    def __next__(self) -> tuple[Any, ...]:
-        row = self.fetchone()
-        if row is None:
-            raise StopIteration
-        return row
-
-    def close(self) -> None:
-        self._cursor.close()
 
 
 class PgConnection:
@@ -265,20 +156,20 @@ class PgConnection:
         status = self.raw.info.transaction_status
         return bool(status != self._psycopg.pq.TransactionStatus.IDLE)
 
+    wait_s = 30.0
+
     def set_lock_wait(self, wait_s: float) -> None:
         """How long a statement waits for another transaction's row lock before it fails
-        (as SQLITE_BUSY): ``--wait``, like SQLite's busy timeout."""
+        (CatalogLockTimeout): ``--wait``, like SQLite's busy timeout."""
         self.execute_raw(f"SET lock_timeout = {int(max(wait_s, 0.001) * 1000)}")  # an int, not input
+        self.wait_s = wait_s
 
     def execute(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = (), /) -> PgCursor:
-        special = self._pragma(sql)
-        if special is not None:
-            return special
         if _EXPLAIN.match(sql):
             return self._explain(_EXPLAIN.sub("", sql, count=1), parameters)
         translated = translate(sql)
-        text, params = _bind(translated, parameters)
-        returning_id = _wants_lastrowid(text)
+        text, params = bind(translated, parameters)
+        returning_id = wants_lastrowid(text)
         if returning_id:
             text = f"{text} RETURNING id"
         cursor = self._cursor()
@@ -297,20 +188,20 @@ class PgConnection:
     def stream(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ()) -> PgCursor:
         """Run a read through a server-side cursor, so the client holds one batch of rows at a
         time, not the whole result (a query of millions of samples); ``Catalog.read`` uses it."""
-        text, params = _bind(translate(sql), parameters)
+        text, params = bind(translate(sql), parameters)
         # the lowest free name: pg_stat_statements keys a DECLARE by its text, cursor name
         # included, so reused names keep one entry per statement (index advice reads them)
         slot = min(set(range(len(self._open_reads) + 1)) - self._open_reads)
         self._open_reads.add(slot)
         cursor = self._cursor(name=f"dlindex_read_{slot}", withhold=True)
-        cursor.itersize = _STREAM_ROWS
+        cursor.itersize = STREAM_ROWS
         try:
             with self._statement(False, cursor):
                 cursor.execute(text, params)
-        except sqlite3.Error:
+        except CatalogSQLError:
             self._open_reads.discard(slot)
             raise
-        return _Streamed(cursor, lambda: self._open_reads.discard(slot), self._statement)
+        return Streamed(cursor, lambda: self._open_reads.discard(slot), self._statement)
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
@@ -328,7 +219,7 @@ class PgConnection:
             batch: list[Any] = []
             text = None
             for parameters in seq_of_parameters:
-                text, params = _bind(translated, parameters)
+                text, params = bind(translated, parameters)
                 batch.append(params)
                 calls += 1
                 if len(batch) >= 1000:
@@ -341,22 +232,22 @@ class PgConnection:
         report = self.on_write
         if report is not None and calls:
             report(sql, calls, rows, time.perf_counter() - started)
-        return _Counted(cursor, rows)
+        return Counted(cursor, rows)
 
     def _explain(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any]) -> PgCursor:
         """EXPLAIN QUERY PLAN as SQLite answers it, (id, parent, 0, detail) per line, with
         PostgreSQL's plan lines ("Seq Scan on t", "Index Scan using i on t") as the details."""
-        text, params = _bind(translate(sql), parameters)
+        text, params = bind(translate(sql), parameters)
         cursor = self._cursor()
         try:
             cursor.execute(f"EXPLAIN {text}", params)
             lines = [str(row[0]).strip().removeprefix("->").strip() for row in cursor.fetchall()]
         except self._psycopg.Error as e:
-            raise (self.lost_error(e) if self.lost(e) else self.translate_error(e)) from e
+            raise (self.lost_error(e) if self.lost(e) else self.dlindex_error(e)) from e
         finally:
             with suppress(self._psycopg.Error):
                 cursor.close()
-        return _Rows(
+        return Rows(
             [
                 (i, 0, 0, line)
                 for i, line in enumerate(lines)
@@ -385,18 +276,18 @@ class PgConnection:
         return bool(pattern.match(text)) and self.in_transaction
 
     def _cursor(self, **options: Any) -> Any:
-        """A psycopg cursor; on a closed connection, sqlite3's error for one (ProgrammingError), which
-        code finishing a read after close() expects, as on a file catalog."""
+        """A psycopg cursor; on a closed connection CatalogClosedError, which code finishing a read
+        after close() expects (dlindex.catalog.backend.CLOSED_ERRORS), as on a file catalog."""
         if self.raw.closed:
             if getattr(self.raw, "broken", False):  # closed by the server, not by dlindex
                 raise self.lost_error(None)
-            raise sqlite3.ProgrammingError("Cannot operate on a closed database.")
+            raise CatalogClosedError("Cannot operate on a closed database.")
         return self.raw.cursor(**options)
 
     @contextmanager
     def _statement(self, savepoint: bool, cursor: Any = None) -> Iterator[None]:
-        """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as sqlite3's
-        (``translate_error``), after rolling back to the savepoint and closing ``cursor``."""
+        """Run a statement, under a savepoint if asked; a PostgreSQL error leaves as dlindex's
+        (``dlindex_error``), after rolling back to the savepoint and closing ``cursor``."""
         try:
             if savepoint:
                 self.raw.execute("SAVEPOINT dlindex_statement")
@@ -412,7 +303,7 @@ class PgConnection:
             if cursor is not None:
                 with suppress(self._psycopg.Error):
                     cursor.close()
-            raise self.translate_error(e) from e
+            raise self.dlindex_error(e) from e
 
     def copy_rows(
         self, table: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], *, logged_as: str | None = None
@@ -436,20 +327,6 @@ class PgConnection:
             report(shown, n, n, time.perf_counter() - started)
         return n
 
-    def _pragma(self, sql: str) -> PgCursor | None:
-        """SQLite's PRAGMAs that dlindex sends to any catalog: the busy timeout becomes the lock
-        wait; cache and journal settings have no PostgreSQL counterpart and do nothing."""
-        head = sql.lstrip()[:7].upper()
-        if head != "PRAGMA ":
-            return None
-        m = re.fullmatch(r"\s*PRAGMA\s+(\w+)\s*(?:=\s*(-?\d+))?\s*", sql, re.IGNORECASE)
-        if m and m.group(1).lower() == "busy_timeout" and m.group(2) is not None:
-            self.execute_raw(f"SET lock_timeout = {max(int(m.group(2)), 1)}")
-            return PgCursor(self._cursor())
-        if m and m.group(1).lower() in ("cache_size", "synchronous", "wal_checkpoint"):
-            return PgCursor(self._cursor())
-        raise sqlite3.OperationalError(f"not supported on a PostgreSQL catalog: {sql.strip()[:60]}")
-
     def lost(self, e: Exception) -> bool:
         """Whether ``e`` says the server connection is gone: the server stopped, crashed or
         restarted, or the network dropped it. No statement can run on it any more."""
@@ -469,31 +346,25 @@ class PgConnection:
             "again when the server is back"
         )
 
-    def translate_error(self, e: Exception) -> sqlite3.Error:
-        """The sqlite3 exception class and SQLite error name for a PostgreSQL error."""
+    def dlindex_error(self, e: Exception) -> CatalogSQLError:
+        """dlindex's exception for a PostgreSQL error (dlindex.errors: busy, full, read-only,
+        integrity; anything else a CatalogOperationalError, as SQLite reports it)."""
         errors = self._psycopg.errors
         message = _first_line(e)
-        out: sqlite3.Error
         if isinstance(e, self._psycopg.IntegrityError):
-            out = sqlite3.IntegrityError(message)
-            name = "SQLITE_CONSTRAINT"
-        elif isinstance(e, (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)):
-            out = sqlite3.OperationalError(f"database is locked ({message})")
-            name = "SQLITE_BUSY"
-        elif isinstance(e, (errors.DiskFull, errors.OutOfMemory)):
-            out = sqlite3.OperationalError(f"database or disk is full ({message})")
-            name = "SQLITE_FULL"
-        elif isinstance(e, (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
-            out = sqlite3.OperationalError(f"attempt to write a readonly database ({message})")
-            name = "SQLITE_READONLY"
-        elif isinstance(e, self._psycopg.DataError):
-            out = sqlite3.DataError(message)
-            name = "SQLITE_MISMATCH"
-        else:
-            out = sqlite3.OperationalError(message)
-            name = "SQLITE_ERROR"
-        out.sqlite_errorname = name
-        return out
+            return CatalogIntegrityError(message)
+        if isinstance(e, (errors.LockNotAvailable, errors.DeadlockDetected, errors.SerializationFailure)):
+            return CatalogLockTimeout(busy_message(self.shown, self.wait_s, message))
+        if isinstance(e, (errors.DiskFull, errors.OutOfMemory)):
+            return CatalogFullError(
+                f"disk full: the PostgreSQL catalog {self.shown} has no room left ({message}); what was "
+                "committed is kept and the catalog is consistent. Free some space and run the command again"
+            )
+        if isinstance(e, (errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
+            return CatalogReadOnlySQLError(f"catalog {self.shown} is read-only ({message}); nothing was changed")
+        if isinstance(e, self._psycopg.DataError):
+            return CatalogSQLError(message)
+        return CatalogOperationalError(message)
 
     def rollback_quietly(self) -> None:
         if self.in_transaction:
@@ -507,124 +378,6 @@ class PgConnection:
         self.raw.close()
 
 
-class _Streamed(PgCursor):
-    """A server-side cursor read _STREAM_ROWS at a time, whatever batch the caller asks for."""
-
-    def __init__(
-        self, cursor: Any, on_close: Callable[[], None], statement: Callable[[bool], AbstractContextManager[None]]
-    ) -> None:
-        super().__init__(cursor)
-        self._buffer: list[tuple[Any, ...]] = []
-        self._at = 0
-        self._on_close = on_close
-        self._statement = statement  # each fetch is a round trip: its errors leave as a statement's
-
-    def close(self) -> None:
-        try:
-            with self._statement(False):
-                self._cursor.close()
-        finally:
-            self._on_close()
-
-    def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
-        if self._at >= len(self._buffer):
-            with self._statement(False):
-                fetched = list(self._cursor.fetchmany(max(size, _STREAM_ROWS)))
-            self._buffer, self._at = fetched, 0
-        batch = self._buffer[self._at : self._at + size]
-        self._at += len(batch)
-        return batch
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        batch = self.fetchmany(1)
-        return batch[0] if batch else None
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        with self._statement(False):
-            rest = list(self._cursor.fetchall())
-        rows = self._buffer[self._at :] + rest
-        self._buffer, self._at = [], 0
-        return rows
-
-
-class _Rows(PgCursor):
-    """Rows made here, read like a cursor's."""
-
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
-        self._rows = rows
-        self.lastrowid = None
-
-    @property
-    def rowcount(self) -> int:
-        return -1
-
-    @property
-    def description(self) -> Any:
-        return None
-
-    def fetchone(self) -> tuple[Any, ...] | None:
-        return self._rows.pop(0) if self._rows else None
-
-    def fetchmany(self, size: int = 256) -> list[tuple[Any, ...]]:
-        batch, self._rows = self._rows[:size], self._rows[size:]
-        return batch
-
-    def fetchall(self) -> list[tuple[Any, ...]]:
-        return self.fetchmany(len(self._rows))
-
-    def close(self) -> None:
-        self._rows = []
-
-
-class _Counted(PgCursor):
-    def __init__(self, cursor: Any, rows: int) -> None:
-        super().__init__(cursor)
-        self._total = rows
-
-    @property
-    def rowcount(self) -> int:
-        return self._total
-
-
-_LASTROWID = re.compile(r"^\s*INSERT\s+INTO\s+(\w+)\b(?!.*\b(?:RETURNING|ON\s+CONFLICT|SELECT)\b)", re.I | re.S)
 _EXPLAIN = re.compile(r"^\s*EXPLAIN\s+QUERY\s+PLAN\s+", re.IGNORECASE)
 _INSERT = re.compile(r"^\s*INSERT\s+INTO\b", re.I)
 _PLAIN_INSERT = re.compile(r"^\s*INSERT\s+INTO\b(?!.*\bON\s+CONFLICT\b)", re.I | re.S)
-_ID_TABLES = frozenset(t for t, key in PRIMARY_KEYS.items() if key == ("id",) and t != "catalog_changes")
-
-
-def _wants_lastrowid(text: str) -> bool:
-    """An INSERT of one row into a table with an id: ask for the id, as sqlite3's lastrowid."""
-    m = _LASTROWID.match(text)
-    return bool(m and m.group(1).lower() in _ID_TABLES)
-
-
-def server_statement(
-    sql: str, parameters: Sequence[Any] | Mapping[str, Any] = ()
-) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
-    """``sql`` in dlindex's SQLite dialect as PostgreSQL runs it, with its psycopg parameters
-    (for ``execute_raw``: the index advisor explains and times logged reads this way)."""
-    return _bind(translate(sql), parameters)
-
-
-def _bind(
-    translated: Translated, parameters: Sequence[Any] | Mapping[str, Any]
-) -> tuple[str, Sequence[Any] | Mapping[str, Any]]:
-    """The statement's text and psycopg parameters; JSON arrays go over as arrays."""
-    if translated.named and not isinstance(parameters, Mapping):
-        parameters = dict(zip(translated.names, parameters, strict=False))
-    if not translated.json_params:
-        return translated.text, parameters
-    params: Any = dict(parameters) if isinstance(parameters, Mapping) else list(parameters)
-    types = {}
-    for p in translated.json_params:
-        raw = params[p.key]
-        values = json.loads(raw) if isinstance(raw, (str, bytes)) else list(raw)
-        kind = element_type(values, p.empty_type)
-        if kind == "jsonb":
-            from psycopg.types.json import Jsonb
-
-            values = [Jsonb(v) for v in values]
-        params[p.key] = values
-        types[p.slot] = kind
-    return translated.text.format(**types), params

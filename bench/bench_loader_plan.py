@@ -1,0 +1,179 @@
+"""The loader's epoch plan at size: peak RSS, seconds and bytes a sample, today's against a previous
+dlindex in the same run, and what each DataLoader worker holds of it (#34).
+
+  git archive <old commit> dlindex | tar -x -C /tmp/old          # the previous approach
+  nice -n 19 python bench/bench_loader_plan.py --db /tmp/c1m.db --db /tmp/c10m.db --before /tmp/old
+
+Each (catalog, dlindex) pair runs in a fresh process under /usr/bin/time -v:
+``CatalogDataset(db, world_size=8, rank=3, batch_size=256)`` and ``len()`` (the plan: the query,
+the order, the rank's share). A second process adds a torch DataLoader of 2 workers (fork and
+spawn) whose workers each map or receive the plan, take their part of the stream and report
+their memory (/proc/self/status: RssAnon is private, RssFile + RssShmem shared). Images are not
+read. Writes the `bench_loader_plan` section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, write_section
+from torch.utils.data import IterableDataset
+
+MARKERS = ("<!-- bench_loader_plan:start -->", "<!-- bench_loader_plan:end -->")
+WORLD, RANK, BATCH, WORKERS = 8, 3, 256, 2
+
+
+def memory() -> dict[str, int]:
+    """This process's resident memory: VmHWM (peak), Rss, and from smaps_rollup Pss and Private
+    (what no other process shares)."""
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("Pss", "Private_Clean", "Private_Dirty"):
+                out[key] = int(value.split()[0]) * 1024
+    out["Private"] = out.pop("Private_Clean", 0) + out.pop("Private_Dirty", 0)
+    return out
+
+
+class Probe(IterableDataset):  # type: ignore[type-arg]
+    """An iterable dataset: in each worker, the worker's stream of the plan, touched, and its memory."""
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Any:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        plan = self.dataset.plan(workers)
+        stream = plan.layout.stream(RANK, worker)
+        ids = plan.selection.ids[stream]
+        labels = plan.selection.labels[stream]
+        yield {"worker": worker, "samples": int(ids.size), "checksum": int(ids.sum() + labels.sum()), **memory()}
+
+
+def child(db: str, workers: str) -> dict[str, Any]:
+    from dlindex.torch import CatalogDataset
+
+    started = time.perf_counter()
+    dataset = CatalogDataset(db, world_size=WORLD, rank=RANK, batch_size=BATCH)
+    if workers == "baseline":  # the same process without the plan: python, torch, dlindex
+        return {"seconds": 0.0, "batches": 0, "selected": 0, "main": memory(), "plan_file_bytes": None,
+                "pickled_bytes": 0}  # fmt: skip
+    batches = len(dataset)
+    plan = dataset.plan(1)
+    out: dict[str, Any] = {"seconds": round(time.perf_counter() - started, 2), "batches": batches,
+                           "selected": len(plan.selection), "main": memory()}  # fmt: skip
+    shared = getattr(plan, "shared", None)
+    out["plan_file_bytes"] = shared.size if shared is not None else None
+    import pickle
+
+    out["pickled_bytes"] = len(pickle.dumps(dataset))
+    if workers:
+        import torch.utils.data as tud
+
+        for context in workers.split(","):
+            dataset.plan(WORKERS)
+            loader = tud.DataLoader(Probe(dataset), batch_size=None, num_workers=WORKERS,
+                                    multiprocessing_context=context)  # fmt: skip
+            started = time.perf_counter()
+            got = list(loader)
+            out[f"workers_{context}"] = {"seconds": round(time.perf_counter() - started, 2), "workers": got}
+    return out
+
+
+def run(db: str, impl: str, workers: str) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": impl}
+    cmd = ["/usr/bin/time", "-v", sys.executable, __file__, "--child", db, "--child-workers", workers]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise SystemExit(f"{impl} on {db} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    result["peak_rss"] = int(peak.group(1)) * 1024 if peak else None
+    return result
+
+
+def mb(n: float | None) -> str:
+    return "" if n is None else f"{n / 1e6:,.0f} MB"
+
+
+def render(rows: list[tuple[str, str, dict[str, Any], dict[str, Any]]], command: str) -> str:
+    lines = [MARKERS[0], "## Loader epoch plan at size (`bench/bench_loader_plan.py`, #34)", "",
+             f"`CatalogDataset(db, world_size={WORLD}, rank={RANK}, batch_size={BATCH})` and `len()`: the "
+             "epoch's query, order and this rank's share, no image read; a fresh process each, peak RSS "
+             "by `/usr/bin/time -v`, less the same process without the plan (python, torch, dlindex, the "
+             "catalog open) for the plan's own share. Workers: a torch DataLoader of 2 workers that each "
+             "take their part of the plan: its heap (RssAnon: python and torch are ~300 MB of it) and the "
+             "plan file it maps (RssShmem: one copy in /dev/shm, whatever the number of workers).", "",
+             "| catalog | dlindex | plan s | peak RSS | the plan's own | bytes/sample | plan file "
+             "| pickled dataset | worker heap, fork / spawn | worker's plan file mapped, fork / spawn |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for db, name, r, base in rows:
+        n = max(1, r["selected"])
+        own = r["peak_rss"] - base["peak_rss"]
+        cells = []
+        for key in ("RssAnon", "RssShmem"):
+            per = [mb(max(w[key] for w in r[f"workers_{c}"]["workers"])) for c in ("fork", "spawn")
+                   if r.get(f"workers_{c}", {}).get("workers")]  # fmt: skip
+            cells.append(" / ".join(per))
+        lines.append(f"| {Path(db).name} ({r['selected']:,} selected) | {name} | {r['seconds']} | "
+                     f"{mb(r['peak_rss'])} | {mb(own)} | {own / n:,.0f} | {mb(r['plan_file_bytes'])} | "
+                     f"{r['pickled_bytes']:,} B | {cells[0]} | {cells[1]} |")  # fmt: skip
+    lines += ["", f"    {command}", "", MARKERS[1]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", action="append", default=[], help="a catalog (repeat for several sizes)")
+    ap.add_argument("--before", help="a previous dlindex source tree (the folder holding dlindex/)")
+    ap.add_argument("--workers", default="fork,spawn", help="DataLoader contexts to probe ('' for none)")
+    ap.add_argument("--docs", default=str(REPO / "docs" / "benchmarks.md"))
+    ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--render", help="write the docs from a saved run's output (its JSON lines)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-workers", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(a.child, a.child_workers)))
+        return 0
+    impls = ([("before", a.before)] if a.before else []) + [("this", str(REPO))]
+    rows: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = []
+    if a.render:
+        for line in Path(a.render).read_text().splitlines():
+            if line.startswith("{"):
+                r = json.loads(line)
+                rows.append((r["db"], r["dlindex"], r, {"peak_rss": r["baseline_rss"]}))
+    for db in a.db if not a.render else []:
+        for name, impl in impls:
+            base = run(db, impl, "baseline")
+            r = run(db, impl, a.workers)
+            print(json.dumps({"db": db, "dlindex": name, **r, "baseline_rss": base["peak_rss"]}), flush=True)
+            rows.append((db, name, r, base))
+    if not a.no_docs and rows:
+        args = [x for x in (sys.argv[1:] if argv is None else argv) if x != "--render" and x != a.render]
+        command = "python bench/bench_loader_plan.py " + " ".join(args)
+        write_section(Path(a.docs), *MARKERS, render(rows, command))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

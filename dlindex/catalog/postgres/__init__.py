@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: server catalogs (docs/postgres.md)."""

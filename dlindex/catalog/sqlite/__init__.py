@@ -1,0 +1,1 @@
+"""The SQLite backend: catalog files."""

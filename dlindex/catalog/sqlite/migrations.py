@@ -1,0 +1,202 @@
+"""The catalog schema, as an append-only list of forward migrations.
+
+The schema version is ``PRAGMA user_version``: one integer in the database header that
+any SQLite client can read, so an older dlindex can refuse a newer catalog before it
+touches anything. A released migration is never edited; a change is a new function
+appended to ``MIGRATIONS``. Versions 1-7 are in ``early_migrations``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import sqlite3
+from collections.abc import Callable, Iterable
+from contextlib import suppress
+
+from dlindex.catalog.sqlite.early_migrations import (
+    m001_initial,
+    m002_query_log,
+    m003_features,
+    m004_index_changes,
+    m005_cheap_status_checks,
+    m006_classes,
+    m007_feature_state,
+)
+
+# "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
+APPLICATION_ID = 0x646C6978
+
+
+def m008_pixel_limit(conn: sqlite3.Connection) -> None:
+    # The --max-pixels a verdict depended on, so a scan under another limit re-probes exactly
+    # those files (docs/commands/scan.md). Rows judged before this column existed get 0, a
+    # limit no scan uses: the next scan probes them once under its own limit.
+    conn.execute("ALTER TABLE image_metadata ADD COLUMN pixel_limit INTEGER")
+    conn.execute(_M008_UNKNOWN_LIMIT)
+
+
+_M008_UNKNOWN_LIMIT = """UPDATE image_metadata SET pixel_limit = 0
+    WHERE (status = 'corrupt' AND error LIKE 'DecompressionBombError%')
+        OR warning LIKE '%not decoded: % pixels exceeds --max-pixels%'"""
+
+
+def m009_exports(conn: sqlite3.Connection) -> None:
+    # Each export dlindex wrote from this catalog, so the training loader can find a packed
+    # copy of its selection without being told (docs/training.md#where-the-bytes-come-from).
+    conn.execute(
+        """CREATE TABLE exports (
+            path TEXT PRIMARY KEY,
+            format TEXT NOT NULL,
+            samples INTEGER NOT NULL,
+            created_at TEXT NOT NULL,
+            catalog_changes INTEGER NOT NULL
+        )"""
+    )
+
+
+def m010_sample_attributes(conn: sqlite3.Connection) -> None:
+    # The extra columns of a `scan --labels` CSV (a source video, a patient id), one row per
+    # sample and name, for `export --group-by NAME` (docs/commands/scan.md#labels). They go
+    # with their image: --prune deletes them by cascade; new content keeps them (a path's
+    # video does not change when its file is re-encoded).
+    conn.execute(
+        """CREATE TABLE sample_attributes (
+            image_id INTEGER NOT NULL REFERENCES image_metadata(id) ON DELETE CASCADE,
+            name TEXT NOT NULL,
+            value TEXT NOT NULL,
+            PRIMARY KEY (image_id, name)
+        ) WITHOUT ROWID"""
+    )
+
+
+def m011_shard_runs(conn: sqlite3.Connection) -> None:
+    # Each `--shard I/N` run of scan or features compute, with the digest of the cut it made,
+    # so `dlindex merge` can prove every part of one job is there, once, finished, and cut
+    # alike (docs/scale-out.md). A part catalog carries its runs into the merged catalog.
+    conn.execute(
+        """CREATE TABLE shard_runs (
+            id INTEGER PRIMARY KEY,
+            job TEXT NOT NULL CHECK (job = 'scan' OR job = 'features'),
+            subject TEXT NOT NULL,
+            part INTEGER NOT NULL CHECK (part >= 0),
+            parts INTEGER NOT NULL CHECK (parts > part),
+            plan TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'running'
+                CHECK (state = 'running' OR state = 'completed' OR state = 'interrupted'),
+            started_at TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+            finished_at TIMESTAMP
+        )"""
+    )
+
+
+def m012_change_token(conn: sqlite3.Connection) -> None:
+    # A random token that every write transaction draws anew beside the change counter: a file
+    # restored from a backup brings back an old counter that the next write repeats, but never
+    # with the token that counter had before, so (counter, token) names one state of the
+    # catalog, and caches outside the file (the L2 cache in Redis) key on it.
+    conn.execute("ALTER TABLE catalog_changes ADD COLUMN token TEXT NOT NULL DEFAULT ''")
+    conn.execute("UPDATE catalog_changes SET token = ? WHERE id = 1", (secrets.token_hex(16),))
+
+
+def m013_orientation(conn: sqlite3.Connection) -> None:
+    # The EXIF orientation a file asks for (1-8, 1: upright), beside its stored width and
+    # height, so the turned image can be chosen (docs/concepts.md#orientation). Rows scanned
+    # before keep NULL (not known) until their file is probed again (scan --force).
+    conn.execute("ALTER TABLE image_metadata ADD COLUMN orientation INTEGER")
+
+
+def m014_excluded(conn: sqlite3.Connection) -> None:
+    # `mark --exclude` leaves a sample out of every selection (query, export, the loader) without
+    # forgetting it: dups --rest | mark --exclude trains on one copy of each (docs/commands/mark.md).
+    # Apart from scan's status and mark's processing_status, so neither is overloaded.
+    conn.execute("ALTER TABLE image_metadata ADD COLUMN excluded INTEGER NOT NULL DEFAULT 0")
+
+
+def m015_file_keys(conn: sqlite3.Connection) -> None:
+    # inode and ctime_ns: a file's identity when it was read. A replacement of the same size
+    # and mtime (cp -p, rsync -a, tar x) changes them, so a scan reads it again; rows judged
+    # before get them from the next scan's lstat (docs/commands/scan.md).
+    # path_hash: what a seeded sample ranks rows by, so that it follows from the tree, not
+    # from the ids a scan's timing gave (docs/commands/query.md).
+    for statement in _M015_COLUMNS:
+        conn.execute(statement)
+    conn.create_function("dlindex_path_hash", 1, path_hash, deterministic=True)
+    conn.execute("UPDATE image_metadata SET path_hash = dlindex_path_hash(file_path)")
+
+
+def path_hash(file_path: str) -> int:
+    """The ``path_hash`` column: the first 60 bits of the MD5 of ``file_path`` (UTF-8).
+
+    A seeded sample ranks rows by it (dlindex.query.rows), so the sample of a tree is the same
+    whatever ids its rows got. pgschema.SCHEMA_V15 computes the same number in SQL. A key is
+    always valid UTF-8 (a name that is not has an ASCII stand-in, dlindex.catalog.paths), so
+    both backends hash the same bytes.
+    """
+    return int(hashlib.md5(file_path.encode("utf-8"), usedforsecurity=False).hexdigest()[:15], 16)
+
+
+_M015_COLUMNS = (
+    "ALTER TABLE image_metadata ADD COLUMN inode INTEGER",
+    "ALTER TABLE image_metadata ADD COLUMN ctime_ns INTEGER",
+    "ALTER TABLE image_metadata ADD COLUMN path_hash INTEGER",
+)
+
+
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
+    m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
+    m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
+    m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
+)  # fmt: skip
+LATEST_VERSION = len(MIGRATIONS)
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def apply_migrations(conn: sqlite3.Connection) -> int:
+    """Bring the catalog to LATEST_VERSION; each step commits together with its version bump."""
+    version = schema_version(conn)
+    if version >= LATEST_VERSION:
+        return version  # the common case takes no lock: readers never wait for a writer here
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read inside the write lock: another process may have migrated meanwhile.
+            version = schema_version(conn)
+            if version >= LATEST_VERSION:
+                conn.execute("COMMIT")
+                return version
+            MIGRATIONS[version](conn)
+            # PRAGMA takes no parameters; both values are integers from this module.
+            conn.execute(f"PRAGMA user_version = {int(version + 1)}")
+            conn.execute(f"PRAGMA application_id = {int(APPLICATION_ID)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:  # SQLite ends a transaction a full disk failed by itself
+                with suppress(sqlite3.Error):  # the error being raised is the one to report
+                    conn.execute("ROLLBACK")
+            raise
+
+
+_TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
+    (1, None, ("roots", "labels", "image_metadata", "scans")),
+    (2, None, ("query_log", "query_log_templates", "catalog_changes", "query_cache")),
+    (3, None, ("feature_types", "image_features")),
+    (3, 7, ("feature_failures",)),  # m007_feature_state moved its rows to feature_state
+    (4, None, ("index_changes",)),
+    (7, None, ("feature_state",)),
+    (9, None, ("exports",)),
+    (10, None, ("sample_attributes",)),
+    (11, None, ("shard_runs",)),
+)
+
+
+def missing_tables(tables: Iterable[str], version: int) -> list[str]:
+    """dlindex's tables that a catalog at schema ``version`` should have and does not."""
+    present = set(tables)
+    return [
+        t for since, until, names in _TABLES_SINCE if since <= version and (until is None or version < until)
+        for t in names if t not in present
+    ]  # fmt: skip
