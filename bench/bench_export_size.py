@@ -85,11 +85,12 @@ def tree_rss_kib(pid: int) -> int:
     return total
 
 
-def run(cmd: list[str], env: dict[str, str]) -> dict[str, float]:
+def run(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float]:
     """Wall and CPU seconds and the peak tree RSS (MB) of one command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # cwd: not the checkout, whose dlindex/ `python -m` would import ahead of PYTHONPATH's
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
     done = threading.Event()
 
@@ -118,7 +119,7 @@ def bench_size(rows: int, work: Path, env: dict[str, str], cases: list[str]) -> 
     out = work / f"export-size-{rows}.out"
     results: dict[str, Any] = {"rows": rows}
     try:
-        base = run([sys.executable, "-c", BARE, str(db), str(out) + ".jsonl"], env)
+        base = run([sys.executable, "-c", BARE, str(db), str(out) + ".jsonl"], env, work)
         with open(str(out) + ".jsonl", "rb") as f:
             selected = sum(1 for _ in f)
         os.unlink(str(out) + ".jsonl")
@@ -126,7 +127,8 @@ def bench_size(rows: int, work: Path, env: dict[str, str], cases: list[str]) -> 
         results["bare sqlite3 loop"] = {**base, "rows_per_s": round(selected / base["wall_s"])}
         for name in cases:
             shutil.rmtree(out, ignore_errors=True)
-            figures = run([sys.executable, "-m", "dlindex", "export", str(out), "--db", str(db), *CASES[name]], env)
+            cmd = [sys.executable, "-m", "dlindex", "export", str(out), "--db", str(db), *CASES[name]]
+            figures = run(cmd, env, work)
             summary = json.loads(next(out.glob("*index.json")).read_text())["counts"]
             figures["rows_per_s"] = round(summary["selected"] / figures["wall_s"])
             results[name] = figures
