@@ -130,7 +130,7 @@ def in_child(job: dict[str, Any], timeout: float | None = None) -> dict[str, Any
 
 
 def part_pairs(a: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from dlindex.quality.groups import DEFAULT_MAX_DISTANCE
+    from dlindex.quality.duplicate_groups import DEFAULT_MAX_DISTANCE
 
     sizes = [2_000, 10_000, 50_000] if a.quick else [10_000, 100_000, 1_000_000]
     ks = sorted({2, 4, DEFAULT_MAX_DISTANCE})
@@ -261,7 +261,7 @@ def hash_definitions(a: argparse.Namespace, work: Path) -> dict[str, Any]:
     from PIL import Image
 
     from dlindex.features.extractors import dhash
-    from dlindex.quality.groups import DEFAULT_MAX_DISTANCE
+    from dlindex.quality.duplicate_groups import DEFAULT_MAX_DISTANCE
     from dlindex.quality.hashes import pack_bits
     from dlindex.quality.pairs import hash_pairs
 

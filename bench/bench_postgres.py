@@ -3,7 +3,7 @@
 Both catalogs hold --rows image rows (default 1,000,000) in --labels labels (1,000), written by
 the scan's own write path, then reused for everything else:
 
-  insert   `BatchWriter.flush` (dlindex/scan/writer.py) of synthetic probe results, 2,000 rows a
+  insert   `BatchWriter.flush` (dlindex/scan/batch_writer.py) of synthetic probe results, 2,000 rows a
            flush as the scan's writer commits them: COPY on PostgreSQL, executemany of a plain
            INSERT on SQLite; rows/s over the flush time (one build per backend; the median
            flush is shown too). Then one untimed UPDATE gives the rows bench_query.py's mix
@@ -62,12 +62,12 @@ from dlindex import Catalog, feature_vectors, query_rows
 from dlindex.catalog.postgres.server import start_local_postgres, stop_local_postgres
 from dlindex.features.types import create_type
 from dlindex.query.mark import mark_samples
+from dlindex.scan.batch_writer import BatchWriter, register_root
 from dlindex.scan.diff import ToProbe
 from dlindex.scan.probe import Probe
-from dlindex.scan.writer import BatchWriter, register_root
 
 START, END = "<!-- bench_postgres:start -->", "<!-- bench_postgres:end -->"
-FLUSH_ROWS = 2000  # the scan writer's batch (dlindex.scan.writer._FLUSH_ROWS)
+FLUSH_ROWS = 2000  # the scan writer's batch (dlindex.scan.batch_writer._FLUSH_ROWS)
 DIM = 128
 FEATURE = "bench_emb"
 FETCH_BATCH = 256

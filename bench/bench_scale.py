@@ -1,4 +1,4 @@
-"""Scale-out: `dlindex merge` of part catalogs, the balance of `--shard I/N`, N shards run at once
+"""Scale-out: `dlindex merge` of part catalogs, the balance of `--part I/N`, N shards run at once
 against one process, and `--engine ray` against the local engine (`bench_scale` section).
 
     python bench/bench_scale.py                 # everything, ~10 min on 2 cores
@@ -132,14 +132,12 @@ def bench_merge(work: Path, rows: int, reps: int) -> dict[str, Any]:
 
 def bench_balance(tree: Path) -> dict[str, Any]:
     from dlindex.scan.listing import WalkOptions, WalkReport
-    from dlindex.scan.units import shard_units
+    from dlindex.scan.units import part_units
 
     out: dict[str, Any] = {}
     for count in (2, 4, 8):
         options = WalkOptions(root=os.fsencode(os.path.realpath(tree)))
-        plans = [
-            shard_units(os.fsencode(os.path.realpath(tree)), options, WalkReport(), i, count) for i in range(count)
-        ]
+        plans = [part_units(os.fsencode(os.path.realpath(tree)), options, WalkReport(), i, count) for i in range(count)]
         files = [p.files for p in plans]
         ideal = plans[0].total / count
         out[str(count)] = {"files": files, "total": plans[0].total,
@@ -162,7 +160,7 @@ def bench_curve(work: Path, tree: Path, reps: int) -> dict[str, Any]:
             for p in part_dbs:
                 rm_db(p)
             scan_s = timed_together(
-                [[*cmd, "scan", str(tree), "--db", str(p), "-q", "--workers", "1", "--shard", f"{i}/{count}"]
+                [[*cmd, "scan", str(tree), "--db", str(p), "-q", "--workers", "1", "--part", f"{i}/{count}"]
                  for i, p in enumerate(part_dbs)]
             )  # fmt: skip
             into = work / "curve-merged.db"

@@ -232,7 +232,12 @@ def measure(db: Path, tree: Path, pairs: list[tuple[str, str]], reps: int, thumb
     """Per type: cross-split pairs at each limit of a sweep; the largest limit is the one run (for
     thumb ``thumb_limit`` where given: at 100k the default gives ~10^8 pairs, too many to list)."""
     from dlindex import Catalog
-    from dlindex.quality.groups import DEFAULT_MAX_DISTANCE, DEFAULT_THRESHOLD, duplicate_groups, duplicate_pairs
+    from dlindex.quality.duplicate_groups import (
+        DEFAULT_MAX_DISTANCE,
+        DEFAULT_THRESHOLD,
+        duplicate_groups,
+        duplicate_pairs,
+    )
 
     cat = Catalog(db)
     rows = list(cat.read("SELECT id, file_path, xxh3_128 FROM image_metadata"))

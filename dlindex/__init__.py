@@ -14,8 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dlindex._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from dlindex.version import __version__ as __version__
 
 __all__ = [
     "Catalog",

@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from dlindex import Catalog
 from dlindex.advisor import Advice, suggest_indexes
 from dlindex.advisor.scratch import PREFIX, remove_leftovers
-from dlindex.procs import process_start
+from dlindex.pids import process_start
 
 from .advisor_workload import (
     MARK,

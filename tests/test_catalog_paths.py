@@ -14,8 +14,8 @@ from dlindex import Catalog, ScanOptions, scan_tree
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, normalise, path_key, resolve_paths
 from dlindex.catalog.sqlite.migrations import path_hash
 from dlindex.errors import InputError
-from dlindex.features.importer import _resolve_paths
 from dlindex.features.samples import resolve_sample
+from dlindex.features.vector_import import _resolve_paths
 from dlindex.query.mark import mark_samples
 
 from .backends import ON_BOTH_BACKENDS, where

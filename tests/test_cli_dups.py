@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-from dlindex.quality.groups import DEFAULT_MAX_DISTANCE, DEFAULT_THRESHOLD
+from dlindex.quality.duplicate_groups import DEFAULT_MAX_DISTANCE, DEFAULT_THRESHOLD
 
 from .backends import ON_BOTH_BACKENDS, where
 from .conftest import DLINDEX, REPO, invoke, one_error_line, rows

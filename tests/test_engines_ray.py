@@ -368,8 +368,8 @@ def test_export_on_ray_equals_one_export(cluster: object, local_db: Path, tmp_pa
     assert not (tmp_path / "many.parts").exists()
 
 
-def test_scan_on_ray_refuses_shard_and_prune(cluster: object, tree: Path, tmp_path: Path) -> None:
-    for extra in (("--shard", "0/2"), ("--prune",)):
+def test_scan_on_ray_refuses_part_and_prune(cluster: object, tree: Path, tmp_path: Path) -> None:
+    for extra in (("--part", "0/2"), ("--prune",)):
         result = invoke(CliRunner(), "scan", str(tree), "--engine", "ray", *extra, "--db", str(tmp_path / "x.db"))
         assert "--engine ray" in one_error_line(result)
 

@@ -98,7 +98,7 @@ def test_an_embedding_group_type_records_the_threshold_it_used(tmp_path: Path) -
     """index.json says what grouped the samples: an embedding's default threshold, not null."""
     from dlindex.export import ExportOptions, export_catalog
     from dlindex.features.pipeline import ComputeOptions, compute_features
-    from dlindex.quality.groups import DEFAULT_THRESHOLD
+    from dlindex.quality.duplicate_groups import DEFAULT_THRESHOLD
 
     db, _ = scanned(tmp_path)
     with Catalog(db) as catalog:

@@ -22,7 +22,7 @@ from dlindex.export.assignment import export_assignment, rule_assignment
 from dlindex.export.leaks import leak_pairs
 from dlindex.export.plan import ExportError
 from dlindex.features.matrix import load_matrix
-from dlindex.quality.groups import DEFAULT_MAX_DISTANCE
+from dlindex.quality.duplicate_groups import DEFAULT_MAX_DISTANCE
 from dlindex.quality.hashes import load_hashes
 
 from .conftest import compute, export, scan

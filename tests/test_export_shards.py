@@ -1,4 +1,4 @@
-"""``export --shard I/N`` and ``merge_exports``: N parts merged are the one-machine export, byte for byte.
+"""``export --part I/N`` and ``merge_exports``: N parts merged are the one-machine export, byte for byte.
 
 Every format, with and without splits and ranks, merged from 1 and from 3 parts, read back by
 the formats' own clients; and every way a merge can be handed the wrong parts, each refused
@@ -22,12 +22,12 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from dlindex import Catalog
+from dlindex.engines.parts import Part
 from dlindex.export import ExportError, ExportOptions, export_catalog, load_index, merge_exports, verify_export
 from dlindex.export.part import parse_part
 from dlindex.export.registry import recorded_exports
 from dlindex.exported.formats import NAMES
 from dlindex.exported.index import PART_INDEX
-from dlindex.shard import Shard
 
 from .conftest import import_file, invoke, make_jpeg, one_error_line, scan
 
@@ -147,7 +147,7 @@ def test_a_part_writes_only_its_groups(tree_db: Path, tmp_path: Path) -> None:
     for i, m in enumerate(manifests):
         assert m["shard"] == f"{i}/3" and all(groups[w["group"]][3] == i for w in m["written"])
     assert not (folders[0] / "index.json").exists()
-    with pytest.raises(ExportError, match="one part of a --shard export: merge"):
+    with pytest.raises(ExportError, match="one part of a --part export: merge"):
         load_index(folders[0])
 
 
@@ -196,7 +196,7 @@ def test_merged_parquet_reads_as_a_dataset(tree_db: Path, tmp_path: Path) -> Non
 
 def test_cli_shard_and_merge(tree_db: Path, tmp_path: Path, runner: Any) -> None:
     for i in range(2):
-        result = invoke(runner, "export", str(tmp_path / f"p{i}"), "--format", "wds", "--shard", f"{i}/2",
+        result = invoke(runner, "export", str(tmp_path / f"p{i}"), "--format", "wds", "--part", f"{i}/2",
                         "--world-size", "2", "--db", str(tree_db))  # fmt: skip
         assert result.exit_code == 0, result.output
         assert f"part {i}/2" in result.stdout
@@ -214,8 +214,8 @@ def test_cli_shard_and_merge(tree_db: Path, tmp_path: Path, runner: Any) -> None
 
 @pytest.mark.parametrize("text", ["3/3", "x", "1/0", "-1/2", "1/2/3", "0/100001"])
 def test_cli_malformed_shard(tree_db: Path, tmp_path: Path, runner: Any, text: str) -> None:
-    result = invoke(runner, "export", str(tmp_path / "o"), "--shard", text, "--db", str(tree_db))
-    assert "--shard" in one_error_line(result)
+    result = invoke(runner, "export", str(tmp_path / "o"), "--part", text, "--db", str(tree_db))
+    assert "--part" in one_error_line(result)
     assert not (tmp_path / "o").exists()
 
 
@@ -405,7 +405,7 @@ def test_a_damaged_part_manifest_raises_export_error(
         part = parse_part(blob, Path("p"))
     except ExportError:
         return
-    assert isinstance(part.shard, Shard) and all(isinstance(s.file, str) for v in part.written.values() for s in v)
+    assert isinstance(part.shard, Part) and all(isinstance(s.file, str) for v in part.written.values() for s in v)
     for shards in part.written.values():
         for shard in shards:
             assert not shard.file.startswith("/") and ".." not in shard.file.split("/")
@@ -413,7 +413,7 @@ def test_a_damaged_part_manifest_raises_export_error(
 
 def test_the_sample_manifest_parses(sample_manifest: dict[str, Any]) -> None:
     part = parse_part(json.dumps(sample_manifest).encode(), Path("p"))
-    assert part.shard == Shard(0, 2) and part.format == "mds" and part.written
+    assert part.shard == Part(0, 2) and part.format == "mds" and part.written
     assert {s.file.split("/")[0] for v in part.written.values() for s in v} <= {
         "g000000",
         "g000001",
@@ -455,7 +455,7 @@ def test_a_merge_of_a_damaged_part_fails_cleanly_or_verifies(
 
 
 def test_cli_an_idle_part_says_so(tree_db: Path, tmp_path: Path, runner: Any) -> None:
-    result = invoke(runner, "export", str(tmp_path / "p1"), "--shard", "1/2", "--db", str(tree_db), "-q")
+    result = invoke(runner, "export", str(tmp_path / "p1"), "--part", "1/2", "--db", str(tree_db), "-q")
     assert result.exit_code == 0 and "part 1/2 has nothing to write" in result.stderr, result.output
     assert os.listdir(tmp_path / "p1") == [PART_INDEX]
 

@@ -292,7 +292,7 @@ def test_packed_exports_spilled_are_byte_identical(packed_catalog: Path, tmp_pat
 
 
 def test_a_parts_plan_digest_is_the_same_spilled(tmp_path: Path) -> None:
-    """``--shard I/N``: every part must compute the same plan digest, whatever its budget."""
+    """``--part I/N``: every part must compute the same plan digest, whatever its budget."""
     from dlindex.export.part import owners, plan_digest
 
     def plan(spill_dir: Path | None) -> Any:

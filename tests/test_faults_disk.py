@@ -405,7 +405,7 @@ def test_merge_on_a_full_disk_fails_in_one_line_and_merges_nothing(
         make_png(new / "bird" / f"{i:03d}.png", (30 + i, 30), (9, i * 3 % 255, 9))
     parts = [tmp_path / f"part{i}.db" for i in range(2)]
     out = run_on_tmpfs(tmp_path, f"""
-$DLX scan '{new}' --db '{parts[0]}' --shard 0/2 -q -w 1 && $DLX scan '{new}' --db '{parts[1]}' --shard 1/2 -q -w 1
+$DLX scan '{new}' --db '{parts[0]}' --part 0/2 -q -w 1 && $DLX scan '{new}' --db '{parts[1]}' --part 1/2 -q -w 1
 cp '{catalog}' "$M/c.db"
 fill
 $DLX merge '{parts[0]}' '{parts[1]}' --into "$M/c.db" -q 2>"$OUT/err1"; echo rc1=$?

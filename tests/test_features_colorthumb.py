@@ -76,7 +76,7 @@ def shapes(seed: int, size: tuple[int, int] = (160, 120)) -> Image.Image:
 def test_a_cropped_copy_is_within_the_default_threshold() -> None:
     """Cropped by 5% (3% on one side, 2% on the other), downsized, re-encoded: well inside dups'
     default 0.03 (the sharp 12 x 12 thumbnail without the blur put 2 of these 20 past 0.02)."""
-    from dlindex.quality.groups import DEFAULT_THRESHOLD
+    from dlindex.quality.duplicate_groups import DEFAULT_THRESHOLD
 
     for seed in range(20):
         original = shapes(seed)

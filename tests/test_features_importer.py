@@ -166,7 +166,7 @@ def journal_mode(db: Path) -> str:
 @pytest.fixture
 def bulk(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every import counts as large: the rollback-journal path runs on a small catalog."""
-    monkeypatch.setattr("dlindex.features.importer._ROLLBACK_MIN_BYTES", 0)
+    monkeypatch.setattr("dlindex.features.vector_import._ROLLBACK_MIN_BYTES", 0)
 
 
 @SQLITE_ONLY  # SQLite's journal modes and file locks
@@ -203,7 +203,7 @@ def test_a_small_import_stays_in_wal(cats: Path, tmp_path: Path) -> None:
 
 KILLED_IMPORT = """
 import os, signal, sys
-import dlindex.features.importer as importer
+import dlindex.features.vector_import as importer
 from dlindex import Catalog
 importer._ROLLBACK_MIN_BYTES = 0
 rows = importer._rows

@@ -19,8 +19,8 @@ from dlindex.features import (
     load_matrix,
     show_features,
 )
+from dlindex.features.blobs import write_vectors
 from dlindex.features.matrix import matrix_path
-from dlindex.features.vectors import write_vectors
 
 from .backends import ON_BOTH_BACKENDS, on_postgresql, raw, where
 from .conftest import make_png, rows

@@ -19,7 +19,7 @@ from dlindex import Catalog, ScanOptions, query_rows, scan_tree
 from dlindex.features import ComputeOptions, compute_features, visible
 from dlindex.features.extractors import colorthumb, dhash
 from dlindex.features.visible import on_background, subject
-from dlindex.quality.groups import duplicate_groups
+from dlindex.quality.duplicate_groups import duplicate_groups
 
 CANVAS = 96
 

@@ -12,8 +12,8 @@ import numpy as np
 
 from dlindex import Catalog
 from dlindex.features import ComputeOptions, compute_features, export_features
-from dlindex.procs import host_tag as _host
-from dlindex.procs import process_start
+from dlindex.pids import host_tag as _host
+from dlindex.pids import process_start
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from dlindex import Catalog, DlindexWarning, InputError, QuerySpec
 from dlindex.features import import_features
-from dlindex.quality.groups import DuplicateGroup, Keep, Pair, duplicate_groups, duplicate_pairs, group_keys
+from dlindex.quality.duplicate_groups import DuplicateGroup, Keep, Pair, duplicate_groups, duplicate_pairs, group_keys
 from dlindex.quality.hashes import load_hashes
 
 from .backends import ON_BOTH_BACKENDS, raw, where

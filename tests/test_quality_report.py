@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from PIL import Image, ImageDraw
 
 from dlindex.errors import InputError, Interrupted
-from dlindex.quality import report as report_module
+from dlindex.quality import page as page_module
 from dlindex.quality import thumbnails
-from dlindex.quality.report import ReportError, ReportGroup, ReportMember, text, write_report
+from dlindex.quality.page import ReportGroup, ReportMember, text
+from dlindex.quality.report import ReportError, write_report
 
 from .conftest import CORPUS, CORPUS_EXPECTED
 
@@ -330,7 +331,7 @@ def test_an_interrupted_report_leaves_nothing_behind(
     def interrupted(path: str, px: int) -> thumbnails.Thumbnail:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_module, "make_thumbnail", interrupted)
+    monkeypatch.setattr(page_module, "make_thumbnail", interrupted)
     with pytest.raises(Interrupted, match="was not written"):
         write_report(tmp_path / "report.html", _groups(files), title="t")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["images"]

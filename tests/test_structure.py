@@ -187,6 +187,90 @@ def test_relative_imports_resolve_to_their_modules() -> None:
     assert _absolute(paths, "dlindex.errors", 0) == "dlindex.errors"
 
 
+# --- the layer order: a module imports only its own layer or lower ----------------------------
+
+# Low to high. A module belongs to the layer of the longest entry that names it or a package
+# above it ("dlindex" itself names only the package root). Packages that are not on every branch
+# yet (exported/, loader/) are here already, so the merged tree is checked too. Every import
+# counts, as for the cycles: at the top, in a function, and under TYPE_CHECKING (a typing-only
+# import of a higher layer's type is still a lower module that knows a higher one; where a type
+# must cross, the lower layer takes plain values or a Protocol of its own).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    # base: leaves every layer may use
+    (
+        "dlindex.errors",
+        "dlindex.faults",
+        "dlindex._lazy",
+        "dlindex.version",
+        "dlindex.orientation",
+        "dlindex.pids",
+        "dlindex.demo",
+    ),
+    ("dlindex.exported",),  # an export on disk read back, without the catalog
+    ("dlindex.catalog",),
+    ("dlindex.query", "dlindex.querylog"),
+    ("dlindex.engines",),  # where work runs (fork pool, Ray, parts I/N): used by the next layer
+    ("dlindex.scan", "dlindex.features", "dlindex.quality", "dlindex.export", "dlindex.advisor", "dlindex.stats"),
+    ("dlindex.loader",),  # the training loader: datasets over an export, the catalog loader
+    ("dlindex.torch", "dlindex"),  # the facade and the package root (lazy re-exports of every layer)
+    ("dlindex.cli", "dlindex.__main__"),
+)
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of ``module``'s layer; None if no entry names it."""
+    best: tuple[int, int] | None = None  # (length of the entry, layer)
+    for number, entries in enumerate(LAYERS):
+        for entry in entries:
+            names = module == entry if entry == "dlindex" else module == entry or module.startswith(entry + ".")
+            if names and (best is None or len(entry) > best[0]):
+                best = (len(entry), number)
+    return None if best is None else best[1]
+
+
+def layer_violations() -> list[str]:
+    found = []
+    for name, path in MODULES.items():
+        own = layer_of(name)
+        for target in sorted(_imports(path) - {name}):
+            theirs = layer_of(target)
+            if own is not None and theirs is not None and theirs > own:
+                found.append(f"{name} ({LAYERS[own][0]}'s layer) imports {target} ({LAYERS[theirs][0]}'s layer)")
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = [name for name in MODULES if layer_of(name) is None]
+    assert not unplaced, "modules no entry of LAYERS names (place them in tests/test_structure.py):\n" + "\n".join(
+        unplaced
+    )
+
+
+def test_layer_finder() -> None:
+    assert layer_of("dlindex") == layer_of("dlindex.torch") == 7
+    assert layer_of("dlindex.catalog.sqlite") == layer_of("dlindex.catalog") == 2
+    assert layer_of("dlindex.cli.scan") == 8 and layer_of("dlindex.errors") == 0
+    assert layer_of("dlindex.exportedx") is None and layer_of("dlindex.exported.index") == 1
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    found = layer_violations()
+    assert not found, "imports of a higher layer (at the top, in functions and under TYPE_CHECKING):\n" + (
+        "\n".join(found)
+    )
+
+
+# --- module size ------------------------------------------------------------------------------
+
+MAX_LINES = 400  # a module a reader holds in mind at once (STYLE.md: "under ~400 lines")
+
+
+def test_every_module_is_under_400_lines() -> None:
+    lines = {str(p.relative_to(ROOT)): len(p.read_text(encoding="utf-8").splitlines()) for p in MODULES.values()}
+    long = {name: n for name, n in lines.items() if n >= MAX_LINES}
+    assert not long, f"modules of {MAX_LINES} lines or more (split them along a seam): {long}"
+
+
 # The read side of an export: whatever opens one (the loader, --verify) needs none of these.
 WRITE_SIDE = ("dlindex.catalog", "dlindex.query", "dlindex.export")
 

@@ -23,14 +23,21 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dlindex.advisor.shapes import TableInfo
-from dlindex.advisor.sqltext import quote_identifier
+from dlindex.advisor.sqltext import Value, quote_identifier
 from dlindex.catalog.recorder import classify_plan
 
-if TYPE_CHECKING:
-    from dlindex.advisor.scratch import CopyStatistics  # scratch makes WriteCosts: imported for types only
+
+class RowCounts(Protocol):
+    """A table's row count and a column's most frequent values on the copy (scratch.CopyStatistics,
+    named here by shape: scratch makes WriteCosts)."""
+
+    def rows(self, table: str) -> int: ...
+
+    def frequent_values(self, table: str, column: str) -> list[Value]: ...
+
 
 STATEMENT_DEADLINE_S = 10.0  # a replayed statement is interrupted after this long
 MEMORY_LIMIT = 512 * 2**20  # and fails past this much SQLite heap (the whole process)
@@ -244,7 +251,7 @@ PAGE_STEPS = 1000
 class WriteCosts:
     """Inserts and updates of WRITE_ROWS rows on the copy, each in a transaction rolled back."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, stats: CopyStatistics) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: Path, stats: RowCounts) -> None:
         self.conn = conn
         self.path = path  # of the copy: its rollback journal tells the pages a write changed
         self.stats = stats

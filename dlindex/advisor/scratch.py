@@ -33,7 +33,7 @@ from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, Value, index_where, quote_identifier
 from dlindex.catalog.sandbox import guarded
 from dlindex.catalog.sqlite.connect import readonly_uri
-from dlindex.procs import pid_alive, process_start
+from dlindex.pids import pid_alive, process_start
 
 SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"

@@ -90,7 +90,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
             "(check it with PostgreSQL's pg_amcheck)"
         )
     from dlindex.catalog.sqlite.connect import connect_readonly
-    from dlindex.procs import pid_alive
+    from dlindex.pids import pid_alive
 
     started = time.perf_counter()
     db = Path(path)

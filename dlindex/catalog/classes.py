@@ -40,7 +40,7 @@ _SPLIT_FOLDER = {
 }
 CLASS_LISTS = ("selected", "catalog")
 
-# scan keeps in labels only the labels that rows have (dlindex/scan/writer.py), so the table is the list.
+# scan keeps in labels only the labels that rows have (dlindex/scan/batch_writer.py), so the table is the list.
 _CATALOG_CLASSES = "SELECT name FROM labels"
 _LABEL_ROWS = "SELECT id, name FROM labels"
 _PRESPLIT_ROOT = "SELECT 1 FROM roots WHERE presplit = 1 LIMIT 1"

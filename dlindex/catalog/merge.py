@@ -1,7 +1,7 @@
 """``dlindex merge PART.db... --into CATALOG``: part catalogs into one, in one transaction.
 
-Parts come from ``scan --shard I/N`` (rows of their units only) or ``features compute
---shard I/N`` run on copies of one catalog (vectors of their ids only); a plain catalog may
+Parts come from ``scan --part I/N`` (rows of their units only) or ``features compute
+--part I/N`` run on copies of one catalog (vectors of their ids only); a plain catalog may
 be merged too. Rows are matched by (root path, file path), never by id: ids are local to
 each file. The rule for every kind of row (sample, vector, feature state, attribute):
 
@@ -171,7 +171,7 @@ def check_jobs(new_runs: dict[Path, list[ShardRun]]) -> list[str]:
         what = f"{'scan of' if job == 'scan' else 'features compute of type'} {subject}"
         if len(by_count) > 1:
             counts = ", ".join(f"{p.name} ({run.part}/{run.parts})" for runs in by_count.values() for p, run in runs)
-            raise InputError(f"{what}: parts of different splits into N: {counts}; merge parts of one --shard I/N run")
+            raise InputError(f"{what}: parts of different splits into N: {counts}; merge parts of one --part I/N run")
         ((count, entries),) = by_count.items()
         plans = {run.plan for _, run in entries}
         if len(plans) > 1:
@@ -192,7 +192,7 @@ def check_jobs(new_runs: dict[Path, list[ShardRun]]) -> list[str]:
         missing = [i for i in range(count) if i not in latest]
         if missing:
             shown = ", ".join(f"{i}/{count}" for i in missing[:10]) + (", ..." if len(missing) > 10 else "")
-            raise InputError(f"{what}: part(s) {shown} missing; run them (--shard I/{count}) and merge all {count}")
+            raise InputError(f"{what}: part(s) {shown} missing; run them (--part I/{count}) and merge all {count}")
         for part, (path, run) in sorted(latest.items()):
             if run.state != "completed":
                 raise InputError(

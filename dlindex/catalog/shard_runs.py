@@ -1,4 +1,4 @@
-"""The ``shard_runs`` table: each ``--shard I/N`` run of a job, and the cut it made.
+"""The ``shard_runs`` table: each ``--part I/N`` run of a job, and the cut it made.
 
 ``dlindex merge`` reads it to prove that every part of one job is present once, finished,
 and cut alike (dlindex.catalog.merge); see docs/scale-out.md.
@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.shard import Shard
 
 _START = "INSERT INTO shard_runs (job, subject, part, parts, plan) VALUES (?, ?, ?, ?, ?)"
 _FINISH = "UPDATE shard_runs SET state = ?, finished_at = CURRENT_TIMESTAMP WHERE id = ?"
@@ -28,10 +27,10 @@ class ShardRun(NamedTuple):
     finished_at: str | None
 
 
-def start_shard_run(catalog: Catalog, job: str, subject: str, shard: Shard, plan: str) -> int:
-    """Record that part ``shard`` of ``job`` on ``subject`` started; its row id."""
+def start_shard_run(catalog: Catalog, job: str, subject: str, part: int, parts: int, plan: str) -> int:
+    """Record that part ``part`` (from 0) of ``parts`` of ``job`` on ``subject`` started; its row id."""
     with catalog.write_transaction() as conn:
-        run_id = conn.execute(_START, (job, subject, shard.index, shard.count, plan)).lastrowid
+        run_id = conn.execute(_START, (job, subject, part, parts, plan)).lastrowid
     assert run_id is not None
     return int(run_id)
 

@@ -71,7 +71,7 @@ def build_app(only: str | None = None) -> typer.Typer:
 
 def _print_version(value: bool) -> None:
     if value:
-        from dlindex import __version__
+        from dlindex.version import __version__
 
         typer.echo(f"dlindex {__version__}")
         raise typer.Exit()

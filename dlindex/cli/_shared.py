@@ -12,11 +12,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
 from dlindex.errors import DlindexError, DlindexWarning
+
+if TYPE_CHECKING:
+    from dlindex.engines.parts import Part
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -30,15 +33,17 @@ DbOption = Annotated[
         show_default="./dlindex.db",
     ),
 ]
-ShardOption = Annotated[
+PartOption = Annotated[
     str | None,
     typer.Option(
-        "--shard",
+        "--part",
         metavar="I/N",
         help="Do part I of N (I from 0) of the work, for N machines; join the parts with dlindex merge.",
         show_default=False,
     ),
 ]
+# --shard was --part's name before a shard came to mean only an export's file (#33): still read, hidden.
+OldShardOption = Annotated[str | None, typer.Option("--shard", metavar="I/N", hidden=True, show_default=False)]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
 QuietFlag = Annotated[
     bool, typer.Option("--quiet", "-q", help="No progress bar and no summary (errors and warnings still print).")
@@ -202,3 +207,16 @@ NoLogFlag = Annotated[
         "--no-log", envvar="DLINDEX_NO_LOG", help="Do not record this command's reads and writes in the query log."
     ),
 ]
+
+
+def part_option(part: str | None, shard: str | None) -> Part | None:
+    """The ``--part I/N`` given, or the same by its deprecated name ``--shard`` (one warning line)."""
+    from dlindex.engines.parts import parse_part
+
+    if shard is not None:
+        if part is not None:
+            raise typer.BadParameter("give --part alone (--shard is its deprecated name)", param_hint="'--shard'")
+        deprecated = "--shard I/N is deprecated: write --part I/N (a shard is a file an export writes)"
+        warnings.warn(deprecated, DlindexWarning, stacklevel=2)
+        part = shard
+    return parse_part(part)

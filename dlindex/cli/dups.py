@@ -19,7 +19,7 @@ from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
 COLUMNS = ("group", "kind", "size", "kept", "ids", "paths")
 
 
-class KeepPolicy(StrEnum):  # dlindex.quality.groups.Keep, without importing numpy for --help
+class KeepPolicy(StrEnum):  # dlindex.quality.duplicate_groups.Keep, without importing numpy for --help
     largest = "largest"
     oldest = "oldest"
     first = "first"
@@ -118,7 +118,7 @@ def dups(
         raise typer.BadParameter(
             "--overwrite replaces an earlier --html report; give --html FILE", param_hint="'--overwrite'"
         )
-    from dlindex.quality.groups import duplicate_groups, group_rows
+    from dlindex.quality.duplicate_groups import duplicate_groups, group_rows
 
     with Catalog(db, log=not no_log) as catalog:
         groups = duplicate_groups(

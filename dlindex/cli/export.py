@@ -18,10 +18,12 @@ from dlindex.cli._shared import (
     EngineOption,
     JsonFlag,
     NoLogFlag,
+    OldShardOption,
     QuietFlag,
     RayTasksOption,
     handle_errors,
     human_bytes,
+    part_option,
     print_json,
     progress_bar,
     stdout_console,
@@ -167,15 +169,16 @@ def export(
             show_default="0.03",
         ),
     ] = None,
-    shard: Annotated[
+    part: Annotated[
         str | None,
         typer.Option(
-            "--shard",
+            "--part",
             metavar="I/N",
             help="Write only part I (from 0) of N: its share of the (split, rank) groups, for dlindex merge.",
             show_default=False,
         ),
     ] = None,
+    shard: OldShardOption = None,
     memory_budget: Annotated[
         str | None,
         typer.Option(
@@ -203,7 +206,6 @@ def export(
     dlindex export shards/ --format wds --split train=0.9,val=0.1 --shuffle --seed 1 --world-size 8
     """
     from dlindex.export import ExportOptions, export_catalog, verify_export
-    from dlindex.shard import parse_shard
 
     if verify:
         with progress_bar(quiet, unit="img", desc="verify") as update:
@@ -237,7 +239,7 @@ def export(
         split=split, world_size=world_size, drop_last=drop_last, features=features,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
         group=group, group_by=group_by, group_type=group_type, group_max_distance=group_max_distance,
-        group_threshold=group_threshold, shard=parse_shard(shard),
+        group_threshold=group_threshold, shard=part_option(part, shard),
         memory_budget=memory_budget,
     )  # fmt: skip
     shown: list[str] = []
@@ -269,7 +271,7 @@ def export(
         print_json(summary.as_dict())
     elif not quiet:
         splits = "  ".join(f"{k} {v}" for k, v in summary.splits.items())
-        what = "exported" if shard is None else f"exported part {parse_shard(shard)} of"
+        what = "exported" if options.shard is None else f"exported part {options.shard} of"
         stdout_console.print(
             f"[bold]{what}[/] {summary.samples} samples ({summary.format}) to {summary.out_dir}\n"
             f"  {splits}  shards {summary.shards}  {human_bytes(summary.bytes)}  "

@@ -18,18 +18,19 @@ from dlindex.cli._shared import (  # fmt: skip
     EngineOption,
     JsonFlag,
     NoLogFlag,
+    OldShardOption,
+    PartOption,
     QuietFlag,
-    ShardOption,
     WaitOption,
     handle_errors,
     human_bytes,
+    part_option,
     print_json,
     progress_bar,
     stderr_console,
     stdout_console,
 )
 from dlindex.errors import ExitCode
-from dlindex.shard import parse_shard
 
 app = typer.Typer(
     name="features",
@@ -84,7 +85,8 @@ def compute(
     ] = False,
     engine: EngineOption = Engine.local,
     address: AddressOption = None,
-    shard: ShardOption = None,
+    part: PartOption = None,
+    shard: OldShardOption = None,
     *,
     select: Selection,
     per_label: PerLabelOption = None,
@@ -108,7 +110,7 @@ def compute(
     spec = select.spec(per_label=per_label, limit=limit, seed=seed)
     options = ComputeOptions(
         extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed,
-        shard=parse_shard(shard), engine=engine.value, address=address,
+        part=part_option(part, shard), engine=engine.value, address=address,
     )  # fmt: skip
     with (
         Catalog(db, log=not no_log) as catalog,
@@ -299,7 +301,7 @@ def failures(
     dlindex features failures --type colorhist --format jsonl | jq -r .path
     """
     from dlindex.features import get_type
-    from dlindex.features.state import state_rows
+    from dlindex.features.compute_state import state_rows
 
     with Catalog(db) as catalog:
         name = get_type(catalog, feature_type).name

@@ -17,7 +17,7 @@ def merge(
         list[Path],
         typer.Argument(
             metavar="PART...",
-            help="Part catalogs (scan or features compute --shard I/N), or part export folders (export --shard I/N).",
+            help="Part catalogs (scan or features compute --part I/N), or part export folders (export --part I/N).",
             show_default=False,
         ),
     ],

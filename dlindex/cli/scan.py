@@ -15,11 +15,13 @@ from dlindex.cli._shared import (
     EngineOption,
     JsonFlag,
     NoLogFlag,
+    OldShardOption,
+    PartOption,
     QuietFlag,
     RayTasksOption,
-    ShardOption,
     WaitOption,
     handle_errors,
+    part_option,
     print_json,
     progress_bar,
     stderr_console,
@@ -28,7 +30,6 @@ from dlindex.cli._shared import (
 from dlindex.errors import ExitCode
 from dlindex.scan.listing import DEFAULT_EXTENSIONS
 from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
-from dlindex.shard import parse_shard
 
 
 @handle_errors
@@ -94,7 +95,8 @@ def scan(
         ),
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
-    shard: ShardOption = None,
+    part: PartOption = None,
+    shard: OldShardOption = None,
     engine: EngineOption = Engine.local,
     address: AddressOption = None,
     ray_tasks: RayTasksOption = 0,
@@ -119,7 +121,7 @@ def scan(
         io_threads=io_threads,
         prune=prune,
         force=force,
-        shard=parse_shard(shard),
+        part=part_option(part, shard),
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
     if engine is Engine.ray:

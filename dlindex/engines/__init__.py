@@ -1,7 +1,7 @@
 """Where a job's work runs: local worker processes (the default) or a Ray cluster (``--engine ray``).
 
 Each stage keeps its own pipeline and single writer and asks an engine only to run its pieces:
-``features compute`` its (id, path) batches, ``scan`` and ``export`` their static shards.
+``features compute`` its (id, path) batches, ``scan`` and ``export`` their static parts (:mod:`dlindex.engines.parts`).
 This package imports nothing of Ray until a job asks for it (:mod:`dlindex.engines.ray`).
 """
 

@@ -5,7 +5,7 @@ joins the cluster at ``address`` (``--address``, else the ``RAY_ADDRESS`` conven
 starts a local one with a CPU per core; a process already connected (a notebook, a test's
 cluster) is used as it is. The stages keep their single writer: ``map_arrow`` streams Arrow
 tables through a pool of actors and yields the result tables in the driver, and
-``run_tasks`` runs one retried task per static shard. See docs/scale-out.md.
+``run_tasks`` runs one retried task per static part. See docs/scale-out.md.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from dlindex.engines.local import CStderrCapture, die_with_parent
 from dlindex.errors import DlindexError, InputError
-from dlindex.procs import CStderrCapture, die_with_parent
 
 INSTALL_HINT = "--engine ray needs the ray extra: pip install 'dlindex[ray]'"
 _PROBE_SECONDS = 5.0  # a TCP connect to the head; ray.init itself would retry for a minute
@@ -189,7 +189,7 @@ def map_arrow(
 def run_tasks(fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], *, max_retries: int = 3) -> list[T]:
     """``fn(*args)`` for each ``args`` in ``calls``, one Ray task each (a CPU each), in parallel
     over the cluster; a task whose worker, node or process dies is run again, up to
-    ``max_retries`` times, so ``fn`` must be safe to rerun (a sharded scan or export is: it
+    ``max_retries`` times, so ``fn`` must be safe to rerun (a scan or export part is: it
     resumes). The results in the order of ``calls``; the first DlindexError a task raised is
     raised here as itself.
 

@@ -6,7 +6,7 @@ with Catalog("train.db") as catalog:
     summary = export_catalog(catalog, "out/", ExportOptions(format="wds", shuffle=True, seed=1))
 assert verify_export("out/").ok
 
-A --shard export: part I of N per machine (ExportOptions(shard="I/N")), then
+A --part export: part I of N per machine (ExportOptions(shard="I/N")), then
 merge_exports(["out0/", "out1/", ...], "out/").
 """
 

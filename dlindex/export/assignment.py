@@ -28,7 +28,7 @@ from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.features.vectors import Ids
+    from dlindex.features.blobs import Ids
 
 Codes = npt.NDArray[np.int16]
 MAX_SPLITS = 1 << 12  # split names an index.json may list; real exports have 2 or 3

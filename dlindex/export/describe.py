@@ -41,8 +41,8 @@ def describe_export(
 ) -> dict[str, Any]:  # fmt: skip
     """index.json without what depends on the files written (``created_at``, ``counts.samples``,
     ``counts.splits``, the shard and file lists, clients' keys: None or empty here), every key
-    in its place: what each part of a ``--shard`` export records for the merge to complete."""
-    from dlindex import __version__
+    in its place: what each part of a ``--part`` export records for the merge to complete."""
+    from dlindex.version import __version__
 
     spec = options.query
     return {

@@ -92,7 +92,7 @@ def check_grouping(
         )
     feature_type = group_type or DEFAULT_GROUP_TYPE
     if max_distance is None and threshold is None and feature_type == DEFAULT_GROUP_TYPE:
-        from dlindex.quality.groups import DEFAULT_MAX_DISTANCE
+        from dlindex.quality.duplicate_groups import DEFAULT_MAX_DISTANCE
 
         max_distance = DEFAULT_MAX_DISTANCE  # recorded as used, like `dups --type dhash`
     return Grouping(NEAR_DUPS, feature_type, max_distance, threshold)
@@ -153,7 +153,7 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
         points = {i: value_point(v) for i, v in values.items()}
         sizes = Counter(values.values())
         return GroupPoints(points, len(sizes), max(sizes.values(), default=0), grouping)
-    from dlindex.quality.groups import duplicate_groups, near_limits
+    from dlindex.quality.duplicate_groups import duplicate_groups, near_limits
     from dlindex.query.spec import QuerySpec
 
     assert grouping.feature_type is not None

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.quality.groups import SHARED_CONTENT, embedding_limit, hash_limit, informative, no_limits
+from dlindex.quality.duplicate_groups import SHARED_CONTENT, embedding_limit, hash_limit, informative, no_limits
 from dlindex.quality.hashes import load_vectors, pack_bits
 from dlindex.quality.pairs import embedding_pairs, equal_runs, hash_pairs
 from dlindex.query.spec import QuerySpec

@@ -1,4 +1,4 @@
-"""``merge_exports``: the N parts of a ``--shard I/N`` export joined into one, without the catalog.
+"""``merge_exports``: the N parts of a ``--part I/N`` export joined into one, without the catalog.
 
 The parts must be all N parts of one export (one plan digest, one index.json head, each I
 once). Each part's files are hard-linked (copied where a link cannot be made) into a
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.export.describe import client_keys, complete_index, split_counts
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import Part, PlanGroup, group_folder, load_part
@@ -32,7 +33,6 @@ from dlindex.exported.confine import ConfineError, hash_regular, open_regular, r
 from dlindex.exported.formats import Format, get, load
 from dlindex.exported.index import listed_shards
 from dlindex.exported.validate import check_index
-from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -70,7 +70,7 @@ def merge_exports(
     *,
     catalog: Catalog | None = None,
 ) -> MergeSummary:
-    """Join the folders of all N parts of a ``--shard`` export into the export ``into``,
+    """Join the folders of all N parts of a ``--part`` export into the export ``into``,
     atomically; ExportError (nothing written) unless they are exactly the N parts of one
     export and every file is what its part manifest says.
 
@@ -149,7 +149,7 @@ def merge_exports(
 def _load_all(folders: Sequence[str | os.PathLike[str]]) -> list[Part]:
     """The part manifests, in part order, once each, all of one export; else ExportError."""
     if not folders:
-        raise ExportError("no parts to merge; name the N folders that export --shard I/N wrote")
+        raise ExportError("no parts to merge; name the N folders that export --part I/N wrote")
     parts: list[Part] = []
     seen: dict[str, str] = {}
     for folder in folders:

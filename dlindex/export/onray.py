@@ -1,6 +1,6 @@
 """``export --engine ray``: the export's static shards as Ray tasks, each into a part folder, then merged.
 
-Part I of N is ``export --shard I/N`` (the plan's (split, rank) groups dealt out by size) into
+Part I of N is ``export --part I/N`` (the plan's (split, rank) groups dealt out by size) into
 ``OUT.parts/part-I/`` beside OUT, on a file system that every node sees at the same path, as
 are the catalog and the images. The run folder is dlindex's own (dlindex.engines.runfolder):
 one it did not make is refused, and only what it wrote there is removed. A task whose worker or node dies is run again (a finished part
@@ -16,6 +16,8 @@ from pathlib import Path
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.sqlite.connect import DEFAULT_DB
+from dlindex.engines.parts import MAX_PARTS as MAX_SHARDS
+from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
 from dlindex.engines.runfolder import check_run_folder, claim_run_folder, options_digest, remove_run_folder
 from dlindex.errors import InputError
@@ -23,7 +25,6 @@ from dlindex.export.merge import MergeSummary, merge_exports
 from dlindex.export.options import ExportOptions
 from dlindex.export.run import export_catalog
 from dlindex.exported.index import PART_INDEX
-from dlindex.shard import MAX_SHARDS, Shard
 
 _RETRIES = 3  # reruns of a part whose worker or node died
 
@@ -40,12 +41,12 @@ def export_on_ray(
     the cluster), then merge the parts; the merged export is recorded in the catalog.
 
     Raises:
-        InputError: ``--shard`` given too, an unreachable address, ray missing; an ExportError
+        InputError: ``--part`` given too, an unreachable address, ray missing; an ExportError
             (an InputError) of the options, raised by the first part that meets it.
     """
     options = options or ExportOptions()
     if options.shard is not None:
-        raise InputError("--engine ray cuts the export into shards itself: leave out --shard")
+        raise InputError("--engine ray cuts the export into parts itself: leave out --part")
     db, out = _catalog_path(db), Path(out_dir).absolute()
     with Catalog(db) as catalog:  # a missing or foreign catalog: one line, before Ray starts
         changes = catalog.changes()

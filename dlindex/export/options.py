@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.export.plan import ExportError
 from dlindex.export.spill import ENV_BUDGET
 from dlindex.exported.formats import DEFAULT
 from dlindex.exported.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
-from dlindex.shard import Shard
 
 DEFAULT_WORKERS = 8  # wds: DataLoader(num_workers=N) up to this many never finds a worker without a shard
 MAX_SHARD_SAMPLES = 1 << 31

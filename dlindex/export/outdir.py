@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dlindex.export.plan import ExportError
-from dlindex.procs import host_tag, pid_alive, process_start
+from dlindex.pids import host_tag, pid_alive, process_start
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -128,7 +128,7 @@ def check_old_export(out_dir: Path) -> None:
 
     keep = "remove it yourself or choose another folder"
     own = index_path(out_dir)  # index.json, or _index.json of a parquet export
-    part = not os.path.lexists(own) and os.path.lexists(out_dir / PART_INDEX)  # a part of a --shard export
+    part = not os.path.lexists(own) and os.path.lexists(out_dir / PART_INDEX)  # a part of a --part export
     if not os.path.lexists(own) and not part:
         raise ExportError(
             f"refusing to replace {out_dir}: it has no {INDEX}, so it is not a dlindex export "

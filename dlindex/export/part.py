@@ -1,4 +1,4 @@
-"""One part of a ``--shard I/N`` export: which plan groups it writes, and its part manifest.
+"""One part of a ``--part I/N`` export: which plan groups it writes, and its part manifest.
 
 Part I of N writes the groups ``balanced_parts`` gives it (by samples per (split, rank)
 group), each into its own folder ``g{group:06d}/`` with the shard names a one-machine export
@@ -19,13 +19,15 @@ from typing import Any
 
 import xxhash
 
+from dlindex.engines.parts import MAX_PARTS as MAX_SHARDS
+from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
+from dlindex.engines.parts import balanced_parts
 from dlindex.export.plan import ExportError, Group, Plan
 from dlindex.export.shards import Context, ShardInfo
 from dlindex.exported.confine import MAX_INDEX_BYTES, ConfineError, check_relative, read_regular
 from dlindex.exported.formats import get
 from dlindex.exported.index import INDEX_VERSION, PART_INDEX
 from dlindex.exported.validate import KNOWN_FORMATS, MAX_COUNT, MAX_WORLD_SIZE
-from dlindex.shard import MAX_SHARDS, Shard, balanced_parts
 
 PART_VERSION = 1
 _HEX = frozenset("0123456789abcdef")
@@ -78,7 +80,7 @@ def plan_digest(plan: Plan) -> str:
     hasher = xxhash.xxh3_128()
     for group in plan.groups:
         rows = group.rows
-        assert isinstance(rows, Collection)  # a --shard export never streams its rows: a list, or spilled
+        assert isinstance(rows, Collection)  # a --part export never streams its rows: a list, or spilled
         hasher.update(f"{group.split}\0{group.rank}\0{group.padded}\0{len(rows)}\n".encode())
         hasher.update("\n".join(map(repr, rows)).encode("utf-8", "surrogateescape"))
     return hasher.hexdigest()
@@ -139,7 +141,7 @@ def load_part(folder: str | os.PathLike[str]) -> Part:
     try:
         raw = read_regular(os.fspath(path), MAX_INDEX_BYTES)
     except FileNotFoundError:
-        raise ExportError(f"{folder} is not a part of a --shard export: no {PART_INDEX}") from None
+        raise ExportError(f"{folder} is not a part of a --part export: no {PART_INDEX}") from None
     except ConfineError as e:
         raise ExportError(str(e)) from None
     except OSError as e:
@@ -249,7 +251,7 @@ def _shard_entry(check: _Checker, value: Any, key: str, group: PlanGroup) -> Sha
 def _head(check: _Checker, value: Any) -> dict[str, Any]:
     """index.json's describe_export part: what the merge reads from it must be what it expects."""
     head = check.obj(value, "index")
-    from dlindex import __version__
+    from dlindex.version import __version__
 
     if head.get("dlindex_export") != INDEX_VERSION:
         raise ExportError(f"{check.where}: the parts were written for export version "

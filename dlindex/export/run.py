@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
 from dlindex.catalog.reachable import unreachable_roots
+from dlindex.engines.local import sigterm_as_interrupt
+from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
+from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
@@ -32,10 +35,8 @@ from dlindex.export.vectors import feature_source
 from dlindex.exported.formats import FORMATS as _REGISTRY
 from dlindex.exported.formats import NAMES, Format, load
 from dlindex.exported.index import PART_INDEX
-from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import split_counts
 from dlindex.query.spec import QuerySpec
-from dlindex.shard import Shard, parse_shard
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

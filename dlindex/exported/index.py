@@ -22,7 +22,7 @@ PARQUET_INDEX = "_index.json"
 # also streaming's, which reads "version" and "shards"); the default split is "train".
 INDEX_VERSION = 2
 SHARDS_KEY = "dlindex_shards"
-# A part of a `--shard I/N` export has this instead of an index: it is no export until merged.
+# A part of a `--part I/N` export has this instead of an index: it is no export until merged.
 PART_INDEX = "dlindex-part.json"
 
 

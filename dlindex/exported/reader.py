@@ -47,7 +47,7 @@ def load_index(out_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raw = read_regular(os.fspath(path), MAX_INDEX_BYTES)
     except FileNotFoundError:
         if os.path.lexists(os.path.join(out_dir, PART_INDEX)):
-            raise ExportError(f"{out_dir} is one part of a --shard export: merge all its parts first") from None
+            raise ExportError(f"{out_dir} is one part of a --part export: merge all its parts first") from None
         raise ExportError(f"{out_dir} is not a dlindex export: no {INDEX}") from None
     except OSError as e:
         raise ExportError(f"cannot read {path}: {e.strerror}") from None

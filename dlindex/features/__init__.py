@@ -22,8 +22,8 @@ _EXPORTS = {
     "BUILTINS": "extractors",
     "Extractor": "extractors",
     "load_extractor": "extractors",
-    "ImportSummary": "importer",
-    "import_features": "importer",
+    "ImportSummary": "vector_import",
+    "import_features": "vector_import",
     "load_matrix": "matrix",
     "METRICS": "neighbours",
     "Neighbour": "neighbours",
@@ -78,7 +78,6 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 if TYPE_CHECKING:
     from dlindex.features.extractors import BUILTINS, Extractor, load_extractor
-    from dlindex.features.importer import ImportSummary, import_features
     from dlindex.features.matrix import load_matrix
     from dlindex.features.neighbours import METRICS, Neighbour, nearest
     from dlindex.features.pipeline import ComputeOptions, ComputeSummary, compute_features
@@ -94,3 +93,4 @@ if TYPE_CHECKING:
         show_features,
     )
     from dlindex.features.types import FeatureType, check_name, get_type
+    from dlindex.features.vector_import import ImportSummary, import_features

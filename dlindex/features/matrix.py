@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
+from dlindex.features.blobs import Ids, read_all
 from dlindex.features.types import FeatureType, get_type
-from dlindex.features.vectors import Ids, read_all
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -18,8 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
+from dlindex.features.blobs import Ids
 from dlindex.features.matrix import Mask, Matrix, Rows, load_matrix
-from dlindex.features.vectors import Ids
 from dlindex.query.rows import sample_ids
 from dlindex.query.spec import QuerySpec
 

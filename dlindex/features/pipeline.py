@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import InitVar, asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,17 +25,17 @@ import xxhash
 
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.engines import check_engine
+from dlindex.engines.local import sigterm_as_interrupt
+from dlindex.engines.parts import Part, id_parts, renamed_shard
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
-from dlindex.features import state
+from dlindex.features import compute_state
+from dlindex.features.blobs import Ids, write_vectors
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
 from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
-from dlindex.features.vectors import Ids, write_vectors
 from dlindex.features.workers import Pool, Results
-from dlindex.procs import sigterm_as_interrupt
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
-from dlindex.shard import Shard, id_shards
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -59,7 +59,12 @@ class ComputeOptions:
     retry_failed: bool = False
     engine: str = "local"  # or "ray": batches on a Ray cluster (dlindex.features.onray)
     address: str | None = None  # the Ray cluster's; None: $RAY_ADDRESS, else a local one
-    shard: Shard | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
+    part: Part | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
+    shard: InitVar[Part | None] = None  # deprecated: the old name of ``part``
+
+    def __post_init__(self, shard: Part | None) -> None:
+        if shard is not None:
+            object.__setattr__(self, "part", renamed_shard("ComputeOptions", shard, self.part))
 
 
 @dataclass(frozen=True)
@@ -119,13 +124,13 @@ def _compute(
 ) -> ComputeSummary:
     rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
     done = _ids(catalog, _DONE, ftype)
-    failed = _ids(catalog, state.FAILED_IDS, ftype if not options.retry_failed else None)
+    failed = _ids(catalog, compute_state.FAILED_IDS, ftype if not options.retry_failed else None)
     todo: list[tuple[int, bytes]] = []
     selected = already = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
         ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
-        if options.shard is not None:
-            mine = id_shards(ids, options.shard.count) == options.shard.index
+        if options.part is not None:
+            mine = id_parts(ids, options.part.count) == options.part.index
             chunk = [r for r, keep in zip(chunk, mine, strict=True) if keep]
             ids = ids[mine]
         have, skip = _member(ids, done), _member(ids, failed)
@@ -137,7 +142,7 @@ def _compute(
             if ftype is None:
                 create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
             for start in range(0, len(todo), _QUEUE_CHUNK):
-                state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
+                compute_state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
     if ftype is None:  # made just now, by this process or by another one running at once
         _prepare_type(catalog, feature_type, replace(options, extractor=extractor.spec))
     ftype = find_type(catalog, feature_type)
@@ -145,8 +150,9 @@ def _compute(
     writer = _Writer(catalog, ftype)
     interrupted = False
     shard_run = None
-    if options.shard is not None:
-        shard_run = start_shard_run(catalog, "features", ftype.name, options.shard, _shard_plan(ftype, spec, options))
+    if options.part is not None:
+        part, plan = options.part, _part_plan(ftype, spec, options)
+        shard_run = start_shard_run(catalog, "features", ftype.name, part.index, part.count, plan)
     restore = sigterm_as_interrupt()
     try:
         if todo:
@@ -176,11 +182,11 @@ def _compute(
     return summary
 
 
-def _shard_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
-    """What every part of one sharded compute shares: the type, the selection, N."""
-    assert options.shard is not None
+def _part_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
+    """What every part of one compute in parts shares: the type, the selection, N."""
+    assert options.part is not None
     described = json.dumps(
-        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.shard.count]
+        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.part.count]
     )
     return xxhash.xxh3_128_hexdigest(described.encode())
 
@@ -320,7 +326,7 @@ class _Writer:
                     bad.append((image_id, error or "no vector"))
             if ok:
                 write_vectors(conn, replace(self.ftype, dim=dim), ok)
-            state.record(conn, name, [i for i, _ in ok], bad)
+            compute_state.record(conn, name, [i for i, _ in ok], bad)
         self.ftype = replace(self.ftype, dim=dim)
         self.pending.clear()
         self.computed += len(ok)

@@ -32,8 +32,8 @@ from numpy.lib import format as npy_format
 
 from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN
 from dlindex.errors import InputError
-from dlindex.features.jsonl import read_jsonl
 from dlindex.features.loaded import Loaded, check_rows, one_line
+from dlindex.features.vector_jsonl import read_jsonl
 
 DEFAULT_MAX_BYTES = 8 << 30  # 8 GiB: 4,000,000 x 512 float32 vectors
 FORMATS = (".npy", ".npz", ".parquet", ".jsonl")

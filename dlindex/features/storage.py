@@ -20,12 +20,12 @@ import numpy as np
 import numpy.typing as npt
 from numpy.lib import format as npy_format
 
+from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.errors import InputError, Interrupted
-from dlindex.features import state, tempfiles
+from dlindex.features import compute_state, tempfiles
+from dlindex.features.blobs import CHUNK, COUNT_VECTORS, Ids, Vectors, decode_rows, read_all
 from dlindex.features.matrix import cached_matrix, remove_cached_matrix
 from dlindex.features.types import TYPES, FeatureType, all_types, get_type
-from dlindex.features.vectors import CHUNK, COUNT_VECTORS, Ids, Vectors, decode_rows, read_all
-from dlindex.procs import sigterm_as_interrupt
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -160,7 +160,7 @@ def list_feature_types(catalog: Catalog) -> list[FeatureTypeInfo]:
     infos = []
     for ftype in all_types(catalog):
         vectors = int(catalog.conn.execute(COUNT_VECTORS, (ftype.name,)).fetchone()[0])
-        states = state.counts(catalog.conn, ftype.name)
+        states = compute_state.counts(catalog.conn, ftype.name)
         infos.append(
             FeatureTypeInfo(
                 ftype.name,
@@ -197,7 +197,7 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
         }  # fmt: skip
     failures: dict[str, dict[str, Any]] = {}
     queued: list[str] = []
-    for name, kind, error, updated_at in state.of_image(catalog, image_id):
+    for name, kind, error, updated_at in compute_state.of_image(catalog, image_id):
         if feature_type is not None and name != feature_type:
             continue
         if kind == "failed":
@@ -212,7 +212,7 @@ def drop_feature_type(catalog: Catalog, name: str) -> DropResult:
     ftype = get_type(catalog, name)
     with catalog.write_transaction() as conn:
         vectors = int(conn.execute(COUNT_VECTORS, (name,)).fetchone()[0])
-        failed = state.counts(conn, name)["failed"]
+        failed = compute_state.counts(conn, name)["failed"]
         conn.execute(_DROP_TYPE, (name,))  # the vectors and states go by ON DELETE CASCADE
     remove_cached_matrix(catalog, ftype.name)
     return DropResult(name, vectors, failed)

@@ -17,7 +17,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from dlindex.procs import host_tag, pid_alive, process_start
+from dlindex.pids import host_tag, pid_alive, process_start
 
 _PATTERN = re.compile(
     r"\.(?P<name>.+)\.dlx-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-(?P<start>[0-9]{1,20})-[A-Za-z0-9_]{1,16}\.tmp\Z"

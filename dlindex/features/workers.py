@@ -1,6 +1,6 @@
 """The worker processes of ``features compute``: decode each image and run the extractor.
 
-Built on ``dlindex.procs.ForkPool``: no helper threads, so stopping is immediate;
+Built on ``dlindex.engines.local.ForkPool``: no helper threads, so stopping is immediate;
 and the parent knows which batches each worker holds, so when an extractor crashes its
 process (a segfault in a C extension) the batches are rerun one image at a time in fresh
 processes and only the culprit fails.
@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from dlindex.engines.local import ForkPool, WorkerDied, init_child
 from dlindex.errors import DlindexError
+from dlindex.features.blobs import encode
 from dlindex.features.extractors import Extractor
-from dlindex.features.vectors import encode
-from dlindex.procs import ForkPool, WorkerDied, init_child
 
 _ERROR_CHARS = 500
 _state: dict[str, Any] = {}  # set in the parent before forking: the workers inherit it

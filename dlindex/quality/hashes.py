@@ -13,9 +13,9 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
+from dlindex.features.blobs import COUNT_VECTORS, Ids
 from dlindex.features.matrix import load_matrix
 from dlindex.features.types import find_type, unknown_type_message
-from dlindex.features.vectors import COUNT_VECTORS, Ids
 from dlindex.query.rows import sample_ids
 from dlindex.query.spec import QuerySpec
 

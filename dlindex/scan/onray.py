@@ -1,6 +1,6 @@
-"""``scan --engine ray``: the scan's static shards as Ray tasks, each into a part catalog, then merged.
+"""``scan --engine ray``: the scan's static parts as Ray tasks, each into a part catalog, then merged.
 
-Part I of N is ``scan --shard I/N`` (dlindex.scan.units cuts the walk's units the same on every
+Part I of N is ``scan --part I/N`` (dlindex.scan.units cuts the walk's units the same on every
 machine) into ``CATALOG.parts/part-I.db`` beside the catalog, which must be on a file system
 that every node sees at the same path, as must ROOT. The run folder is dlindex's own
 (dlindex.engines.runfolder). Every part starts from one copy of the catalog, the cut
@@ -26,6 +26,7 @@ from typing import Any
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.merge import CatalogMergeSummary, merge_catalogs
 from dlindex.catalog.sqlite.connect import DEFAULT_DB, connect_readonly
+from dlindex.engines.parts import MAX_PARTS, Part
 from dlindex.engines.ray import cluster_resources, connected, run_tasks
 from dlindex.engines.runfolder import (
     check_run_folder,
@@ -36,7 +37,6 @@ from dlindex.engines.runfolder import (
 )
 from dlindex.errors import InputError
 from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
-from dlindex.shard import MAX_SHARDS, Shard
 
 _RETRIES = 3  # reruns of a part whose worker or node died
 _CUT = "cut.db"  # the copy of the catalog every part starts from; the merge's base
@@ -68,11 +68,11 @@ def scan_on_ray(
     per CPU of the cluster); see the module doc and docs/scale-out.md.
 
     Raises:
-        InputError: ``--shard`` or ``--prune`` given too, an unreachable address, ray missing.
+        InputError: ``--part`` or ``--prune`` given too, an unreachable address, ray missing.
     """
     options = options or ScanOptions()
-    if options.shard is not None:
-        raise InputError("--engine ray cuts the scan into shards itself: leave out --shard")
+    if options.part is not None:
+        raise InputError("--engine ray cuts the scan into parts itself: leave out --part")
     if options.prune:
         raise InputError("--prune cannot go with --engine ray (parts cannot tell); run dlindex scan ROOT --prune after")
     started = time.perf_counter()
@@ -83,13 +83,13 @@ def scan_on_ray(
     with Catalog(db, create=True, log=False):  # a foreign file: one line, before Ray starts
         pass
     with connected(address):
-        count = min(MAX_SHARDS, tasks or int(cluster_resources().get("CPU", 1)) or 1)
+        count = min(MAX_PARTS, tasks or int(cluster_resources().get("CPU", 1)) or 1)
         part_options = replace(options, workers=1)
         job = {"job": "scan", "catalog": str(db), "root": str(root), "options": options_digest(part_options)}
         names = [_CUT, *(f"part-{i}.db" for i in range(count))]
         claim_run_folder(work, job, [name + end for name in names for end in _SQLITE_FILES])
         cut, parts = work / _CUT, [work / name for name in names[1:]]
-        calls = [(str(part), str(root), replace(part_options, shard=Shard(i, count))) for i, part in enumerate(parts)]
+        calls = [(str(part), str(root), replace(part_options, part=Part(i, count))) for i, part in enumerate(parts)]
         for _ in range(2):
             _cut_parts(db, cut, parts)
             summaries = run_tasks(scan_part, calls, max_retries=_RETRIES)
@@ -104,7 +104,7 @@ def scan_on_ray(
 
 
 def scan_part(part: str, root: str, options: ScanOptions) -> ScanSummary:
-    """One Ray task: part ``options.shard`` of the scan into the part catalog ``part``."""
+    """One Ray task: part ``options.part`` of the scan into the part catalog ``part``."""
     with Catalog(part, create=True, log=False) as catalog:
         return scan_tree(catalog, Path(root), options)
 
@@ -158,7 +158,7 @@ def _add_up(summaries: list[ScanSummary], seconds: float) -> ScanSummary:
         else:
             values[f.name] = getattr(first, f.name)
     # scan_id 0: each part's scan has its own id, and the merge adds them all (merge.scans_added).
-    # Parts do not check --labels paths (a part holds only its own rows): 0 unknown, as with --shard.
+    # Parts do not check --labels paths (a part holds only its own rows): 0 unknown, as with --part.
     rate = round(values["seen"] / seconds, 1) if seconds else 0.0
     values.update(scan_id=0, seconds=round(seconds, 3), files_per_s=rate)
     return ScanSummary(**values)

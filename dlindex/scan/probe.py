@@ -16,8 +16,8 @@ from typing import NamedTuple
 import xxhash
 from PIL import Image, ImageFile, UnidentifiedImageError
 
+from dlindex.engines.local import CStderrCapture
 from dlindex.orientation import UPRIGHT, pillow_orientation, sniff_orientation
-from dlindex.procs import CStderrCapture
 from dlindex.scan.listing import special_reason
 from dlindex.scan.sniff import Header, check_structure, jpeg_scan_start, sniff
 

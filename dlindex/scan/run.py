@@ -1,6 +1,6 @@
 """``scan``: walk a tree, diff it against the catalog, probe what changed, write in batches.
 
-The main process plans the work and is the single writer (dlindex.scan.writer); a pool of
+The main process plans the work and is the single writer (dlindex.scan.batch_writer); a pool of
 worker processes walks units of the tree (diffing each against the catalog through a
 read-only connection) and probes files (read, hash, sniff).
 """
@@ -12,24 +12,18 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.paths import display_name
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
+from dlindex.engines.local import sigterm_as_interrupt
+from dlindex.engines.parts import Part, renamed_shard
 from dlindex.errors import InputError, Interrupted
-from dlindex.procs import sigterm_as_interrupt
 from dlindex.scan import tasks as worker
-from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
-from dlindex.scan.labels import read_labels_file, write_attributes
-from dlindex.scan.links import LinkedFiles
-from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
-from dlindex.scan.probe import Probe, ProbeOptions
-from dlindex.scan.tasks import WorkerPool
-from dlindex.scan.units import ShardPlan, Unit, plan_units, shard_units
-from dlindex.scan.writer import (
+from dlindex.scan.batch_writer import (
     BatchWriter,
     abandon_scan,
     drop_unused_labels,
@@ -39,7 +33,13 @@ from dlindex.scan.writer import (
     set_presplit,
     start_scan,
 )
-from dlindex.shard import Shard
+from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
+from dlindex.scan.labels import read_labels_file, write_attributes
+from dlindex.scan.links import LinkedFiles
+from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
+from dlindex.scan.probe import Probe, ProbeOptions
+from dlindex.scan.tasks import WorkerPool
+from dlindex.scan.units import PartPlan, Unit, part_units, plan_units
 
 # Paths of a --labels file that name no image of this root (a typo, a file not scanned).
 _UNKNOWN_LABEL_PATHS = (
@@ -68,12 +68,15 @@ class ScanOptions:
     io_threads: int = 16
     prune: bool = False
     force: bool = False
-    shard: Shard | None = None  # part I of N of the walk's units (docs/scale-out.md)
+    part: Part | None = None  # part I of N of the walk's units (docs/scale-out.md)
+    shard: InitVar[Part | None] = None  # deprecated: the old name of ``part``
 
-    def __post_init__(self) -> None:
-        if self.shard is not None and self.prune:
+    def __post_init__(self, shard: Part | None) -> None:
+        if shard is not None:
+            object.__setattr__(self, "part", renamed_shard("ScanOptions", shard, self.part))
+        if self.part is not None and self.prune:
             raise InputError(
-                "--prune cannot go with --shard: a part does not know which rows other parts keep; "
+                "--prune cannot go with --part: a part does not know which rows other parts keep; "
                 "merge the parts, then run dlindex scan ROOT --prune on the merged catalog"
             )
 
@@ -151,8 +154,10 @@ def scan_tree(
     restore = sigterm_as_interrupt()
     try:
         pipeline = _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
-        if options.shard is not None and pipeline.shard_plan is not None:
-            shard_run = start_shard_run(catalog, "scan", root_text, options.shard, pipeline.shard_plan.digest)
+        if options.part is not None and pipeline.part_plan is not None:
+            shard_run = start_shard_run(
+                catalog, "scan", root_text, options.part.index, options.part.count, pipeline.part_plan.digest
+            )
         set_presplit(catalog, root_id, pipeline.presplit)
         pipeline.run()
         writer.flush()
@@ -173,7 +178,7 @@ def scan_tree(
         finish_shard_run(catalog, shard_run, completed=not interrupted)
     listed = (labels_file.labels or labels_file.attributes) if labels_file else None
     # A part holds only its own units' rows: the other paths are in the other parts.
-    check_labels = listed and not interrupted and options.shard is None
+    check_labels = listed and not interrupted and options.part is None
     unknown_labels = _unknown_label_paths(catalog, root_id, listed) if check_labels and listed else []
     seconds = time.perf_counter() - started
     summary = ScanSummary(
@@ -221,11 +226,11 @@ class _Pipeline:
             self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
             options.io_threads, catalog.url,
         )  # fmt: skip
-        self.shard_plan: ShardPlan | None = None
-        if options.shard is not None:
-            self.shard_plan = shard_units(root, walk_options, report, options.shard.index, options.shard.count)
-            self.units: deque[Unit] = deque(self.shard_plan.units)
-            self.presplit = self.shard_plan.presplit
+        self.part_plan: PartPlan | None = None
+        if options.part is not None:
+            self.part_plan = part_units(root, walk_options, report, options.part.index, options.part.count)
+            self.units: deque[Unit] = deque(self.part_plan.units)
+            self.presplit = self.part_plan.presplit
         else:
             self.units = deque(plan_units(root, walk_options, report, self.workers))
             self.presplit = any(unit.presplit for unit in self.units)

@@ -20,8 +20,8 @@ from typing import Any
 from PIL import Image
 
 from dlindex.catalog.backend import ReadConnection
+from dlindex.engines.local import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
 from dlindex.errors import DlindexError
-from dlindex.procs import CStderrCapture, ForkPool, WorkerDied, call_task, init_child, task_result
 from dlindex.scan.diff import DiffOptions, LabelIds, UnitDiff, diff_unit
 from dlindex.scan.probe import NOT_CACHED, Content, Probe, ProbeOptions, inspect_content, read_content
 from dlindex.scan.units import Unit

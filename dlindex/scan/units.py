@@ -12,8 +12,8 @@ from typing import NamedTuple
 import xxhash
 
 from dlindex.catalog.classes import enter_folder, is_presplit
+from dlindex.engines.parts import balanced_parts
 from dlindex.scan.listing import KIND, TEXT, Child, WalkOptions, WalkReport, is_dir_kind, list_children, sort_text
-from dlindex.shard import balanced_parts
 
 _FILES_PER_UNIT = 2000
 
@@ -98,16 +98,16 @@ def _slices(
     return units
 
 
-# A sharded scan plans as if for this many processes per shard, whatever the machine has:
+# A scan in parts plans as if for this many processes per part, whatever the machine has:
 # the cut must be the same on every machine that runs a part.
-_SHARD_PLAN_PARALLELISM = 16
-_SHARD_FILES_PER_UNIT = 256  # finer runs than a local scan's: parts even to a few percent
+_PART_PLAN_PARALLELISM = 16
+_PART_FILES_PER_UNIT = 256  # finer runs than a local scan's: parts even to a few percent
 _MIN_RUN = 16
 _COUNT_LIMIT = 1_000_000  # entries counted under one folder unit before its weight is taken as is
 
 
-class ShardPlan(NamedTuple):
-    """A shard's units, and the digest of the whole cut (every part of one scan has the same)."""
+class PartPlan(NamedTuple):
+    """A part's units, and the digest of the whole cut (every part of one scan has the same)."""
 
     units: list[Unit]
     digest: str
@@ -116,17 +116,17 @@ class ShardPlan(NamedTuple):
     presplit: bool  # ROOT's folders are split folders (a part may have no unit to tell)
 
 
-def shard_units(root: bytes, options: WalkOptions, report: WalkReport, index: int, count: int) -> ShardPlan:
+def part_units(root: bytes, options: WalkOptions, report: WalkReport, index: int, count: int) -> PartPlan:
     """Part ``index`` of ``count`` of the tree's units, balanced by files (docs/scale-out.md).
 
     The cut does not depend on the machine's CPUs; a folder unit weighs the entries under it
     (one listing, names only), so that parts of class folders of uneven size come out even.
     """
-    units = plan_units(root, options, report, _SHARD_PLAN_PARALLELISM * count, _SHARD_FILES_PER_UNIT)
+    units = plan_units(root, options, report, _PART_PLAN_PARALLELISM * count, _PART_FILES_PER_UNIT)
     weights = [_weight(unit) for unit in units]
     # No run of files heavier than 1/(16N) of the tree: the greedy split is then within
     # that of even, small trees included.
-    limit = max(_MIN_RUN, sum(weights) // (_SHARD_PLAN_PARALLELISM * count))
+    limit = max(_MIN_RUN, sum(weights) // (_PART_PLAN_PARALLELISM * count))
     cut: list[Unit] = []
     cut_weights: list[int] = []
     for unit, weight in zip(units, weights, strict=True):
@@ -142,7 +142,7 @@ def shard_units(root: bytes, options: WalkOptions, report: WalkReport, index: in
         digest.update(f"{unit.start}\0{unit.end}\0{weight}\n".encode(errors="surrogateescape"))
     mine = [unit for unit, part in zip(units, parts, strict=True) if part == index]
     files = sum(w for w, part in zip(weights, parts, strict=True) if part == index)
-    return ShardPlan(mine, digest.hexdigest(), files, sum(weights), any(unit.presplit for unit in units))
+    return PartPlan(mine, digest.hexdigest(), files, sum(weights), any(unit.presplit for unit in units))
 
 
 def _split_run(unit: Unit, limit: int) -> list[Unit]:

@@ -99,7 +99,7 @@ class SqliteBackend(Backend):
         full; a larger one as far as the budget reaches: every page a write touches is still
         checked by SQLite, and `dlindex check` reads everything)."""
         from dlindex.catalog.check import quick_check
-        from dlindex.procs import pid_alive
+        from dlindex.pids import pid_alive
 
         problems = quick_check(cast(sqlite3.Connection, conn), budget_s=_QUICK_CHECK_BUDGET_S)
         if problems:

@@ -71,7 +71,7 @@ def m010_sample_attributes(conn: sqlite3.Connection) -> None:
 
 
 def m011_shard_runs(conn: sqlite3.Connection) -> None:
-    # Each `--shard I/N` run of scan or features compute, with the digest of the cut it made,
+    # Each `--part I/N` run of scan or features compute, with the digest of the cut it made,
     # so `dlindex merge` can prove every part of one job is there, once, finished, and cut
     # alike (docs/scale-out.md). A part catalog carries its runs into the merged catalog.
     conn.execute(

@@ -21,9 +21,9 @@ import numpy.typing as npt
 from dlindex.catalog.backend import INTEGRITY_ERRORS
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, path_key, resolve_paths, root_prefixes
 from dlindex.errors import CatalogError, InputError
+from dlindex.features.blobs import Ids, write_vectors
 from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
 from dlindex.features.types import DTYPES, check_dtype, check_name, create_type, find_type, set_dim
-from dlindex.features.vectors import Ids, write_vectors
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

@@ -17,7 +17,7 @@ from dlindex.catalog.backend import INTEGRITY_ERRORS, Connection
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.sqlite.migrations import path_hash
 from dlindex.errors import DlindexError
-from dlindex.procs import pid_alive
+from dlindex.pids import pid_alive
 from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.diff import ToProbe
 from dlindex.scan.probe import Probe

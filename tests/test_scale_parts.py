@@ -1,4 +1,4 @@
-"""Static shards of scan and features compute, and `dlindex merge` of part catalogs (#18).
+"""Static parts (`--part I/N`) of scan and features compute, and `dlindex merge` of part catalogs (#18).
 
 The reference is always the one-machine run on the same input: N parts merged must give the
 same catalog (compared row by row by path, without ids and time stamps, which are local).
@@ -6,6 +6,7 @@ same catalog (compared row by row by path, without ids and time stamps, which ar
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -20,10 +21,12 @@ from typer.testing import CliRunner
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.merge import merge_catalogs
 from dlindex.cli import app
+from dlindex.engines.parts import Part, balanced_parts, parse_part
 from dlindex.errors import CatalogError, DlindexError, InputError
+from dlindex.features.pipeline import ComputeOptions
 from dlindex.scan.listing import WalkOptions, WalkReport
-from dlindex.scan.units import shard_units
-from dlindex.shard import Shard, balanced_parts, parse_shard
+from dlindex.scan.run import ScanOptions
+from dlindex.scan.units import part_units
 from tests.conftest import compute, make_jpeg, make_png, scan
 
 _SAMPLE = """SELECT r.path, i.file_path, i.file_path_bytes, l.name, i.width, i.height, i.format, i.mode, i.bytes,
@@ -72,11 +75,11 @@ def uneven_tree(root: Path) -> Path:
     return root
 
 
-def sharded_scan(tmp_path: Path, root: Path, count: int, tag: str = "p", **fields: Any) -> list[Path]:
+def scan_in_parts(tmp_path: Path, root: Path, count: int, tag: str = "p", **fields: Any) -> list[Path]:
     parts = []
     for i in range(count):
         part = tmp_path / f"{tag}{i}.db"
-        scan(part, root, shard=Shard(i, count), **fields)
+        scan(part, root, part=Part(i, count), **fields)
         parts.append(part)
     return parts
 
@@ -85,7 +88,7 @@ def sharded_scan(tmp_path: Path, root: Path, count: int, tag: str = "p", **field
 def test_parts_merged_equal_the_one_machine_scan(tmp_path: Path, count: int) -> None:
     root = uneven_tree(tmp_path / "tree")
     scan(tmp_path / "full.db", root)
-    parts = sharded_scan(tmp_path, root, count)
+    parts = scan_in_parts(tmp_path, root, count)
     summary = merge_catalogs(parts, tmp_path / "merged.db")
     assert content(tmp_path / "merged.db") == content(tmp_path / "full.db")
     assert summary.samples_added == len(content(tmp_path / "full.db")["samples"]) > 150
@@ -102,7 +105,7 @@ def test_presplit_tree_keeps_its_splits(tmp_path: Path) -> None:
             for i in range(n):
                 make_png(root / split / label / f"{i}.png", (8, 8), (i, 0, 0))
     scan(tmp_path / "full.db", root)
-    merge_catalogs(sharded_scan(tmp_path, root, 4), tmp_path / "merged.db")
+    merge_catalogs(scan_in_parts(tmp_path, root, 4), tmp_path / "merged.db")
     merged = content(tmp_path / "merged.db")
     assert merged == content(tmp_path / "full.db")
     assert merged["roots"][0][2] == 1  # presplit, as the one-machine scan found
@@ -112,7 +115,7 @@ def test_rescan_in_parts_updates_the_catalog_in_place(tmp_path: Path) -> None:
     """Day two: each machine starts from a copy of the catalog; ids, vectors and flags survive."""
     root = uneven_tree(tmp_path / "tree")
     catalog = tmp_path / "catalog.db"
-    merge_catalogs(sharded_scan(tmp_path, root, 3), catalog)
+    merge_catalogs(scan_in_parts(tmp_path, root, 3), catalog)
     compute(catalog, "colorhist", extractor="colorhist")
     ids_before = dict(sqlite3.connect(catalog).execute("SELECT file_path, id FROM image_metadata").fetchall())
     (root / "mid" / "003.png").unlink()
@@ -125,7 +128,7 @@ def test_rescan_in_parts_updates_the_catalog_in_place(tmp_path: Path) -> None:
     for i in range(3):
         copy = tmp_path / f"day2-{i}.db"
         shutil.copy(catalog, copy)
-        scan(copy, root, shard=Shard(i, 3))
+        scan(copy, root, part=Part(i, 3))
         copies.append(copy)
     summary = merge_catalogs(copies, catalog)
     assert content(catalog) == content(reference)
@@ -147,7 +150,7 @@ def test_features_parts_merged_equal_one_compute(tmp_path: Path, count: int) -> 
     for i in range(count):
         copy = tmp_path / f"f{i}.db"
         shutil.copy(catalog, copy)
-        done += compute(copy, "colorhist", extractor="colorhist", shard=Shard(i, count)).computed
+        done += compute(copy, "colorhist", extractor="colorhist", part=Part(i, count)).computed
         copies.append(copy)
     summary = merge_catalogs(copies, catalog)
     assert content(catalog) == content(reference)
@@ -164,7 +167,7 @@ def test_scan_parts_are_balanced_by_files(tmp_path: Path) -> None:
         for i in range(n):
             (folder / f"{i:04d}.png").write_bytes(b"x")
     options = WalkOptions(root=os.fsencode(root))
-    plans = [shard_units(os.fsencode(root), options, WalkReport(), i, 4) for i in range(4)]
+    plans = [part_units(os.fsencode(root), options, WalkReport(), i, 4) for i in range(4)]
     assert len({plan.digest for plan in plans}) == 1
     assert sum(plan.files for plan in plans) == plans[0].total == 1250
     for plan in plans:
@@ -184,30 +187,77 @@ def test_balanced_parts_is_deterministic_and_even() -> None:
 
 
 @pytest.mark.parametrize("text", ["3/3", "1", "a/b", "-1/2", "0/0", "1/2/3", "", " 1 / ", "9999999/2"])
-def test_bad_shard_is_one_line_and_makes_no_catalog(tmp_path: Path, runner: CliRunner, text: str) -> None:
+def test_bad_part_is_one_line_and_makes_no_catalog(tmp_path: Path, runner: CliRunner, text: str) -> None:
     root = uneven_tree(tmp_path / "tree")
-    result = runner.invoke(app, ["scan", str(root), "--db", str(tmp_path / "c.db"), "--shard", text])
+    result = runner.invoke(app, ["scan", str(root), "--db", str(tmp_path / "c.db"), "--part", text])
     assert result.exit_code != 0
-    assert result.output.count("\n") == 1 and "--shard" in result.output
+    assert result.output.count("\n") == 1 and "--part" in result.output
     assert not (tmp_path / "c.db").exists()
 
 
 @given(st.text(max_size=20))
 @settings(max_examples=300, deadline=None)
-def test_parse_shard_fuzz(text: str) -> None:
+def test_parse_part_fuzz(text: str) -> None:
     try:
-        shard = parse_shard(text)
+        part = parse_part(text)
     except InputError as e:
         assert "\n" not in str(e)
         return
-    assert shard is not None and 0 <= shard.index < shard.count <= 100_000
+    assert part is not None and 0 <= part.index < part.count <= 100_000
 
 
-def test_prune_with_shard_is_refused(tmp_path: Path, runner: CliRunner) -> None:
+def test_prune_with_part_is_refused(tmp_path: Path, runner: CliRunner) -> None:
     root = uneven_tree(tmp_path / "tree")
-    result = runner.invoke(app, ["scan", str(root), "--db", str(tmp_path / "c.db"), "--shard", "0/2", "--prune"])
-    assert result.exit_code == 1 and "--prune cannot go with --shard" in result.output
+    result = runner.invoke(app, ["scan", str(root), "--db", str(tmp_path / "c.db"), "--part", "0/2", "--prune"])
+    assert result.exit_code == 1 and "--prune cannot go with --part" in result.output
     assert not (tmp_path / "c.db").exists()
+
+
+# --- --shard I/N, the old name of --part: still works, says to use --part once -----------------
+
+_OLD_NAME = "warning: --shard I/N is deprecated: write --part I/N (a shard is a file an export writes)\n"
+
+
+@pytest.mark.parametrize("command", [["scan", "{root}"], ["features", "compute", "--type", "colorhist"]])
+def test_shard_still_works_with_one_warning_line(tmp_path: Path, runner: CliRunner, command: list[str]) -> None:
+    root = uneven_tree(tmp_path / "tree")
+    old, new = tmp_path / "old.db", tmp_path / "new.db"
+    if command[0] == "features":
+        for db in (old, new):
+            scan(db, root)
+    args = [a.format(root=root) for a in command]
+    result = runner.invoke(app, [*args, "--db", str(old), "--shard", "1/2", "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == _OLD_NAME
+    result = runner.invoke(app, [*args, "--db", str(new), "--part", "1/2", "-q"])
+    assert result.exit_code == 0 and result.stderr == ""
+    assert content(old) == content(new)
+    assert runner.invoke(app, [*args, "--help"]).output.count("--shard") == 0  # hidden
+
+
+def test_export_shard_still_works_with_one_warning_line(tmp_path: Path, runner: CliRunner) -> None:
+    root = uneven_tree(tmp_path / "tree")
+    db = tmp_path / "c.db"
+    scan(db, root)
+    result = runner.invoke(app, ["export", str(tmp_path / "old"), "--shard", "0/2", "--db", str(db), "-q"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == _OLD_NAME
+    result = runner.invoke(app, ["export", str(tmp_path / "new"), "--part", "0/2", "--db", str(db), "-q"])
+    assert result.exit_code == 0 and result.stderr == ""
+    old, new = (json.loads((tmp_path / name / "dlindex-part.json").read_bytes()) for name in ("old", "new"))
+    assert old["shard"] == new["shard"] == "0/2" and old["written"] == new["written"]
+    both = runner.invoke(app, ["export", str(tmp_path / "x"), "--part", "0/2", "--shard", "0/2", "--db", str(db)])
+    assert both.exit_code == 2 and "give --part alone" in both.output
+
+
+def test_shard_keyword_is_a_deprecated_name_of_part() -> None:
+    with pytest.warns(DeprecationWarning, match=r"ScanOptions\(shard=\.\.\.\) is deprecated: write ScanOptions\(part="):
+        options = ScanOptions(shard=Part(1, 2))
+    assert options == ScanOptions(part=Part(1, 2)) and "shard" not in repr(options)
+    with pytest.warns(DeprecationWarning, match=r"ComputeOptions\(shard="):
+        assert ComputeOptions(shard=Part(0, 3)).part == Part(0, 3)
+    with pytest.warns(DeprecationWarning), pytest.raises(InputError, match="give part= alone"):
+        ScanOptions(part=Part(0, 2), shard=Part(1, 2))
 
 
 def _same_bytes(path: Path) -> bytes:
@@ -225,7 +275,7 @@ def _refused(tmp_path: Path, parts: list[Path], into: Path, error: type[DlindexE
 
 def test_missing_repeated_and_unfinished_parts(tmp_path: Path) -> None:
     root = uneven_tree(tmp_path / "tree")
-    p0, p1, p2 = sharded_scan(tmp_path, root, 3)
+    p0, p1, p2 = scan_in_parts(tmp_path, root, 3)
     into = tmp_path / "merged.db"
     _refused(tmp_path, [p0, p2], into, InputError, "part(s) 1/3 missing")
     _refused(tmp_path, [p0, p1, p2, p0], into, InputError, "given twice")
@@ -236,29 +286,29 @@ def test_missing_repeated_and_unfinished_parts(tmp_path: Path) -> None:
     _refused(tmp_path, [p0, p1, p2, copy], into, InputError, "part 1/3 is in both")
     edit(p2, "UPDATE shard_runs SET state = 'interrupted'")
     _refused(tmp_path, [p0, p1, p2], into, InputError, "part 2/3 in")
-    scan(p2, root, shard=Shard(2, 3))  # finishing it is what the message says to do
+    scan(p2, root, part=Part(2, 3))  # finishing it is what the message says to do
     merge_catalogs([p0, p1, p2], into)
 
 
 def test_parts_of_different_roots_or_cuts(tmp_path: Path) -> None:
     root = uneven_tree(tmp_path / "tree")
     other = uneven_tree(tmp_path / "other")
-    a0, _ = sharded_scan(tmp_path, root, 2, tag="a")
-    _, b1 = sharded_scan(tmp_path, other, 2, tag="b")
+    a0, _ = scan_in_parts(tmp_path, root, 2, tag="a")
+    _, b1 = scan_in_parts(tmp_path, other, 2, tag="b")
     into = tmp_path / "merged.db"
     _refused(tmp_path, [a0, b1], into, InputError, "missing")
-    c0, c1, c2 = sharded_scan(tmp_path, root, 3, tag="c")
+    c0, c1, c2 = scan_in_parts(tmp_path, root, 3, tag="c")
     _refused(tmp_path, [a0, c1, c2], into, InputError, "different splits into N")
     for i in range(40):
         make_png(root / "grown" / f"{i}.png")
     d2 = tmp_path / "d2.db"
-    scan(d2, root, shard=Shard(2, 3))  # the tree grew: this part was cut differently
+    scan(d2, root, part=Part(2, 3))  # the tree grew: this part was cut differently
     _refused(tmp_path, [c0, c1, d2], into, InputError, "cut differently")
 
 
 def test_conflicting_rows_are_refused(tmp_path: Path) -> None:
     root = uneven_tree(tmp_path / "tree")
-    (p0,) = sharded_scan(tmp_path, root, 1)
+    (p0,) = scan_in_parts(tmp_path, root, 1)
     twin = tmp_path / "twin.db"
     shutil.copy(p0, twin)
     edit(twin, "UPDATE image_metadata SET width = 999 WHERE file_path = 'mid/002.png'")
@@ -267,7 +317,7 @@ def test_conflicting_rows_are_refused(tmp_path: Path) -> None:
 
 def test_foreign_damaged_and_other_version_parts(tmp_path: Path) -> None:
     root = uneven_tree(tmp_path / "tree")
-    p0, p1 = sharded_scan(tmp_path, root, 2)
+    p0, p1 = scan_in_parts(tmp_path, root, 2)
     into = tmp_path / "merged.db"
     scan(into, uneven_tree(tmp_path / "elsewhere"))  # an existing catalog must come out unchanged
     garbage = tmp_path / "garbage.db"
@@ -290,7 +340,7 @@ def test_wrong_size_vectors_in_a_part_are_refused(tmp_path: Path) -> None:
     scan(catalog, root)
     part = tmp_path / "part.db"
     shutil.copy(catalog, part)
-    compute(part, "colorhist", extractor="colorhist", shard=Shard(0, 1))
+    compute(part, "colorhist", extractor="colorhist", part=Part(0, 1))
     edit(part, "UPDATE image_features SET vector = x'00' WHERE rowid = (SELECT min(rowid) FROM image_features)")
     _refused(tmp_path, [part], catalog, InputError, "wrong size")
 
@@ -300,7 +350,7 @@ def test_cli_merge(tmp_path: Path, runner: CliRunner) -> None:
     parts = []
     for i in range(2):
         part = tmp_path / f"p{i}.db"
-        result = runner.invoke(app, ["scan", str(root), "--db", str(part), "--shard", f"{i}/2", "-q"])
+        result = runner.invoke(app, ["scan", str(root), "--db", str(part), "--part", f"{i}/2", "-q"])
         assert result.exit_code == 0, result.output
         parts.append(str(part))
     result = runner.invoke(app, ["merge", *parts, "--into", str(tmp_path / "m.db")])
@@ -330,10 +380,10 @@ def test_a_killed_part_is_redone_alone_and_merges_equal(tmp_path: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         image.putpixel((i % 64, (i // 64) % 64), (i % 256, 7, 7))
         image.save(folder / f"{i:05d}.png", compress_level=0)
-    p0, _, p2 = sharded_scan(tmp_path, root, 3)
+    p0, _, p2 = scan_in_parts(tmp_path, root, 3)
     p1 = tmp_path / "killed.db"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dlindex", "scan", str(root), "--db", str(p1), "--shard", "1/3", "--workers", "1",
+        [sys.executable, "-m", "dlindex", "scan", str(root), "--db", str(p1), "--part", "1/3", "--workers", "1",
          "--verify"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 60
@@ -350,7 +400,7 @@ def test_a_killed_part_is_redone_alone_and_merges_equal(tmp_path: Path) -> None:
     proc.wait(timeout=30)
     assert written, "the kill should land mid-scan"
     _refused(tmp_path, [p0, p1, p2], tmp_path / "merged.db", InputError, "did not finish (running)")
-    redone = scan(p1, root, shard=Shard(1, 3))
+    redone = scan(p1, root, part=Part(1, 3))
     assert redone.unchanged >= written and redone.new == redone.seen - redone.unchanged
     scan(tmp_path / "full.db", root)
     merge_catalogs([p0, p1, p2], tmp_path / "merged.db")
@@ -373,7 +423,7 @@ def test_merge_against_the_cut_keeps_what_the_catalog_changed_after_it(tmp_path:
     for i in range(2):
         parts.append(tmp_path / f"part-{i}.db")
         shutil.copy(cut, parts[-1])
-        scan(parts[-1], root, shard=Shard(i, 2))
+        scan(parts[-1], root, part=Part(i, 2))
     # meanwhile, in the catalog: every sample marked, the vectors of class "big" removed
     edit(catalog, "UPDATE image_metadata SET processed = 1")
     edit(catalog, "DELETE FROM image_features WHERE image_id IN (SELECT id FROM image_metadata WHERE label_id = "

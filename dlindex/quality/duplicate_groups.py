@@ -25,7 +25,7 @@ from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
-    from dlindex.features.vectors import Ids
+    from dlindex.features.blobs import Ids
 
 # Chosen by measurement (docs/commands/dups.md): every resized or re-encoded copy, most 5%
 # crops, and no unrelated pair of 400 synthetic images (dhash); the threshold: colorthumb on

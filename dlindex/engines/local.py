@@ -1,4 +1,4 @@
-"""Processes: a fork pool, the set-up every worker runs, and whether a file's writer still runs.
+"""The local engine: a fork pool of worker processes and the set-up every worker runs.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: a worker killed by a crashing C decoder
 breaks that pool for good and loses track of which task killed it, and terminating busy
@@ -7,11 +7,6 @@ interpreter at exit. Here each worker has its own pipe and the parent knows exac
 tasks each worker holds: a dead worker is replaced and only its own tasks are retried (the
 scan and ``features compute`` each decide how). There are no background threads, so stopping
 is always immediate.
-
-Leftovers of killed runs (export folders, ``features export`` files, the advisor's scratch
-copies) and scan rows left ``running`` are named after their writer's pid and start time, so a
-later run removes only those of processes that are gone: a pid that now belongs to another
-process has another start time.
 """
 
 from __future__ import annotations
@@ -20,9 +15,7 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import warnings
-import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -32,8 +25,8 @@ from dlindex.errors import DlindexError
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-# multiprocessing, ctypes and tempfile are imported where they are used: every command imports
-# this module (the catalog asks pid_alive), and those three cost ~10 ms of each command's start.
+# multiprocessing, ctypes and tempfile are imported where they are used: scan, features compute
+# and export import this module, and those three cost ~10 ms of each command's start.
 
 MAX_CAPTURED_CHARS = 500
 
@@ -296,40 +289,3 @@ def die_with_parent(parent: int) -> None:
     # handed to another parent (init or a subreaper).
     if os.getppid() != parent:
         os._exit(1)
-
-
-def host_tag() -> str:
-    """8 hex digits of this host's name: a file another machine wrote on a shared disk is never
-    judged by this machine's process table."""
-    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
-
-
-def process_start(pid: int) -> int:
-    """When ``pid`` started, in clock ticks after boot (Linux /proc); 0 where unknown or gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-        # The command name (field 2) is parenthesised and may hold spaces: count after its ")".
-        return int(text[text.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def pid_alive(pid: int | None, start: int = 0) -> bool:
-    """Whether process ``pid`` runs on this machine and, when ``start`` is known, is the same
-    process that started then (True when unsure: another user's process, no /proc)."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (OverflowError, ValueError):
-        return False  # no such pid can exist
-    except PermissionError:
-        pass  # someone else's process, but alive
-    if start:
-        now = process_start(pid)
-        if now and now != start:
-            return False  # that pid now belongs to another process
-    return True
