@@ -68,14 +68,8 @@ class Spill:
         self.offsets = [array.array("q") for _ in range(groups)]
         self.lengths = [array.array("q") for _ in range(groups)]
 
-    def add(self, group: int, row: tuple[Any, ...]) -> None:
-        self.buffers[group].append(row)
-        self.held += 1
-        if self.held >= self.limit:
-            self.flush()
-
     def flush(self) -> None:
-        """Write every non-empty buffer as one chunk of its group."""
+        """Write every non-empty buffer to the file as chunks of its group; empty the buffers."""
         if self.file is None:
             if self.limit < len(self.buffers) * MIN_GROUP_ROWS:  # chunks this small: mostly seeks
                 raise ExportError(_too_small(self.budget[0], len(self.buffers), self.budget[1]))
@@ -96,10 +90,6 @@ class Spill:
             self.buffers[k] = []
         self.held = 0
 
-    @property
-    def spilled(self) -> bool:
-        return self.file is not None
-
     def finish(self) -> None:
         """After the last row: what the buffers hold stays there, each group's last rows."""
         if self.file is not None:
@@ -112,10 +102,6 @@ class Spill:
             buffer = self.buffers[group]
             return [*buffer[:count], *tail] if count < len(buffer) or tail else buffer
         return SpilledRows(self, group, count, tuple(tail))
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
 
 
 class SpilledRows(Collection[tuple[Any, ...]]):
