@@ -179,6 +179,17 @@ def export(
         ),
     ] = None,
     shard: OldShardOption = None,
+    memory_budget: Annotated[
+        str | None,
+        typer.Option(
+            "--memory-budget",
+            metavar="SIZE",
+            envvar="DLINDEX_MEMORY_BUDGET",
+            help="Rows held in memory with --split, --world-size or dali; beyond it they wait in OUT_DIR's "
+            "temporary folder.",
+            show_default="256MiB",
+        ),
+    ] = None,
     engine: EngineOption = Engine.local,
     address: AddressOption = None,
     ray_tasks: RayTasksOption = 0,
@@ -229,6 +240,7 @@ def export(
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
         group=group, group_by=group_by, group_type=group_type, group_max_distance=group_max_distance,
         group_threshold=group_threshold, shard=part_option(part, shard),
+        memory_budget=memory_budget,
     )  # fmt: skip
     shown: list[str] = []
 

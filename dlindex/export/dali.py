@@ -6,7 +6,9 @@ Each list ``{split}-{shard:06d}.txt`` has a jsonl manifest of the same samples b
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
+from itertools import islice
 
 from dlindex.export.files import HashingFile
 from dlindex.export.manifest import write_jsonl
@@ -26,7 +28,8 @@ class DaliWriter(FileWriter[bytes]):
 
 def write_dali(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     index = ctx.plan.label_index
-    rows = group.rows if isinstance(group.rows, list) else list(group.rows)  # read twice: lists, then manifests
+    # read twice, lists then manifests: a list, or the plan's spilled rows (read again from disk)
+    rows = group.rows if isinstance(group.rows, Collection) else list(group.rows)
     group = replace(group, rows=rows)
     sink = DaliWriter(ctx, group, number)
     for batch, _ in batches(group, replace(ctx, features=None)):
@@ -41,10 +44,9 @@ def write_dali(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     lists = sink.finish()
     # The companion manifests: same shard numbers, same samples per file.
     shards = list(lists)
-    start = 0
+    again = iter(rows)
     for k, shard in enumerate(lists):
         n = shard.samples
-        part = replace(group, rows=rows[start : start + n], padded=0, positions=(), tally=None)
+        part = replace(group, rows=islice(again, n), padded=0, positions=(), tally=None)
         shards.extend(write_jsonl(replace(ctx, shard_size=n, shard_bytes=None), part, number + k))
-        start += n
     return shards

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -9,6 +10,7 @@ from typing import Any
 
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.export.plan import ExportError
+from dlindex.export.spill import ENV_BUDGET
 from dlindex.exported.formats import DEFAULT
 from dlindex.exported.validate import MAX_COUNT, MAX_WORLD_SIZE
 from dlindex.query.spec import QuerySpec
@@ -41,6 +43,9 @@ class ExportOptions:
             samples sharing a value go to one split.
         shard: ``Shard(I, N)`` or ``"I/N"``: write only part I of N (its plan groups and
             ``dlindex-part.json``); ``dlindex.export.merge_exports`` joins the N parts.
+        memory_budget: bytes (or ``"512MiB"``) of rows an export with splits, ranks or a
+            DALI list holds in memory before it spills them to its temporary folder; None:
+            ``$DLINDEX_MEMORY_BUDGET``, else 256 MiB (dlindex.export.spill).
     """
 
     format: str = DEFAULT
@@ -63,6 +68,7 @@ class ExportOptions:
     group_max_distance: int | None = None
     group_threshold: float | None = None
     shard: Shard | str | None = None
+    memory_budget: int | str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,18 @@ def parse_size(value: int | str | None) -> int | None:
     if len(number) > 20:  # float() of 400 digits is inf; no shard is that large anyway
         raise ExportError(f"size {value!r} is larger than {MAX_SHARD_BYTES} bytes")
     return int(float(number) * base**power)
+
+
+def memory_budget(value: int | str | None) -> int | None:
+    """The budget in bytes from the option, else ``$DLINDEX_MEMORY_BUDGET``; None: the default."""
+    if value is None:
+        value = os.environ.get(ENV_BUDGET) or None
+    if value is None:
+        return None
+    size = parse_size(value)
+    if size is None or isinstance(size, bool) or size < 1:
+        raise ExportError(f"memory budget {value!r} must be a size of at least 1 byte, e.g. 512MiB")
+    return size
 
 
 def check_bounds(options: ExportOptions, shard_bytes: int | None) -> None:

@@ -11,6 +11,7 @@ from dlindex.export.shards import Context, ShardInfo, shown_path, vector_list
 from dlindex.export.writer import ShardWriter, batches
 
 _Sample = tuple[tuple[Any, ...], bytes | None]  # a row and its feature vector
+ROW_GROUP = 1 << 20  # rows: pyarrow's default row group (write_table's row_group_size=None)
 
 
 def pyarrow_modules() -> tuple[Any, Any]:
@@ -24,15 +25,58 @@ def pyarrow_modules() -> tuple[Any, Any]:
 
 
 class ParquetWriter(ShardWriter[_Sample]):
-    """``path_bytes`` holds the exact name where it is not UTF-8, else null."""
+    """``path_bytes`` holds the exact name where it is not UTF-8, else null.
+
+    Memory stays one row group: each batch becomes Arrow columns at once (``stage``), and every
+    ``ROW_GROUP`` rows go to the open shard file as one row group, the cut ``pq.write_table``
+    makes in one table of the shard (so the file is the same, byte for byte).
+    """
 
     suffix = ".parquet"
 
     def __init__(self, ctx: Context, group: Group, number: int) -> None:
         super().__init__(ctx, group, number)
         self.pa, self.pq = pyarrow_modules()
+        self.staged: list[Any] = []  # Arrow tables of the open shard not yet written
+        self.staged_rows = 0
+        self.file: Any = None  # the open shard's pq.ParquetWriter
+
+    def stage(self) -> None:
+        """Turn the pending samples into Arrow columns; write every full row group."""
+        if self.pending:
+            table = self.table(self.pending)
+            self.staged.append(table)
+            self.staged_rows += table.num_rows
+            self.pending = []
+        while self.staged_rows >= ROW_GROUP:
+            self.write_rows(ROW_GROUP)
+
+    def write_rows(self, n: int) -> None:
+        """Write the first ``n`` staged rows as one row group of the open shard."""
+        table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
+        self.staged = []  # the chunks freed before the row group is encoded
+        if self.file is None:
+            path = self.ctx.out / self.shard_file(len(self.shards))
+            self.file = self.pq.ParquetWriter(path, table.schema, compression="zstd")
+        self.file.write_table(table.slice(0, n))
+        rest = table.slice(n)
+        self.staged = [rest] if rest.num_rows else []
+        self.staged_rows -= n
 
     def seal_shard(self, path: Path, pending: list[_Sample]) -> tuple[int, str]:
+        self.stage()
+        if self.file is None:  # the whole shard in one table, as it has always been written
+            table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
+            self.staged = []
+            self.pq.write_table(table, path, compression="zstd")
+        else:
+            if self.staged_rows:
+                self.write_rows(self.staged_rows)
+            self.file.close()
+        self.file, self.staged, self.staged_rows = None, [], 0
+        return hash_file(path)
+
+    def table(self, pending: list[_Sample]) -> Any:
         pa, ctx = self.pa, self.ctx
         index, names = ctx.plan.label_index, ctx.plan.labels
         raws = [sample_path(row, ctx.prefixes) for row, _ in pending]
@@ -55,8 +99,7 @@ class ParquetWriter(ShardWriter[_Sample]):
             values = [v for _, blob in pending for v in vector_list(blob or b"", ctx.features.dtype)]
             flat = pa.array(values, pa.float64() if ctx.features.dtype == "<f8" else pa.float32())
             columns["feature"] = pa.FixedSizeListArray.from_arrays(flat, ctx.features.dim)
-        self.pq.write_table(pa.table(columns), path, compression="zstd")
-        return hash_file(path)
+        return pa.table(columns)
 
 
 def write_parquet(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
@@ -64,5 +107,6 @@ def write_parquet(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     for batch, vectors in batches(group, ctx):
         sizes = (48 + len(row[FILE]) + len(row[HASH] or "") for row in batch)  # an estimate per row
         sink.add_batch([(row, vectors.get(row[ID])) for row in batch], sizes)
+        sink.stage()
         ctx.tick(len(batch))
     return sink.finish()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ def plan_digest(plan: Plan) -> str:
     hasher = xxhash.xxh3_128()
     for group in plan.groups:
         rows = group.rows
-        assert isinstance(rows, list)  # a --part export never streams its rows
+        assert isinstance(rows, Collection)  # a --part export never streams its rows: a list, or spilled
         hasher.update(f"{group.split}\0{group.rank}\0{group.padded}\0{len(rows)}\n".encode())
         hasher.update("\n".join(map(repr, rows)).encode("utf-8", "surrogateescape"))
     return hasher.hexdigest()

@@ -15,10 +15,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from operator import itemgetter
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import canonical_splits
 from dlindex.errors import InputError
+from dlindex.export.spill import DEFAULT_BUDGET, Spill, budget_rows, route
 from dlindex.exported import ExportError as ExportError  # the read side defines it; export modules import it here
 from dlindex.query.rows import prepare
 from dlindex.query.spec import QuerySpec
@@ -44,6 +46,7 @@ _ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
 HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _UNIT = 2.0**64
+_UNLIMITED = 1 << 62
 
 
 class Tally:
@@ -63,8 +66,9 @@ class Tally:
 class Group:
     """The samples of one split for one rank, in output order; the last ``padded`` repeat earlier ones.
 
-    ``rows`` is a list, or (a single group without splits or ranks) the query's rows as they
-    stream from SQLite, so a plain manifest of millions of rows is never held in memory.
+    ``rows`` is the query's rows as they stream from SQLite (without split fractions or ranks:
+    one group, or one per tree split), a list, or rows spilled to disk (dlindex.export.spill),
+    so no export of millions of rows holds them all in memory.
     """
 
     split: str
@@ -245,14 +249,16 @@ def make_plan(
     class_list: str = "catalog",
     split: Mapping[str, float] | None,
     points: Mapping[int, int] | None = None,
-    tree_splits: Mapping[str, Sequence[tuple[Any, ...]]] | None = None,
+    tree_splits: Mapping[str, Iterable[tuple[Any, ...]]] | None = None,
     world_size: int,
     drop_last: bool,
     absolute_paths: bool,
     stream: bool = True,
+    spill_dir: Path | None = None,
+    memory_budget: int | None = None,
 ) -> Plan:
-    """Arrange rows into groups. Without splits and ranks (and with ``stream``), the rows are
-    not read here: the one group streams them to the writer.
+    """Arrange rows into groups. Without split fractions and ranks (and with ``stream``), the
+    rows are not read here: each group (one, or one per tree split) streams them to the writer.
 
     Args:
         classes, class_index: the selection's class list (dlindex.catalog.classes), whether or not a
@@ -261,6 +267,8 @@ def make_plan(
         points: the group points of grouped samples (``export --group``; see split_of).
         tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``
             is then unused.
+        spill_dir: where rows beyond ``memory_budget`` bytes (default DEFAULT_BUDGET) wait on
+            disk (the export's temporary folder); None: every row stays in memory.
     """
     if world_size < 1:
         raise ExportError(f"--world-size must be at least 1, not {world_size}")
@@ -269,43 +277,62 @@ def make_plan(
     prefixes = {k: v[1] for k, v in roots.items()}
     file_root = b"/" if absolute_paths else _common_root(list(prefixes.values()))
     tally = Tally()
-    if not split and tree_splits is None and world_size == 1 and stream:
-        group = Group(DEFAULT_SPLIT, 0, rows, tally=tally)
-        return Plan((group,), tuple(names), label_index, prefixes, file_root, tally, None, 0, 0, class_list)
-    by_split: dict[str, list[tuple[Any, ...]]]
+    if not split and world_size == 1 and stream:
+        # One group per split, each streaming its own query's rows (the tree's split folders)
+        # or the one query's, to the writer in turn.
+        streams = tree_splits if tree_splits is not None else {DEFAULT_SPLIT: rows}
+        streamed = tuple(Group(name, 0, members, tally=tally) for name, members in streams.items())
+        return Plan(streamed, tuple(names), label_index, prefixes, file_root, tally, None, 0, 0, class_list)
+    # One pass over the rows, each routed to its (split, rank) group; held in memory up to the
+    # budget, spilled to a file in ``spill_dir`` beyond it (dlindex.export.spill).
+    parts: list[tuple[Any, Iterable[tuple[Any, ...]]]]
     if tree_splits is not None:
-        by_split = {name: list(members) for name, members in tree_splits.items()}
-        rows = [row for members in by_split.values() for row in members]
+        split_names = list(tree_splits)
+        parts = list(tree_splits.items())
     elif split:
-        rows = list(rows)
-        assign = split_of(split, points)
-        by_split = {name: [] for name in split}
-        for row in rows:
-            by_split[assign(row)].append(row)
+        split_names = list(split)
+        parts = [(split_of(split, points), rows)]
     else:
-        rows = list(rows)
-        by_split = {DEFAULT_SPLIT: rows}
+        split_names = [DEFAULT_SPLIT]
+        parts = [(DEFAULT_SPLIT, rows)]
+    held = len(split_names) * world_size if world_size > 1 else 0
+    limit, budget = _UNLIMITED, 0
+    if spill_dir is not None:
+        budget = DEFAULT_BUDGET if memory_budget is None else memory_budget
+        limit = budget_rows(budget, len(split_names) * world_size, held)
+    spill = Spill(spill_dir or Path("."), len(split_names) * world_size, limit, held, budget)
+    counts, heads = route(parts, split_names, world_size, spill)
     groups: list[Group] = []
     dropped = padded = 0
-    for name, members in by_split.items():
-        n = len(members)
+    for k, name in enumerate(split_names):
+        n = counts[name]
+        total = n
         if world_size > 1:
             if drop_last:
-                keep = n // world_size * world_size
-                dropped += n - keep
-                members = members[:keep]
+                total = n // world_size * world_size
+                dropped += n - total
             elif n % world_size:
                 extra = world_size - n % world_size
                 padded += extra
-                members = members + [members[i % n] for i in range(extra)]
-        total = len(members)
+                total = n + extra  # the padded list: the split's rows, then its first ``extra`` again
         for rank in range(world_size):
             # Strided like torch's DistributedSampler: every rank sees the whole order's spread.
             positions = range(rank, total, world_size)
-            chunk = members[rank::world_size]
-            groups.append(Group(name, rank, chunk, sum(1 for p in positions if p >= n), positions, tally))
+            real = len(range(rank, min(n, total), world_size))
+            tail = [heads[name][(p - n) % n] for p in positions[real:]]
+            rows_of = spill.rows(k * world_size + rank, real, tail)
+            groups.append(Group(name, rank, rows_of, len(tail), positions, tally))
     return Plan(
-        tuple(groups), tuple(names), label_index, prefixes, file_root, tally, len(rows), dropped, padded, class_list
+        tuple(groups),
+        tuple(names),
+        label_index,
+        prefixes,
+        file_root,
+        tally,
+        sum(counts.values()),
+        dropped,
+        padded,
+        class_list,
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +18,7 @@ from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
-from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, parse_size
+from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
@@ -106,7 +106,7 @@ def export_catalog(
         # leaves such files out too.
         query = replace(options.query, has_class=True, split=tree or options.query.split)
         tree_names = _tree_splits(catalog, query, tree) if split is None else None
-        tree_rows: dict[str, list[tuple[Any, ...]]] | None = None
+        tree_rows: dict[str, Iterable[tuple[Any, ...]]] | None = None
         upper = None
         if tree_names is not None:
             tree_rows = {}
@@ -114,7 +114,7 @@ def export_catalog(
                 part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
                 if record.packed:  # these read every source: only regular files of their catalogued size
                     part = packable(part, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
-                tree_rows[name] = list(part)
+                tree_rows[name] = part  # read in turn by make_plan, one statement at a time
             rows: Any = ()
         else:
             # Only a plain single jsonl file is written in two halves (the writer appends the
@@ -133,6 +133,7 @@ def export_catalog(
             points=None if points is None else points.points, tree_splits=tree_rows,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
             stream=record.one_pass and shard is None,  # a part digests every group's rows
+            spill_dir=output.tmp, memory_budget=memory_budget(options.memory_budget),
         )  # fmt: skip
         del rows, tree_rows
         split_option: Any = "tree" if tree_names is not None else split
