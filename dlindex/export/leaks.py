@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.quality.groups import SHARED_CONTENT, embedding_limit, hash_limit, informative, no_limits
-from dlindex.quality.hashes import load_vectors, pack_bits
+from dlindex.quality.hashes import load_vectors
 from dlindex.quality.pairs import embedding_pairs, equal_runs, hash_pairs
 from dlindex.query.spec import QuerySpec
 
@@ -208,7 +208,7 @@ def _near_chunks(
     without = int(ids.size - assigned.sum())
     vector_ids, vectors = vector_ids[assigned], vectors[assigned]
     if is_hash:
-        vector_ids, hashes = informative(catalog, feature_type, vector_ids, pack_bits(vectors), k)
+        vector_ids, hashes = informative(catalog, feature_type, vector_ids, vectors.astype(np.uint64, copy=False), k)
         pairs = hash_pairs(hashes, k)
     else:
         pairs = embedding_pairs(vectors, limit)
