@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from dlindex import Catalog, QuerySpec
@@ -39,7 +40,7 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dlindex.features.neighbours._BLOCK_ELEMENTS", 7)
 
 
-def bits(value: int) -> np.ndarray:
+def bits(value: int) -> npt.NDArray[np.float32]:
     return np.array([(value >> i) & 1 for i in range(64)], dtype=np.float32)
 
 
@@ -63,7 +64,7 @@ def sprite_hashes(rng: np.random.Generator, n: int) -> list[int]:
 
 
 @pytest.fixture
-def near_db(tmp_path: Path) -> Path:
+def near_db(tmp_path: Path) -> Path | str:
     rng = np.random.default_rng(3)
     n = 120
     statuses = ["missing" if i % 11 == 0 else "ok" for i in range(n)]
@@ -112,7 +113,11 @@ SPECS = [None, QuerySpec(status=("ok", "missing")), QuerySpec(labels=["b"]), Que
 @pytest.mark.parametrize("feature_type", [None, "dhash"])
 @pytest.mark.parametrize("grouping", ["around-kept", "connected"])
 def test_groups_equal_the_in_memory_search(
-    near_db: Path, monkeypatch: pytest.MonkeyPatch, spec: QuerySpec | None, feature_type: str | None, grouping: str
+    near_db: Path | str,
+    monkeypatch: pytest.MonkeyPatch,
+    spec: QuerySpec | None,
+    feature_type: str | None,
+    grouping: str,
 ) -> None:
     with Catalog(near_db) as c:
         small_blocks(monkeypatch)
@@ -126,7 +131,7 @@ def test_groups_equal_the_in_memory_search(
             assert len(new) > 2  # the data makes groups, so equality says something
 
 
-def test_packed_hashes_equal_the_float_rows_packed(near_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_packed_hashes_equal_the_float_rows_packed(near_db: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
     with Catalog(near_db) as c:
         small_blocks(monkeypatch)
         ids, hashes, is_hash = load_vectors(c, "dhash", QuerySpec(labels=["a"]))
