@@ -74,7 +74,7 @@ def part_scale(a: Any, base: Path) -> dict[str, Any]:
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive.stdout, check=True)
     rows: list[dict[str, Any]] = []
     for n in sizes:
-        source = make_catalog.ensure_catalog(n)
+        source = make_catalog.ensure_catalog(n, work=base)
         copy = work / f"copy-{n}.db"
         shutil.copyfile(source, copy)
         try:
@@ -110,6 +110,8 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> list[str]:
             continue
         before = keyed.get((n, name, "before"), {})
         same = "identical" if before.get("sha") == after.get("sha") else "**differs**"
+        if after.get("rc") or before.get("rc"):
+            same += f" (exit {before.get('rc')} / {after.get('rc')})"
         lines.append(f"| {n:,} | {after['hashes']:,} | `{name}` | {_cell(before, 'cpu_s')} | {_cell(after, 'cpu_s')} | "
                      f"{_cell(before, 'rss_mib')} | {_cell(after, 'rss_mib')} | {same}, {after.get('lines', 0):,} lines |")  # fmt: skip
     return [*lines, MARKERS[1]]
