@@ -211,3 +211,20 @@ def test_similar_over_blocks_of_the_matrix_equals_brute_force(
         assert [[(x.id, x.distance) for x in one] for one in hard] == [
             brute_force(vectors, labels, q, 5, metric, ok, other_labels=True) for q in queries
         ]
+
+
+def test_dups_on_a_full_disk_is_one_line_and_exit_4(near_db: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from .conftest import invoke
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    result = invoke(CliRunner(), "dups", "--type", "dhash", "--db", str(near_db))
+    assert result.exit_code == 4, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "disk full" in lines[0], result.stderr
+    with Catalog(near_db) as c:
+        assert list(matrix_path(c, "dhash").parent.iterdir()) == []
