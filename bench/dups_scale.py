@@ -88,13 +88,23 @@ def part_scale(a: Any, base: Path) -> dict[str, Any]:
                 for name, args in COMMANDS.items():
                     if name not in a.commands.split(",") and a.commands != "all":
                         continue
-                    got = timed(code, copy, [x.replace("{query}", str(query)) for x in args], a.scale_timeout)
+                    if "dhash" in args and "similar" not in args and near_candidates(hashes) > a.max_candidates:
+                        got = {"error": f"not run: ~{near_candidates(hashes):.1e} candidate pairs"}
+                    else:
+                        got = timed(code, copy, [x.replace("{query}", str(query)) for x in args], a.scale_timeout)
                     rows.append({"rows": n, "hashes": hashes, "command": name, "side": side, **got})
                     print(rows[-1], flush=True)
         finally:
-            copy.unlink(missing_ok=True)
+            for leftover in (copy, Path(f"{copy}-wal"), Path(f"{copy}-shm")):
+                leftover.unlink(missing_ok=True)
             shutil.rmtree(Path(f"{copy}-features"), ignore_errors=True)
     return {"baseline": a.baseline, "rows": rows}
+
+
+def near_candidates(hashes: int, k: int = 8) -> float:
+    """Candidate pairs hash_pairs checks on uniform hashes: k + 1 bands of 64 / (k + 1) bits,
+    each pairing the hashes that agree on it: (k + 1) * n^2 / 2 / 2^(64 / (k + 1)). Quadratic."""
+    return (k + 1) * hashes * hashes / 2 / 2 ** (64 / (k + 1))
 
 
 def render(res: dict[str, Any], meta: dict[str, Any]) -> list[str]:
@@ -110,7 +120,9 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> list[str]:
             continue
         before = keyed.get((n, name, "before"), {})
         same = "identical" if before.get("sha") == after.get("sha") else "**differs**"
-        if after.get("rc") or before.get("rc"):
+        if "error" in after:
+            same = ""
+        elif after.get("rc") or before.get("rc"):
             same += f" (exit {before.get('rc')} / {after.get('rc')})"
         lines.append(f"| {n:,} | {after['hashes']:,} | `{name}` | {_cell(before, 'cpu_s')} | {_cell(after, 'cpu_s')} | "
                      f"{_cell(before, 'rss_mib')} | {_cell(after, 'rss_mib')} | {same}, {after.get('lines', 0):,} lines |")  # fmt: skip
