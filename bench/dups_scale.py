@@ -42,7 +42,7 @@ def timed(code: Path, db: Path, args: list[str], timeout: float) -> dict[str, An
         cmd = ["nice", "-n", "19", "/usr/bin/time", "-v", sys.executable, "-m", "dlindex", *args,
                "--db", str(db), "--no-log"]  # fmt: skip
         try:
-            rc = subprocess.run(cmd, stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(code)},
+            rc = subprocess.run(cmd, stdout=out, stderr=err, env={**os.environ, "PYTHONPATH": str(code)}, cwd=code,
                                 timeout=timeout, check=False).returncode  # fmt: skip
         except subprocess.TimeoutExpired:
             return {"error": f"over {timeout:.0f} s"}

@@ -115,7 +115,8 @@ def load_matrix(catalog: Catalog, feature_type: str) -> Matrix:
         matrix = _write(catalog, ftype, path, key)  # streamed to the file: memory does not grow with n
         if matrix is None:  # a read-only folder: this process keeps the matrix in memory
             ids, vectors = read_all(catalog, ftype)
-            matrix = Matrix(key, ids, _norms(vectors.astype(np.float32, copy=False)), vectors.astype(np.float32))
+            vectors32 = vectors.astype(np.float32, copy=False)
+            matrix = Matrix(key, ids, _norms(vectors32), vectors32)
     finally:
         conn.execute("COMMIT")
     _memo[os.fspath(path)] = matrix
