@@ -64,7 +64,8 @@ def sprite_hashes(rng: np.random.Generator, n: int) -> list[int]:
 
 
 @pytest.fixture
-def near_db(tmp_path: Path) -> Path | str:
+def near_db(tmp_path: Path, catalog_backend: str) -> Path | str:
+    """On both backends (the exact groups' statement runs in the server's SQL too)."""
     rng = np.random.default_rng(3)
     n = 120
     statuses = ["missing" if i % 11 == 0 else "ok" for i in range(n)]
