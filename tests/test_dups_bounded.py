@@ -38,6 +38,8 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dlindex.quality.hashes._RELEASE_EVERY", 1)
     monkeypatch.setattr("dlindex.features.vectors.CHUNK", 4)
     monkeypatch.setattr("dlindex.features.neighbours._BLOCK_ELEMENTS", 7)
+    monkeypatch.setattr("dlindex.features.neighbours._RESIDENT_BYTES", 0)  # read by blocks, pages dropped
+    monkeypatch.setattr("dlindex.features.neighbours._COLUMN_BYTES", 100)
 
 
 def bits(value: int) -> npt.NDArray[np.float32]:

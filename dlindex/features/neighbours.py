@@ -32,6 +32,10 @@ _U = 2.0**-24  # float32 unit roundoff
 # below float32's normal range) in the fast path; such matrices are scored in float64.
 _LARGEST, _SMALLEST = 1e18, 1e-15
 _BLOCK_ELEMENTS = 1 << 23  # scores computed per block of queries: at most 32 MiB of float32
+# A matrix larger than this is read 64 MiB of rows at a time, its pages dropped after each
+# block, so resident memory stays bounded; a smaller one stays mapped whole, as it was read.
+_RESIDENT_BYTES = 512 << 20
+_COLUMN_BYTES = 64 << 20
 # No class (NULL): a distinct negative stand-in per row, never equal to another label or to -1.
 _LABELS = "SELECT id, coalesce(label_id, -1 - id) FROM image_metadata ORDER BY id"
 _KNOWN_IDS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
@@ -119,6 +123,9 @@ def search(
     slack = np.float32(2.0 * (dim + 8) * _U)
     block = max(1, min(256, _BLOCK_ELEMENTS // max(n, 1)))
     columns = max(1, _BLOCK_ELEMENTS // block)
+    paged = vectors.nbytes > _RESIDENT_BYTES
+    if paged:
+        columns = min(columns, max(1, _COLUMN_BYTES // max(1, vectors.itemsize * dim)))
     blocked = None if allowed is None else ~allowed
     least, most = _norm_range(norms, columns)
     if most > _LARGEST or least < _SMALLEST:
@@ -153,7 +160,7 @@ def search(
                 if c0 <= row < c1:
                     a[row - c0] = np.inf
                 pools[i].add(a, bound[min(i, len(bound) - 1)], c0, k)
-            if n > columns:
+            if paged:
                 matrix.release()
         results += [pool.ranked(vectors, row, k, metric) for pool, row in zip(pools, chunk.tolist(), strict=True)]
     return results
