@@ -15,6 +15,7 @@ Outputs are compared byte for byte.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import sqlite3
@@ -119,13 +120,25 @@ def render(res: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         if side != "after":
             continue
         before = keyed.get((n, name, "before"), {})
-        same = "identical" if before.get("sha") == after.get("sha") else "**differs**"
         if "error" in after:
-            same = ""
-        elif after.get("rc") or before.get("rc"):
+            lines.append(f"| {n:,} | {after['hashes']:,} | `{name}` | {after['error']} | | | | |")
+            continue
+        same = "identical" if before.get("sha") == after.get("sha") else "**differs**"
+        if after.get("rc") or before.get("rc"):
             same += f" (exit {before.get('rc')} / {after.get('rc')})"
         lines.append(f"| {n:,} | {after['hashes']:,} | `{name}` | {_cell(before, 'cpu_s')} | {_cell(after, 'cpu_s')} | "
                      f"{_cell(before, 'rss_mib')} | {_cell(after, 'rss_mib')} | {same}, {after.get('lines', 0):,} lines |")  # fmt: skip
+    sizes = sorted({r["rows"] for r in res["rows"]})
+    for small, big in itertools.pairwise(sizes):
+        grew = []
+        for name in COMMANDS:
+            a, b = keyed.get((small, name, "after"), {}), keyed.get((big, name, "after"), {})
+            was_a, was_b = keyed.get((small, name, "before"), {}), keyed.get((big, name, "before"), {})
+            if all("cpu_s" in r for r in (a, b, was_a, was_b)):
+                grew.append(f"`{name}` {b['cpu_s'] / a['cpu_s']:.1f}x CPU, RSS {was_a['rss_mib']:,.0f} -> "
+                            f"{was_b['rss_mib']:,.0f} MiB before, {a['rss_mib']:,.0f} -> {b['rss_mib']:,.0f} after")  # fmt: skip
+        if grew:
+            lines += ["", f"From {small:,} to {big:,} rows ({big // small}x): " + "; ".join(grew) + "."]
     return [*lines, MARKERS[1]]
 
 
