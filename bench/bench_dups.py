@@ -19,6 +19,7 @@ Parts (--parts, default all):
 
   python bench/bench_dups.py              # full sizes, writes docs/benchmarks.md
   python bench/bench_dups.py --quick      # small sizes, 1 rep, prints only
+  python bench/bench_dups.py --parts scale --rows 1e6,1e7 --baseline REV   # dups_scale.py, its own section
 """
 
 from __future__ import annotations
@@ -446,6 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", default=str(REPO / "docs" / "benchmarks.md"))
     ap.add_argument("--no-docs", action="store_true")
     ap.add_argument("--from-json", help="render a saved result file instead of measuring")
+    ap.add_argument("--rows", default="1e6", help="scale: catalog sizes (make_catalog.ensure_catalog)")
+    ap.add_argument("--baseline", default="HEAD", help="scale: the git revision measured as 'before'")
+    ap.add_argument("--commands", default="all", help="scale: commands of dups_scale.COMMANDS, comma-separated")
+    ap.add_argument("--scale-timeout", type=float, default=3600, help="scale: seconds per command")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
@@ -476,9 +481,22 @@ def main(argv: list[str] | None = None) -> int:
             import dups_leaks
 
             res["leaks"] = dups_leaks.part_leaks(a, base)
+        if "scale" in parts:  # its own section: sizes from make_catalog, before/after in one run
+            import dups_scale
+
+            res["scale"] = dups_scale.part_scale(a, base)
         raw = base / f"bench_dups-{time.strftime('%Y%m%d-%H%M%S')}.json"
         raw.write_text(json.dumps({"meta": meta, "results": res}, indent=1, default=str))
         print(f"raw results: {raw}", file=sys.stderr)
+    if res.get("scale"):
+        import dups_scale
+
+        scale = "\n".join(dups_scale.render(res.pop("scale"), meta))
+        print(scale)
+        if not a.quick and not a.no_docs:
+            write_section(Path(a.docs), *dups_scale.MARKERS, scale)
+        if not res:
+            return 0
     section = render(res, meta)
     print(section)
     if not a.quick and not a.no_docs:

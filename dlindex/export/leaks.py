@@ -8,6 +8,7 @@ pair iterators; only the leaks themselves become Python objects, as they are wri
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.quality.duplicate_groups import SHARED_CONTENT, embedding_limit, hash_limit, informative, no_limits
-from dlindex.quality.hashes import load_vectors, pack_bits
+from dlindex.quality.hashes import load_vectors
 from dlindex.quality.pairs import embedding_pairs, equal_runs, hash_pairs
 from dlindex.query.spec import QuerySpec
 
@@ -182,10 +183,15 @@ def _content_codes(catalog: Catalog, assignment: Assignment) -> npt.NDArray[np.i
     codes = np.full(ids.size, -1, dtype=np.int64)
     if not ids.size:
         return codes
-    rows = list(catalog.read(SHARED_CONTENT))  # ordered by content: equal ones are neighbours
-    found = np.fromiter((row[0] for row in rows), dtype=np.int64, count=len(rows))
-    changed = np.fromiter((k > 0 and rows[k][1] != rows[k - 1][1] for k in range(len(rows))), bool, len(rows))
-    group = np.cumsum(changed)
+    found_ids, groups = array("q"), array("q")  # 8 bytes a row of a shared content
+    previous, number = None, -1
+    for image_id, content in catalog.read(SHARED_CONTENT):  # ordered by content: equal ones are neighbours
+        if content != previous:
+            previous, number = content, number + 1
+        found_ids.append(image_id)
+        groups.append(number)
+    found = np.frombuffer(found_ids, dtype=np.int64) if found_ids else np.zeros(0, dtype=np.int64)
+    group = np.frombuffer(groups, dtype=np.int64) if groups else np.zeros(0, dtype=np.int64)
     at = np.minimum(np.searchsorted(ids, found), ids.size - 1)
     present = ids[at] == found
     codes[at[present]] = group[present]
@@ -208,7 +214,7 @@ def _near_chunks(
     without = int(ids.size - assigned.sum())
     vector_ids, vectors = vector_ids[assigned], vectors[assigned]
     if is_hash:
-        vector_ids, hashes = informative(catalog, feature_type, vector_ids, pack_bits(vectors), k)
+        vector_ids, hashes = informative(catalog, feature_type, vector_ids, vectors.astype(np.uint64, copy=False), k)
         pairs = hash_pairs(hashes, k)
     else:
         pairs = embedding_pairs(vectors, limit)

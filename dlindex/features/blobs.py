@@ -108,14 +108,24 @@ def read_all(catalog: Catalog, ftype: FeatureType) -> tuple[Ids, Vectors]:
     ids = np.empty(n, dtype=np.int64)
     vectors = np.empty((n, ftype.dim), dtype=ftype.np_dtype)
     filled = 0
-    cursor = catalog.conn.execute(_VECTORS, (ftype.name,))
-    while filled < n:
-        batch = cursor.fetchmany(CHUNK)
-        if not batch:
-            break
-        m = len(batch)
-        ids[filled : filled + m] = [row[0] for row in batch]
-        vectors[filled : filled + m] = decode_rows(ftype, batch)
+    for batch_ids, batch in read_batches(catalog, ftype, n):
+        m = batch_ids.size
+        ids[filled : filled + m] = batch_ids
+        vectors[filled : filled + m] = batch
         filled += m
-    cursor.close()
     return ids[:filled], vectors[:filled]
+
+
+def read_batches(catalog: Catalog, ftype: FeatureType, most: int) -> Iterator[tuple[Ids, Vectors]]:
+    """(ids, vectors) of up to ``most`` vectors of ``ftype``, ids ascending, CHUNK rows at a time."""
+    filled = 0
+    cursor = catalog.conn.execute(_VECTORS, (ftype.name,))
+    try:
+        while filled < most:
+            batch = cursor.fetchmany(min(CHUNK, most - filled))
+            if not batch:
+                break
+            filled += len(batch)
+            yield np.array([row[0] for row in batch], dtype=np.int64), decode_rows(ftype, batch)
+    finally:
+        cursor.close()

@@ -22,7 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
-from dlindex.features.blobs import Ids, read_all
+from dlindex.faults import disk_full_error, is_disk_full
+from dlindex.features.blobs import COUNT_VECTORS, Ids, read_all, read_batches
 from dlindex.features.types import FeatureType, get_type
 
 if TYPE_CHECKING:
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
 _MAGIC = b"DLIXFEAT"
 _HEADER = 512
 _FORMAT = 1
+# Files up to this size are faulted in whole when mapped (a search reads every page); larger
+# ones page in as read, and a pass over them drops what it read (``Matrix.release``), so a
+# process's resident memory stays bounded whatever the matrix's size.
+_POPULATE_BYTES = 256 << 20
 _memo: dict[str, Matrix] = {}  # matrix file -> the matrix this process holds of it
 
 Rows = npt.NDArray[np.intp]  # row indices into a matrix, -1 where there is none
@@ -47,6 +52,13 @@ class Matrix:
     vectors: npt.NDArray[np.float32]  # (n, dim)
     # what searches derived from this matrix (row masks, labels), by what they depend on
     masks: dict[tuple[Any, ...], npt.NDArray[Any] | None] = field(default_factory=dict)
+    mapped: mmap.mmap | None = None  # the file's mapping, when the arrays are views of one
+
+    def release(self) -> None:
+        """Drop the pages of the file read so far from this process (they stay in the page
+        cache): a pass over a matrix larger than memory keeps resident memory bounded."""
+        if self.mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+            self.mapped.madvise(mmap.MADV_DONTNEED)
 
     def rows_of(self, ids: Ids) -> Rows:
         """Row index of each id, -1 where the matrix has no vector for it."""
@@ -98,19 +110,25 @@ def load_matrix(catalog: Catalog, feature_type: str) -> Matrix:
         ftype = get_type(catalog, feature_type)
         if ftype.dim is None:
             raise InputError(f"feature type {ftype.name!r} has no vectors yet")
-        ids, vectors = read_all(catalog, ftype)
+        key = _key(ftype)
+        path = matrix_path(catalog, ftype.name)
+        matrix = _write(catalog, ftype, path, key)  # streamed to the file: memory does not grow with n
+        if matrix is None:  # a read-only folder: this process keeps the matrix in memory
+            ids, vectors = read_all(catalog, ftype)
+            vectors32 = vectors.astype(np.float32, copy=False)
+            matrix = Matrix(key, ids, _norms(vectors32), vectors32)
     finally:
         conn.execute("COMMIT")
-    vectors32 = vectors.astype(np.float32, copy=False)
-    norms = np.empty(ids.size, dtype=np.float64)
-    for start in range(0, ids.size, 8192):
-        part = vectors32[start : start + 8192].astype(np.float64)
-        norms[start : start + 8192] = np.sqrt(np.einsum("ij,ij->i", part, part))
-    key = _key(ftype)
-    path = matrix_path(catalog, ftype.name)
-    matrix = _save(path, key, ids, norms, vectors32) or Matrix(key, ids, norms, vectors32)
     _memo[os.fspath(path)] = matrix
     return matrix
+
+
+def _norms(vectors: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+    norms = np.empty(len(vectors), dtype=np.float64)
+    for start in range(0, len(vectors), 8192):
+        part = vectors[start : start + 8192].astype(np.float64)
+        norms[start : start + 8192] = np.sqrt(np.einsum("ij,ij->i", part, part))
+    return norms
 
 
 def remove_cached_matrix(catalog: Catalog, name: str) -> None:
@@ -127,36 +145,41 @@ def _layout(n: int, dim: int) -> tuple[int, int, int, int]:
     return ids_at, norms_at, vectors_at, vectors_at + 4 * n * dim
 
 
-def _save(
-    path: Path,
-    key: dict[str, Any],
-    ids: Ids,
-    norms: npt.NDArray[np.float64],
-    vectors: npt.NDArray[np.float32],
-) -> Matrix | None:
-    """Write the matrix file atomically and map it; None if the folder is not writable."""
-    n, dim = vectors.shape
-    _, norms_at, vectors_at, _ = _layout(n, dim)
+def _write(catalog: Catalog, ftype: FeatureType, path: Path, key: dict[str, Any]) -> Matrix | None:
+    """Write the matrix file from the catalog a batch at a time, atomically, and map it;
+    None if the folder is not writable. Call inside the read transaction that read ``key``."""
+    n = int(catalog.conn.execute(COUNT_VECTORS, (ftype.name,)).fetchone()[0])
+    dim = int(key["dim"])
+    ids_at, norms_at, vectors_at, end = _layout(n, dim)
     header = _MAGIC + json.dumps({**key, "n": n}).encode()
     assert len(header) <= _HEADER
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # a server catalog's: ~/.cache/dlindex/<identity>/features
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     except OSError:
-        return None  # a read-only folder: this process keeps the matrix in memory
+        return None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header.ljust(_HEADER, b" "))
-            f.write(ids.astype("<i8").tobytes())
-            f.write(norms.astype("<f8").tobytes())
-            f.write(b"\0" * (vectors_at - norms_at - 8 * n))
-            for start in range(0, n, 65536):
-                f.write(np.ascontiguousarray(vectors[start : start + 65536], dtype="<f4").tobytes())
+            f.truncate(end)
+            filled = 0
+            for ids, vectors in read_batches(catalog, ftype, n):
+                rows = np.ascontiguousarray(vectors, dtype="<f4")
+                os.pwrite(f.fileno(), ids.astype("<i8").tobytes(), ids_at + 8 * filled)
+                os.pwrite(f.fileno(), _norms(rows).astype("<f8").tobytes(), norms_at + 8 * filled)
+                os.pwrite(f.fileno(), rows.tobytes(), vectors_at + 4 * dim * filled)
+                filled += ids.size
+            if filled != n:  # cannot happen inside one snapshot; never leave a file that says n rows
+                raise OSError(f"read {filled} of {n} vectors")
         os.replace(tmp, path)  # concurrent readers see the old file or the new one, never half
-    except OSError:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        return None
+        if is_disk_full(e):
+            raise disk_full_error(e, paths=[path.parent]) from None
+        if isinstance(e, OSError):
+            return None
+        raise
     return _open(path, key)
 
 
@@ -174,6 +197,7 @@ def _open(path: Path, key: dict[str, Any], *, populate: bool = True) -> Matrix |
             ids_at, norms_at, vectors_at, end = _layout(n, dim)
             if os.fstat(f.fileno()).st_size != end:
                 return None
+            populate = populate and end <= _POPULATE_BYTES
             flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
             mapped = mmap.mmap(f.fileno(), end, flags=flags, prot=mmap.PROT_READ)
     except (OSError, ValueError):
@@ -181,4 +205,4 @@ def _open(path: Path, key: dict[str, Any], *, populate: bool = True) -> Matrix |
     ids = np.frombuffer(mapped, dtype=np.dtype("<i8"), count=n, offset=ids_at)
     norms = np.frombuffer(mapped, dtype=np.dtype("<f8"), count=n, offset=norms_at)
     vectors = np.frombuffer(mapped, dtype=np.dtype("<f4"), count=n * dim, offset=vectors_at).reshape(n, dim)
-    return Matrix(key, ids, norms, vectors)
+    return Matrix(key, ids, norms, vectors, mapped=mapped)

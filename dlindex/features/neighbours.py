@@ -20,7 +20,7 @@ import numpy.typing as npt
 from dlindex.errors import InputError
 from dlindex.features.blobs import Ids
 from dlindex.features.matrix import Mask, Matrix, Rows, load_matrix
-from dlindex.query.rows import sample_ids
+from dlindex.query.rows import query_rows as selected_rows
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -32,6 +32,10 @@ _U = 2.0**-24  # float32 unit roundoff
 # below float32's normal range) in the fast path; such matrices are scored in float64.
 _LARGEST, _SMALLEST = 1e18, 1e-15
 _BLOCK_ELEMENTS = 1 << 23  # scores computed per block of queries: at most 32 MiB of float32
+# A matrix larger than this is read 64 MiB of rows at a time, its pages dropped after each
+# block, so resident memory stays bounded; a smaller one stays mapped whole, as it was read.
+_RESIDENT_BYTES = 512 << 20
+_COLUMN_BYTES = 64 << 20
 # No class (NULL): a distinct negative stand-in per row, never equal to another label or to -1.
 _LABELS = "SELECT id, coalesce(label_id, -1 - id) FROM image_metadata ORDER BY id"
 _KNOWN_IDS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
@@ -106,61 +110,111 @@ def search(
     allowed: Mask | None = None,
     labels: Labels | None = None,
 ) -> list[Answer]:
-    """For each query row: (rows, distances) of its k nearest other rows, exactly."""
+    """For each query row: (rows, distances) of its k nearest other rows, exactly.
+
+    The matrix is read a block of rows at a time (at most _BLOCK_ELEMENTS scores held), each
+    query keeping only the rows that may still belong to its top k (``_Pool``), so memory does
+    not grow with the matrix; the pages read are dropped after each block (``Matrix.release``).
+    """
     vectors, norms = matrix.vectors, matrix.norms
     n, dim = vectors.shape
     # |float32 dot - exact dot| <= dim*u*|a||b| for any summation order; doubled for margin,
     # plus the few roundings of the float32 arithmetic that turns dots into distances.
     slack = np.float32(2.0 * (dim + 8) * _U)
     block = max(1, min(256, _BLOCK_ELEMENTS // max(n, 1)))
+    columns = max(1, _BLOCK_ELEMENTS // block)
+    paged = vectors.nbytes > _RESIDENT_BYTES
+    if paged:
+        columns = min(columns, max(1, _COLUMN_BYTES // max(1, vectors.itemsize * dim)))
     blocked = None if allowed is None else ~allowed
-    rn = norms.astype(np.float32)
-    nonzero = norms[norms > 0]
-    if nonzero.size and (nonzero.max() > _LARGEST or nonzero.min() < _SMALLEST):
+    least, most = _norm_range(norms, columns)
+    if most > _LARGEST or least < _SMALLEST:
         # float32 products could overflow or underflow, which the bound does not cover:
         # score every candidate in float64 instead (slow, and only for such data).
         return [_all_exact(vectors, row, blocked, labels, k, metric) for row in query_rows.tolist()]
     results: list[Answer] = []
     for start in range(0, query_rows.size, block):
         chunk = query_rows[start : start + block]
-        dots = vectors[chunk] @ vectors.T  # (b, n) float32: the one pass over the matrix
-        qn = rn[chunk][:, None]
-        if metric == "l2":
-            approx = (rn * rn)[None, :] + qn * qn - 2.0 * dots
-            bound: npt.NDArray[np.float32] = slack * (rn[None, :] + qn) ** 2
-        else:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                approx = 1.0 - dots / (rn[None, :] * qn)
-            approx[:, norms == 0] = 1.0  # cosine with a zero vector: defined as distance 1
-            approx[norms[chunk] == 0, :] = 1.0
-            bound = np.full((1, n), 2 * slack, dtype=np.float32)
-        for i, row in enumerate(chunk):
-            a = approx[i]
-            if blocked is not None:
-                a[blocked] = np.inf
-            if labels is not None:
-                a[labels == labels[row]] = np.inf
-            a[row] = np.inf
-            results.append(_exact_top(vectors, row, a, bound[min(i, len(bound) - 1)], k, metric))
+        queries = vectors[chunk]
+        qn = norms[chunk].astype(np.float32)[:, None]
+        pools = [_Pool() for _ in range(chunk.size)]
+        for c0 in range(0, n, columns):
+            c1 = min(n, c0 + columns)
+            rn = norms[c0:c1].astype(np.float32)
+            dots = queries @ vectors[c0:c1].T  # (b, columns) float32: one pass over the matrix in all
+            if metric == "l2":
+                approx = (rn * rn)[None, :] + qn * qn - 2.0 * dots
+                bound: npt.NDArray[np.float32] = slack * (rn[None, :] + qn) ** 2
+            else:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    approx = 1.0 - dots / (rn[None, :] * qn)
+                approx[:, norms[c0:c1] == 0] = 1.0  # cosine with a zero vector: defined as distance 1
+                approx[norms[chunk] == 0, :] = 1.0
+                bound = np.full((1, c1 - c0), 2 * slack, dtype=np.float32)
+            for i, row in enumerate(chunk.tolist()):
+                a = approx[i]
+                if blocked is not None:
+                    a[blocked[c0:c1]] = np.inf
+                if labels is not None:
+                    a[labels[c0:c1] == labels[row]] = np.inf
+                if c0 <= row < c1:
+                    a[row - c0] = np.inf
+                pools[i].add(a, bound[min(i, len(bound) - 1)], c0, k)
+            if paged:
+                matrix.release()
+        results += [pool.ranked(vectors, row, k, metric) for pool, row in zip(pools, chunk.tolist(), strict=True)]
     return results
 
 
-def _exact_top(
-    vectors: npt.NDArray[np.float32],
-    row: int,
-    approx: npt.NDArray[np.float32],
-    bound: npt.NDArray[np.float32],
-    k: int,
-    metric: str,
-) -> Answer:
-    """Re-score in float64 every row that may belong to the top k (inf marks excluded rows)."""
-    kk = min(k, int(np.count_nonzero(approx != np.inf)))
-    if kk == 0:
-        return np.zeros(0, dtype=np.intp), np.zeros(0)
-    best = np.argpartition(approx, kk - 1)[:kk]
-    threshold = np.max(approx[best] + bound[best])  # >= the true k-th distance
-    candidates = np.flatnonzero(approx - bound <= threshold)  # so every true top-k row is here
-    return _ranked(vectors, row, candidates, kk, metric)
+def _norm_range(norms: npt.NDArray[np.float64], step: int) -> tuple[float, float]:
+    """(smallest, largest) non-zero norm, a block at a time; (inf, 0) if every norm is 0."""
+    least, most = np.inf, 0.0
+    for at in range(0, norms.size, step):
+        part = norms[at : at + step]
+        nonzero = part[part > 0]
+        if nonzero.size:
+            least, most = min(least, float(nonzero.min())), max(most, float(nonzero.max()))
+    return least, most
+
+
+class _Pool:
+    """One query's rows that may belong to its top k, as blocks of the matrix go by.
+
+    A row is kept while approx - bound <= the threshold: max(approx + bound) over the k rows of
+    smallest approx seen so far (any k rows' bound the true k-th distance from above), which
+    only falls; so at the end the pool holds every row whose bound overlaps the final
+    threshold, the candidates a one-pass search would re-score, and the answer is the same.
+    """
+
+    def __init__(self) -> None:
+        self.rows = np.zeros(0, dtype=np.intp)
+        self.approx = np.zeros(0, dtype=np.float32)
+        self.bound = np.zeros(0, dtype=np.float32)
+        self.valid = 0  # rows not excluded (inf), over every block seen
+        self.threshold = np.inf
+
+    def add(self, approx: npt.NDArray[np.float32], bound: npt.NDArray[np.float32], offset: int, k: int) -> None:
+        finite = approx != np.inf
+        self.valid += int(np.count_nonzero(finite))
+        keep = np.flatnonzero(finite & (approx - bound <= self.threshold))
+        self.rows = np.concatenate((self.rows, keep + offset))
+        self.approx = np.concatenate((self.approx, approx[keep]))
+        self.bound = np.concatenate((self.bound, np.broadcast_to(bound, approx.shape)[keep]))
+        if self.rows.size >= k:
+            best = np.argpartition(self.approx, k - 1)[:k]
+            self.threshold = float(np.max(self.approx[best] + self.bound[best]))
+            close = self.approx - self.bound <= self.threshold
+            self.rows, self.approx, self.bound = self.rows[close], self.approx[close], self.bound[close]
+
+    def ranked(self, vectors: npt.NDArray[np.float32], row: int, k: int, metric: str) -> Answer:
+        """Re-score in float64 every row that may belong to the top k."""
+        kk = min(k, self.valid)
+        if kk == 0:
+            return np.zeros(0, dtype=np.intp), np.zeros(0)
+        best = np.argpartition(self.approx, kk - 1)[:kk]
+        threshold = np.max(self.approx[best] + self.bound[best])  # >= the true k-th distance
+        candidates = self.rows[self.approx - self.bound <= threshold]  # so every true top-k row is here
+        return _ranked(vectors, row, np.sort(candidates), kk, metric)
 
 
 def _all_exact(
@@ -199,8 +253,8 @@ def _candidates(catalog: Catalog, matrix: Matrix, spec: QuerySpec) -> Mask | Non
     memo_key = ("spec", repr(replace(spec, columns=("id",))), catalog.changes())
     if memo_key in matrix.masks:
         return matrix.masks[memo_key]
-    selected = np.asarray(sample_ids(catalog, replace(spec, columns=("id",))), dtype=np.int64)
-    rows = matrix.rows_of(np.sort(selected))
+    selected = (row["id"] for row in selected_rows(catalog, replace(spec, columns=("id",))))
+    rows = matrix.rows_of(np.sort(np.fromiter(selected, dtype=np.int64)))
     mask = np.zeros(matrix.ids.size, dtype=bool)
     mask[rows[rows >= 0]] = True
     allowed = None if mask.all() else mask
@@ -213,7 +267,7 @@ def _labels(catalog: Catalog, matrix: Matrix) -> Labels:
     held = matrix.masks.get(memo_key)
     if held is not None:
         return held
-    pairs = np.array(list(catalog.read(_LABELS)), dtype=np.int64).reshape(-1, 2)
+    pairs = np.fromiter((x for row in catalog.read(_LABELS) for x in row), dtype=np.int64).reshape(-1, 2)
     at = np.searchsorted(pairs[:, 0], matrix.ids)
     at[at >= len(pairs)] = 0
     labels: Labels = (

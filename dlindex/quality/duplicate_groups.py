@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dlindex.errors import DlindexWarning, InputError
-from dlindex.quality.hashes import Hashes, is_hash_type, load_vectors, pack_bits, plain_hashes
+from dlindex.quality.hashes import Hashes, is_hash_type, load_vectors, plain_hashes
 from dlindex.quality.linkage import around_kept, components
 from dlindex.quality.pairs import PairChunk, Positions, check_max_distance, check_threshold, embedding_pairs, hash_pairs
-from dlindex.query.rows import sample_ids
+from dlindex.query.rows import prepare
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -36,6 +36,12 @@ DEFAULT_THRESHOLD = 0.03  # cosine distance, for embedding types (measured on co
 SHARED_CONTENT = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
     (SELECT xxh3_128 FROM image_metadata WHERE xxh3_128 IS NOT NULL GROUP BY xxh3_128 HAVING count(*) > 1)
     ORDER BY xxh3_128, id"""
+# The same, of the samples a selection (a statement of ids) holds: the database sorts and groups
+# (externally, beyond its cache), and the rows come ordered by content, so a group is whole
+# when the next content starts; memory holds only the groups, never every selected id.
+_SHARED_SELECTED = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
+    (SELECT xxh3_128 FROM image_metadata WHERE xxh3_128 IS NOT NULL GROUP BY xxh3_128 HAVING count(*) > 1)
+    AND id IN ({selection}) ORDER BY xxh3_128, id"""
 _SIZES = """SELECT id, width, height, bytes, mtime_ns FROM image_metadata
     WHERE id IN (SELECT value FROM json_each(?))"""
 _IDS_PER_STATEMENT = 10_000
@@ -187,12 +193,20 @@ def no_limits(max_distance: int | None, threshold: float | None) -> None:
 
 def _content_groups(catalog: Catalog, spec: QuerySpec | None) -> list[list[int]]:
     """Ids (ascending) of each content hash that 2+ selected samples share."""
-    selected = set(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))))
-    groups: dict[str, list[int]] = {}
-    for image_id, content in catalog.read(SHARED_CONTENT):
-        if image_id in selected:
-            groups.setdefault(content, []).append(int(image_id))
-    return [sorted(ids) for ids in groups.values() if len(ids) > 1]
+    selection = prepare(catalog, replace(spec or QuerySpec(), columns=("id",)))
+    groups: list[list[int]] = []
+    members: list[int] = []
+    current: object = None
+    for image_id, content in catalog.read(_SHARED_SELECTED.replace("{selection}", selection.selection_sql),
+                                          selection.params):  # fmt: skip
+        if content != current:
+            if len(members) > 1:
+                groups.append(members)
+            members, current = [], content
+        members.append(int(image_id))
+    if len(members) > 1:
+        groups.append(members)
+    return groups
 
 
 def _near_pairs(
@@ -202,7 +216,7 @@ def _near_pairs(
     ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
     if is_hash:
         k = hash_limit(feature_type, max_distance, threshold)
-        ids, hashes = informative(catalog, feature_type, ids, pack_bits(vectors), k)
+        ids, hashes = informative(catalog, feature_type, ids, vectors.astype(np.uint64, copy=False), k)
         return ids, hash_pairs(hashes, k)
     return ids, embedding_pairs(vectors, embedding_limit(feature_type, max_distance, threshold))
 
@@ -250,7 +264,7 @@ def _near_nodes(
     ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
     if is_hash:
         k = hash_limit(feature_type, max_distance, threshold)
-        ids, hashes = informative(catalog, feature_type, ids, pack_bits(vectors), k)
+        ids, hashes = informative(catalog, feature_type, ids, vectors.astype(np.uint64, copy=False), k)
         unique, inverse = np.unique(hashes, return_inverse=True)
         return ids, inverse.reshape(-1).astype(np.intp), int(unique.size), hash_pairs(unique, k)
     limit = embedding_limit(feature_type, max_distance, threshold)

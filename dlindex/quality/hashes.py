@@ -14,9 +14,9 @@ import numpy.typing as npt
 
 from dlindex.errors import InputError
 from dlindex.features.blobs import COUNT_VECTORS, Ids
-from dlindex.features.matrix import load_matrix
+from dlindex.features.matrix import Matrix, load_matrix
 from dlindex.features.types import find_type, unknown_type_message
-from dlindex.query.rows import sample_ids
+from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -30,11 +30,16 @@ FLAT_HASH = {"dhash": 0}
 
 Hashes = npt.NDArray[np.uint64]
 Embeddings = npt.NDArray[np.float32]
+_BLOCK_ROWS = 1 << 15  # matrix rows read at once: 8 MiB of dhash floats
+_RELEASE_EVERY = 8  # blocks read between drops of the matrix pages read (Matrix.release)
 
 
-def load_vectors(catalog: Catalog, feature_type: str, spec: QuerySpec | None = None) -> tuple[Ids, Embeddings, bool]:
-    """(ids ascending, float32 vectors, is a 64-bit 0/1 hash) of the samples ``spec`` selects
-    (default: status ok) that have a ``feature_type`` vector.
+def load_vectors(
+    catalog: Catalog, feature_type: str, spec: QuerySpec | None = None
+) -> tuple[Ids, Embeddings | Hashes, bool]:
+    """(ids ascending, vectors, is a 64-bit 0/1 hash) of the samples ``spec`` selects (default:
+    status ok) that have a ``feature_type`` vector: float32 rows, or for a hash type the hashes
+    packed (``pack_bits``), read from the matrix a block at a time (8 bytes a sample, not 256).
 
     InputError for an unknown type or one without vectors, saying how to compute them.
     """
@@ -52,11 +57,25 @@ def load_vectors(catalog: Catalog, feature_type: str, spec: QuerySpec | None = N
             f"feature type {feature_type!r} has no vectors: compute it first: dlindex features compute --type {feature_type}"
         )
     matrix = load_matrix(catalog, feature_type)
-    is_hash = _holds_hashes(ftype.dim, matrix.vectors)
-    selected = np.sort(np.asarray(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))), dtype=np.int64))
-    rows = matrix.rows_of(selected)
+    is_hash = _holds_hashes(ftype.dim, matrix)
+    rows = matrix.rows_of(selected_ids(catalog, spec))
     rows = rows[rows >= 0]
-    return matrix.ids[rows].astype(np.int64), np.asarray(matrix.vectors[rows], dtype=np.float32), is_hash
+    ids = matrix.ids[rows].astype(np.int64)
+    if not is_hash:
+        return ids, np.asarray(matrix.vectors[rows], dtype=np.float32), False
+    hashes = np.empty(rows.size, dtype=np.uint64)
+    for block, at in enumerate(range(0, rows.size, _BLOCK_ROWS)):
+        hashes[at : at + _BLOCK_ROWS] = pack_bits(matrix.vectors[rows[at : at + _BLOCK_ROWS]])
+        if block % _RELEASE_EVERY == _RELEASE_EVERY - 1:
+            matrix.release()
+    matrix.release()
+    return ids, hashes, True
+
+
+def selected_ids(catalog: Catalog, spec: QuerySpec | None = None) -> Ids:
+    """The ids ``spec`` selects (default: status ok), ascending, as an array (8 bytes each)."""
+    rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id",)))
+    return np.sort(np.fromiter((row["id"] for row in rows), dtype=np.int64))
 
 
 def is_hash_type(catalog: Catalog, feature_type: str) -> bool:
@@ -64,11 +83,28 @@ def is_hash_type(catalog: Catalog, feature_type: str) -> bool:
     ftype = find_type(catalog, feature_type)
     if ftype is None or ftype.dim is None:
         return feature_type in BUILTIN_HASHES
-    return _holds_hashes(ftype.dim, load_matrix(catalog, feature_type).vectors)
+    return _holds_hashes(ftype.dim, load_matrix(catalog, feature_type))
 
 
-def _holds_hashes(dim: int | None, vectors: npt.NDArray[np.float32]) -> bool:
-    return dim == HASH_BITS and bool(np.isin(vectors, (0.0, 1.0)).all())
+def _holds_hashes(dim: int | None, matrix: Matrix) -> bool:
+    """Whether every value is 0 or 1, checked a block at a time (remembered per matrix)."""
+    if dim != HASH_BITS:
+        return False
+    held = matrix.masks.get(("holds-hashes",))
+    if held is not None:
+        return bool(held)
+    vectors = matrix.vectors
+    found = True
+    for block, at in enumerate(range(0, len(vectors), _BLOCK_ROWS)):
+        part = vectors[at : at + _BLOCK_ROWS]
+        if not ((part == 0.0) | (part == 1.0)).all():
+            found = False
+            break
+        if block % _RELEASE_EVERY == _RELEASE_EVERY - 1:
+            matrix.release()
+    matrix.release()
+    matrix.masks[("holds-hashes",)] = np.array(found)
+    return found
 
 
 def load_hashes(catalog: Catalog, feature_type: str, spec: QuerySpec | None = None) -> tuple[Ids, Hashes]:
@@ -76,10 +112,10 @@ def load_hashes(catalog: Catalog, feature_type: str, spec: QuerySpec | None = No
 
     InputError if the type is unknown, has no vectors, or is not a 64-bit 0/1 hash.
     """
-    ids, vectors, is_hash = load_vectors(catalog, feature_type, spec)
+    ids, hashes, is_hash = load_vectors(catalog, feature_type, spec)
     if not is_hash:
         raise InputError(f"feature type {feature_type!r} is an embedding, not a 64-bit 0/1 hash: use --threshold")
-    return ids, pack_bits(vectors)
+    return ids, hashes.astype(np.uint64, copy=False)
 
 
 def plain_hashes(catalog: Catalog, feature_type: str, hashes: Hashes, max_distance: int) -> npt.NDArray[np.bool_]:

@@ -1,0 +1,233 @@
+"""dups, leaks and similar in bounded memory (#34): the same answers as the in-memory versions.
+
+Each streamed path runs with blocks of a few rows (monkeypatched), so every block boundary,
+page release and pool merge is crossed, and is compared with the code it replaced: exact
+groups from every selected id in a set, near groups from float rows packed at once, the
+matrix from ``read_all``, neighbours from one product over the whole matrix (a brute force).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from dlindex import Catalog, QuerySpec
+from dlindex.errors import DiskFullError
+from dlindex.features import load_matrix, nearest
+from dlindex.features.blobs import read_all
+from dlindex.features.matrix import matrix_path
+from dlindex.quality import groups as groups_module
+from dlindex.quality.duplicate_groups import SHARED_CONTENT, duplicate_groups
+from dlindex.quality.hashes import load_vectors, pack_bits
+from dlindex.query.rows import sample_ids
+
+from .backends import raw
+from .conftest import brute_force, catalog_with
+from .synthetic import Row, make_catalog
+
+
+def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("dlindex.quality.hashes._BLOCK_ROWS", 3)
+    monkeypatch.setattr("dlindex.quality.hashes._RELEASE_EVERY", 1)
+    monkeypatch.setattr("dlindex.features.blobs.CHUNK", 4)
+    monkeypatch.setattr("dlindex.features.neighbours._BLOCK_ELEMENTS", 7)
+    monkeypatch.setattr("dlindex.features.neighbours._RESIDENT_BYTES", 0)  # read by blocks, pages dropped
+    monkeypatch.setattr("dlindex.features.neighbours._COLUMN_BYTES", 100)
+
+
+def bits(value: int) -> npt.NDArray[np.float32]:
+    return np.array([(value >> i) & 1 for i in range(64)], dtype=np.float32)
+
+
+def sprite_hashes(rng: np.random.Generator, n: int) -> list[int]:
+    """Low-information hashes, as sprite sheets and icons give: a few values repeated many
+    times, most others one or two bits from them, some near the flat image's 0, a few random."""
+    common = [int(x) for x in rng.integers(0, 2**63, size=4)]
+    out = []
+    for i in range(n):
+        base = common[i % len(common)]
+        kind = i % 5
+        if kind == 0:
+            out.append(base)
+        elif kind in (1, 2):
+            out.append(base ^ (1 << int(rng.integers(64))) ^ (1 << int(rng.integers(64))))
+        elif kind == 3:
+            out.append(1 << int(rng.integers(64)) if i % 2 else 0)
+        else:
+            out.append(int(rng.integers(0, 2**63)))
+    return out
+
+
+@pytest.fixture
+def near_db(tmp_path: Path, catalog_backend: str) -> Path | str:
+    """On both backends (the exact groups' statement runs in the server's SQL too)."""
+    rng = np.random.default_rng(3)
+    n = 120
+    statuses = ["missing" if i % 11 == 0 else "ok" for i in range(n)]
+    db = make_catalog(tmp_path / "c.db", [Row(("a", "b")[i % 2], status=statuses[i]) for i in range(n)])
+    with raw(db) as conn:  # content: a few shared values, for exact groups
+        conn.executemany(
+            "UPDATE image_metadata SET xxh3_128 = ?, width = ?, bytes = ? WHERE id = ?",
+            [(f"c{i % 17}" if i % 3 else f"u{i}", 8 + i % 5, 100 + i % 7, i + 1) for i in range(n)],
+        )
+    vectors = np.stack([bits(h) for h in sprite_hashes(rng, n)])
+    np.savez(tmp_path / "dhash.npz", ids=np.arange(1, n + 1), vectors=vectors)
+    from dlindex.features import import_features
+
+    with Catalog(db) as c:
+        import_features(c, "dhash", tmp_path / "dhash.npz")
+    return db
+
+
+def old_content_groups(catalog: Catalog, spec: QuerySpec | None) -> list[list[int]]:
+    """The exact groups as dups found them before: every selected id in a Python set."""
+    selected = set(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))))
+    found: dict[str, list[int]] = {}
+    for image_id, content in catalog.read(SHARED_CONTENT):
+        if image_id in selected:
+            found.setdefault(content, []).append(int(image_id))
+    return [sorted(ids) for ids in found.values() if len(ids) > 1]
+
+
+def old_load_vectors(catalog: Catalog, feature_type: str, spec: QuerySpec | None = None) -> tuple[Any, Any, bool]:
+    """The vectors as dups loaded them before: a float copy of the selected rows, packed at once."""
+    matrix = load_matrix(catalog, feature_type)
+    selected = np.sort(np.asarray(sample_ids(catalog, replace(spec or QuerySpec(), columns=("id",))), np.int64))
+    rows = matrix.rows_of(selected)
+    rows = rows[rows >= 0]
+    floats = np.asarray(matrix.vectors[rows], dtype=np.float32)
+    is_hash = bool(np.isin(matrix.vectors, (0.0, 1.0)).all())
+    return matrix.ids[rows].astype(np.int64), pack_bits(floats) if is_hash else floats, is_hash
+
+
+SPECS = [None, QuerySpec(status=("ok", "missing")), QuerySpec(labels=["b"]), QuerySpec(limit=50),
+         QuerySpec(per_label=20, seed=1)]  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::dlindex.DlindexWarning")
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("feature_type", [None, "dhash"])
+@pytest.mark.parametrize("grouping", ["around-kept", "connected"])
+def test_groups_equal_the_in_memory_search(
+    near_db: Path | str,
+    monkeypatch: pytest.MonkeyPatch,
+    spec: QuerySpec | None,
+    feature_type: str | None,
+    grouping: str,
+) -> None:
+    with Catalog(near_db) as c:
+        small_blocks(monkeypatch)
+        for keep in ("largest", "first"):
+            new = duplicate_groups(c, feature_type=feature_type, keep=keep, grouping=grouping, spec=spec)
+            with monkeypatch.context() as m:
+                m.setattr(groups_module, "_content_groups", old_content_groups)
+                m.setattr(groups_module, "load_vectors", old_load_vectors)
+                old = duplicate_groups(c, feature_type=feature_type, keep=keep, grouping=grouping, spec=spec)
+            assert new == old
+            assert len(new) > 2  # the data makes groups, so equality says something
+
+
+def test_packed_hashes_equal_the_float_rows_packed(near_db: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    with Catalog(near_db) as c:
+        small_blocks(monkeypatch)
+        ids, hashes, is_hash = load_vectors(c, "dhash", QuerySpec(labels=["a"]))
+        old_ids, old_hashes, _ = old_load_vectors(c, "dhash", QuerySpec(labels=["a"]))
+        assert is_hash and hashes.dtype == np.uint64
+        assert ids.tolist() == old_ids.tolist() and hashes.tolist() == old_hashes.tolist()
+
+
+def test_the_matrix_is_written_a_batch_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    vectors = np.random.default_rng(5).standard_normal((23, 5)).astype(np.float32)
+    db, _ = catalog_with(tmp_path, vectors)
+    small_blocks(monkeypatch)
+    with Catalog(db) as c:
+        matrix = load_matrix(c, "v")
+        c.conn.execute("BEGIN")
+        from dlindex.features.types import get_type
+
+        ids, whole = read_all(c, get_type(c, "v"))
+        c.conn.execute("COMMIT")
+        assert matrix.ids.tolist() == ids.tolist()
+        assert np.array_equal(matrix.vectors, whole)
+        wide = whole.astype(np.float64)
+        assert np.array_equal(matrix.norms, np.sqrt(np.einsum("ij,ij->i", wide, wide)))
+        assert matrix_path(c, "v").exists()
+
+
+@pytest.mark.parametrize("failure", ["full", "interrupt"])
+def test_a_full_disk_while_writing_the_matrix_is_one_error_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    vectors = np.random.default_rng(6).standard_normal((30, 4)).astype(np.float32)
+    db, _ = catalog_with(tmp_path, vectors)
+    small_blocks(monkeypatch)
+    calls = [0]
+    real = os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        calls[0] += 1
+        if calls[0] == 5:  # the second batch
+            if failure == "full":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            raise KeyboardInterrupt
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    with Catalog(db) as c:
+        folder = matrix_path(c, "v").parent
+        with pytest.raises(DiskFullError if failure == "full" else KeyboardInterrupt) as raised:
+            load_matrix(c, "v")
+        if failure == "full":
+            assert "\n" not in str(raised.value) and "disk full" in str(raised.value)
+        assert list(folder.iterdir()) == []  # no temp file, no half-written matrix
+
+
+@pytest.mark.parametrize("metric", ["cosine", "l2"])
+@pytest.mark.parametrize("kind", ["gaussian", "ties"])
+def test_similar_over_blocks_of_the_matrix_equals_brute_force(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metric: str, kind: str
+) -> None:
+    rng = np.random.default_rng(8)
+    if kind == "gaussian":
+        vectors = rng.standard_normal((90, 6)).astype(np.float32)
+    else:  # sprite-like: many identical rows, equal distances everywhere, a zero vector
+        vectors = rng.integers(0, 2, size=(90, 64)).astype(np.float32)
+        vectors[::4] = vectors[1]
+        vectors[7] = 0
+    statuses = ["missing" if i % 9 == 0 else "ok" for i in range(90)]
+    db, labels = catalog_with(tmp_path, vectors, statuses)
+    ok = {i + 1 for i in range(90) if statuses[i] == "ok"}
+    small_blocks(monkeypatch)
+    queries = [2, 5, 8, 50, 90]
+    with Catalog(db) as c:
+        for k in (1, 7, 89, 200):
+            got = [[(x.id, x.distance) for x in one] for one in nearest(c, queries, "v", k=k, metric=metric)]
+            assert got == [brute_force(vectors, labels, q, k, metric, ok) for q in queries]
+        hard = nearest(c, queries, "v", k=5, metric=metric, other_labels=True)
+        assert [[(x.id, x.distance) for x in one] for one in hard] == [
+            brute_force(vectors, labels, q, 5, metric, ok, other_labels=True) for q in queries
+        ]
+
+
+def test_dups_on_a_full_disk_is_one_line_and_exit_4(near_db: Path | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from .conftest import invoke
+
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwrite", full)
+    result = invoke(CliRunner(), "dups", "--type", "dhash", "--db", str(near_db))
+    assert result.exit_code == 4, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "disk full" in lines[0], result.stderr
+    with Catalog(near_db) as c:
+        assert list(matrix_path(c, "dhash").parent.iterdir()) == []
