@@ -170,20 +170,23 @@ def _rows(b: Any, n: int, res: dict[str, Any]) -> None:
 
 def _render(b: Any, results: dict[int, dict[str, Any]], work: Path) -> str:
     med = bs.med
-    head = ("| files | first scan (warm) | files/s | CPU s | vs read loop | cold vs 32-thread read | rescan | "
-            "CPU s | vs find -printf | peak RSS scan / rescan | tree PSS scan / rescan | load |")  # fmt: skip
+    head = ("| files | first scan (warm) | files/s | CPU s: scan / read loop | vs read loop | cold vs 32-thread "
+            "read | rescan | CPU s: rescan / find | vs find -printf | peak RSS scan / rescan | tree PSS scan / rescan "
+            "| load (1, 5, 15 min) |")  # fmt: skip
     lines = [START, "## Scan at size (`bench/bench_scan.py --cases size`)", "",
              f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {os.cpu_count()} cores; medians of "
              f"{b.reps} run(s); each dlindex run next to its baselines on the same tree. Goals (#34): warm >= "
              f"{GOALS['warm']}x the read loop, cold >= {GOALS['cold']}x the 32-thread read, unchanged rescan <= "
-             f"{GOALS['rescan']}x `find -printf`.", "", head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
+             f"{GOALS['rescan']}x `find -printf`. CPU s: user + system of the command and its child "
+             "processes, less sensitive than wall time to other jobs on the machine.", "", head, "|" + "---|" * (head.count("|") - 1)]  # fmt: skip
     for n, res in results.items():
         d, a, r, f = med(res["scan"]), med(res["read_all"]), med(res["rescan"]), med(res["find"])
         cold = f"{med(res['read32']) / med(res['cold']):.2f}x" if res.get("cold") else "-"
         lines.append(
-            f"| {n:,} | {d:.1f} s | {n / d:,.0f} | {med(res['scan_cpu']):.0f} | {a / d:.2f}x | {cold} | {r:.1f} s | "
-            f"{med(res['rescan_cpu']):.0f} | {r / f:.2f}x | {res['scan_rss_mb']:.0f} / {res['rescan_rss_mb']:.0f} MB "
-            f"| {res['scan_pss_mb']:.0f} / {res['rescan_pss_mb']:.0f} MB | {res['load'][0]} |"
+            f"| {n:,} | {d:.1f} s | {n / d:,.0f} | {med(res['scan_cpu']):.1f} / {med(res['read_all_cpu']):.1f} | "
+            f"{a / d:.2f}x | {cold} | {r:.2f} s | {med(res['rescan_cpu']):.2f} / {med(res['find_cpu']):.2f} | "
+            f"{r / f:.2f}x | {res['scan_rss_mb']:.0f} / {res['rescan_rss_mb']:.0f} MB "
+            f"| {res['scan_pss_mb']:.0f} / {res['rescan_pss_mb']:.0f} MB | {res['load'][0].removeprefix('load ')} |"
         )
     lines += ["", "files/s of the first scan over each tenth of the rows (from the catalog's `max(id)`, sampled "
               "every second):", ""]  # fmt: skip
@@ -191,7 +194,7 @@ def _render(b: Any, results: dict[int, dict[str, Any]], work: Path) -> str:
         lines.append(f"- {n:,}: " + ", ".join(f"{p}% {v:,.0f}" for p, v in res["curve"]))
     lines += ["", "```sh", "python bench/make_trees.py --only tiny --tiny N --work " + str(work) + "   # per size",
               f"python bench/bench_scan.py --cases size --reps {b.reps} --size-work {work}"
-              + (" --big" if b.a.big else ""), "```", END]  # fmt: skip
+              + (f" --sizes {b.a.sizes}" if b.a.sizes else "") + (" --big" if b.a.big else ""), "```", END]  # fmt: skip
     return "\n".join(lines)
 
 
