@@ -11,6 +11,9 @@ Cases (select with --cases; default all):
   naive   speed-up over a naive single-process indexer (stat, read, xxh3_128, Image.open,
           INSERT + commit per file), 50k tree, warm
   hf      speed-up over datasets.load_dataset("imagefolder", data_dir=ROOT), 50k tree, warm
+  size    (not in the default run) the size curve, 10^5 and 2*10^5 tiny files (2*10^6 with --big):
+          warm/cold first scan and unchanged rescan against their baselines, files/s over the
+          scan, peak RSS; its own section of docs/benchmarks.md (bench/scan_size.py)
 
 Every measured command runs in a fresh process; wall-clock time is taken around it, so
 interpreter start-up is included for dlindex and for the Python baselines alike.  Medians of
@@ -54,6 +57,7 @@ import make_trees as mt
 BASE = HERE / "baselines"
 PY = sys.executable
 ALL_CASES = ["warm", "cold", "rescan", "rss", "naive", "hf"]
+import scan_size
 from common import compile_sources, write_section
 
 START, END = "<!-- bench_scan:start -->", "<!-- bench_scan:end -->"
@@ -72,6 +76,7 @@ class Run:
     tree_peak_kb: int = 0  # sampled peak of the summed PSS of the whole process tree
     timed_out: bool = False
     bg_cpus: float = 0.0  # CPUs' worth used by other processes during the run
+    cpu_s: float = 0.0  # user + system seconds of the child and its reaped descendants
 
     @property
     def json(self) -> dict:
@@ -207,6 +212,7 @@ def _run_once(
         stop.set()
         p.returncode = os.waitstatus_to_exitcode(status)
         r.rc, r.maxrss_kb = p.returncode, ru.ru_maxrss
+        r.cpu_s = ru.ru_utime + ru.ru_stime
         # CPU used by everything else meanwhile: all CPU time on the machine minus the child's
         busy1, _ = _cpu_busy()
         others = (busy1 - busy0) / CLK_TCK - (ru.ru_utime + ru.ru_stime)
@@ -764,6 +770,9 @@ class Bench:
                     )
                 )
 
+    def case_size(self) -> None:
+        scan_size.case_size(self)
+
     def _warm_dlindex(self) -> tuple[float, int]:
         if self.warm_scan_med is None:  # warm case not run: warm scans of our own
             root, n = self.tree("big"), self.spec.big
@@ -1105,13 +1114,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", help="work dir (default $DLINDEX_BENCH_DIR or /tmp/dlindex-bench)")
     ap.add_argument("--docs", help="markdown file to update (default docs/benchmarks.md; --quick: none)")
     ap.add_argument("--no-docs", action="store_true")
+    ap.add_argument("--big", action="store_true", help="size case: the 2M-file tree too (made once, ~8 GiB)")
+    ap.add_argument("--big-cold", action="store_true", help="size case: a cold scan of the 2M-file tree too")
+    ap.add_argument("--sizes", help="size case: comma list of tree sizes (default 100000,200000)")
+    ap.add_argument("--size-work", help="size case: where the tiny-<N> trees live (default: the work dir)")
     a = ap.parse_args(argv)
     a.reps = a.reps or (1 if a.quick else 5)
     a.slow_reps = a.slow_reps or (1 if a.quick else 2)
     global QUIET
     QUIET = Quiet(a.max_wait_idle, retries=a.retries)
     cases = [c.strip() for c in a.cases.split(",") if c.strip()]
-    bad = [c for c in cases if c not in ALL_CASES]
+    bad = [c for c in cases if c not in [*ALL_CASES, "size"]]
     if bad:
         ap.error(f"unknown case(s) {bad}; choose from {ALL_CASES}")
     b = Bench(a)
@@ -1140,7 +1153,11 @@ def main(argv: list[str] | None = None) -> int:
     b.say(f"raw results: {raw}")
     docs = None if a.no_docs else (Path(a.docs) if a.docs else (None if a.quick else REPO / "docs" / "benchmarks.md"))
     if docs:
-        write_docs(docs, section)
+        if cases != ["size"]:
+            write_docs(docs, section)
+        if getattr(b, "size_section", None):
+            print("\n" + b.size_section)
+            scan_size.write_docs(docs, b.size_section)
         b.say(f"wrote {docs}")
     return 0 if all(r.ok is not False for r in b.rows) else 1
 

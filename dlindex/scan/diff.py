@@ -7,6 +7,7 @@ an unchanged file costs one ``lstat`` and nothing is written.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -18,19 +19,28 @@ from dlindex.scan.probe import Probe, stored_inode
 from dlindex.scan.units import Unit
 from dlindex.scan.walk import Folder, walk_runs
 
-# The last column asks for a new probe of an unchanged file whose verdict depends on
-# --max-pixels (it was judged under another limit, or is above twice the new one), or that
-# the training loader failed to read (its error starts with LOADER_FAILURE, case and all: not
-# LIKE, which ignores case on both backends): the file may be back, and the writer then clears
-# the loader's mark.
+# Per row the merge-join reads only what tells an unchanged file (a rescan reads every row):
+# its `state` is 1 for a 'missing' row, 2 for a row to probe again whatever the file's stat
+# says: its verdict depends on --max-pixels (it was judged under another limit, or is above
+# twice the new one), or the training loader failed to read it (its error starts with
+# LOADER_FAILURE, case and all: not LIKE, which ignores case on both backends): the file may
+# be back, and the writer then clears the loader's mark. 0 otherwise.
 _ROWS = (
-    "SELECT file_path, id, bytes, mtime_ns, status, label_id, split, "
+    "SELECT file_path, id, bytes, mtime_ns, CASE WHEN status = 'missing' THEN 1 WHEN "
     "(CASE WHEN pixel_limit IS NULL THEN width * height > :bomb ELSE pixel_limit != :limit END) "
-    "OR (processing_status = 'failed' AND substr(error, 1, :loader_length) = :loader_failed), "
-    "inode, ctime_ns, xxh3_128, pixel_limit FROM image_metadata WHERE root_id = :root AND file_path >= :start"
+    "OR (processing_status = 'failed' AND substr(error, 1, :loader_length) = :loader_failed) THEN 2 ELSE 0 END, "
+    "label_id, split, inode, ctime_ns FROM image_metadata WHERE root_id = :root AND file_path >= :start"
 )
 _ROWS_FROM = _ROWS + " ORDER BY file_path"
 _ROWS_BETWEEN = _ROWS + " AND file_path < :end ORDER BY file_path"
+# What a known file's row said, for those the diff sends to be probed again (few on a rescan).
+_BEFORE = (
+    "SELECT id, xxh3_128, bytes, mtime_ns, status, pixel_limit FROM image_metadata "
+    "WHERE id IN (SELECT value FROM json_each(:ids))"
+)
+_BEFORE_CHUNK = 10_000
+_MISSING = 1
+_FRESH = 0
 _LABELS = "SELECT name, id FROM labels"
 
 
@@ -125,8 +135,8 @@ def diff_unit(conn: ReadConnection, root_id: int, unit: Unit, options: DiffOptio
     force = options.force
     missing, relabel, to_probe, identified = diff.missing, diff.relabel, diff.to_probe, diff.identified
     unchanged = seen = 0
-    # known: (file_path, id, bytes, mtime_ns, status, label_id, split, reprobe, inode, ctime_ns,
-    # xxh3_128, pixel_limit); the hot loop stays flat.
+    # known: (file_path, id, bytes, mtime_ns, state, label_id, split, inode, ctime_ns); the hot
+    # loop stays flat.
     known = next(cursor, None)
     lstat = os.lstat
     for folder, run, stats in walk_runs(unit, options.walk, diff.report):
@@ -140,13 +150,13 @@ def diff_unit(conn: ReadConnection, root_id: int, unit: Unit, options: DiffOptio
         for name, text, lossless, _ in run:
             key = prefix + text
             while known is not None and known[0] < key:
-                if known[4] != "missing":
+                if known[4] != _MISSING:
                     missing.append((known[1], known[0]))
                 known = next(cursor, None)
             match = None
             if known is not None and known[0] == key:
                 match, known = known, next(cursor, None)
-                if not force and match[4] != "missing" and not match[7]:
+                if not force and match[4] == _FRESH:
                     try:
                         st = (
                             lstat(name, dir_fd=fd) if fd >= 0 else lstat(folder.path + name)
@@ -157,10 +167,12 @@ def diff_unit(conn: ReadConnection, root_id: int, unit: Unit, options: DiffOptio
                     # the same size and mtime (cp -p, rsync -a, tar x) is read again.
                     if (
                         st is not None and st.st_size == match[2] and st.st_mtime_ns == match[3]
-                        and ((stored_inode(st.st_ino) == match[8] and st.st_ctime_ns == match[9]) or match[8] is None)
+                        # st_ino first: stored_inode only differs from it at or above 2**63
+                        and (((st.st_ino == match[7] or stored_inode(st.st_ino) == match[7])
+                              and st.st_ctime_ns == match[8]) or match[7] is None)
                     ):  # fmt: skip
                         unchanged += 1
-                        if match[8] is None:
+                        if match[7] is None:
                             identified.append((stored_inode(st.st_ino), st.st_ctime_ns, match[1]))
                         if overrides:
                             wanted = overrides.get(key, label)
@@ -174,12 +186,12 @@ def diff_unit(conn: ReadConnection, root_id: int, unit: Unit, options: DiffOptio
             if match is None:
                 to_probe.append(ToProbe(folder.path + name, key, file_label, raw, None, split))
             else:
-                before = (match[10], match[2], match[3], match[4], match[11])
-                to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1], split, None, before))
+                to_probe.append(ToProbe(folder.path + name, key, file_label, raw, match[1], split))
     while known is not None:
-        if known[4] != "missing":
+        if known[4] != _MISSING:
             missing.append((known[1], known[0]))
         known = next(cursor, None)
+    _add_before(conn, diff.to_probe)
     diff.seen, diff.unchanged = seen + diff.seen, unchanged + diff.unchanged
     unlisted = diff.report.unlisted
     if unlisted:  # a folder we could not read is not a folder whose files are gone
@@ -205,19 +217,19 @@ def _diff_linked(
         key = folder.prefix + text
         ident = (st.st_dev, st.st_ino)
         while known is not None and known[0] < key:
-            if known[4] != "missing":
+            if known[4] != _MISSING:
                 diff.missing.append((known[1], known[0]))
             known = next(cursor, None)
         match = None
         if known is not None and known[0] == key:
             match, known = known, next(cursor, None)
-            if match[4] == "missing":
+            if match[4] == _MISSING:
                 diff.linked_missing.append(match[1])
-            fresh = not options.force and match[4] != "missing" and not match[7]
-            same_file = match[8] is None or (stored_inode(st.st_ino) == match[8] and st.st_ctime_ns == match[9])
+            fresh = not options.force and match[4] == _FRESH
+            same_file = match[7] is None or (stored_inode(st.st_ino) == match[7] and st.st_ctime_ns == match[8])
             if fresh and st.st_size == match[2] and st.st_mtime_ns == match[3] and same_file:
                 diff.unchanged += 1
-                if match[8] is None:
+                if match[7] is None:
                     diff.identified.append((stored_inode(st.st_ino), st.st_ctime_ns, match[1]))
                 diff.linked_unchanged.append((*ident, key, match[1]))
                 wanted = overrides.get(key, label) if overrides else label
@@ -226,8 +238,21 @@ def _diff_linked(
                 continue
         raw = None if lossless and folder.lossless else folder.raw_prefix + name
         file_label = overrides.get(key, label) if overrides else label
-        before = (match[10], match[2], match[3], match[4], match[11]) if match else None
         diff.to_probe.append(
-            ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split, ident, before)
+            ToProbe(folder.path + name, key, file_label, raw, match[1] if match else None, split, ident)
         )
     return known
+
+
+def _add_before(conn: ReadConnection, to_probe: list[ToProbe]) -> None:
+    """Fill in ``before`` of the known files among ``to_probe``: what their rows say, read by
+    id in a few queries rather than in every row of the merge-join."""
+    known = [i for i, item in enumerate(to_probe) if item.known_id is not None]
+    for first in range(0, len(known), _BEFORE_CHUNK):
+        chunk = known[first : first + _BEFORE_CHUNK]
+        ids = json.dumps([to_probe[i].known_id for i in chunk])
+        rows = {row[0]: tuple(row[1:]) for row in conn.execute(_BEFORE, {"ids": ids})}
+        for i in chunk:
+            before = rows.get(to_probe[i].known_id)
+            if before is not None:
+                to_probe[i] = to_probe[i]._replace(before=before)

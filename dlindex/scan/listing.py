@@ -12,6 +12,8 @@ import fnmatch
 import os
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
+from operator import itemgetter
 from typing import Final
 
 from dlindex.catalog.paths import display_name
@@ -43,9 +45,9 @@ class WalkOptions:
     # own path is not followed (the file would be catalogued twice).
     root: bytes = b""
 
-    @property
+    @cached_property
     def suffixes(self) -> frozenset[bytes]:
-        """The extensions as lower-case name suffixes: b'.jpg', ..."""
+        """The extensions as lower-case name suffixes: b'.jpg', ... (worked out once per options)"""
         return frozenset(b"." + e.lower().lstrip(".").encode() for e in self.extensions)
 
 
@@ -114,12 +116,13 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
         report.skip("unreadable")
         report.unlisted.append(prefix)
         return []
-    keyed = []
-    suffixes = options.suffixes
+    files: list[Child] = []  # files and followed links to files
+    folders: list[tuple[str, Child]] = []  # (sort text, child): folders sort as ``name/``
+    suffixes, hidden, exclude = options.suffixes, options.hidden, options.exclude
     skip = report.skip
     for entry in entries:
         name = entry.name
-        if not options.hidden and name.startswith(b"."):
+        if not hidden and name.startswith(b"."):
             skip("hidden")
             continue
         try:
@@ -128,7 +131,7 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
                 text, ok = display_name(name)
         except UnicodeDecodeError:
             text, ok = display_name(name)
-        if options.exclude and _excluded(prefix + text, text, options.exclude):
+        if exclude and _excluded(prefix + text, text, exclude):
             skip("excluded")
             continue
         try:
@@ -136,7 +139,7 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
             if entry.is_file(follow_symlinks=False):
                 kind = "file"
             elif entry.is_dir(follow_symlinks=False):
-                keyed.append((text + "/", (name, text, ok, "dir")))
+                folders.append((text + "/", (name, text, ok, "dir")))
                 continue
             elif entry.is_symlink():
                 link = _link_kind(folder, name, prefix + text, options)
@@ -145,7 +148,7 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
                     continue
                 kind = link
                 if kind == "link_dir":
-                    keyed.append((text + "/", (name, text, ok, kind)))
+                    folders.append((text + "/", (name, text, ok, kind)))
                     continue
             else:
                 skip(special_reason(entry.stat(follow_symlinks=False).st_mode))
@@ -155,12 +158,20 @@ def list_children(folder: bytes, prefix: str, options: WalkOptions, report: Walk
             continue
         dot = name.rfind(b".")
         if dot >= 0 and name[dot:].lower() in suffixes:
-            keyed.append((text, (name, text, ok, kind)))
+            files.append((name, text, ok, kind))
         else:
             skip("not_image")
     # str order is code-point order, which is UTF-8 byte order: SQLite's BINARY collation.
-    keyed.sort()  # sort keys are unique within a folder, so children are never compared
+    # Sort keys are unique within a folder, so children are never compared.
+    if not folders:  # a leaf folder (most of them): files sort by their text
+        files.sort(key=_BY_TEXT)
+        return files
+    keyed = [(child[TEXT], child) for child in files] + folders
+    keyed.sort()
     return [child for _, child in keyed]
+
+
+_BY_TEXT = itemgetter(TEXT)
 
 
 def special_reason(mode: int) -> str:

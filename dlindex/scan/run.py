@@ -50,6 +50,9 @@ _UNKNOWN_LABEL_PATHS = (
 _LABEL_EXAMPLES = 5
 
 _QUEUED_PROBES = 8192  # walk no further ahead than this many files waiting to be probed
+# Units go several to a task up to about this many files: a task's result is held in memory
+# whole, and units of big folders sent 8 at once made a scan's peak RSS grow with the folders.
+_FILES_PER_TASK = 2048
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,7 @@ class _Pipeline:
         self.diffs_in_flight = 0
         self.probes_in_flight = 0
         self.batches = 0
+        self.walked = [0, 0]  # units diffed, files they held: how many units make a task
         self.linked = LinkedFiles()
 
     def run(self) -> None:
@@ -265,7 +269,9 @@ class _Pipeline:
     def _submit(self) -> None:
         while self.units and self.diffs_in_flight < 2 * self.workers and len(self.queued) < _QUEUED_PROBES:
             # Many small units (a folder per class) go several to a task: less overhead per task.
-            group = max(1, min(8, len(self.units) // (16 * self.workers)))
+            units_done, files = self.walked
+            most = min(8, units_done * _FILES_PER_TASK // files) if files else 1  # one until sizes are known
+            group = max(1, min(most, len(self.units) // (16 * self.workers)))
             units = [self.units.popleft() for _ in range(min(group, len(self.units)))]
             self.pool.submit("diff", worker.diff_task, (self.root_id, units, self.diff_options))
             self.diffs_in_flight += 1
@@ -286,6 +292,8 @@ class _Pipeline:
         self.report.absorb(diff.report)
         counts = self.counts
         counts.seen += diff.seen
+        self.walked[0] += 1
+        self.walked[1] += diff.seen
         counts.unchanged += diff.unchanged
         missing = [i for i, path in diff.missing if not any(path.startswith(u) for u in self.report.unlisted)]
         counts.missing += len(missing)
