@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import CLASS_LISTS, canonical_splits, check_split_folders
 from dlindex.errors import InputError
-from dlindex.query import cache
+from dlindex.query import cache, per_label
 from dlindex.query.lookups import class_numbers, classes_of, label_ids, label_names, roots_by_id
 from dlindex.query.spec import (
     DERIVED,
@@ -41,16 +41,7 @@ if TYPE_CHECKING:
 
 
 _SELECT = "SELECT {columns} FROM image_metadata{where}{order}{limit}"
-# Class balance without any index: number the rows of each label in a seeded pseudo-random
-# order and keep the first N. One pass and one sort; measured in bench/bench_query.py.
-_SAMPLE = (
-    "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN (SELECT sample_id FROM ("
-    "SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY sample_rank, sample_key, sample_id) "
-    "AS label_rank FROM (SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, "
-    "{rank} AS sample_rank, {key} AS sample_key "
-    "FROM image_metadata{where}) AS ranked) AS numbered WHERE label_rank <= :per_label){order}{limit}"
-)
-# What a seeded order ranks a row by: the hash of its path under its root (path_hash), so a
+# What --order random ranks a row by: the hash of its path under its root (path_hash), so a
 # tree gives the same sample whatever ids its scan gave (ids follow the workers' timing) and
 # on either backend. Rows no scan wrote (path_hash NULL) fall back to their id.
 _KEY = "coalesce(image_metadata.path_hash, image_metadata.id)"
@@ -168,7 +159,8 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         index = class_numbers(catalog, classes)
     if spec.per_label is not None:
         params["per_label"] = check_count("--per-label", spec.per_label, 1)
-        template = _SAMPLE.replace("{rank}", _RANK).replace("{key}", _KEY).replace("{where}", where_sql)
+        params["pivot"] = per_label.pivot(spec.seed)
+        template = per_label.template(catalog, where, params)
     else:
         template = _SELECT.replace("{where}", where_sql)
     order = _ORDER_RANDOM if random_order else _ORDER_ID
