@@ -71,7 +71,9 @@ def print_stats(s: CatalogStats) -> None:
     if s.splits:
         out.print("[bold]splits[/] " + ", ".join(f"{k} {n(v)}" for k, v in s.splits.items()))
     if s.largest_labels:
-        out.print("  largest:  " + ", ".join(f"{_label(c.label)} {n(c.images)}" for c in s.largest_labels), markup=False)
+        out.print(
+            "  largest:  " + ", ".join(f"{_label(c.label)} {n(c.images)}" for c in s.largest_labels), markup=False
+        )
         smallest = ", ".join(f"{_label(c.label)} {n(c.images)}" for c in s.smallest_labels)
         out.print("  smallest: " + (smallest or "(--exact counts every label)"), markup=False)
     out.print(

@@ -42,14 +42,17 @@ _ARC = (
     "SELECT sample_id FROM (SELECT sample_rows.id AS sample_id FROM image_metadata AS sample_rows "
     "WHERE {label}{where} AND sample_rows.path_hash {arc} ORDER BY {key} LIMIT :per_label)"
 )
-_ARCS = " UNION ALL ".join(
-    _ARC.replace("{arc}", arc).replace("{key}", key)
-    for arc, key in (
-        (">= :pivot", "sample_rows.path_hash, sample_rows.id"),
-        ("< :pivot", "sample_rows.path_hash, sample_rows.id"),
-        ("IS NULL", "sample_rows.id"),
+_ARCS = (
+    " UNION ALL ".join(
+        _ARC.replace("{arc}", arc).replace("{key}", key)
+        for arc, key in (
+            (">= :pivot", "sample_rows.path_hash, sample_rows.id"),
+            ("< :pivot", "sample_rows.path_hash, sample_rows.id"),
+            ("IS NULL", "sample_rows.id"),
+        )
     )
-) + " LIMIT :per_label"
+    + " LIMIT :per_label"
+)
 SEEK = (
     "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
     "SELECT picked.id FROM labels AS sample_labels JOIN image_metadata AS picked ON picked.id IN ("
