@@ -54,7 +54,8 @@ def run(cmd: list[str], code: Path | None = None) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(code or REPO), "DLINDEX_NO_LOG": "1"}
     began = time.perf_counter()
     with open(os.devnull, "wb") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.PIPE, env=env)
+        # in the code's own folder: ``python -m`` puts the working directory first on sys.path
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.PIPE, env=env, cwd=code or REPO)
         assert proc.stderr is not None
         err = proc.stderr.read()
         _, status, usage = os.wait4(proc.pid, 0)
