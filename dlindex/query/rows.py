@@ -137,7 +137,7 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     if spec.order not in ORDERS:
         raise InputError(f"unknown order {spec.order!r}; choose id or random")
     random_order = spec.order == "random"
-    if spec.per_label is not None or random_order:
+    if random_order:
         params.update(_seed_params(spec.seed))
     if spec.limit is not None:
         params["limit"] = check_count("--limit", spec.limit, 0)
@@ -351,7 +351,6 @@ def _getter(column: str, position: dict[str, int], prepared: PreparedQuery) -> C
     # Roots whose name is plain UTF-8 join as text; the others, and files with non-UTF-8
     # names, join as exact bytes, decoded losslessly (os.fsencode gives the real name back).
     texts = {k: text.rstrip("/") + "/" for k, (text, prefix) in roots.items() if os.fsencode(text) + b"/" == prefix}
-
     text_of = texts.get
 
     def path(row: tuple[Any, ...]) -> str | None:
