@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from dlindex.cli import app
@@ -88,3 +89,22 @@ def test_stats_human(runner: CliRunner, scanned_db: Path) -> None:
     result = runner.invoke(app, ["stats", "--db", str(scanned_db)])
     assert result.exit_code == 0
     assert "images 7" in result.stdout
+
+
+def test_a_big_catalog_estimates_from_a_sample_and_exact_counts(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [Row("cat", processed=i % 2) for i in range(300)] + [Row("dog", status="corrupt") for _ in range(100)]
+    db = make_catalog(tmp_path / "e.db", rows)
+    exact = json.loads(runner.invoke(app, ["stats", "--db", str(db), "--json"]).stdout)
+    assert (exact["estimated"], exact["images"], exact["by_status"]["ok"], exact["processed"]) == (False, 400, 300, 150)
+    monkeypatch.setattr("dlindex.stats.ESTIMATE_ABOVE", 100)
+    monkeypatch.setattr("dlindex.stats.SAMPLE_ROWS", 160)  # ten runs of 16 ids
+    sampled = json.loads(runner.invoke(app, ["stats", "--db", str(db), "--json"]).stdout)
+    assert sampled["estimated"] and sampled["sampled_rows"] == 160 and sampled["smallest_labels"] == []
+    assert sampled["images"] == 400  # ids 1..400 all present: every probe hits
+    assert 200 < sampled["by_status"]["ok"] < 400 and 0 < sampled["by_status"]["corrupt"] < 200
+    text = runner.invoke(app, ["stats", "--db", str(db)]).stdout
+    assert text.startswith("images ~400 (ok ~") and "~ estimated from 160 sampled rows; --exact" in text
+    again = json.loads(runner.invoke(app, ["stats", "--db", str(db), "--json", "--exact"]).stdout)
+    assert {**again, "catalog_bytes": 0} == {**exact, "catalog_bytes": 0}  # the query log grew

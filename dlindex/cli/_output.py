@@ -15,6 +15,7 @@ import typer
 from dlindex.cli._shared import stderr_console, stdout_console
 
 ELLIPSIS = "…"
+_BATCH = 512  # jsonl lines joined per write
 
 
 class OutputFormat(StrEnum):
@@ -86,17 +87,37 @@ def _emit(
 def _jsonl(rows: Iterable[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> int:
     n = 0
     write = out.write
-    dumps = json.JSONEncoder(ensure_ascii=False, default=str).encode
+    dumps = _json_line()
+    batch: list[str] = []
+    keep = batch.append
     for row in rows:
         line = dumps(row)
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError:
-            line = json.dumps(row, ensure_ascii=True, default=str)
-        write(line + "\n")
+        if not line.isascii():  # the rare line to check: a lone surrogate cannot be UTF-8
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError:
+                line = json.dumps(row, ensure_ascii=True, default=str)
+        keep(line)
         n += 1
+        if len(batch) == _BATCH:
+            write("\n".join(batch) + "\n")  # one write call for many lines
+            batch.clear()
+    if batch:
+        write("\n".join(batch) + "\n")
     out.flush()
     return n
+
+
+def _json_line() -> Callable[[dict[str, Any]], str]:
+    """``json.JSONEncoder(ensure_ascii=False, default=str).encode``, the same text, with the C
+    encoder made once instead of once a row (as ``encode`` does; a third of its time)."""
+    encoder = json.JSONEncoder(ensure_ascii=False, default=str)
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:  # an interpreter without the C accelerator
+        return encoder.encode
+    chunks = make(None, str, json.encoder.encode_basestring, None, ": ", ", ", False, False, True)
+    join = "".join
+    return lambda row: join(chunks(row, 0))
 
 
 def _delimited(delimiter: str) -> Callable[[Iterable[dict[str, Any]], TextIO, Sequence[str]], int]:

@@ -22,6 +22,13 @@ def stats(
         bool,
         typer.Option("--slow", help="Show the slowest logged statements with their current plans, and lock waits."),
     ] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact",
+            help="Count every row (one pass) even in a big catalog, whose row figures are otherwise estimated.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
 ) -> None:
@@ -38,7 +45,7 @@ def stats(
             _print_slow(report)
         return
     with Catalog(db, log=not no_log) as catalog:
-        result = catalog_stats(catalog, top=top)
+        result = catalog_stats(catalog, top=top, exact=True if exact else None)
     for problem in result.root_problems:  # the totals describe files that are not there
         typer.echo(f"warning: {problem}", err=True)
     if as_json:
@@ -49,24 +56,29 @@ def stats(
 
 def print_stats(s: CatalogStats, storage: str = "file") -> None:
     out = stdout_console
-    status = ", ".join(f"{k} {v:,}" for k, v in s.by_status.items())
-    out.print(f"[bold]images[/] {s.images:,} ({status})")
-    out.print(f"[bold]processed[/] {s.processed:,}, unprocessed {s.unprocessed:,}")
+    n = _approximate if s.estimated else _count
+    status = ", ".join(f"{k} {n(v)}" for k, v in s.by_status.items())
+    out.print(f"[bold]images[/] {n(s.images)} ({status})")
+    out.print(f"[bold]processed[/] {n(s.processed)}, unprocessed {n(s.unprocessed)}")
     if s.processing_status:
-        out.print("[bold]processing status[/] " + ", ".join(f"{k} {v:,}" for k, v in s.processing_status.items()))
+        out.print("[bold]processing status[/] " + ", ".join(f"{k} {n(v)}" for k, v in s.processing_status.items()))
     if s.excluded:
-        out.print(f"[bold]excluded[/] {s.excluded:,} (mark --exclude: left out of query, export and the loader)")
-    out.print(f"[bold]labels[/] {s.labels:,}; classes {s.classes:,} (label_id 0..{max(s.classes - 1, 0):,})")
+        out.print(f"[bold]excluded[/] {n(s.excluded)} (mark --exclude: left out of query, export and the loader)")
+    labels = f">= {s.labels:,} (met in the sample)" if s.estimated else f"{s.labels:,}"
+    out.print(f"[bold]labels[/] {labels}; classes {s.classes:,} (label_id 0..{max(s.classes - 1, 0):,})")
     if s.without_class:
-        out.print(f"  without a class (directly under ROOT): {s.without_class:,}")
+        out.print(f"  without a class (directly under ROOT): {n(s.without_class)}")
     if s.splits:
-        out.print("[bold]splits[/] " + ", ".join(f"{k} {v:,}" for k, v in s.splits.items()))
+        out.print("[bold]splits[/] " + ", ".join(f"{k} {n(v)}" for k, v in s.splits.items()))
     if s.largest_labels:
-        out.print("  largest:  " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.largest_labels), markup=False)
         out.print(
-            "  smallest: " + ", ".join(f"{_label(c.label)} {c.images:,}" for c in s.smallest_labels), markup=False
+            "  largest:  " + ", ".join(f"{_label(c.label)} {n(c.images)}" for c in s.largest_labels), markup=False
         )
-    out.print(f"[bold]image bytes[/] {human_bytes(s.total_bytes)}; catalog {storage} {human_bytes(s.catalog_bytes)}")
+        smallest = ", ".join(f"{_label(c.label)} {n(c.images)}" for c in s.smallest_labels)
+        out.print("  smallest: " + (smallest or "(--exact counts every label)"), markup=False)
+    out.print(
+        f"[bold]image bytes[/] {'~' if s.estimated else ''}{human_bytes(s.total_bytes)}; catalog {storage} {human_bytes(s.catalog_bytes)}"
+    )
     out.print(f"[bold]indexes[/] {', '.join(i['name'] for i in s.indexes) or 'none (see dlindex index --suggest)'}")
     if s.roots:
         out.print("[bold]roots[/] " + ", ".join(str(r["path"]) for r in s.roots), markup=True, highlight=False)
@@ -80,6 +92,18 @@ def print_stats(s: CatalogStats, storage: str = "file") -> None:
                 markup=False,
                 soft_wrap=True,
             )
+    if s.estimated:
+        out.print(f"~ estimated from {s.sampled_rows:,} sampled rows; --exact counts every row (one pass over the "
+                  "catalog)", markup=False, highlight=False)  # fmt: skip
+
+
+def _count(value: int) -> str:
+    return f"{value:,}"
+
+
+def _approximate(value: int) -> str:
+    """An estimate, to three significant figures: ~9,950,000."""
+    return f"~{int(float(f'{value:.3g}')):,}"
 
 
 def _label(name: str) -> str:

@@ -1,0 +1,88 @@
+"""``--per-label N``: at most N rows of each label, the same N for a seed, in one of two shapes.
+
+What a seed picks: each row's ``path_hash`` (the first 60 bits of the MD5 of its path under
+its root, so a tree gives the same sample whatever ids its scan gave) is a point on a ring;
+the seed names a point on it (the *pivot*), and a label's sample is the N rows that follow
+the pivot: ``path_hash >= pivot`` in ascending order, then, wrapping round, ``path_hash <
+pivot``, then rows no scan wrote (``path_hash`` NULL) by id; the id breaks ties. Hashes are
+spread evenly, so the N rows after any point are a uniform sample of the label.
+
+Two statements compute that same sample:
+
+* ``SEEK``, for an index on ``(label_id, path_hash)`` whose partial WHERE the filters
+  imply (``dlindex index`` creates one; docs/scale.md): per label, three index range scans
+  of at most N entries each. Its cost follows the sample's size, not the catalog's.
+* ``WINDOW``, for any catalog: one pass numbering each label's rows in that order
+  (``ROW_NUMBER() OVER (PARTITION BY label_id ...)``) and one sort. Without that index the
+  seek would read each label's rows three times, so a file catalog takes it only when SQLite's
+  plan shows every range scan served by such an index; a server catalog always takes the window.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+
+PIVOT_BITS = 60  # path_hash's width (dlindex.catalog.migrations.path_hash)
+
+WINDOW = (
+    "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN (SELECT sample_id FROM ("
+    "SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY sample_arc, sample_key, sample_id) "
+    "AS label_rank FROM (SELECT image_metadata.id AS sample_id, image_metadata.label_id AS sample_label, "
+    "CASE WHEN image_metadata.path_hash IS NULL THEN 2 WHEN image_metadata.path_hash >= :pivot THEN 0 ELSE 1 END "
+    "AS sample_arc, image_metadata.path_hash AS sample_key "
+    "FROM image_metadata{where}) AS ranked) AS numbered WHERE label_rank <= :per_label){order}{limit}"
+)
+# One label's sample: the arc from the pivot, the arc before it, the rows without a hash.
+# SQLite reads the arms of a UNION ALL in order and stops at the outer LIMIT.
+_ARC = (
+    "SELECT sample_id FROM (SELECT sample_rows.id AS sample_id FROM image_metadata AS sample_rows "
+    "WHERE {label}{where} AND sample_rows.path_hash {arc} ORDER BY {key} LIMIT :per_label)"
+)
+_ARCS = (
+    " UNION ALL ".join(
+        _ARC.replace("{arc}", arc).replace("{key}", key)
+        for arc, key in (
+            (">= :pivot", "sample_rows.path_hash, sample_rows.id"),
+            ("< :pivot", "sample_rows.path_hash, sample_rows.id"),
+            ("IS NULL", "sample_rows.id"),
+        )
+    )
+    + " LIMIT :per_label"
+)
+SEEK = (
+    "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
+    "SELECT picked.id FROM labels AS sample_labels JOIN image_metadata AS picked ON picked.id IN ("
+    + _ARCS.replace("{label}", "sample_rows.label_id = sample_labels.id")
+    + ") UNION ALL SELECT sample_id FROM ("
+    + _ARCS.replace("{label}", "sample_rows.label_id IS NULL")
+    + ")){order}{limit}"
+)
+
+
+def pivot(seed: int) -> int:
+    """The point on the path_hash ring where ``seed``'s sample of each label starts."""
+    digest = hashlib.sha256(f"dlindex-per-label:{int(seed)}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> (64 - PIVOT_BITS)
+
+
+def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
+    """The per-label statement for these filters (``{columns}``, ``{order}``, ``{limit}`` left open)."""
+    window = WINDOW.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
+    if catalog.backend.is_server:
+        return window
+    seek = SEEK.replace("{where}", "".join(" AND " + w.replace("image_metadata.", "sample_rows.") for w in where))
+    return seek if _served(catalog, seek.replace("{columns}", "image_metadata.id"), params) else window
+
+
+def _served(catalog: Catalog, sql: str, params: dict[str, Any]) -> bool:
+    """Whether SQLite reads every arm of ``sql`` as an index range over (label_id, path_hash)."""
+    statement = sql.replace("{order}", "").replace("{limit}", "")
+    plan = [str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + statement, params)]
+    reads = [line for line in plan if " sample_rows" in line]
+    return bool(reads) and all(
+        line.startswith("SEARCH sample_rows USING") and "INDEX" in line and "path_hash" in line for line in reads
+    )
