@@ -23,7 +23,7 @@ from dlindex.errors import DiskFullError
 from dlindex.features import load_matrix, nearest
 from dlindex.features.blobs import read_all
 from dlindex.features.matrix import matrix_path
-from dlindex.quality import groups as groups_module
+from dlindex.quality import duplicate_groups as groups_module
 from dlindex.quality.duplicate_groups import SHARED_CONTENT, duplicate_groups
 from dlindex.quality.hashes import load_vectors, pack_bits
 from dlindex.query.rows import sample_ids
