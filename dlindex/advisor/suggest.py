@@ -142,7 +142,7 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
     rejected: list[Rejected] = []
     verdicts: list[Verdict] = []
     # An index that exists already (one --apply made, say) is not suggested again.
-    for c in (c for c in candidates if not any(existing_serves(e, c) for e in existing)):
+    for c in (c for c in candidates if not any(existing_serves(e, c, scratch.stats) for e in existing)):
         say(f"verifying {c.sql()}")
         verdict, reason = verify(bench, c)
         if verdict is not None:
