@@ -170,7 +170,7 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
         redundant=tuple(f for f in redundant if f.name not in flagged),
         hints=tuple(hints), rejected=tuple(rejected), skipped=skipped,
         reads=len(reads), writes=len(bench.workload.writes), hot=tuple(hot), read_ms=round(total, 3),
-        sample=scratch.sample, seconds=0.0, lock_wait_ms=round(bench.workload.lock_wait_ms, 3),
+        sample=scratch.sample, sampled_from=scratch.rows, seconds=0.0, lock_wait_ms=round(bench.workload.lock_wait_ms, 3),
         slower=tuple(slower), statements=tuple(effects(bench, verdicts, plans_before, plans_after, after)),
         low_cardinality=tuple(flag_led(existing, scratch.stats)),
     )  # fmt: skip
