@@ -3,7 +3,7 @@
 For each catalog given (e.g. bench/make_catalog.py's 10^6 and 10^7 rows; each is copied first,
 as the advisor must never write into it, and given a query log of training-time reads:
 per-label sampling, unprocessed work, a time window, the failed list, three calls each),
-`suggest_indexes` runs with the default (tables over 200,000 rows sampled, about 200,000 rows
+`suggest_indexes` runs with the default (tables over 250,000 rows sampled, about 250,000 rows
 fetched by rowid) and, on a catalog of at most 2,000,000 rows, again in the same process with
 ``sample_rows=2_000_000``, the previous default: a whole copy (the previous sample of larger
 catalogs, drawn by a full scan, is gone from the code). Each run's wall and CPU time (this process's: SQLite

@@ -36,7 +36,7 @@ from dlindex.catalog.sandbox import guarded
 from dlindex.catalog.sqlite.connect import readonly_uri
 from dlindex.procs import pid_alive, process_start
 
-SAMPLE_ROWS = 200_000  # a table larger than this is sampled on the scratch copy (to about this many rows)
+SAMPLE_ROWS = 250_000  # a table larger than this is sampled on the scratch copy (to about this many rows)
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
 _INDEXES = "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' ORDER BY tbl_name, name"
 _SCHEMA = "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
