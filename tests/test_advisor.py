@@ -239,7 +239,27 @@ def test_an_existing_index_that_already_serves_a_candidate_is_enough() -> None:
     plain = IndexDef(
         "by_label", "image_metadata", "CREATE INDEX by_label ON image_metadata (label_id)", ("label_id",), None, False
     )
-    assert existing_serves(served, c) and not existing_serves(plain, c)  # plain does not cover processed
+    assert existing_serves(served, c, STATS) and not existing_serves(plain, c, STATS)  # plain does not cover processed
+
+
+def test_a_full_index_does_not_stand_for_a_partial_candidate() -> None:
+    """The failed list with more columns than an index covers: (id) WHERE ..., which the primary key is not."""
+    c = candidate(
+        "SELECT id, root_id, file_path, file_path_bytes, label_id, width, error FROM image_metadata "
+        "WHERE status = 'ok' AND processing_status = 'failed' ORDER BY id"
+    )
+    assert (
+        c is not None
+        and c.key == ("id",)
+        and not c.include
+        and c.where_sql() == ("processing_status = 'failed' AND status = 'ok'")
+    )
+    primary = IndexDef("image_metadata_pkey", "image_metadata", None, ("id",), None, False)
+    assert not existing_serves(primary, c, STATS)  # it reads every row; the candidate only the failed ones
+    wider = IndexDef(
+        "by_status", "image_metadata", "CREATE INDEX ...", ("processing_status", "id", "status"), None, False
+    )
+    assert existing_serves(wider, c, STATS)  # seeks the failed rows in id order, filters status inside
 
 
 # --- findings on existing indexes ---------------------------------------------------------------

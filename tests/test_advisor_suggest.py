@@ -22,6 +22,8 @@ from typer.testing import CliRunner
 
 from dlindex import Catalog, InputError, query_rows
 from dlindex.advisor import Advice, apply_advice, list_indexes, replay, revert_indexes, suggest_indexes
+from dlindex.advisor.model import advice_from_dict
+from dlindex.advisor.scratch import Scratch
 from dlindex.catalog.fingerprint import fingerprint
 from dlindex.catalog.sandbox import guarded
 from dlindex.stats import slow_queries
@@ -30,8 +32,10 @@ from .advisor_workload import (
     FAILED,
     HOURLY,
     LABEL_FILES,
+    LABELS,
     MARK,
     RANDOM,
+    ROWS,
     copy_catalog,
     make_catalog,
     pin_logged_durations,
@@ -203,8 +207,18 @@ def test_list_counts_the_logged_statements_that_used_each_index(advice: Advice, 
 def test_a_large_catalog_is_measured_on_a_sample(catalog_copy: Path) -> None:
     with Catalog(catalog_copy, log=False) as catalog:
         sampled = suggest_indexes(catalog, runs=2, sample_rows=5_000)
-    assert sampled.sample == 4
+    assert sampled.sample == 4 and sampled.sampled_from == ROWS
     assert any(s.where == "processed = 1" and s.columns[0] == "label_id" for s in sampled.suggestions)
+    assert advice_from_dict(sampled.as_dict()) == sampled  # kept for --apply as it was
+    with Scratch(catalog_copy, 5_000) as scratch:  # every 4th rowid, each fetched by its rowid
+        copied = [r[0] for r in scratch.admin.execute("SELECT id FROM image_metadata ORDER BY id")]
+        assert scratch.rows == ROWS and len(scratch.admin.execute("SELECT * FROM labels").fetchall()) == LABELS
+    source = sqlite3.connect(catalog_copy)
+    try:
+        assert copied == [r[0] for r in source.execute("SELECT id FROM image_metadata WHERE id % 4 = 0 ORDER BY id")]
+    finally:
+        source.close()
+    assert len(copied) == ROWS // 4
 
 
 def test_repeated_runs_give_the_same_answer(

@@ -207,11 +207,19 @@ def serves(index: Candidate | IndexDef, key: Sequence[str], eq: int) -> bool:
     return set(columns[:eq]) == set(key[:eq]) and tuple(columns[eq : len(key)]) == tuple(key[eq:])
 
 
-def existing_serves(index: IndexDef, c: Candidate) -> bool:
-    """An existing index already does what ``c`` would: same or weaker WHERE, prefix key, covers it."""
+def existing_serves(index: IndexDef, c: Candidate, stats: Stats) -> bool:
+    """An existing index already does what ``c`` would: same or weaker WHERE, prefix key, covers it.
+
+    A weaker WHERE serves only as ``c`` relaxed to it would (as ``merge`` relaxes): each constant
+    the index lacks must be in it, as a key column where selective, so that a full ``(id)``
+    primary key never stands for a partial ``(id) WHERE processing_status = 'failed'``.
+    """
     if index.partial and (index.where is None or not set(index.where) <= set(c.where)):
         return False
-    if index.table != c.table or not serves(index, c.key, c.eq):
+    if index.table != c.table:
+        return False
+    c = relax(c, tuple(k for k in c.where if k in set(index.where or ())), stats)
+    if not serves(index, c.key, c.eq):
         return False
     return set(c.include) <= set(index.columns) | {w.column for w in index.where or ()}
 

@@ -155,6 +155,7 @@ class Advice:
     statements: tuple[Effect, ...] = ()  # every logged statement, before and after the suggestions
     server: Mapping[str, Any] | None = None  # a PostgreSQL catalog: its workload, verification and timings
     low_cardinality: tuple[Finding, ...] = ()  # existing full indexes led by a flag or status column
+    sampled_from: int = 0  # sample > 1: the rows of the largest table the sample was drawn from
 
     def droppable(self) -> tuple[Finding, ...]:
         found = {f.name: f for f in (*self.unused, *self.redundant, *self.slower, *self.low_cardinality) if f.droppable}
@@ -180,6 +181,7 @@ class Advice:
                 "lock_wait_ms": self.lock_wait_ms,
             },
             "sample": self.sample,
+            "sampled_from": self.sampled_from,
             "seconds": self.seconds,
             **({"postgresql": dict(self.server)} if self.server is not None else {}),
         }
@@ -353,4 +355,5 @@ def advice_from_dict(d: Mapping[str, Any]) -> Advice:
         read_ms=w["read_ms"], sample=d["sample"], seconds=d["seconds"], lock_wait_ms=w.get("lock_wait_ms", 0.0),
         slower=tuple(map(finding, d.get("slower", ()))), statements=tuple(Effect(**e) for e in d.get("statements", ())),
         server=d.get("postgresql"), low_cardinality=tuple(map(finding, d.get("low_cardinality", ()))),
+        sampled_from=d.get("sampled_from", 0),
     )  # fmt: skip

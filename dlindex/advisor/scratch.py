@@ -1,7 +1,8 @@
 """The scratch copy index advice is measured on: made, its schema read, indexes built and dropped.
 
 The catalog is copied with SQLite's backup API from a read-only connection (a large one is
-sampled: every k-th row of its big tables); candidate indexes are built, timed and dropped
+sampled: every k-th rowid of its big tables, fetched by rowid so the copy's cost does not grow
+with the catalog); candidate indexes are built, timed and dropped
 on the copy only. Statements from logs run on it only through ``dlindex.catalog.sandbox.guarded``
 connections. ``Scratch.stats`` (``CopyStatistics``: rows, distinct values, widths) measures
 what candidates are chosen by, ``Scratch.writes`` (``replay.WriteCosts``) what an index adds
@@ -35,7 +36,7 @@ from dlindex.catalog.sandbox import guarded
 from dlindex.catalog.sqlite.connect import readonly_uri
 from dlindex.pids import pid_alive, process_start
 
-SAMPLE_ROWS = 2_000_000  # a table larger than this is sampled on the scratch copy
+SAMPLE_ROWS = 250_000  # a table larger than this is sampled on the scratch copy (to about this many rows)
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
 _INDEXES = "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' ORDER BY tbl_name, name"
 _SCHEMA = "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
@@ -67,6 +68,7 @@ class Scratch:
         self.dir = make_scratch_dir()
         self.path = self.dir / "scratch.db"
         self.sample = 1
+        self.rows = 0  # rows (max rowid) of the largest table of the catalog
         try:
             self._copy(Path(catalog), sample_rows)
             self.admin = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -104,6 +106,7 @@ class Scratch:
                     source.backup(target)
                 else:
                     self.sample = -(-largest // sample_rows)
+                    self.rows = largest
                     _sampled_copy(source, target, catalog, self.sample, sample_rows)
             finally:
                 target.close()
@@ -180,9 +183,15 @@ def _sampled_copy(source: sqlite3.Connection, target: sqlite3.Connection, catalo
     for kind, name, _sql in schema:
         if kind != "table":
             continue
-        t = quote_identifier(name)
-        where = f" WHERE rowid % {int(k)} = 0" if _max_rowid(source, name) > rows else ""
-        target.execute(f"INSERT INTO main.{t} SELECT * FROM src.{t}{where}")
+        t, last = quote_identifier(name), _max_rowid(source, name)
+        if last > rows:  # the rows whose rowid is a multiple of k, each found by its rowid: no full scan
+            target.execute(
+                f"WITH RECURSIVE r(i) AS (SELECT ? UNION ALL SELECT i + ? FROM r WHERE i + ? <= ?) "
+                f"INSERT INTO main.{t} SELECT s.* FROM r CROSS JOIN src.{t} AS s WHERE s.rowid = r.i",
+                (k, k, k, last),
+            )
+        else:
+            target.execute(f"INSERT INTO main.{t} SELECT * FROM src.{t}")
     target.commit()
     target.execute("DETACH DATABASE src")
     for kind, _name, sql in schema:

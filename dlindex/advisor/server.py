@@ -118,7 +118,7 @@ def suggest_server_indexes(
     before = _time_all(conn, reads, timed, runs, time_limit_s, skipped)
     accesses = {fp: analyze(reads[fp].statement.sql, infos).accesses for fp in hot}
     candidates = merge(candidates_for(accesses, weights, infos, stats), stats)
-    candidates = [c for c in candidates if not any(existing_serves(e, c) for e in existing)]
+    candidates = [c for c in candidates if not any(existing_serves(e, c, stats) for e in existing)]
     rejected: list[Rejected] = []
     winners: list[Candidate] = []
     current = dict(plans)  # plans with the hypothetical winners so far: each candidate must add to them

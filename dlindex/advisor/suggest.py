@@ -142,7 +142,7 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
     rejected: list[Rejected] = []
     verdicts: list[Verdict] = []
     # An index that exists already (one --apply made, say) is not suggested again.
-    for c in (c for c in candidates if not any(existing_serves(e, c) for e in existing)):
+    for c in (c for c in candidates if not any(existing_serves(e, c, scratch.stats) for e in existing)):
         say(f"verifying {c.sql()}")
         verdict, reason = verify(bench, c)
         if verdict is not None:
@@ -170,7 +170,7 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
         redundant=tuple(f for f in redundant if f.name not in flagged),
         hints=tuple(hints), rejected=tuple(rejected), skipped=skipped,
         reads=len(reads), writes=len(bench.workload.writes), hot=tuple(hot), read_ms=round(total, 3),
-        sample=scratch.sample, seconds=0.0, lock_wait_ms=round(bench.workload.lock_wait_ms, 3),
+        sample=scratch.sample, sampled_from=scratch.rows, seconds=0.0, lock_wait_ms=round(bench.workload.lock_wait_ms, 3),
         slower=tuple(slower), statements=tuple(effects(bench, verdicts, plans_before, plans_after, after)),
         low_cardinality=tuple(flag_led(existing, scratch.stats)),
     )  # fmt: skip

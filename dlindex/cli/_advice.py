@@ -48,7 +48,10 @@ def print_advice(a: Advice) -> None:
         out.print("the query log holds no reads yet: run the workload (dlindex query, Catalog.read) or pass --log FILE",
                   markup=False)  # fmt: skip
         return
-    sample = f" (every {a.sample}th row of large tables)" if a.sample > 1 else ""
+    sample = ""
+    if a.sample > 1:  # the times below are the sample's, not the catalog's
+        sample = (f" (advised from a sample: every {a.sample}th row of large tables, about "
+                  f"{a.sampled_from // a.sample:,} of {a.sampled_from:,} rows; times are the sample's)")  # fmt: skip
     where = "on the server" if a.server is not None else f"on a scratch copy{sample}"
     out.print(f"{len(a.suggestions)} suggestion(s) for {len(a.hot)} hot of {a.reads} logged read statements "
               f"({a.read_ms:,.1f} ms logged), verified {where} in {a.seconds:.1f} s", markup=False)  # fmt: skip
