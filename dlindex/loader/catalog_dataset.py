@@ -15,6 +15,7 @@ from dlindex.loader.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Gene
 from dlindex.loader.export_datasets import rank_and_world
 from dlindex.loader.l2 import wanted
 from dlindex.loader.row_cache import DEFAULT_SIZE
+from dlindex.loader.torch_optional import TorchOptionalIterable
 from dlindex.loader.worker import ON_ERROR, WorkerJob, run_worker
 from dlindex.query.spec import QuerySpec
 
@@ -23,7 +24,7 @@ _FILTERS = frozenset(f.name for f in fields(QuerySpec)) - {
 }  # fmt: skip
 
 
-class CatalogDataset:
+class CatalogDataset(TorchOptionalIterable):
     """The samples a catalog query selects, as an iterable dataset (a torch ``IterableDataset``
     when torch is installed); see docs/training.md.
 
@@ -42,16 +43,6 @@ class CatalogDataset:
     folder, ``split`` names the export's splits (``export --split train=0.9,val=0.1``): only
     those are read; an export of several splits needs one named.
     """
-
-    _torch_class: type | None = None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> CatalogDataset:
-        base = _torch_iterable()
-        if base is not None and not issubclass(cls, base):
-            if cls._torch_class is None or cls._torch_class.__mro__[1] is not cls:
-                cls._torch_class = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
-            cls = cls._torch_class
-        return object.__new__(cls)
 
     def __init__(
         self, database_path: str | os.PathLike[str], *, feature_type: str | None = None, images: bool | None = None,
@@ -161,11 +152,3 @@ def _workers() -> tuple[int, int]:
 def _in_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     return data is not None and data.get_worker_info() is not None
-
-
-def _torch_iterable() -> type | None:
-    try:
-        from torch.utils.data import IterableDataset
-    except ImportError:
-        return None
-    return IterableDataset

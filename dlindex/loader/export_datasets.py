@@ -36,6 +36,7 @@ from dlindex.exported.index import listed_shards
 from dlindex.exported.reader import absolute_paths, exact_path, load_index, manifest_files, manifest_rows, source_path
 from dlindex.exported.tar import iter_tar
 from dlindex.exported.validate import listed_bytes
+from dlindex.loader.torch_optional import TorchOptionalIterable
 
 __all__ = ["ManifestDataset", "MetadataCache", "WdsDataset", "iter_tar", "rank_and_world"]
 
@@ -190,7 +191,7 @@ class ManifestDataset:
         return row
 
 
-class WdsDataset:
+class WdsDataset(TorchOptionalIterable):
     """Iterable dataset over a ``wds`` export's shards: ``(image, label)`` per sample.
 
     Shards go to ranks, then to DataLoader workers. An export made with the same
@@ -202,16 +203,6 @@ class WdsDataset:
     ``shuffle_shards`` reorders shards per epoch (``set_epoch``) with ``seed``.
     ``root`` (where the image tree is now) only changes ``with_metadata``'s ``file``.
     """
-
-    _torch_class: type | None = None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> WdsDataset:
-        base = _torch_iterable()
-        if base is not None and not issubclass(cls, base):
-            if cls._torch_class is None or cls._torch_class.__mro__[1] is not cls:
-                cls._torch_class = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
-            cls = cls._torch_class
-        return object.__new__(cls)
 
     def __init__(
         self, out_dir: str | os.PathLike[str], split: str | None = None, *, rank: int | None = None,
@@ -373,11 +364,3 @@ def _rebuild(args: dict[str, Any], epoch: int) -> WdsDataset:
         dataset = WdsDataset(**args)
     dataset.epoch = epoch
     return dataset
-
-
-def _torch_iterable() -> type | None:
-    try:
-        from torch.utils.data import IterableDataset
-    except ImportError:
-        return None
-    return IterableDataset
