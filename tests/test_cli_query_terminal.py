@@ -210,8 +210,11 @@ def _pty_query(db: Path, *args: str, columns: int = 80) -> tuple[float, str, str
     os.close(follower)
     chunks: list[bytes] = []
     first = None
+    # poll, not select: select() refuses a descriptor >= 1024, which a long-lived test worker may reach
+    waiting = select.poll()
+    waiting.register(leader, select.POLLIN)
     while True:
-        ready, _, _ = select.select([leader], [], [], 60)
+        ready = waiting.poll(60_000)
         assert ready, "no output within 60 s"
         try:
             data = os.read(leader, 65536)
