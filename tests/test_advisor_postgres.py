@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dlindex import Catalog, QuerySpec, query_rows
+from dlindex.advisor import server as server_module
 from dlindex.advisor.server_workload import server_fingerprint
 from dlindex.catalog.postgres.dialect import translate
 
@@ -110,6 +111,14 @@ def test_suggest_verifies_on_the_server_and_builds_no_competitor(
     logged: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     before = index_defs(logged)
+    timed = server_module._time_all
+
+    def time_all_then_flush(conn: Any, *args: Any, **kwargs: Any) -> Any:  # as on a slow machine: the server's
+        out = timed(conn, *args, **kwargs)  # statistics see the advisor's own scans before it reads them
+        conn.execute_raw("SELECT pg_stat_force_next_flush()")
+        return out
+
+    monkeypatch.setattr(server_module, "_time_all", time_all_then_flush)
     trace = tmp_path / "trace.sql"  # an expensive ad-hoc statement, seen once
     trace.write_text("SELECT id FROM image_metadata WHERE width = 100 AND height = 200 -- duration_ms=900\n")
     advice = suggest_json(logged, tmp_path, monkeypatch, "--suggest", "--log", str(trace))

@@ -22,7 +22,7 @@ import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dlindex.advisor.candidates import Candidate, candidates_for, existing_serves, merge
 from dlindex.advisor.manage import PREFIX
@@ -98,6 +98,8 @@ def suggest_server_indexes(
         )
     ensure_hypopg(conn, major)
     infos, existing, stats = tables(conn), indexes(conn), ServerStatistics(conn)
+    # read before timing anything: the advisor's own runs must not make an index look used
+    scanned = conn.execute_raw(_UNUSED).fetchall()
     hypo = Hypothetical(conn)
     reads, skipped = work.reads, list(work.skipped)
     say(f"planning {len(reads)} logged reads")
@@ -161,7 +163,7 @@ def suggest_server_indexes(
     ) + tuple(Effect(fp, "write", s.statement.sql, s.statement.calls, None, None, "not timed on PostgreSQL")
               for fp, s in sorted(work.writes.items()))  # fmt: skip
     return Advice(
-        catalog=str(catalog.path), suggestions=suggestions, unused=tuple(_unused(conn, {s.name for s in suggestions})),
+        catalog=str(catalog.path), suggestions=suggestions, unused=tuple(_unused(scanned, {s.name for s in suggestions})),
         redundant=(), hints=(), rejected=tuple(rejected), skipped=tuple(skipped), reads=len(reads),
         writes=len(work.writes), hot=tuple(hot), read_ms=round(total, 3), sample=1,
         seconds=round(time.perf_counter() - started, 2), statements=statements, server=server,
@@ -290,10 +292,10 @@ def _change(fp: str, before: Mapping[str, Timed], after: Mapping[str, Timed], se
     return "slower" if a.ms > b.ms * SLOWER[0] + SLOWER[1] else "about the same"
 
 
-def _unused(conn: PgConnection, suggested: set[str]) -> list[Finding]:
-    """Indexes the server has not scanned since its statistics were reset (constraints aside)."""
+def _unused(scanned: Sequence[Sequence[Any]], suggested: set[str]) -> list[Finding]:
+    """Indexes the server had not scanned (``_UNUSED``'s rows, read before the advisor ran anything), constraints aside."""
     out = []
-    for name, table, sql, scans, constraint in conn.execute_raw(_UNUSED).fetchall():
+    for name, table, sql, scans, constraint in scanned:
         if constraint or scans or name in suggested:
             continue
         ours = str(name).startswith(PREFIX)
