@@ -148,10 +148,13 @@ def mark_case(db: Path, work: Path, rows: int, codes: dict[str, Path | None]) ->
             f.write(f"{last}\n")
             n += 1
     out: dict[str, Any] = {"mark_ids": n, "mark_id_span": last, "mark_list_s": round(time.perf_counter() - began, 1)}
+    unmarked = False
     try:
         for name, code in codes.items():
             for flag in ("--unprocessed", "--processed"):
+                unmarked = True  # from here until a --processed run succeeds, flags may be off
                 result = run(dlindex(db, "mark", flag, str(ids), "--json"), code, keep=True)
+                unmarked = flag == "--unprocessed"
                 updated = json.loads(result.pop("out"))["updated"]
                 if updated != n:  # every named row changes, both ways: else the flags are not put back
                     raise SystemExit(f"mark {flag} updated {updated:,} of {n:,} rows: check {db}'s processed flags")
@@ -162,6 +165,9 @@ def mark_case(db: Path, work: Path, rows: int, codes: dict[str, Path | None]) ->
             raise SystemExit(f"{after:,} rows up to id {last:,} are flagged after the marks, not {n:,}: check {db}")
         out["mark_restored"] = True
     finally:
+        if unmarked:  # a run failed or was stopped part way: put every flag back before leaving
+            print(f"putting the processed flags of {n:,} ids back in {db} ...", file=sys.stderr)
+            run(dlindex(db, "mark", "--processed", str(ids), "-q"))
         ids.unlink()
     return out
 
