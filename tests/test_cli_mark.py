@@ -95,4 +95,4 @@ def test_pipeline_paths_and_nul_paths_into_mark(cats: Path) -> None:
     )
     assert nul.returncode == 0, nul.stderr
     assert processed_ids(cats) == [1, 2, 3, 4]
-    assert rows(cats, "SELECT id FROM image_metadata WHERE processing_status = 'completed'") == [(5,), (6,)]
+    assert rows(cats, "SELECT id FROM image_metadata WHERE processing_status = 'completed' ORDER BY id") == [(5,), (6,)]

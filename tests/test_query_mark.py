@@ -161,3 +161,63 @@ def test_concurrent_marks_and_scan_lose_nothing(tmp_path: Path) -> None:
     assert processed_ids(db) == sorted(marked)
     assert rows(db, "SELECT count(*) FROM image_metadata WHERE processing_status = 'completed'") == [(3000,)]
     assert rows(db, "SELECT count(*) FROM image_metadata WHERE root_id != 1") == [(600,)]
+
+
+def test_a_mark_larger_than_a_batch_commits_in_batches_with_the_same_counts(cats: Path) -> None:
+    records = ["8", "1", "99", "3", "2", "7", "5", "-4", "6"]  # 7 samples, 2 unknown ids, any order
+    with Catalog(cats) as catalog:
+        before = catalog.changes()
+        result = mark_samples(catalog, records, processed=True, batch=3)
+        assert catalog.changes() == before + 3  # 9 staged ids in id order: three write transactions
+    assert (result.inputs, result.matched, result.updated, result.unknown) == (9, 7, 7, 2)
+    assert sorted(result.unknown_examples) == ["-4", "99"]
+    assert processed_ids(cats) == [1, 2, 3, 5, 6, 7, 8]
+    again = mark(cats, records, processed=True, batch=2)
+    assert (again.matched, again.updated, again.unknown) == (7, 0, 2)  # type: ignore[attr-defined]
+
+
+def test_batched_mark_by_path_counts_a_sample_once(cats: Path) -> None:
+    ids = [json.dumps({"id": i}) for i in (1, 2, 77)]
+    records = [json.dumps({"path": f"{ROOT}/cat/0001.png"}), "cat/0001.png", ids[0], "dog/0004.png", "cat/nope.png"]
+    result = mark(cats, [*records, *ids[1:]], processed=True, by="path", batch=2)
+    assert (result.matched, result.updated, result.unknown) == (3, 3, 2)  # type: ignore[attr-defined]
+    assert sorted(result.unknown_examples) == ["77", "cat/nope.png"]  # type: ignore[attr-defined]
+    assert processed_ids(cats) == [1, 2, 8]
+
+
+def test_a_batched_mark_stopped_part_way_keeps_its_batches_and_a_rerun_finishes(
+    cats: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlindex import Interrupted
+    from dlindex.query import mark_apply
+
+    real = mark_apply._update
+    calls: list[int] = []
+
+    def stop_at_the_second(*args: object) -> int:
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mark_apply, "_update", stop_at_the_second)
+    ids = [str(i) for i in range(1, 9)]
+    with pytest.raises(Interrupted, match=r"3 of 8 samples were already committed .* run the same mark again"):
+        mark(cats, ids, processed=True, batch=3)
+    assert processed_ids(cats) == [1, 2, 3]  # the first batch stays; the second was rolled back
+    monkeypatch.setattr(mark_apply, "_update", real)
+    result = mark(cats, ids, processed=True, batch=3)
+    assert (result.matched, result.updated) == (8, 5)  # type: ignore[attr-defined]
+    assert processed_ids(cats) == list(range(1, 9))
+
+
+def test_a_mark_within_a_batch_is_still_all_or_nothing(cats: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlindex.query import mark_apply
+
+    def fail(*args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(mark_apply, "_update", fail)
+    with pytest.raises(KeyboardInterrupt):
+        mark(cats, [str(i) for i in range(1, 9)], processed=True, batch=8)
+    assert processed_ids(cats) == []

@@ -5,7 +5,8 @@ Input records (sample ids, paths, or JSON objects carrying ``id``, ``path`` or
 catalog, so a malformed record aborts with nothing changed and a slow producer upstream
 never holds the write lock. Then one write transaction resolves them with set-based
 statements (a join, never one statement per sample) and updates only rows whose values
-change.
+change; a mark of more than ``BATCH_SAMPLES`` samples commits in batches by id instead
+(mark_apply.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN, rollback
 from dlindex.errors import InputError, UsageError, did_you_mean
+from dlindex.query.mark_apply import BATCH_SAMPLES, apply_marks
 from dlindex.query.spec import PROCESSING_FILTERS, STATUSES
 
 if TYPE_CHECKING:
@@ -34,49 +36,6 @@ _CREATE_PATHS = (
 )
 _STAGE_IDS = "INSERT OR IGNORE INTO temp.mark_ids (id) SELECT value FROM json_each(:ids)"
 _STAGE_PATH = "INSERT OR IGNORE INTO temp.mark_paths (root_id, file_path) VALUES (?, ?)"
-_COUNT_IDS = "SELECT count(*) FROM temp.mark_ids"
-_COUNT_PATHS = "SELECT count(*) FROM temp.mark_paths"
-_ROOTS = "SELECT id, path, path_bytes FROM roots"
-_UNKNOWN_IDS = (
-    "SELECT staged.id FROM temp.mark_ids AS staged WHERE NOT EXISTS "
-    "(SELECT 1 FROM main.image_metadata WHERE image_metadata.id = staged.id)"
-)
-# root_id 0 stands for a relative path: it may sit under any root.
-_UNKNOWN_PATHS = (
-    "SELECT staged.root_id, staged.file_path FROM temp.mark_paths AS staged WHERE NOT EXISTS ("
-    "SELECT 1 FROM main.image_metadata WHERE image_metadata.root_id = staged.root_id "
-    "AND image_metadata.file_path = staged.file_path) AND (staged.root_id != 0 OR NOT EXISTS ("
-    "SELECT 1 FROM main.roots JOIN main.image_metadata ON image_metadata.root_id = roots.id "
-    "AND image_metadata.file_path = staged.file_path))"
-)
-_UPDATE_BY_ID = (
-    "UPDATE image_metadata SET {set}, updated_at = CURRENT_TIMESTAMP "
-    "WHERE id IN (SELECT id FROM temp.mark_ids) AND ({changed})"
-)
-_UPDATE_BY_PATH = (
-    "UPDATE image_metadata SET {set}, updated_at = CURRENT_TIMESTAMP WHERE id IN ("
-    "SELECT target.id FROM temp.mark_paths AS staged JOIN main.image_metadata AS target "
-    "ON target.root_id = staged.root_id AND target.file_path = staged.file_path "
-    "UNION ALL SELECT target.id FROM temp.mark_paths AS staged JOIN main.roots "
-    "JOIN main.image_metadata AS target ON target.root_id = roots.id AND target.file_path = staged.file_path "
-    "WHERE staged.root_id = 0) AND ({changed})"
-)
-_TARGETS_BY_PATH = (
-    "SELECT target.id FROM temp.mark_paths AS staged JOIN main.image_metadata AS target "
-    "ON target.root_id = staged.root_id AND target.file_path = staged.file_path "
-    "UNION SELECT target.id FROM temp.mark_paths AS staged JOIN main.roots "
-    "JOIN main.image_metadata AS target ON target.root_id = roots.id AND target.file_path = staged.file_path "
-    "WHERE staged.root_id = 0"
-)
-# Distinct samples named: one named by id and by path, or by two spellings of its path, is one.
-_MATCHED = (
-    "SELECT count(*) FROM (SELECT image_metadata.id FROM main.image_metadata "
-    "WHERE image_metadata.id IN (SELECT id FROM temp.mark_ids) UNION " + _TARGETS_BY_PATH + ") AS named"
-)
-# A server catalog takes the row locks of an update in id order first, so writers marking
-# overlapping samples at once queue behind each other instead of deadlocking (docs/postgres.md).
-_LOCK_BY_ID = "SELECT id FROM image_metadata WHERE id IN (SELECT id FROM temp.mark_ids) ORDER BY id FOR UPDATE"
-_LOCK_BY_PATH = "SELECT id FROM image_metadata WHERE id IN (" + _TARGETS_BY_PATH + ") ORDER BY id FOR UPDATE"
 _SET = {
     "processed": "processed = :processed",
     "processing_status": "processing_status = :processing_status",
@@ -91,7 +50,6 @@ _CHANGED = {
 }
 
 _STAGE_BATCH = 100_000
-_EXAMPLES = 10
 # One record holds one id or path (PATH_MAX is 4 KiB) or a query row as JSON: a line longer
 # than this is not a record, and must not be read into memory whole.
 MAX_RECORD_BYTES = 1 << 20
@@ -128,8 +86,13 @@ def mark_samples(
     error: str | None = None,
     excluded: bool | None = None,
     by: str = "id",
+    batch: int | None = None,
 ) -> MarkResult:
-    """Update the samples named by ``records`` in one transaction; see docs/commands/mark.md.
+    """Update the samples named by ``records``; see docs/commands/mark.md.
+
+    Up to ``batch`` samples (default ``BATCH_SAMPLES``, 262,144) are one transaction: all
+    updated or none. A larger mark commits in batches of ``batch`` samples in id order; one
+    stopped part way keeps the batches it committed, and running it again finishes it.
 
     Args:
         records: one sample per item: an id (``by="id"``), a path (``by="path"``: absolute,
@@ -141,9 +104,11 @@ def mark_samples(
         error: set the error text.
         excluded: True leaves the samples out of every selection (query, export, the loader)
             until marked False again.
+        batch: samples per write transaction of a large mark.
 
     Raises:
         InputError: a malformed record (named by its 1-based line number); nothing changed.
+        Interrupted: Ctrl-C after some batches of a large mark were committed (they stay).
     """
     started = time.perf_counter()
     values: dict[str, Any] = {}
@@ -168,33 +133,13 @@ def mark_samples(
         inputs = _stage(catalog, records, by)
         set_sql = ", ".join(_SET[k] for k in values)
         changed_sql = " OR ".join(_CHANGED[k] for k in values)
-        with catalog.write_transaction() as tx:
-            staged_ids = int(tx.execute(_COUNT_IDS).fetchone()[0])
-            staged_paths = int(tx.execute(_COUNT_PATHS).fetchone()[0])
-            examples: list[str] = []
-            unknown = 0
-            for unknown_id in _unknown(tx, staged_ids, staged_paths):
-                unknown += 1
-                if len(examples) < _EXAMPLES:
-                    examples.append(unknown_id)
-            matched = staged_ids - unknown
-            if staged_paths:
-                matched = int(tx.execute(_MATCHED).fetchone()[0])
-            updated = 0
-            locks = ([_LOCK_BY_ID] if staged_ids else []) + ([_LOCK_BY_PATH] if staged_paths else [])
-            catalog.backend.lock_rows(tx, locks)  # a server catalog's row locks, in id order
-            if staged_ids:
-                sql = _UPDATE_BY_ID.replace("{set}", set_sql).replace("{changed}", changed_sql)
-                updated += tx.execute(sql, values).rowcount
-            if staged_paths:
-                sql = _UPDATE_BY_PATH.replace("{set}", set_sql).replace("{changed}", changed_sql)
-                updated += tx.execute(sql, values).rowcount
+        done = apply_marks(catalog, values, set_sql, changed_sql, batch=max(1, batch or BATCH_SAMPLES))
     finally:
         catalog.backend.end_temp_table(conn, "mark_ids")
         catalog.backend.end_temp_table(conn, "mark_paths")
     return MarkResult(
-        inputs=inputs, matched=matched, updated=updated, unknown=unknown,
-        seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(examples),
+        inputs=inputs, matched=done.matched, updated=done.updated, unknown=done.unknown,
+        seconds=round(time.perf_counter() - started, 3), unknown_examples=tuple(done.examples),
     )  # fmt: skip
 
 
@@ -205,16 +150,6 @@ def _not_a_processing_status(value: str) -> str:
             f"{value!r} is a scan status, which only scan sets; {sets}; mark --exclude leaves samples out of training"
         )
     return f"unknown processing status {value[:40]!r}{did_you_mean(value, PROCESSING_FILTERS)}; {sets}"
-
-
-def _unknown(tx: Any, staged_ids: int, staged_paths: int) -> Iterator[str]:
-    if staged_ids:
-        for (id_,) in tx.execute(_UNKNOWN_IDS):
-            yield str(id_)
-    if staged_paths:
-        roots = {id_: text for id_, text, _ in tx.execute(_ROOTS)}
-        for root_id, file_path in tx.execute(_UNKNOWN_PATHS):
-            yield roots[root_id].rstrip("/") + "/" + file_path if root_id in roots else file_path
 
 
 def _stage(catalog: Catalog, records: Iterable[bytes | str], by: str) -> int:
