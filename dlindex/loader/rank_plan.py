@@ -20,14 +20,14 @@ import os
 import secrets
 import tempfile
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import numpy.typing as npt
 
+from dlindex.loader import shared_plan
 from dlindex.loader.layout import rank_runs
 from dlindex.loader.selection import Selection
-from dlindex.loader import shared_plan
 from dlindex.loader.shared_plan import ENV, PlanSpaceError
 from dlindex.query import cache
 from dlindex.query.rows import prepare, query_rows
@@ -92,7 +92,7 @@ class Spill:
         self.ascending = True
         self._last = -(1 << 63)
         self._ids, self._labels = array.array("q"), array.array("i")
-        self._files: list[object] = []
+        self._files: list[BinaryIO] = []
         self._hash = hashlib.sha256()
 
     def __enter__(self) -> Spill:
@@ -127,10 +127,10 @@ class Spill:
             free = shared_plan.free_bytes(self.folder)
             if need > free:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            self._files[0].write(ids)  # type: ignore[attr-defined]
-            self._files[1].write(labels)  # type: ignore[attr-defined]
+            self._files[0].write(ids)
+            self._files[1].write(labels)
         except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise PlanSpaceError(f"the epoch plan's spill could not be written to {self.folder}: "
                                      f"{e.strerror or e}; set {ENV} to a folder with room") from None  # fmt: skip
             self._out_of_room(need)
@@ -163,7 +163,7 @@ class Spill:
     def _close(self) -> None:
         for f in self._files:
             with contextlib.suppress(OSError):
-                f.close()  # type: ignore[attr-defined]
+                f.close()
         self._files = []
 
     def _remove(self) -> None:
