@@ -1,15 +1,18 @@
-"""The loader's epoch plan at size: peak RSS, seconds and bytes a sample, today's against a previous
-dlindex in the same run, and what each DataLoader worker holds of it (#34).
+"""The loader's epoch plan at size: peak RSS (the process, and the process tree's Pss with its
+DataLoader workers), wall and CPU seconds and bytes a sample, today's against a previous dlindex
+in the same run on the same catalog, and what each DataLoader worker holds of it (#34).
 
-  git archive <old commit> dlindex | tar -x -C /tmp/old          # the previous approach
+  git archive main dlindex | tar -x -C /tmp/old          # the previous approach
   nice -n 19 python bench/bench_loader_plan.py --db /tmp/c1m.db --db /tmp/c10m.db --before /tmp/old
 
 Each (catalog, dlindex) pair runs in a fresh process under /usr/bin/time -v:
-``CatalogDataset(db, world_size=8, rank=3, batch_size=256)`` and ``len()`` (the plan: the query,
-the order, the rank's share). A second process adds a torch DataLoader of 2 workers (fork and
-spawn) whose workers each map or receive the plan, take their part of the stream and report
-their memory (/proc/self/status: RssAnon is private, RssFile + RssShmem shared). Images are not
-read. Writes the `bench_loader_plan` section of docs/benchmarks.md.
+``CatalogDataset(db, world_size=8, rank=3, batch_size=256)`` planned for 2 workers (the query, the
+order, the rank's share), then a torch DataLoader of 2 workers (fork, then spawn) whose workers
+each map or receive the plan, take their part of the stream and report their memory
+(/proc/self/status: RssAnon is private, RssFile + RssShmem shared). Images are not read; the
+catalog is opened with DLINDEX_NO_LOG=1 (nothing written to it). A plan that fails with a
+DlindexError (too little room for it) is one line on stderr and exit status 1. Writes the
+`bench_loader_plan` section of docs/benchmarks.md; ``--render`` rebuilds it from saved runs.
 """
 
 from __future__ import annotations

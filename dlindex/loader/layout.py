@@ -145,12 +145,17 @@ class Layout:
     def stream(self, rank: int, worker: int) -> Ints:
         """The positions a worker emits, in order: its span, permuted within shuffle windows."""
         start, end = self.worker_span(worker)
-        span = self.rank_positions(rank)[start:end]
+        if self.only_rank >= 0:
+            if rank != self.only_rank:
+                self.rank_positions(rank)  # raises: another rank's share is not in this plan
+            span = np.arange(start, end, dtype=np.int64)  # the share in reading order: 0..share-1
+        else:
+            span = self.rank_positions(rank)[start:end]
         if self.window <= 1 or span.size <= 1:
             return span
         rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(self.seed) >> 32, int(self.epoch),
                                      self.generation, rank, worker, _WINDOW_TAG])  # fmt: skip
-        out = span.copy()
+        out = span if self.only_rank >= 0 else span.copy()  # a fresh arange needs no copy
         for at in range(0, span.size, self.window):
             piece = out[at : at + self.window]
             out[at : at + self.window] = piece[rng.permutation(piece.size)]
