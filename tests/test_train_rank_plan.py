@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,15 @@ def test_a_spill_the_file_size_limit_stops_is_one_line_and_no_file(tmp_path: Pat
     assert len(lines) == 1 and str(plans) in lines[0] and shared_plan.ENV in lines[0], done.stderr
     assert "spill could not be written" in lines[0] and "File too large" in lines[0]
     assert os.listdir(plans) == []
+
+
+def test_the_spills_of_killed_processes_are_swept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spills = tmp_path / "tmp"
+    spills.mkdir()
+    monkeypatch.delenv(shared_plan.ENV, raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(spills))  # the spill's folder without DLINDEX_PLAN_DIR
+    dead = [spills / "dlindex-plan-999999999-0a0b.ids.bin", spills / "dlindex-plan-999999999-0a0b.labels.bin"]
+    for path in dead:
+        path.write_bytes(b"\0" * 64)
+    plan = CatalogDataset(catalog(tmp_path, 100), world_size=2, rank=1, batch_size=8).plan(1)
+    assert len(plan.selection) == 50 and os.listdir(spills) == []

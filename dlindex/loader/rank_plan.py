@@ -96,6 +96,7 @@ class Spill:
         self._hash = hashlib.sha256()
 
     def __enter__(self) -> Spill:
+        shared_plan.sweep(self.folder)  # the spills of killed processes (1.2 GB each at 10^8)
         try:
             self._files = [open(p, "xb") for p in self.paths]  # noqa: SIM115  # closed by close_writing/__exit__
         except OSError as e:
