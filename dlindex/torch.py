@@ -137,9 +137,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         total = {k: sum(s.get(k, 0) for s in self._stats.values()) for k in _SUMMED}
         asked = total["l1_hits"] + total["l1_misses"]
         return {
-            **total, "batches": self._batches, "selected": len(plan.selection),
-            "dropped": len(plan.selection) - plan.layout.share() * plan.layout.world
-            if plan.layout.share() * plan.layout.world < len(plan.selection) else 0,
+            **total, "batches": self._batches, "selected": plan.selected,
+            "dropped": plan.selected - plan.layout.share() * plan.layout.world
+            if plan.layout.share() * plan.layout.world < plan.selected else 0,
             "missing_features": plan.missing_features, "l1_hit_rate": round(total["l1_hits"] / asked, 4) if asked else 0.0,
             "l2_hit": plan.selection.l2_hit, "l2": plan.l2_identity is not None,
             "l3_hit": plan.selection.cache_hit, "source": WDS.name if plan.export is not None else "files",

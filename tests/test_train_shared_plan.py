@@ -138,12 +138,24 @@ def test_the_plans_of_killed_processes_are_swept(tmp_path: Path, plans: Path) ->
 def test_too_little_room_is_one_line_naming_the_folder(tmp_path: Path, plans: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     ds = CatalogDataset(catalog(tmp_path, 300), batch_size=8)
-    monkeypatch.setattr(shared_plan, "free_bytes", lambda folder: 1000)
+    monkeypatch.setattr(shared_plan, "free_bytes", lambda folder: 3620)  # the spill fits, the plan not
     with pytest.raises(DlindexError) as caught:
         ds.plan(1)
     message = str(caught.value)
+    assert "\n" not in message and str(plans) in message and "3,620 free" in message and shared_plan.ENV in message
+    assert "the epoch plan needs 3,648 bytes" in message  # 300 ids and classes: 12 bytes a sample, aligned
+    assert os.listdir(plans) == []
+
+
+def test_too_little_room_for_the_spill_is_one_line_while_the_query_runs(tmp_path: Path, plans: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    ds = CatalogDataset(catalog(tmp_path, 300), batch_size=8, world_size=4, rank=1)
+    monkeypatch.setattr(shared_plan, "free_bytes", lambda folder: 1000)
+    with pytest.raises(shared_plan.PlanSpaceError) as caught:
+        ds.plan(1)
+    message = str(caught.value)
     assert "\n" not in message and str(plans) in message and "1,000 free" in message and shared_plan.ENV in message
-    assert "the epoch plan needs 6," in message  # 300 ids, classes and order: 20 bytes a sample, aligned
+    assert "the epoch plan's spill needs about 3,600 bytes" in message  # 300 ids and classes, 12 bytes each
     assert os.listdir(plans) == []
 
 

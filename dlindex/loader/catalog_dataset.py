@@ -106,15 +106,15 @@ class CatalogDataset(TorchOptionalIterable):
 
     def plan(self, workers: int = 1) -> EpochPlan:
         """This epoch's plan for ``workers`` DataLoader workers per rank (made once, then kept)."""
-        _, world = rank_and_world(self.rank, self.world_size)
+        rank, world = rank_and_world(self.rank, self.world_size)
         now = Generation(world, max(1, workers), self.batch_size or 1)
-        key = (self.epoch, now, self.history, self.digest)
+        key = (self.epoch, now, self.history, self.digest, rank)
         if self._plan is None or self._plan[0] != key:
             from dlindex.catalog.connection import Catalog
 
             with Catalog(self.database_path) as catalog:  # logged: the query log sees training's queries
                 plan = make_plan(catalog, self.options, self.epoch, self.history, now, self.digest,
-                                 private=_in_worker())  # fmt: skip
+                                 private=_in_worker(), rank=rank)  # fmt: skip
             self._plan = (key, plan)
         return self._plan[1]
 

@@ -12,9 +12,10 @@ import numpy.typing as npt
 from dlindex.errors import DlindexError, InputError
 from dlindex.loader.l2 import L2Cache, catalog_identity
 from dlindex.loader.layout import Layout, chunk_order
+from dlindex.loader.rank_plan import resolve_rank
 from dlindex.loader.selection import Selection, epoch_spec, resolve, with_hashes
 from dlindex.loader.shared_plan import PlanFile, release, write_plan
-from dlindex.loader.sources import WdsExport, arrange_files, arrange_wds, find_export, named_export
+from dlindex.loader.sources import FILE_RUN, WdsExport, arrange_files, arrange_wds, find_export, named_export
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -67,6 +68,11 @@ class EpochPlan:
     l2_identity: str | None = None  # the catalog's name in the L2 cache, when L2 is on
     shared: PlanFile | None = None  # the file holding the arrays (share_plan): what a pickle carries
 
+    @property
+    def selected(self) -> int:
+        """Samples the epoch's query selected, over all ranks (a rank's own plan holds its share)."""
+        return self.layout.total if self.layout.only_rank >= 0 else len(self.selection)
+
     def __reduce__(self) -> tuple[Any, ...]:
         if self.shared is None:
             return (_plain, (dict(self.__dict__),))
@@ -94,13 +100,19 @@ class EpochOptions:
 
 
 def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tuple[Generation, ...],
-              now: Generation, digest: str | None = None, *, private: bool = False) -> EpochPlan:  # fmt: skip
+              now: Generation, digest: str | None = None, *, private: bool = False,
+              rank: int | None = None) -> EpochPlan:  # fmt: skip
     """Resolve the epoch's selection, choose its source and lay it out over the ranks.
 
     ``history``: the generations already read this epoch (a resumed job), oldest first.
     ``private``: the plan of one DataLoader worker, which shares it with no one.
+    ``rank``: the rank that reads the plan; where it can, the plan then holds that rank's share
+    only (rank_plan), in the same order. Resume, feature vectors, the L2 cache and a wds export
+    need the whole selection and plan it all.
     """
     spec = epoch_spec(options.filters, options.seed, epoch)
+    if rank is not None and _rank_only(catalog, options, history):
+        return _rank_plan(catalog, options, spec, epoch, now, digest, rank, private)
     l2 = identity = None
     if options.l2_url is not None:
         identity = catalog_identity(catalog)
@@ -131,6 +143,35 @@ def make_plan(catalog: Catalog, options: EpochOptions, epoch: int, history: tupl
         following = history[k + 1] if k + 1 < len(history) else now
         layout = layout.resumed(list(done.offsets), following.world, following.workers, following.batch_size)
     plan = EpochPlan(epoch, selection, layout, export, where, missing, digest=selection.digest, l2_identity=identity)
+    return share_plan(plan, private=private)
+
+
+def _rank_only(catalog: Catalog, options: EpochOptions, history: tuple[Generation, ...]) -> bool:
+    """Whether the plan can hold one rank's share: loose files, no resume, no vectors, no L2."""
+    if history or options.feature_type is not None or options.l2_url is not None:
+        return False
+    if options.source == "files":
+        return True
+    if options.source != "auto":
+        return False
+    from dlindex.export.registry import recorded_exports
+    from dlindex.exported.formats import WDS
+
+    # an export that may hold the selection is checked against all of it (find_export)
+    return not recorded_exports(catalog, WDS.name)
+
+
+def _rank_plan(catalog: Catalog, options: EpochOptions, spec: QuerySpec, epoch: int, now: Generation,
+               digest: str | None, rank: int, private: bool) -> EpochPlan:  # fmt: skip
+    selection, total = resolve_rank(catalog, spec, rank=rank, world=now.world, drop_last=options.drop_last,
+                                    seed=options.seed, epoch=epoch, shuffle=options.shuffle, run=FILE_RUN)  # fmt: skip
+    if digest and selection.digest != digest:
+        raise DlindexError("the catalog's selection for this epoch differs from the saved loader state's "
+                           "(the catalog changed since); resume is exact only over the same samples")  # fmt: skip
+    layout = Layout(order=_NONE, world=now.world, workers=now.workers, batch_size=now.batch_size,
+                    window=_window(options, now.batch_size), drop_last=options.drop_last, seed=options.seed,
+                    epoch=epoch, only_rank=rank, total=total)  # fmt: skip
+    plan = EpochPlan(epoch, selection, layout, None, None, 0, digest=selection.digest)
     return share_plan(plan, private=private)
 
 

@@ -42,6 +42,39 @@ def chunk_order(chunk_starts: Ints, n: int, seed: int, epoch: int, shuffle: bool
     return order
 
 
+def rank_runs(n: int, run: int, seed: int, epoch: int, shuffle: bool, rank: int, per: int) -> tuple[Ints, Ints, Ints]:
+    """``rank``'s ``per`` positions of ``chunk_order`` over runs of ``run`` (chunk starts 0, run,
+    2 run, ...), as (source position, length, destination) of each piece, without the order of
+    all ``n``: what ``Layout.rank_positions(rank)`` holds, padding repeats included.
+
+    Memory: 16 bytes a run (the permutation and where each run ends), not 8 bytes a sample.
+    """
+    empty = np.zeros(0, dtype=np.int64)
+    if n == 0 or per == 0:
+        return empty, empty, empty
+    runs = -(-n // run)
+    if shuffle:
+        rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, int(seed) >> 32, int(epoch), _CHUNK_TAG])
+        picked = rng.permutation(runs)  # the same draw as chunk_order's
+    else:
+        picked = np.arange(runs, dtype=np.int64)
+    ends = np.arange(1, runs + 1, dtype=np.int64) * run  # where each landed run ends in the order
+    ends[int(np.flatnonzero(picked == runs - 1)[0]) :] -= runs * run - n  # the last run is short
+    srcs, lengths, dsts = [], [], []
+    first, last = rank * per, (rank + 1) * per  # past n: repeats from the start (padding)
+    for lap in range(first // n, (last - 1) // n + 1):
+        lo, hi = max(first, lap * n) - lap * n, min(last, (lap + 1) * n) - lap * n
+        k0 = int(np.searchsorted(ends, lo, side="right"))
+        k1 = min(runs, int(np.searchsorted(ends, hi, side="left")) + 1)
+        end, mine = ends[k0:k1], picked[k0:k1].astype(np.int64)
+        begin = end - np.where(mine == runs - 1, n - (runs - 1) * run, run)
+        s, e = np.maximum(begin, lo), np.minimum(end, hi)
+        srcs.append(mine * run + (s - begin))
+        lengths.append(e - s)
+        dsts.append(s - lo + (max(first, lap * n) - first))
+    return np.concatenate(srcs), np.concatenate(lengths), np.concatenate(dsts)
+
+
 @dataclass(frozen=True)
 class Layout:
     """One generation of an epoch's layout: ``order`` (the positions still to be read, in reading
@@ -56,6 +89,15 @@ class Layout:
     seed: int
     epoch: int
     generation: int = 0  # bumped by each resume within an epoch
+    # >= 0: the layout of this rank only, whose selection holds its share in reading order
+    # (order is then empty and ``total`` is the epoch's sample count): see rank_plan
+    only_rank: int = -1
+    total: int = 0
+
+    @property
+    def samples(self) -> int:
+        """Samples left to read this generation, over all ranks."""
+        return self.total if self.only_rank >= 0 else int(self.order.size)
 
     def __post_init__(self) -> None:
         for name in ("world", "workers", "batch_size", "window"):
@@ -64,7 +106,7 @@ class Layout:
 
     def share(self) -> int:
         """Samples every rank reads: equal for all ranks (the rest dropped or padded by repeats)."""
-        n, world = int(self.order.size), self.world
+        n, world = self.samples, self.world
         if n == 0:
             return 0
         if self.drop_last and n >= world:
@@ -75,6 +117,10 @@ class Layout:
         if not 0 <= rank < self.world:
             raise InputError(f"rank {rank} is not in a world of size {self.world}")
         per = self.share()
+        if self.only_rank >= 0:
+            if rank != self.only_rank:
+                raise InputError(f"this epoch plan holds rank {self.only_rank}'s share only, not rank {rank}'s")
+            return np.arange(per, dtype=np.int64)  # the selection holds the share in reading order
         if per == 0:
             return self.order[:0]
         at = np.arange(rank * per, (rank + 1) * per) % self.order.size  # past the end: repeats (padding)
@@ -99,12 +145,17 @@ class Layout:
     def stream(self, rank: int, worker: int) -> Ints:
         """The positions a worker emits, in order: its span, permuted within shuffle windows."""
         start, end = self.worker_span(worker)
-        span = self.rank_positions(rank)[start:end]
+        if self.only_rank >= 0:
+            if rank != self.only_rank:
+                self.rank_positions(rank)  # raises: another rank's share is not in this plan
+            span = np.arange(start, end, dtype=np.int64)  # the share in reading order: 0..share-1
+        else:
+            span = self.rank_positions(rank)[start:end]
         if self.window <= 1 or span.size <= 1:
             return span
         rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(self.seed) >> 32, int(self.epoch),
                                      self.generation, rank, worker, _WINDOW_TAG])  # fmt: skip
-        out = span.copy()
+        out = span if self.only_rank >= 0 else span.copy()  # a fresh arange needs no copy
         for at in range(0, span.size, self.window):
             piece = out[at : at + self.window]
             out[at : at + self.window] = piece[rng.permutation(piece.size)]
@@ -113,6 +164,8 @@ class Layout:
     def consumed(self, offsets: list[int]) -> Ints:
         """Positions every rank has emitted when each of its workers emitted ``offsets[w]``
         samples (ranks step in lockstep, as in data-parallel training)."""
+        if self.only_rank >= 0:
+            raise InputError("a rank's own plan cannot say what the other ranks read; resume plans the whole epoch")
         if len(offsets) != self.workers:
             raise InputError(f"resume state has {len(offsets)} worker offsets for {self.workers} workers")
         taken = [self.stream(r, w)[: max(0, int(o))] for r in range(self.world) for w, o in enumerate(offsets)]

@@ -97,7 +97,7 @@ def write_plan(arrays: dict[str, np.ndarray[Any, Any]], owner: object) -> PlanFi
     if need > free:
         raise PlanSpaceError(f"the epoch plan needs {need:,} bytes in {folder}, which has {free:,} free; "
                              f"set {ENV} to a folder with room")  # fmt: skip
-    _sweep(folder)
+    sweep(folder)
     path = os.path.join(folder, f"{_PREFIX}{os.getpid()}-{secrets.token_hex(6)}.bin")
     try:
         with open(path, "xb") as f:
@@ -114,8 +114,8 @@ def write_plan(arrays: dict[str, np.ndarray[Any, Any]], owner: object) -> PlanFi
     return PlanFile(path, tuple(sections), need)
 
 
-def _sweep(folder: str) -> None:
-    """Remove the plans of processes that are gone (killed before they could remove their own)."""
+def sweep(folder: str) -> None:
+    """Remove the plans (and spills) of processes that are gone (killed before they could remove their own)."""
     try:
         names = [n for n in os.listdir(folder) if n.startswith(_PREFIX) and n.endswith(".bin")]
     except OSError:
