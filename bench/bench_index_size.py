@@ -1,19 +1,26 @@
-"""`dlindex index --suggest` on large catalogs: the sampled scratch copy against the previous default.
+"""`dlindex index --suggest` and `--apply` on large catalogs, and the reads they are for, before and after.
 
-For each catalog given (e.g. bench/make_catalog.py's 10^6 and 10^7 rows; each is copied first,
-as the advisor must never write into it, and given a query log of training-time reads:
-per-label sampling, unprocessed work, a time window, the failed list, three calls each),
-`suggest_indexes` runs with the default (tables over 250,000 rows sampled, about 250,000 rows
-fetched by rowid) and, on a catalog of at most 2,000,000 rows, again in the same process with
-``sample_rows=2_000_000``, the previous default: a whole copy (the previous sample of larger
-catalogs, drawn by a full scan, is gone from the code). Each run's wall and CPU time (this process's: SQLite
-runs in it), peak RSS, sample and suggestions are reported; CPU time is what to compare on a
-shared machine.
+For each catalog given (bench/make_catalog.py's; each is copied first, as `--apply` writes, and
+given a query log of training-time reads, three calls each: per-label sampling, unprocessed
+work, time windows (an empty one after the last scan, a 10-minute one, the last month's), the
+failed list, the corrupt files), `suggest_indexes` runs with its default (tables over 250,000
+rows sampled, about 250,000 rows fetched by rowid), then `apply_advice`; each read is timed
+before (the same-run baseline) and after. Wall and CPU time of this process (SQLite runs in
+it: CPU time is what to compare on a shared machine), peak RSS, the suggestions, and how many
+logged reads SQLite plans on the sample as on the catalog (with the catalog's statistics
+carried over, and with the sample's own ANALYZE as before) are reported.
 
-  python bench/bench_index_size.py /tmp/dlindex-bench-cat/c1m.db /tmp/dlindex-bench/catalog-10000000-1000l-s0.db
-  python bench/bench_index_size.py --no-baseline CATALOG ...   # the default only
+A catalog that must not be written (the shared 10^8 one) is advised with ``--readonly``: no
+copy, no `--apply`, the workload read from the query log of a copy made by an earlier run
+with ``--keep`` (``--log-from``); ``--reads`` also times each read once on it as it is.
 
-Results go to docs/benchmarks.md between <!-- bench_index_size:start --> and <!-- bench_index_size:end -->.
+  python bench/bench_index_size.py /tmp/dlindex-bench/catalog-1000000-1000l-s0.db --keep --work W
+  python bench/bench_index_size.py /tmp/dlindex-bench/catalog-10000000-1000l-s0.db --work W
+  python bench/bench_index_size.py --readonly --log-from W/catalog-1000000-1000l-s0.db \
+      /tmp/dlindex-bench/catalog-100000000-1000l-s0.db --work W
+
+Results (every result-*.json in W) go to docs/benchmarks.md between
+<!-- bench_index_size:start --> and <!-- bench_index_size:end -->.
 """
 
 from __future__ import annotations
@@ -67,13 +74,13 @@ def workload(db: Path) -> None:
                     pass
 
 
-def latencies(db: Path) -> dict[str, tuple[int, float]]:
-    """Each read's rows and wall seconds (the fastest of 3 calls: seeds 0-2 for per-label), in this process."""
+def latencies(db: Path, calls: int = 3) -> dict[str, tuple[int, float]]:
+    """Each read's rows and wall seconds (the fastest of ``calls``: seeds 0-2 for per-label), in this process."""
     found: dict[str, tuple[int, float]] = {}
     with Catalog(db, log=False) as catalog:
         for name, make in SPECS.items():
             times, rows = [], 0
-            for seed in range(3):
+            for seed in range(calls):
                 began = time.perf_counter()
                 rows = sum(1 for _ in query_rows(catalog, make(seed)))
                 times.append(time.perf_counter() - began)
@@ -139,7 +146,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def measure(src: Path, work: Path, readonly: bool, log_from: Path | None, keep: bool) -> dict[str, Any]:
+def measure(src: Path, work: Path, readonly: bool, log_from: Path | None, keep: bool, reads: bool) -> dict[str, Any]:
     """One catalog: the workload, ``--suggest`` (and on a copy ``--apply``), the reads before and after."""
     from dlindex.advisor import apply_advice
 
@@ -149,7 +156,8 @@ def measure(src: Path, work: Path, readonly: bool, log_from: Path | None, keep: 
     if readonly:  # never written: advised read-only from the workload logged on a smaller copy
         print(f"{src} ({rows:,} rows): advising read-only ...", flush=True)
         out["suggest"], _ = advise(src, log_from=log_from)
-        out["reads"] = latencies(src)
+        if reads:  # each once: without the indexes a read of 10^8 rows takes minutes
+            out["reads"] = latencies(src, calls=1)
         with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as conn:
             out["indexes"] = [
                 r[0] for r in conn.execute("SELECT sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
@@ -219,12 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readonly", action="store_true", help="advise without copying (the workload from --log-from)")
     ap.add_argument("--log-from", type=Path, help="a catalog whose query log is the workload (with --readonly)")
     ap.add_argument("--keep", action="store_true", help="keep the logged copy (a --log-from for a larger run)")
+    ap.add_argument("--reads", action="store_true", help="with --readonly: time each read once on the catalog as it is")
     ap.add_argument("--docs", type=Path, default=REPO / "docs" / "benchmarks.md")
     ap.add_argument("--no-docs", action="store_true")
     a = ap.parse_args(argv)
     a.work.mkdir(parents=True, exist_ok=True)
     for src in a.catalogs:
-        result = measure(src, a.work, a.readonly, a.log_from, a.keep)
+        result = measure(src, a.work, a.readonly, a.log_from, a.keep, a.reads)
         result["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(result), flush=True)
         (a.work / f"result-{result['rows']}.json").write_text(json.dumps(result))
