@@ -138,3 +138,17 @@ def test_a_sampled_copy_of_a_catalog_never_analyzed_has_no_statistics(tmp_path: 
         assert scratch.sample > 1
         has = scratch.admin.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone()
         assert not has or not scratch.admin.execute("SELECT 1 FROM sqlite_stat1").fetchone()
+
+
+def test_the_hand_made_per_label_index_of_the_docs_counts_as_serving_it(tmp_path: Path) -> None:
+    db = Path(balanced(tmp_path / "b.db", {f"l{i:02d}": 150 for i in range(40)}))
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "CREATE INDEX idx_per_label ON image_metadata (label_id, path_hash) WHERE status = 'ok' AND excluded = 0"
+        )
+        conn.execute("ANALYZE")
+    _log(db, *(QuerySpec(per_label=4, seed=s, cache=False) for s in range(3)))
+    with Catalog(db, log=False) as catalog:
+        advice = suggest_indexes(catalog, runs=1)
+    assert not [s.sql for s in advice.suggestions if "path_hash" in s.columns]
+    assert "idx_per_label" not in {f.name for f in (*advice.unused, *advice.redundant)}
