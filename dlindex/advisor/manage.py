@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from dlindex.advisor.model import Advice, Changes, Finding, IndexChange, IndexUsage, State, current_state
+from dlindex.advisor.planstats import ANALYSIS_LIMIT
 from dlindex.advisor.replay import explain, index_names
 from dlindex.advisor.shapes import check_select, where_as_select
 from dlindex.advisor.sqltext import quote_identifier
@@ -82,7 +83,11 @@ def apply_advice(catalog: Catalog, advice: Advice, *, create: bool = True, drop:
             changes.append(change)
         analyzed = any(c.action == "create" for c in changes)
         if analyzed:
-            conn.execute("ANALYZE")  # the planner needs statistics to prefer the new indexes
+            # the planner needs statistics to prefer the new indexes; bounded (about ANALYSIS_LIMIT
+            # rows of each index examined) so that it takes moments on a catalog of 10^8 rows too
+            conn.execute(f"PRAGMA analysis_limit = {ANALYSIS_LIMIT}")
+            conn.execute("ANALYZE")
+            conn.execute("PRAGMA analysis_limit = 0")
     return Changes(run if changes else None, tuple(changes), analyzed)
 
 
@@ -102,7 +107,9 @@ def revert_indexes(catalog: Catalog) -> Changes:
                 changes.append(IndexChange("drop", name, table, sql))
             elif action == "drop" and current is None:
                 conn.execute(sql)
+                conn.execute(f"PRAGMA analysis_limit = {ANALYSIS_LIMIT}")
                 conn.execute(f"ANALYZE {quote_identifier(name)}")
+                conn.execute("PRAGMA analysis_limit = 0")
                 changes.append(IndexChange("create", name, table, sql))
         conn.execute(_MARK_REVERTED, (run,))
     return Changes(int(run), tuple(changes), any(c.action == "create" for c in changes))

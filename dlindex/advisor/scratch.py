@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
+from dlindex.advisor.planstats import carry, catalog_stat1, index_definitions
 from dlindex.advisor.replay import WriteCosts
 from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, Value, index_where, quote_identifier
@@ -69,6 +70,10 @@ class Scratch:
         self.path = self.dir / "scratch.db"
         self.sample = 1
         self.rows = 0  # rows (max rowid) of the largest table of the catalog
+        self.sampled: tuple[str, ...] = ()  # the tables holding every sample-th row
+        self.full_stats: dict[tuple[str, str | None], str] = {}  # the catalog's sqlite_stat1
+        self.same_indexes: set[str] = set()  # indexes defined alike on the copy and in the catalog
+        self._defs: dict[str, str] = {}  # the catalog's indexes: name -> CREATE INDEX
         try:
             self._copy(Path(catalog), sample_rows)
             self.admin = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -78,8 +83,10 @@ class Scratch:
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
+        self.same_indexes = {n for n, sql in index_definitions(self.admin).items() if self._defs.get(n) == sql}
         self.stats = CopyStatistics(self.admin)
         self.writes = WriteCosts(self.admin, self.path, self.stats)
+        self.carry_stats()
 
     def close(self) -> None:
         for conn in (getattr(self, "reader", None), getattr(self, "planner", None), getattr(self, "admin", None)):
@@ -98,8 +105,9 @@ class Scratch:
         source.set_authorizer(None)  # our own reads below; the backup itself reads pages
         try:
             largest = 0
-            for (name,) in source.execute(_TABLES).fetchall():
-                largest = max(largest, _max_rowid(source, name))
+            sizes = {name: _max_rowid(source, name) for (name,) in source.execute(_TABLES).fetchall()}
+            largest = max(sizes.values(), default=0)
+            self.full_stats, self._defs = catalog_stat1(source), index_definitions(source)
             target = sqlite3.connect(self.path)
             try:
                 if largest <= sample_rows:
@@ -107,7 +115,8 @@ class Scratch:
                 else:
                     self.sample = -(-largest // sample_rows)
                     self.rows = largest
-                    _sampled_copy(source, target, catalog, self.sample, sample_rows)
+                    self.sampled = tuple(name for name, n in sizes.items() if n > sample_rows)
+                    _sampled_copy(source, target, catalog, self.sample, sample_rows, bool(self.full_stats))
             finally:
                 target.close()
         finally:
@@ -150,6 +159,7 @@ class Scratch:
     def create(self, name: str, sql: str) -> None:
         self.admin.execute(sql)
         self.admin.execute(f"ANALYZE {quote_identifier(name)}")
+        self.carry_stats()
 
     def drop(self, name: str) -> None:
         self.admin.execute(f"DROP INDEX IF EXISTS {quote_identifier(name)}")
@@ -170,10 +180,20 @@ class Scratch:
 
     def analyze(self) -> None:
         self.admin.execute("ANALYZE")
+        self.carry_stats()
+
+    def carry_stats(self) -> None:
+        """On a sampled copy: the catalog's statistics, or the copy's scaled to its size (``planstats``)."""
+        if self.sample > 1:
+            carry(self.admin, self.sample, self.sampled, self.full_stats, self.same_indexes)
+            self.stats.clear()
 
 
-def _sampled_copy(source: sqlite3.Connection, target: sqlite3.Connection, catalog: Path, k: int, rows: int) -> None:
-    """The schema, small tables whole, large ones every k-th rowid; then the indexes and fresh statistics."""
+def _sampled_copy(
+    source: sqlite3.Connection, target: sqlite3.Connection, catalog: Path, k: int, rows: int, analyzed: bool
+) -> None:
+    """The schema, small tables whole, large ones every k-th rowid; then the indexes, and statistics
+    where the catalog has any (``Scratch.carry_stats`` puts the catalog's in their place)."""
     schema = source.execute(_SCHEMA).fetchall()
     for kind, _name, sql in schema:
         if kind == "table":
@@ -197,7 +217,8 @@ def _sampled_copy(source: sqlite3.Connection, target: sqlite3.Connection, catalo
     for kind, _name, sql in schema:
         if kind in ("index", "trigger", "view"):
             target.execute(sql)
-    target.execute("ANALYZE")
+    if analyzed:
+        target.execute("ANALYZE")
     target.commit()
 
 

@@ -196,11 +196,14 @@ def _scope_accesses(scope: Scope, tables: Mapping[str, TableInfo]) -> list[Acces
 
 
 def _value_like(node: exp.Expression, alias: str, resolve: Resolve) -> bool:
-    """A value fixed while one table is searched: literals, parameters, other tables' columns."""
+    """A value fixed while one table is searched: literals, parameters, other tables' columns
+    (also those of an outer query, as in a correlated subquery's ``t.label_id = outer.id``)."""
     if isinstance(node, (exp.Subquery, exp.Select)):
         return True  # a scalar subquery
     for column in node.find_all(exp.Column):
         ref = resolve(column)
+        if ref is None and column.table and column.table != alias:
+            continue  # an outer query's column (a correlated subquery) or a derived table's
         if ref is None or ref[0] == alias:
             return False
     return True

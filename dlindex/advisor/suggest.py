@@ -184,8 +184,13 @@ def _time_before(bench: Bench, fp: str, runs: int) -> None:
 
 
 def _combined_shape(r: Statement, tables: Mapping[str, TableInfo]) -> Shape:
-    """The shape of a fingerprint: a literal that differs between its statements is a value, not a constant."""
-    shapes = [analyze(text, tables) for text in (r.variants or (r.sql,))]
+    """The shape of a fingerprint: a literal that differs between its statements is a value, not a constant.
+
+    A read that dlindex runs in another form where an index serves it (``Statement.seek``)
+    is shaped as that form: that is the statement an index is wanted for.
+    """
+    texts = tuple(dict.fromkeys(s.sql for s in r.seek)) or r.variants or (r.sql,)
+    shapes = [analyze(text, tables) for text in texts]
     first = shapes[0]
     if len(shapes) == 1 or any(len(s.accesses) != len(first.accesses) for s in shapes):
         return first

@@ -8,15 +8,28 @@ remembers those stopped at a limit.
 
 from __future__ import annotations
 
+import sqlite3
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dlindex.advisor.candidates import Candidate
-from dlindex.advisor.replay import STEP, WRITE_ROWS, ReplayLimit, Timing, explain, index_names, time_read
+from dlindex.advisor.replay import (
+    STATEMENT_DEADLINE_S,
+    STEP,
+    WRITE_ROWS,
+    ReplayLimit,
+    Timing,
+    bindable,
+    deadline,
+    explain,
+    index_names,
+    time_read,
+)
 from dlindex.advisor.scratch import Scratch
 from dlindex.advisor.shapes import TableInfo, where_as_select
-from dlindex.advisor.workload import Statement, Workload
+from dlindex.advisor.workload import Sample, Statement, Workload
+from dlindex.query import windows
 
 # The statements an index serves must need at most 1/this of the VM steps: a step saved is
 # worth less time than a step spent, so a 10% cut in steps is often no faster at all.
@@ -144,8 +157,22 @@ class Bench:
         self.bare: dict[str, Timing] = {}  # ... with no secondary index, for reads that use a suggestion
         self.refused: dict[str, str] = {}  # fp -> why its replay was stopped
 
+    def samples(self, r: Statement) -> tuple[Sample, ...]:
+        """What dlindex runs for ``r`` on the copy as its indexes are now: ``r.seek`` where an index
+        serves it as ``dlindex query`` requires, else ``r.samples``."""
+        if not r.seek or not r.seek_served(explain(self.scratch.planner, r.seek[0].sql, r.seek[0].params) or ()):
+            return r.samples
+        # A time window: dlindex counts it through the index first (windows.choose), on the
+        # copy in proportion to the sample; a wide one is walked in id order instead.
+        bound = max(1, windows.PROBE // self.scratch.sample)
+        probe = windows.probe_of(r.seek[0].sql, bound)
+        if probe is not None and _count(self.scratch.planner, probe, r.seek[0].params) >= bound:
+            return tuple(Sample(windows.walked(s.sql), s.params) for s in r.samples)
+        return r.seek
+
     def plan(self, r: Statement) -> tuple[str, ...]:
-        sample = r.samples[0] if r.samples else None
+        samples = self.samples(r)
+        sample = samples[0] if samples else None
         planner = self.scratch.planner
         lines = explain(planner, sample.sql, sample.params) if sample else explain(planner, r.sql)
         return lines or ()
@@ -164,7 +191,7 @@ class Bench:
         if r.fingerprint in self.refused:
             return None
         found: list[Timing] = []
-        for s in r.samples:
+        for s in self.samples(r):
             try:
                 found.append(time_read(self.scratch.reader, s.sql, s.params, runs, self.limit_s, self.memory,
                                        counter=self.scratch.planner))  # fmt: skip
@@ -189,6 +216,14 @@ class Bench:
             return True
         again = self.time_fp(fp, 3 * self.runs)
         return again is not None and slower_ms(before, again)
+
+
+def _count(conn: sqlite3.Connection, sql: str, params: object) -> int:
+    try:
+        with deadline(conn, STATEMENT_DEADLINE_S):
+            return int(conn.execute(sql, bindable(sql, params)).fetchone()[0])
+    except (sqlite3.Error, ValueError, OverflowError):
+        return 0
 
 
 def more_work(before: Timing, after: Timing) -> bool:

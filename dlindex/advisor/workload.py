@@ -21,6 +21,7 @@ from sqlglot import exp
 from dlindex.advisor.shapes import NOT_READ_ONLY, check_select, write_columns
 from dlindex.advisor.sqltext import PARSE_ERRORS, parse
 from dlindex.catalog.fingerprint import fingerprint, table_of
+from dlindex.query import per_label, windows
 from dlindex.querylog.importer import MAX_STATEMENT_CHARS, LineSource, parse_statements, statement_kind
 
 if TYPE_CHECKING:
@@ -64,10 +65,29 @@ class Statement:
     table: str | None = None
     set_columns: tuple[str, ...] | None = None  # UPDATE ... SET columns
     last_logged: str | None = None
+    # What dlindex runs instead once an index serves it (``alternative``); the advice plans and
+    # times this where it is served (``seek_served``).
+    seek: tuple[Sample, ...] = ()
+
+    def seek_served(self, plan: Sequence[str]) -> bool:
+        """Whether ``plan`` (of ``seek[0]``) is served as ``dlindex query`` requires before it runs it."""
+        if not self.seek:
+            return False
+        return (per_label.seek_served if "sample_rows" in self.seek[0].sql else windows.served)(plan)
 
     @property
     def mean_ms(self) -> float | None:
         return self.total_ms / self.timed_calls if self.timed_calls else None
+
+
+def alternative(sample: Sample) -> Sample | None:
+    """The statement ``dlindex query`` runs instead of ``sample`` where an index serves it: per-label
+    sampling's SEEK form of a logged WINDOW statement, a time window closed on both sides."""
+    seek = per_label.seek_of(sample.sql)
+    if seek is not None:
+        return Sample(seek, sample.params)
+    closed = windows.closed_of(sample.sql, sample.params)
+    return None if closed is None else Sample(*closed)
 
 
 @dataclass(frozen=True)
@@ -186,6 +206,7 @@ def _statement(fp: str, group: _Group, samples: Mapping[str, list[Any]]) -> Stat
         total_ms=group.total_ms, rows=group.rows, sources=tuple(sorted(group.sources)),
         samples=tuple(chosen[:MAX_SAMPLES]), variants=tuple(t for t, _ in texts[:MAX_VARIANTS]),
         table=table, set_columns=set_columns, last_logged=group.last,
+        seek=tuple(alt for s in chosen[:MAX_SAMPLES] if (alt := alternative(s)) is not None),
     )  # fmt: skip
 
 

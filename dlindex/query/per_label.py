@@ -21,6 +21,8 @@ Two statements compute that same sample:
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -74,15 +76,46 @@ def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
     window = WINDOW.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
     if catalog.backend.is_server:
         return window
-    seek = SEEK.replace("{where}", "".join(" AND " + w.replace("image_metadata.", "sample_rows.") for w in where))
+    seek = _seek(" AND ".join(where))
     return seek if _served(catalog, seek.replace("{columns}", "image_metadata.id"), params) else window
+
+
+def _seek(where: str) -> str:
+    return SEEK.replace("{where}", " AND " + where.replace("image_metadata.", "sample_rows.") if where else "")
+
+
+# A WINDOW statement as it is run and logged: its columns, filters, order and limit.
+_WINDOW_TEXT = re.compile(
+    "".join(
+        {"{columns}": "(?P<columns>.+?)", "{where}": "(?: WHERE (?P<where>.+?))?", "{order}": "(?P<tail>.*)"}.get(
+            part, "" if part == "{limit}" else re.escape(part)
+        )
+        for part in re.split(r"(\{\w+\})", WINDOW)
+    ),
+    re.S,
+)
+
+
+def seek_of(sql: str) -> str | None:
+    """The SEEK statement giving the same rows as the logged WINDOW statement ``sql`` (same
+    parameters): what ``dlindex query`` runs instead once an index serves it; None if ``sql``
+    is no per-label WINDOW statement."""
+    m = _WINDOW_TEXT.fullmatch(sql)
+    if m is None:
+        return None
+    return _seek(m["where"] or "").replace("{columns}", m["columns"]).replace("{order}{limit}", m["tail"])
+
+
+def seek_served(plan: Sequence[str]) -> bool:
+    """Whether an EXPLAIN QUERY PLAN of a SEEK statement reads every arm as an index range
+    over (label_id, path_hash)."""
+    reads = [line for line in plan if " sample_rows" in line]
+    return bool(reads) and all(
+        line.startswith("SEARCH sample_rows USING") and "INDEX" in line and "path_hash" in line for line in reads
+    )
 
 
 def _served(catalog: Catalog, sql: str, params: dict[str, Any]) -> bool:
     """Whether SQLite reads every arm of ``sql`` as an index range over (label_id, path_hash)."""
     statement = sql.replace("{order}", "").replace("{limit}", "")
-    plan = [str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + statement, params)]
-    reads = [line for line in plan if " sample_rows" in line]
-    return bool(reads) and all(
-        line.startswith("SEARCH sample_rows USING") and "INDEX" in line and "path_hash" in line for line in reads
-    )
+    return seek_served([str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + statement, params)])

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import CLASS_LISTS, canonical_splits, check_split_folders
 from dlindex.errors import InputError
-from dlindex.query import cache, per_label
+from dlindex.query import cache, per_label, windows
 from dlindex.query.lookups import class_numbers, classes_of, label_ids, label_names, roots_by_id
 from dlindex.query.spec import (
     DERIVED,
@@ -151,7 +151,6 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         for stored in DERIVED.get(column, (column,)):
             if stored not in base:
                 base.append(stored)
-    where_sql = " WHERE " + " AND ".join(where) if where else ""
     classes = class_list = index = None
     if "label_id" in columns:
         classes, class_list = classes_of(catalog, spec)
@@ -161,7 +160,8 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         params["pivot"] = per_label.pivot(spec.seed)
         template = per_label.template(catalog, where, params)
     else:
-        template = _SELECT.replace("{where}", where_sql)
+        where = windows.choose(catalog, where, params)
+        template = _SELECT.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
     order = _ORDER_RANDOM if random_order else _ORDER_ID
     template = template.replace("{order}", order).replace("{limit}", limit)
     return PreparedQuery(
