@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # which plan.label_index maps to the label_id an export writes).
 ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_row", "width", "height", "format", "bytes", "xxh3_128")
 ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
+TREE_SPLIT = len(ROW)  # rows of one statement over several tree splits carry their split after ROW
 # Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
 # root and label maps; the rows themselves are read raw.
 _COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
@@ -43,6 +44,9 @@ _RESERVED_SPLITS = {"all"}
 _LOWER = "SELECT * FROM ({query}) AS selected WHERE id <= :split_id"
 _UPPER = "SELECT * FROM ({query}) AS selected WHERE id > :split_id"
 _ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
+# The tree splits of a --limit selection: the ids are the selection's own statement, with its
+# order and limit, so a limit of 20 reads about 20 rows (in id order) instead of them all.
+_LIMITED_SPLIT_COUNTS = "SELECT split, count(*) FROM image_metadata WHERE id IN ({selection}) GROUP BY split"
 HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
 _UNIT = 2.0**64
@@ -151,17 +155,32 @@ def tree_split_choice(text: str | Mapping[str, float] | None) -> tuple[str, ...]
         ) from None
 
 
-def select_rows(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> tuple[Iterator[tuple[Any, ...]], Any]:
-    """The rows of ``spec`` as ROW tuples, lazily: by id, or in the query's seeded random order."""
-    spec = replace(spec, columns=_COLUMNS, order="random" if shuffle else "id", cache=False)
-    if shuffle:
-        spec = replace(spec, seed=seed)
+def select_rows(
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, with_split: bool = False
+) -> tuple[Iterator[tuple[Any, ...]], Any]:
+    """The rows of ``spec`` as ROW tuples, lazily: by id, or in the query's seeded random order.
+    ``with_split``: each tuple carries its tree split (or None) after ROW, at ``TREE_SPLIT``."""
+    spec = _export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS)
     prepared = prepare(catalog, spec)
     base = prepared.base
     rows = catalog.read(prepared.sql, prepared.params)
-    if tuple(base) == ROW:
+    wanted = (*ROW, "split") if with_split else ROW
+    if tuple(base) == wanted:
         return rows, prepared
-    return map(itemgetter(*(base.index(c) for c in ROW)), rows), prepared
+    return map(itemgetter(*(base.index(c) for c in wanted)), rows), prepared
+
+
+def _export_spec(spec: QuerySpec, shuffle: bool, seed: int, columns: tuple[str, ...]) -> QuerySpec:
+    spec = replace(spec, columns=columns, order="random" if shuffle else "id", cache=False)
+    return replace(spec, seed=seed) if shuffle else spec
+
+
+def limited_split_counts(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> dict[str | None, int]:
+    """Samples per tree split (None: in no split folder) among those ``spec`` selects with its
+    ``--limit`` and ``--per-label`` applied, in the export's order."""
+    prepared = prepare(catalog, _export_spec(spec, shuffle, seed, ("id",)))
+    sql = _LIMITED_SPLIT_COUNTS.replace("{selection}", prepared.selection_sql)
+    return {split: int(n) for split, n in catalog.read(sql, prepared.params)}
 
 
 @dataclass(frozen=True)
@@ -250,6 +269,7 @@ def make_plan(
     split: Mapping[str, float] | None,
     points: Mapping[int, int] | None = None,
     tree_splits: Mapping[str, Iterable[tuple[Any, ...]]] | None = None,
+    tree_names: Sequence[str] | None = None,
     world_size: int,
     drop_last: bool,
     absolute_paths: bool,
@@ -267,6 +287,8 @@ def make_plan(
         points: the group points of grouped samples (``export --group``; see split_of).
         tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``
             is then unused.
+        tree_names: the tree's split folders when ``rows`` is one statement over all of them
+            (``--limit``: a limit on the whole export), each row carrying its split at TREE_SPLIT.
         spill_dir: where rows beyond ``memory_budget`` bytes (default DEFAULT_BUDGET) wait on
             disk (the export's temporary folder); None: every row stays in memory.
     """
@@ -277,7 +299,7 @@ def make_plan(
     prefixes = {k: v[1] for k, v in roots.items()}
     file_root = b"/" if absolute_paths else _common_root(list(prefixes.values()))
     tally = Tally()
-    if not split and world_size == 1 and stream:
+    if not split and world_size == 1 and stream and tree_names is None:
         # One group per split, each streaming its own query's rows (the tree's split folders)
         # or the one query's, to the writer in turn.
         streams = tree_splits if tree_splits is not None else {DEFAULT_SPLIT: rows}
@@ -289,6 +311,9 @@ def make_plan(
     if tree_splits is not None:
         split_names = list(tree_splits)
         parts = list(tree_splits.items())
+    elif tree_names is not None:
+        split_names = list(tree_names)
+        parts = [(itemgetter(TREE_SPLIT), rows)]
     elif split:
         split_names = list(split)
         parts = [(split_of(split, points), rows)]
@@ -301,7 +326,7 @@ def make_plan(
         budget = DEFAULT_BUDGET if memory_budget is None else memory_budget
         limit = budget_rows(budget, len(split_names) * world_size, held)
     spill = Spill(spill_dir or Path("."), len(split_names) * world_size, limit, held, budget)
-    counts, heads = route(parts, split_names, world_size, spill)
+    counts, heads = route(parts, split_names, world_size, spill, TREE_SPLIT if tree_names is not None else None)
     groups: list[Group] = []
     dropped = padded = 0
     for k, name in enumerate(split_names):

@@ -23,6 +23,7 @@ from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
     ExportError,
+    limited_split_counts,
     make_plan,
     parse_split,
     select_halves,
@@ -105,17 +106,24 @@ def export_catalog(
         # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
         # leaves such files out too.
         query = replace(options.query, has_class=True, split=tree or options.query.split)
-        tree_names = _tree_splits(catalog, query, tree) if split is None else None
+        tree_names = _tree_splits(catalog, query, tree, options.shuffle, options.seed) if split is None else None
         tree_rows: dict[str, Iterable[tuple[Any, ...]]] | None = None
         upper = None
-        if tree_names is not None:
+        rows: Any = ()
+        # --limit N caps the whole export, as `dlindex query --limit N` caps its rows: one statement
+        # over the split folders (not N per split), each row going to its own folder's split.
+        routed = tree_names is not None and query.limit is not None
+        if routed:
+            rows, prepared = select_rows(catalog, query, options.shuffle, options.seed, with_split=True)
+            if record.packed:
+                rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
+        elif tree_names is not None:
             tree_rows = {}
             for name in tree_names:
                 part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
                 if record.packed:  # these read every source: only regular files of their catalogued size
                     part = packable(part, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
                 tree_rows[name] = part  # read in turn by make_plan, one statement at a time
-            rows: Any = ()
         else:
             # Only a plain single jsonl file is written in two halves (the writer appends the
             # second process's part); every other export needs all the rows here.
@@ -131,6 +139,7 @@ def export_catalog(
             rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
             class_list=prepared.class_list or "catalog", split=split,
             points=None if points is None else points.points, tree_splits=tree_rows,
+            tree_names=tree_names if routed else None,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
             stream=record.one_pass and shard is None,  # a part digests every group's rows
             spill_dir=output.tmp, memory_budget=memory_budget(options.memory_budget),
@@ -231,13 +240,18 @@ def _write_part(
     )  # fmt: skip
 
 
-def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None) -> list[str] | None:
+def _tree_splits(
+    catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None, shuffle: bool, seed: int
+) -> list[str] | None:
     """The tree's split folders to export as splits, or None for one split (no split folders)."""
     if tree is None and not has_presplit_root(catalog):
         return None  # no need to count the selection's splits: there are none
     if tree is not None:
         check_split_folders(catalog, tree or ("tree",))  # --split tree or NAME on a tree without them
-    counts = split_counts(catalog, query)
+    if query.limit is not None:  # only the samples the limit keeps: a limit of 20 reads ~20 rows
+        counts = limited_split_counts(catalog, query, shuffle, seed)
+    else:
+        counts = split_counts(catalog, query)
     named = [s for s in SPLITS if counts.get(s)]
     outside = counts.get(None, 0)
     if tree is None and not named:
