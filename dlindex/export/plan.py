@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 # which plan.label_index maps to the label_id an export writes).
 ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_row", "width", "height", "format", "bytes", "xxh3_128")
 ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
-TREE_SPLIT = len(ROW)  # rows of one statement over several tree splits carry their split after ROW
+# A row's one value after ROW, cut before it is written: its tree split (one statement over
+# several split folders) or its --group-by attribute value (the point of its group).
+EXTRA = len(ROW)
 # Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
 # root and label maps; the rows themselves are read raw.
 _COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
@@ -44,12 +46,12 @@ _RESERVED_SPLITS = {"all"}
 _LOWER = "SELECT * FROM ({query}) AS selected WHERE id <= :split_id"
 _UPPER = "SELECT * FROM ({query}) AS selected WHERE id > :split_id"
 _ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
-# The tree splits of a --limit selection: the ids are the selection's own statement, with its
-# order and limit, so a limit of 20 reads about 20 rows (in id order) instead of them all.
-_LIMITED_SPLIT_COUNTS = "SELECT split, count(*) FROM image_metadata WHERE id IN ({selection}) GROUP BY split"
+# A row's --group-by value, looked up by primary key as the row is read: no map of every sample.
+_WITH_VALUE = """SELECT selected.*, (SELECT value FROM sample_attributes AS a
+    WHERE a.image_id = selected.id AND a.name = :group_column) FROM ({query}) AS selected"""
 HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_UNIT = 2.0**64
+UNIT = _UNIT = 2.0**64  # split_of's points are in [0, UNIT)
 _UNLIMITED = 1 << 62
 
 
@@ -156,31 +158,38 @@ def tree_split_choice(text: str | Mapping[str, float] | None) -> tuple[str, ...]
 
 
 def select_rows(
-    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, with_split: bool = False
+    catalog: Catalog,
+    spec: QuerySpec,
+    shuffle: bool,
+    seed: int,
+    with_split: bool = False,
+    group_column: str = "",
+    wrap: tuple[str, Mapping[str, Any]] | None = None,
 ) -> tuple[Iterator[tuple[Any, ...]], Any]:
     """The rows of ``spec`` as ROW tuples, lazily: by id, or in the query's seeded random order.
-    ``with_split``: each tuple carries its tree split (or None) after ROW, at ``TREE_SPLIT``."""
-    spec = _export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS)
+    ``with_split`` or ``group_column``: each tuple carries, at ``EXTRA``, its tree split or its
+    value of that attribute (None: not in a split folder, no value). ``wrap``: a statement
+    around the query's (at ``{query}``, keeping its columns and order), and its parameters."""
+    spec = export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS)
     prepared = prepare(catalog, spec)
     base = prepared.base
-    rows = catalog.read(prepared.sql, prepared.params)
-    wanted = (*ROW, "split") if with_split else ROW
+    if group_column:
+        sql, params = _WITH_VALUE.replace("{query}", prepared.sql), {**prepared.params, "group_column": group_column}
+        base = (*base, "value")
+    else:
+        sql, params = prepared.sql, prepared.params
+    if wrap is not None:
+        sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
+    rows = catalog.read(sql, params)
+    wanted = (*ROW, "split") if with_split else (*ROW, "value") if group_column else ROW
     if tuple(base) == wanted:
         return rows, prepared
     return map(itemgetter(*(base.index(c) for c in wanted)), rows), prepared
 
 
-def _export_spec(spec: QuerySpec, shuffle: bool, seed: int, columns: tuple[str, ...]) -> QuerySpec:
+def export_spec(spec: QuerySpec, shuffle: bool, seed: int, columns: tuple[str, ...]) -> QuerySpec:
     spec = replace(spec, columns=columns, order="random" if shuffle else "id", cache=False)
     return replace(spec, seed=seed) if shuffle else spec
-
-
-def limited_split_counts(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> dict[str | None, int]:
-    """Samples per tree split (None: in no split folder) among those ``spec`` selects with its
-    ``--limit`` and ``--per-label`` applied, in the export's order."""
-    prepared = prepare(catalog, _export_spec(spec, shuffle, seed, ("id",)))
-    sql = _LIMITED_SPLIT_COUNTS.replace("{selection}", prepared.selection_sql)
-    return {split: int(n) for split, n in catalog.read(sql, prepared.params)}
 
 
 @dataclass(frozen=True)
@@ -210,14 +219,17 @@ def select_halves(
     return lower, prepared, upper
 
 
-def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | None = None) -> Any:
+def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | Callable[..., int] | None = None) -> Any:
     """A function from a row to its split name, by content hash: stable as the catalog grows.
 
     Args:
         points: sample id -> the point of its group (dlindex.export.groups), for grouped
-            samples; the others go by their own content hash.
+            samples; the others go by their own content hash. Or a function from a row to
+            its point (``--group-by``: of the value the row carries).
     """
-    _point: Callable[[tuple[Any, ...]], int] = partial(_grouped_point, points) if points else content_point
+    _point: Callable[[tuple[Any, ...]], int] = (
+        points if callable(points) else partial(_grouped_point, points) if points else content_point
+    )
 
     names = list(fractions)
     bounds: list[float] = []
@@ -267,7 +279,7 @@ def make_plan(
     *,
     class_list: str = "catalog",
     split: Mapping[str, float] | None,
-    points: Mapping[int, int] | None = None,
+    points: Mapping[int, int] | Callable[..., int] | None = None,
     tree_splits: Mapping[str, Iterable[tuple[Any, ...]]] | None = None,
     tree_names: Sequence[str] | None = None,
     world_size: int,
@@ -284,11 +296,12 @@ def make_plan(
         classes, class_index: the selection's class list (dlindex.catalog.classes), whether or not a
             sample of each survives the other filters, so label_id does not shift with
             --min-width or --limit; and internal label row id -> label_id.
-        points: the group points of grouped samples (``export --group``; see split_of).
+        points: the group points of grouped samples (``export --group``; see split_of); a
+            function: rows carry a value at EXTRA for it, cut once their split is known.
         tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``
             is then unused.
         tree_names: the tree's split folders when ``rows`` is one statement over all of them
-            (``--limit``: a limit on the whole export), each row carrying its split at TREE_SPLIT.
+            (``--limit``: a limit on the whole export), each row carrying its split at EXTRA.
         spill_dir: where rows beyond ``memory_budget`` bytes (default DEFAULT_BUDGET) wait on
             disk (the export's temporary folder); None: every row stays in memory.
     """
@@ -313,7 +326,7 @@ def make_plan(
         parts = list(tree_splits.items())
     elif tree_names is not None:
         split_names = list(tree_names)
-        parts = [(itemgetter(TREE_SPLIT), rows)]
+        parts = [(itemgetter(EXTRA), rows)]
     elif split:
         split_names = list(split)
         parts = [(split_of(split, points), rows)]
@@ -326,7 +339,8 @@ def make_plan(
         budget = DEFAULT_BUDGET if memory_budget is None else memory_budget
         limit = budget_rows(budget, len(split_names) * world_size, held)
     spill = Spill(spill_dir or Path("."), len(split_names) * world_size, limit, held, budget)
-    counts, heads = route(parts, split_names, world_size, spill, TREE_SPLIT if tree_names is not None else None)
+    cut = EXTRA if tree_names is not None or callable(points) else None
+    counts, heads = route(parts, split_names, world_size, spill, cut)
     groups: list[Group] = []
     dropped = padded = 0
     for k, name in enumerate(split_names):

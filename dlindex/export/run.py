@@ -18,12 +18,13 @@ from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
+from dlindex.export.hashsplit import split_streams
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
     ExportError,
-    limited_split_counts,
+    export_spec,
     make_plan,
     parse_split,
     select_halves,
@@ -36,7 +37,7 @@ from dlindex.export.vectors import feature_source
 from dlindex.exported.formats import FORMATS as _REGISTRY
 from dlindex.exported.formats import NAMES, Format, load
 from dlindex.exported.index import PART_INDEX
-from dlindex.query.rows import split_counts
+from dlindex.query.rows import prepare, split_counts
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
 
 FORMATS = NAMES  # dlindex.export.FORMATS: the registry's (dlindex.exported.formats)
 _ROOTS = "SELECT path FROM roots"
+# The tree splits of a --limit selection: the ids are the selection's own statement, with its
+# order and limit, so a limit of 20 reads about 20 rows (in id order) instead of them all.
+_LIMITED_SPLIT_COUNTS = "SELECT split, count(*) FROM image_metadata WHERE id IN ({selection}) GROUP BY split"
 
 
 def export_catalog(
@@ -113,7 +117,18 @@ def export_catalog(
         # --limit N caps the whole export, as `dlindex query --limit N` caps its rows: one statement
         # over the split folders (not N per split), each row going to its own folder's split.
         routed = tree_names is not None and query.limit is not None
-        if routed:
+        # Split fractions for one rank: a statement per split, narrowed by hash in the database
+        # (dlindex.export.hashsplit), streamed to the writer like the tree's split folders.
+        by_hash = (bool(split) and grouping is None and options.world_size == 1 and record.one_pass
+                   and shard is None and catalog.backend.name == "sqlite")  # fmt: skip
+        if by_hash:
+            assert split is not None
+            streams, prepared = split_streams(catalog, query, options.shuffle, options.seed, split)
+            if record.packed:
+                roots = {k: v[1] for k, v in (prepared.roots or {}).items()}
+                streams = {name: packable(part, roots, skipped, warn) for name, part in streams.items()}
+            tree_rows = dict(streams)
+        elif routed:
             rows, prepared = select_rows(catalog, query, options.shuffle, options.seed, with_split=True)
             if record.packed:
                 rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
@@ -131,13 +146,14 @@ def export_catalog(
                       and not split and options.world_size == 1 and shard is None)  # fmt: skip
             if halves:
                 rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
-            else:
-                rows, prepared = select_rows(catalog, query, options.shuffle, options.seed)
+            else:  # --group-by: each row carries its value, the point of its group
+                by = grouping.column or "" if grouping is not None else ""
+                rows, prepared = select_rows(catalog, query, options.shuffle, options.seed, group_column=by)
             if record.packed:  # these read every source: only regular files of their catalogued size
                 rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
         plan = make_plan(
             rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
-            class_list=prepared.class_list or "catalog", split=split,
+            class_list=prepared.class_list or "catalog", split=None if by_hash else split,
             points=None if points is None else points.points, tree_splits=tree_rows,
             tree_names=tree_names if routed else None,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
@@ -266,6 +282,14 @@ def _tree_splits(
             f"{hint} --split NAME=FRACTION to split every sample by content hash"
         )
     return named
+
+
+def limited_split_counts(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> dict[str | None, int]:
+    """Samples per tree split (None: in no split folder) among those ``spec`` selects with its
+    ``--limit`` and ``--per-label`` applied, in the export's order."""
+    prepared = prepare(catalog, export_spec(spec, shuffle, seed, ("id",)))
+    sql = _LIMITED_SPLIT_COUNTS.replace("{selection}", prepared.selection_sql)
+    return {split: int(n) for split, n in catalog.read(sql, prepared.params)}
 
 
 def protected_files(catalog: Catalog) -> list[str]:
