@@ -88,3 +88,52 @@ def test_a_limit_above_the_selection_changes_no_byte(
 def test_a_limit_with_fractions_is_still_one_cap(tree_catalog: Path, tmp_path: Path) -> None:
     summary = export(tree_catalog, tmp_path / "out", query=QuerySpec(limit=100), split="train=0.8,val=0.2")
     assert summary.samples == 100 and sum(summary.splits.values()) == 100
+
+
+ODD = ["ABCDEF0123456789ABCDEF0123456789", "e6", "", "zz" * 16, "ffffffffffffffff", "e666666666666666"]
+
+
+def test_each_split_statement_holds_exactly_its_rows(tree_catalog: Path, tmp_path: Path) -> None:
+    """Odd hashes (upper case, short, empty, not hex, on a bound) and NULL ones: each split's
+    statement gives exactly the rows, in order, that dealing the whole selection would."""
+    import shutil
+
+    from dlindex.export.hashsplit import split_streams
+    from dlindex.export.plan import select_rows, split_of
+
+    db = tmp_path / "odd.db"
+    shutil.copy(tree_catalog, db)
+    with Catalog(db) as c:
+        for k, digest in enumerate([*ODD, None]):
+            c.conn.execute("UPDATE image_metadata SET xxh3_128 = ? WHERE id = ?", (digest, 10 + 7 * k))
+        c.conn.commit()
+        fractions = {"a": 0.5, "b": 0.4, "c": 0.1}
+        for shuffle in (False, True):
+            spec = QuerySpec(has_class=True)
+            every, _ = select_rows(c, spec, shuffle, 3)
+            assign = split_of(fractions)
+            dealt: dict[str, list[tuple[object, ...]]] = {name: [] for name in fractions}
+            for row in every:
+                dealt[assign(row)].append(row)
+            streams, _, _ = split_streams(c, spec, shuffle, 3, fractions)
+            assert {name: list(rows) for name, rows in streams.items()} == dealt
+
+
+@pytest.mark.parametrize("split", [None, "train=0.9,val=0.1"])
+def test_two_processes_write_the_same_bytes(
+    tree_catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: str | None
+) -> None:
+    """jsonl of the tree's splits or of fractions: each split's upper half by a second process."""
+    from dlindex.export import halves, plan
+
+    one = export(tree_catalog, tmp_path / "one", split=split)
+    started = []
+    start = halves.start
+    monkeypatch.setattr(plan, "HALVES_MIN_IDS", 1)  # as if the id range were large
+    monkeypatch.setattr(halves, "start", lambda *a: started.append(a[1].split) or start(*a))
+    two = export(tree_catalog, tmp_path / "two", split=split)
+    assert len(started) == 2  # both splits
+    assert one.splits == two.splits
+    for f in sorted((tmp_path / "one").iterdir()):
+        if f.name != "index.json":
+            assert f.read_bytes() == (tmp_path / "two" / f.name).read_bytes(), f.name

@@ -32,9 +32,7 @@ if TYPE_CHECKING:
 # which plan.label_index maps to the label_id an export writes).
 ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_row", "width", "height", "format", "bytes", "xxh3_128")
 ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
-# A row's one value after ROW, cut before it is written: its tree split (one statement over
-# several split folders) or its --group-by attribute value (the point of its group).
-EXTRA = len(ROW)
+EXTRA = len(ROW)  # a row's one value after ROW, cut before it is written: tree split or --group-by value
 # Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
 # root and label maps; the rows themselves are read raw.
 _COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
@@ -199,6 +197,7 @@ class UpperHalf:
     db: str
     sql: str
     params: Mapping[str, Any]
+    keep: tuple[tuple[tuple[str, float], ...], str] | None = None  # (fractions, split): keep its rows only
 
 
 def select_halves(

@@ -18,12 +18,14 @@ from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
-from dlindex.export.hashsplit import split_streams
+from dlindex.export.hashsplit import halved, split_streams
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
+    DEFAULT_SPLIT,
     ExportError,
+    UpperHalf,
     export_spec,
     make_plan,
     parse_split,
@@ -112,7 +114,6 @@ def export_catalog(
         query = replace(options.query, has_class=True, split=tree or options.query.split)
         tree_names = _tree_splits(catalog, query, tree, options.shuffle, options.seed) if split is None else None
         tree_rows: dict[str, Iterable[tuple[Any, ...]]] | None = None
-        upper = None
         rows: Any = ()
         # --limit N caps the whole export, as `dlindex query --limit N` caps its rows: one statement
         # over the split folders (not N per split), each row going to its own folder's split.
@@ -121,9 +122,14 @@ def export_catalog(
         # (dlindex.export.hashsplit), streamed to the writer like the tree's split folders.
         by_hash = (bool(split) and grouping is None and options.world_size == 1 and record.one_pass
                    and shard is None and catalog.backend.name == "sqlite")  # fmt: skip
+        # Only jsonl without shard limits is written in two halves (the writer appends the second
+        # process's part), one large split at a time; every other export reads its rows here.
+        halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
+                  and options.world_size == 1 and shard is None)  # fmt: skip
+        uppers: dict[str, UpperHalf] = {}
         if by_hash:
             assert split is not None
-            streams, prepared = split_streams(catalog, query, options.shuffle, options.seed, split)
+            streams, prepared, uppers = split_streams(catalog, query, options.shuffle, options.seed, split, halves)
             if record.packed:
                 roots = {k: v[1] for k, v in (prepared.roots or {}).items()}
                 streams = {name: packable(part, roots, skipped, warn) for name, part in streams.items()}
@@ -135,17 +141,18 @@ def export_catalog(
         elif tree_names is not None:
             tree_rows = {}
             for name in tree_names:
-                part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
+                one = replace(query, split=(name,))
+                part, prepared, half = halved(catalog, one, options.shuffle, options.seed, halves=halves)
+                if half is not None:
+                    uppers[name] = half
                 if record.packed:  # these read every source: only regular files of their catalogued size
                     part = packable(part, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
                 tree_rows[name] = part  # read in turn by make_plan, one statement at a time
         else:
-            # Only a plain single jsonl file is written in two halves (the writer appends the
-            # second process's part); every other export needs all the rows here.
-            halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
-                      and not split and options.world_size == 1 and shard is None)  # fmt: skip
-            if halves:
+            if halves and not split:
                 rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
+                if upper is not None:
+                    uppers[DEFAULT_SPLIT] = upper
             else:  # --group-by: each row carries its value, the point of its group
                 by = grouping.column or "" if grouping is not None else ""
                 rows, prepared = select_rows(catalog, query, options.shuffle, options.seed, group_column=by)
@@ -164,7 +171,7 @@ def export_catalog(
         split_option: Any = "tree" if tree_names is not None else split
         ctx = Context.make(
             plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
-            progress=progress, read_threads=options.read_threads, upper=upper if record.halves else None,
+            progress=progress, read_threads=options.read_threads, upper=uppers if record.halves else None,
         )  # fmt: skip
         shards: list[ShardInfo] = []
         if shard is not None:
