@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -127,10 +128,15 @@ def test_two_processes_write_the_same_bytes(
     from dlindex.export import halves, plan
 
     one = export(tree_catalog, tmp_path / "one", split=split)
-    started = []
+    started: list[str] = []
     start = halves.start
     monkeypatch.setattr(plan, "HALVES_MIN_IDS", 1)  # as if the id range were large
-    monkeypatch.setattr(halves, "start", lambda *a: started.append(a[1].split) or start(*a))
+
+    def counted(*args: Any) -> Any:
+        started.append(args[1].split)
+        return start(*args)
+
+    monkeypatch.setattr(halves, "start", counted)
     two = export(tree_catalog, tmp_path / "two", split=split)
     assert len(started) == 2  # both splits
     assert one.splits == two.splits
