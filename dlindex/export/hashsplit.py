@@ -70,7 +70,7 @@ def split_streams(
     keep = tuple(fractions.items())
     for name, (low, high) in hash_ranges(fractions).items():
         wrap = (_IN_RANGE, {"hex16": _HEX16, "low": low, "high": high})
-        rows, prepared, upper = halved(catalog, spec, shuffle, seed, wrap, (keep, name), halves)
+        rows, prepared, upper = halved(catalog, spec, shuffle, seed, wrap, (keep, name), halves, fractions[name])
         streams[name] = _only(rows, assign, name)
         if upper is not None:
             uppers[name] = upper
@@ -79,15 +79,16 @@ def split_streams(
 
 def halved(
     catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, wrap: tuple[str, Mapping[str, Any]] | None = None,
-    keep: Any = None, halves: bool = True,
+    keep: Any = None, halves: bool = True, share: float = 1.0,
 ) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None]:  # fmt: skip
     """select_rows's rows (with ``wrap``), cut at the middle id as select_halves cuts a plain
     selection: the lower half here, the upper's statement for a second process (None when
-    not cut: shuffled, --per-label, --limit, or few ids)."""
+    not cut: shuffled, --per-label, --limit, or fewer ids than HALVES_MIN_IDS in its ``share``
+    of the id range: a second process costs more than it saves on a small split)."""
     cut = halves and not shuffle and spec.per_label is None and spec.limit is None
     if cut:
         low, high = catalog.conn.execute(_ID_RANGE).fetchone()
-        cut = low is not None and high - low >= plan.HALVES_MIN_IDS
+        cut = low is not None and share * (high - low) >= plan.HALVES_MIN_IDS
     if not cut:
         rows, prepared = select_rows(catalog, spec, shuffle, seed, wrap=wrap)
         return rows, prepared, None

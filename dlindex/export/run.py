@@ -112,7 +112,10 @@ def export_catalog(
         # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
         # leaves such files out too.
         query = replace(options.query, has_class=True, split=tree or options.query.split)
-        tree_names = _tree_splits(catalog, query, tree, options.shuffle, options.seed) if split is None else None
+        shares: dict[str, float] = {}  # each tree split's share of the selection
+        tree_names = (
+            _tree_splits(catalog, query, tree, options.shuffle, options.seed, shares) if split is None else None
+        )
         tree_rows: dict[str, Iterable[tuple[Any, ...]]] | None = None
         rows: Any = ()
         # --limit N caps the whole export, as `dlindex query --limit N` caps its rows: one statement
@@ -142,7 +145,9 @@ def export_catalog(
             tree_rows = {}
             for name in tree_names:
                 one = replace(query, split=(name,))
-                part, prepared, half = halved(catalog, one, options.shuffle, options.seed, halves=halves)
+                part, prepared, half = halved(
+                    catalog, one, options.shuffle, options.seed, halves=halves, share=shares[name]
+                )
                 if half is not None:
                     uppers[name] = half
                 if record.packed:  # these read every source: only regular files of their catalogued size
@@ -264,9 +269,15 @@ def _write_part(
 
 
 def _tree_splits(
-    catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None, shuffle: bool, seed: int
+    catalog: Catalog,
+    query: QuerySpec,
+    tree: tuple[str, ...] | None,
+    shuffle: bool,
+    seed: int,
+    shares: dict[str, float],
 ) -> list[str] | None:
-    """The tree's split folders to export as splits, or None for one split (no split folders)."""
+    """The tree's split folders to export as splits, or None for one split (no split folders);
+    ``shares`` gets each one's share of the selected samples."""
     if tree is None and not has_presplit_root(catalog):
         return None  # no need to count the selection's splits: there are none
     if tree is not None:
@@ -288,6 +299,8 @@ def _tree_splits(
             f"{outside} selected sample(s) are not in a split folder ({', '.join(named)}); "
             f"{hint} --split NAME=FRACTION to split every sample by content hash"
         )
+    total = sum(counts[s] for s in named)
+    shares.update((s, counts[s] / total) for s in named)
     return named
 
 
