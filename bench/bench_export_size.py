@@ -12,6 +12,7 @@ columns (id, path, label, label_id, width, height, format, bytes, xxh3_128) of t
     python bench/bench_export_size.py                          # 10^6 rows, writes docs
     python bench/bench_export_size.py --rows 1000000,10000000  # both sizes (nice -n 19 on a shared box)
     python bench/bench_export_size.py --pythonpath /old/checkout --no-docs   # another dlindex
+    python bench/bench_export_size.py --before /old/checkout --scratch /tmp/me   # both, case by case
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from common import REPO, compile_sources, write_section
 from make_catalog import ensure_catalog
 
 START, END = "<!-- bench_export_size:start -->", "<!-- bench_export_size:end -->"
+BEFORE = " [before]"
 CASES: dict[str, list[str]] = {
     "jsonl": ["--format", "jsonl"],
     "jsonl --split": ["--format", "jsonl", "--split", "train=0.9,val=0.1"],
@@ -41,6 +43,7 @@ CASES: dict[str, list[str]] = {
     ],
     "csv --shuffle": ["--format", "csv", "--shuffle"],
     "parquet": ["--format", "parquet"],
+    "jsonl --limit 20": ["--format", "jsonl", "--limit", "20"],
 }  # fmt: skip
 # The baseline: the rows export selects (status ok, a class, not excluded), as jsonl lines.
 BARE = r"""
@@ -112,11 +115,13 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float]:
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "peak_rss_mb": round(peak / 1024)}
 
 
-def bench_size(rows: int, work: Path, env: dict[str, str], cases: list[str]) -> dict[str, Any]:
+def bench_size(
+    rows: int, work: Path, env: dict[str, str], cases: list[str], scratch: Path, before: dict[str, str] | None = None
+) -> dict[str, Any]:
     source = ensure_catalog(rows, work=work)
-    db = work / f"export-size-{rows}.db"
+    db = scratch / f"export-size-{rows}.db"
     subprocess.run(["cp", "--reflink=auto", str(source), str(db)], check=True)
-    out = work / f"export-size-{rows}.out"
+    out = scratch / f"export-size-{rows}.out"
     results: dict[str, Any] = {"rows": rows}
     try:
         base = run([sys.executable, "-c", BARE, str(db), str(out) + ".jsonl"], env, work)
@@ -126,13 +131,17 @@ def bench_size(rows: int, work: Path, env: dict[str, str], cases: list[str]) -> 
         results["selected"] = selected
         results["bare sqlite3 loop"] = {**base, "rows_per_s": round(selected / base["wall_s"])}
         for name in cases:
-            shutil.rmtree(out, ignore_errors=True)
-            cmd = [sys.executable, "-m", "dlindex", "export", str(out), "--db", str(db), *CASES[name]]
-            figures = run(cmd, env, work)
-            summary = json.loads(next(out.glob("*index.json")).read_text())["counts"]
-            figures["rows_per_s"] = round(summary["selected"] / figures["wall_s"])
-            results[name] = figures
-            print(rows, name, figures, flush=True)
+            for label, code in ((name + BEFORE, before), (name, env)):
+                if code is None:
+                    continue
+                shutil.rmtree(out, ignore_errors=True)
+                cmd = [sys.executable, "-m", "dlindex", "export", str(out), "--db", str(db), *CASES[name]]
+                figures = run(cmd, code, scratch)
+                summary = json.loads(next(out.glob("*index.json")).read_text())["counts"]
+                figures["rows_per_s"] = round(summary["selected"] / figures["wall_s"])
+                figures["selected"] = summary["selected"]
+                results[label] = figures
+                print(rows, label, figures, flush=True)
     finally:
         shutil.rmtree(out, ignore_errors=True)
         for suffix in ("", "-wal", "-shm", "-journal"):
@@ -157,8 +166,11 @@ def render(all_results: list[dict[str, Any]], argv: list[str]) -> str:
         for name, figures in results.items():
             if not isinstance(figures, dict):
                 continue
-            shown = "bare sqlite3 loop (baseline)" if name not in CASES else f"`export {' '.join(CASES[name])}`"
-            per_cpu = selected / max(figures["cpu_s"], 0.01)
+            case = name.removesuffix(BEFORE)
+            shown = "bare sqlite3 loop (baseline)" if case not in CASES else f"`export {' '.join(CASES[case])}`"
+            if name.endswith(BEFORE):
+                shown += " (before: `--before` code)"
+            per_cpu = figures.get("selected", selected) / max(figures["cpu_s"], 0.01)
             lines.append(
                 f"| {results['rows']:,} | {shown} | {figures['wall_s']} | {figures['cpu_s']} | "
                 f"{figures['rows_per_s']:,} | {per_cpu:,.0f} | {per_cpu / base:.2f}x | {figures['peak_rss_mb']:,} |"
@@ -174,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=os.environ.get("DLINDEX_BENCH_DIR", "/tmp/dlindex-bench"))
     parser.add_argument("--pythonpath", default=str(REPO), help="the dlindex to measure (default: this checkout)")
     parser.add_argument("--no-docs", action="store_true", help="print only")
+    parser.add_argument("--before", help="another dlindex checkout to run each case with too, in the same run")
+    parser.add_argument("--scratch", help="where the catalog copy and the exports go (default: --work)")
     args = parser.parse_args(argv)
     compile_sources()
     env = {**os.environ, "PYTHONPATH": args.pythonpath}
@@ -181,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.error(f"unknown case(s): {', '.join(unknown)}")
-    results = [bench_size(int(n), Path(args.work), env, cases) for n in args.rows.split(",")]
+    before = {**os.environ, "PYTHONPATH": args.before} if args.before else None
+    scratch = Path(args.scratch or args.work)
+    scratch.mkdir(parents=True, exist_ok=True)
+    results = [bench_size(int(n), Path(args.work), env, cases, scratch, before) for n in args.rows.split(",")]
     section = render(results, sys.argv[1:] if argv is None else argv)
     print(section)
     if not args.no_docs:

@@ -225,8 +225,8 @@ def test_a_full_disk_while_spilling_is_one_line_and_leaves_nothing(
     made = tempfile.TemporaryFile
     monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: _FillingFile(made(**kw)))
     out = tmp_path / "out"
-    result = invoke(runner, "export", str(out), "--db", str(bench_catalog), "--shuffle",
-                    "--split", "train=0.9,val=0.1", "--memory-budget", SMALL)  # fmt: skip
+    result = invoke(runner, "export", str(out), "--db", str(bench_catalog), "--shuffle", "--world-size", "2",
+                    "--split", "train=0.9,val=0.1", "--memory-budget", SMALL)  # fmt: skip  # ranks: dealt, spilled
     assert result.exit_code == 4  # ExitCode.DISK_FULL
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: disk full: no space left writing "), result.stderr

@@ -11,7 +11,6 @@ smallest moves with the other.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import xxhash
 
 from dlindex.errors import did_you_mean
-from dlindex.export.plan import HASH, ID, ExportError, content_point
+from dlindex.export.plan import EXTRA, HASH, ID, ExportError, content_point
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -34,6 +33,10 @@ _MISSING = """SELECT count(*) FROM image_metadata WHERE status = 'ok'
 _HASHES = "SELECT id, xxh3_128 FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
 _IDS_PER_STATEMENT = 10_000
 _OK_SAMPLES = "SELECT count(*) FROM image_metadata WHERE status = 'ok'"
+# Groups of one attribute and the largest's size, counted by the database (its sort spills to
+# disk), so no map of the catalog's samples is built here.
+_VALUE_GROUPS = """SELECT count(*), coalesce(max(n), 0) FROM
+    (SELECT count(*) AS n FROM sample_attributes WHERE name = ? GROUP BY value) AS sizes"""
 
 
 @dataclass(frozen=True)
@@ -127,9 +130,10 @@ LARGE_GROUP_SHARE = 0.05  # a group above this share of the samples can move a s
 @dataclass(frozen=True)
 class GroupPoints:
     """Sample id -> the 64-bit point its split is chosen by, for grouped samples; the others
-    keep their own content-hash point."""
+    keep their own content-hash point. For ``--group-by``, a function of a row carrying its
+    value at EXTRA (select_rows's ``group_column``) instead: nothing held per sample."""
 
-    points: dict[int, int]
+    points: dict[int, int] | Callable[[tuple[Any, ...]], int]
     groups: int
     largest: int = 0  # samples in the largest group
     grouping: Grouping | None = None  # as used: the near-dups limit the type's kind took, defaults filled in
@@ -139,7 +143,7 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
     """The points of every grouped sample of the catalog (all of it, so a sample's split does
     not depend on an export's filters)."""
     if grouping.mode == "column":
-        from dlindex.scan.labels import attribute_names, attribute_values
+        from dlindex.scan.labels import attribute_names
 
         assert grouping.column is not None
         names = attribute_names(catalog)
@@ -149,10 +153,8 @@ def group_points(catalog: Catalog, grouping: Grouping) -> GroupPoints:
                 f"--group-by {grouping.column}: no sample has that attribute{did_you_mean(grouping.column, names)}; "
                 f"known: {known}"
             )
-        values = attribute_values(catalog, grouping.column)
-        points = {i: value_point(v) for i, v in values.items()}
-        sizes = Counter(values.values())
-        return GroupPoints(points, len(sizes), max(sizes.values(), default=0), grouping)
+        ((groups, largest),) = list(catalog.read(_VALUE_GROUPS, (grouping.column,)))
+        return GroupPoints(attribute_point, int(groups), int(largest), grouping)
     from dlindex.quality.duplicate_groups import duplicate_groups, near_limits
     from dlindex.query.spec import QuerySpec
 
@@ -220,6 +222,13 @@ def content_points(catalog: Catalog, ids: list[int]) -> dict[int, int]:
             row[ID], row[HASH] = int(image_id), digest
             found[int(image_id)] = content_point(tuple(row))
     return found
+
+
+def attribute_point(row: tuple[Any, ...]) -> int:
+    """The point of a row carrying its --group-by value at EXTRA: its value's, else (no value)
+    its own content hash's."""
+    value = row[EXTRA]
+    return content_point(row) if value is None else value_point(value)
 
 
 def value_point(value: str) -> int:

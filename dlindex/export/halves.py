@@ -17,7 +17,7 @@ from typing import Any
 
 from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
 from dlindex.export.jsonl import jsonl_lines
-from dlindex.export.plan import ExportError, Group, Tally, UpperHalf
+from dlindex.export.plan import ExportError, Group, Tally, UpperHalf, split_of
 from dlindex.export.shards import Context
 
 _BATCH = 4096
@@ -50,18 +50,15 @@ class Running:
         self.process.join()
 
 
-def start(ctx: Context, group: Group) -> Running:
-    """Start a process that writes the rows of ``ctx.upper`` as jsonl lines to a part file."""
-    assert ctx.upper is not None
+def start(ctx: Context, group: Group, upper: UpperHalf) -> Running:
+    """Start a process that writes the rows of ``upper`` as jsonl lines to a part file."""
     part = ctx.out / ".upper.part"
     # Only what formatting needs travels: no rows, no open connection.
     plan = replace(ctx.plan, groups=(), tally=Tally())
     light = replace(ctx, plan=plan, progress=None, upper=None)
     spawn = multiprocessing.get_context("spawn")
     parent_conn, child_conn = spawn.Pipe(duplex=False)
-    process = spawn.Process(
-        target=_main, args=(light, ctx.upper, group.split, group.rank, part, child_conn), daemon=True
-    )
+    process = spawn.Process(target=_main, args=(light, upper, group.split, group.rank, part, child_conn), daemon=True)
     process.start()
     child_conn.close()
     return Running(process, parent_conn, part)
@@ -82,8 +79,14 @@ def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) ->
     tally = Tally()
     try:
         cursor = db.execute(upper.sql, dict(upper.params))
+        keep = None
+        if upper.keep is not None:  # a split of fractions: the database narrowed the rows by hash
+            assign, name = split_of(dict(upper.keep[0])), upper.keep[1]
+            keep = lambda row: assign(row) == name  # noqa: E731
         with open(part, "wb") as f:
             while batch := cursor.fetchmany(_BATCH):
+                if keep is not None:
+                    batch = list(filter(keep, batch))
                 tally.add(split, rank, batch)
                 f.write("".join(lines(batch, {})).encode("utf-8", "surrogateescape"))
     finally:

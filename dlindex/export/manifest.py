@@ -20,8 +20,9 @@ def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     lines = jsonl_lines(ctx)
     sink = JsonlWriter(ctx, group, number)
     upper = None
-    if ctx.upper is not None and ctx.shard_size is None and ctx.shard_bytes is None and ctx.features is None:
-        upper = halves.start(ctx, group)  # the upper half, written by a second process meanwhile
+    half = ctx.upper.get(group.split) if ctx.upper is not None else None
+    if half is not None and ctx.shard_size is None and ctx.shard_bytes is None and ctx.features is None:
+        upper = halves.start(ctx, group, half)  # the upper half, written by a second process meanwhile
     try:
         for batch, vectors in batches(group, ctx):
             text = lines(batch, vectors)

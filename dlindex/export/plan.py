@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 # which plan.label_index maps to the label_id an export writes).
 ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_row", "width", "height", "format", "bytes", "xxh3_128")
 ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
+EXTRA = len(ROW)  # a row's one value after ROW, cut before it is written: tree split or --group-by value
 # Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
 # root and label maps; the rows themselves are read raw.
 _COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
@@ -43,9 +44,12 @@ _RESERVED_SPLITS = {"all"}
 _LOWER = "SELECT * FROM ({query}) AS selected WHERE id <= :split_id"
 _UPPER = "SELECT * FROM ({query}) AS selected WHERE id > :split_id"
 _ID_RANGE = "SELECT min(id), max(id) FROM image_metadata"
+# A row's --group-by value, looked up by primary key as the row is read: no map of every sample.
+_WITH_VALUE = """SELECT selected.*, (SELECT value FROM sample_attributes AS a
+    WHERE a.image_id = selected.id AND a.name = :group_column) FROM ({query}) AS selected"""
 HALVES_MIN_IDS = 200_000  # below this a second process costs more than it saves
 _SPLIT_NAME = re.compile(r"^[A-Za-z0-9_]{1,64}$")
-_UNIT = 2.0**64
+UNIT = _UNIT = 2.0**64  # split_of's points are in [0, UNIT)
 _UNLIMITED = 1 << 62
 
 
@@ -151,17 +155,39 @@ def tree_split_choice(text: str | Mapping[str, float] | None) -> tuple[str, ...]
         ) from None
 
 
-def select_rows(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> tuple[Iterator[tuple[Any, ...]], Any]:
-    """The rows of ``spec`` as ROW tuples, lazily: by id, or in the query's seeded random order."""
-    spec = replace(spec, columns=_COLUMNS, order="random" if shuffle else "id", cache=False)
-    if shuffle:
-        spec = replace(spec, seed=seed)
+def select_rows(
+    catalog: Catalog,
+    spec: QuerySpec,
+    shuffle: bool,
+    seed: int,
+    with_split: bool = False,
+    group_column: str = "",
+    wrap: tuple[str, Mapping[str, Any]] | None = None,
+) -> tuple[Iterator[tuple[Any, ...]], Any]:
+    """The rows of ``spec`` as ROW tuples, lazily: by id, or in the query's seeded random order.
+    ``with_split`` or ``group_column``: each tuple carries, at ``EXTRA``, its tree split or its
+    value of that attribute (None: not in a split folder, no value). ``wrap``: a statement
+    around the query's (at ``{query}``, keeping its columns and order), and its parameters."""
+    spec = export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS)
     prepared = prepare(catalog, spec)
     base = prepared.base
-    rows = catalog.read(prepared.sql, prepared.params)
-    if tuple(base) == ROW:
+    if group_column:
+        sql, params = _WITH_VALUE.replace("{query}", prepared.sql), {**prepared.params, "group_column": group_column}
+        base = (*base, "value")
+    else:
+        sql, params = prepared.sql, prepared.params
+    if wrap is not None:
+        sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
+    rows = catalog.read(sql, params)
+    wanted = (*ROW, "split") if with_split else (*ROW, "value") if group_column else ROW
+    if tuple(base) == wanted:
         return rows, prepared
-    return map(itemgetter(*(base.index(c) for c in ROW)), rows), prepared
+    return map(itemgetter(*(base.index(c) for c in wanted)), rows), prepared
+
+
+def export_spec(spec: QuerySpec, shuffle: bool, seed: int, columns: tuple[str, ...]) -> QuerySpec:
+    spec = replace(spec, columns=columns, order="random" if shuffle else "id", cache=False)
+    return replace(spec, seed=seed) if shuffle else spec
 
 
 @dataclass(frozen=True)
@@ -171,6 +197,7 @@ class UpperHalf:
     db: str
     sql: str
     params: Mapping[str, Any]
+    keep: tuple[tuple[tuple[str, float], ...], str] | None = None  # (fractions, split): keep its rows only
 
 
 def select_halves(
@@ -191,14 +218,17 @@ def select_halves(
     return lower, prepared, upper
 
 
-def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | None = None) -> Any:
+def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | Callable[..., int] | None = None) -> Any:
     """A function from a row to its split name, by content hash: stable as the catalog grows.
 
     Args:
         points: sample id -> the point of its group (dlindex.export.groups), for grouped
-            samples; the others go by their own content hash.
+            samples; the others go by their own content hash. Or a function from a row to
+            its point (``--group-by``: of the value the row carries).
     """
-    _point: Callable[[tuple[Any, ...]], int] = partial(_grouped_point, points) if points else content_point
+    _point: Callable[[tuple[Any, ...]], int] = (
+        points if callable(points) else partial(_grouped_point, points) if points else content_point
+    )
 
     names = list(fractions)
     bounds: list[float] = []
@@ -248,8 +278,9 @@ def make_plan(
     *,
     class_list: str = "catalog",
     split: Mapping[str, float] | None,
-    points: Mapping[int, int] | None = None,
+    points: Mapping[int, int] | Callable[..., int] | None = None,
     tree_splits: Mapping[str, Iterable[tuple[Any, ...]]] | None = None,
+    tree_names: Sequence[str] | None = None,
     world_size: int,
     drop_last: bool,
     absolute_paths: bool,
@@ -264,9 +295,12 @@ def make_plan(
         classes, class_index: the selection's class list (dlindex.catalog.classes), whether or not a
             sample of each survives the other filters, so label_id does not shift with
             --min-width or --limit; and internal label row id -> label_id.
-        points: the group points of grouped samples (``export --group``; see split_of).
+        points: the group points of grouped samples (``export --group``; see split_of); a
+            function: rows carry a value at EXTRA for it, cut once their split is known.
         tree_splits: the rows of each of the tree's split folders (``--split tree``); ``rows``
             is then unused.
+        tree_names: the tree's split folders when ``rows`` is one statement over all of them
+            (``--limit``: a limit on the whole export), each row carrying its split at EXTRA.
         spill_dir: where rows beyond ``memory_budget`` bytes (default DEFAULT_BUDGET) wait on
             disk (the export's temporary folder); None: every row stays in memory.
     """
@@ -277,7 +311,7 @@ def make_plan(
     prefixes = {k: v[1] for k, v in roots.items()}
     file_root = b"/" if absolute_paths else _common_root(list(prefixes.values()))
     tally = Tally()
-    if not split and world_size == 1 and stream:
+    if not split and world_size == 1 and stream and tree_names is None:
         # One group per split, each streaming its own query's rows (the tree's split folders)
         # or the one query's, to the writer in turn.
         streams = tree_splits if tree_splits is not None else {DEFAULT_SPLIT: rows}
@@ -289,6 +323,9 @@ def make_plan(
     if tree_splits is not None:
         split_names = list(tree_splits)
         parts = list(tree_splits.items())
+    elif tree_names is not None:
+        split_names = list(tree_names)
+        parts = [(itemgetter(EXTRA), rows)]
     elif split:
         split_names = list(split)
         parts = [(split_of(split, points), rows)]
@@ -301,7 +338,8 @@ def make_plan(
         budget = DEFAULT_BUDGET if memory_budget is None else memory_budget
         limit = budget_rows(budget, len(split_names) * world_size, held)
     spill = Spill(spill_dir or Path("."), len(split_names) * world_size, limit, held, budget)
-    counts, heads = route(parts, split_names, world_size, spill)
+    cut = EXTRA if tree_names is not None or callable(points) else None
+    counts, heads = route(parts, split_names, world_size, spill, cut)
     groups: list[Group] = []
     dropped = padded = 0
     for k, name in enumerate(split_names):

@@ -18,11 +18,15 @@ from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
+from dlindex.export.hashsplit import halved, split_streams
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
+    DEFAULT_SPLIT,
     ExportError,
+    UpperHalf,
+    export_spec,
     make_plan,
     parse_split,
     select_halves,
@@ -35,7 +39,7 @@ from dlindex.export.vectors import feature_source
 from dlindex.exported.formats import FORMATS as _REGISTRY
 from dlindex.exported.formats import NAMES, Format, load
 from dlindex.exported.index import PART_INDEX
-from dlindex.query.rows import split_counts
+from dlindex.query.rows import prepare, split_counts
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -43,6 +47,9 @@ if TYPE_CHECKING:
 
 FORMATS = NAMES  # dlindex.export.FORMATS: the registry's (dlindex.exported.formats)
 _ROOTS = "SELECT path FROM roots"
+# The tree splits of a --limit selection: the ids are the selection's own statement, with its
+# order and limit, so a limit of 20 reads about 20 rows (in id order) instead of them all.
+_LIMITED_SPLIT_COUNTS = "SELECT split, count(*) FROM image_metadata WHERE id IN ({selection}) GROUP BY split"
 
 
 def export_catalog(
@@ -105,32 +112,62 @@ def export_catalog(
         # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
         # leaves such files out too.
         query = replace(options.query, has_class=True, split=tree or options.query.split)
-        tree_names = _tree_splits(catalog, query, tree) if split is None else None
+        shares: dict[str, float] = {}  # each tree split's share of the selection
+        tree_names = (
+            _tree_splits(catalog, query, tree, options.shuffle, options.seed, shares) if split is None else None
+        )
         tree_rows: dict[str, Iterable[tuple[Any, ...]]] | None = None
-        upper = None
-        if tree_names is not None:
+        rows: Any = ()
+        # --limit N caps the whole export, as `dlindex query --limit N` caps its rows: one statement
+        # over the split folders (not N per split), each row going to its own folder's split.
+        routed = tree_names is not None and query.limit is not None
+        # Split fractions for one rank: a statement per split, narrowed by hash in the database
+        # (dlindex.export.hashsplit), streamed to the writer like the tree's split folders.
+        by_hash = (bool(split) and grouping is None and options.world_size == 1 and record.one_pass
+                   and shard is None and catalog.backend.name == "sqlite")  # fmt: skip
+        # Only jsonl without shard limits is written in two halves (the writer appends the second
+        # process's part), one large split at a time; every other export reads its rows here.
+        halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
+                  and options.world_size == 1 and shard is None)  # fmt: skip
+        uppers: dict[str, UpperHalf] = {}
+        if by_hash:
+            assert split is not None
+            streams, prepared, uppers = split_streams(catalog, query, options.shuffle, options.seed, split, halves)
+            if record.packed:
+                roots = {k: v[1] for k, v in (prepared.roots or {}).items()}
+                streams = {name: packable(part, roots, skipped, warn) for name, part in streams.items()}
+            tree_rows = dict(streams)
+        elif routed:
+            rows, prepared = select_rows(catalog, query, options.shuffle, options.seed, with_split=True)
+            if record.packed:
+                rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
+        elif tree_names is not None:
             tree_rows = {}
             for name in tree_names:
-                part, prepared = select_rows(catalog, replace(query, split=(name,)), options.shuffle, options.seed)
+                one = replace(query, split=(name,))
+                part, prepared, half = halved(
+                    catalog, one, options.shuffle, options.seed, halves=halves, share=shares[name]
+                )
+                if half is not None:
+                    uppers[name] = half
                 if record.packed:  # these read every source: only regular files of their catalogued size
                     part = packable(part, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
                 tree_rows[name] = part  # read in turn by make_plan, one statement at a time
-            rows: Any = ()
         else:
-            # Only a plain single jsonl file is written in two halves (the writer appends the
-            # second process's part); every other export needs all the rows here.
-            halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
-                      and not split and options.world_size == 1 and shard is None)  # fmt: skip
-            if halves:
+            if halves and not split:
                 rows, prepared, upper = select_halves(catalog, query, options.shuffle, options.seed)
-            else:
-                rows, prepared = select_rows(catalog, query, options.shuffle, options.seed)
+                if upper is not None:
+                    uppers[DEFAULT_SPLIT] = upper
+            else:  # --group-by: each row carries its value, the point of its group
+                by = grouping.column or "" if grouping is not None else ""
+                rows, prepared = select_rows(catalog, query, options.shuffle, options.seed, group_column=by)
             if record.packed:  # these read every source: only regular files of their catalogued size
                 rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
         plan = make_plan(
             rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
-            class_list=prepared.class_list or "catalog", split=split,
+            class_list=prepared.class_list or "catalog", split=None if by_hash else split,
             points=None if points is None else points.points, tree_splits=tree_rows,
+            tree_names=tree_names if routed else None,
             world_size=options.world_size, drop_last=options.drop_last, absolute_paths=options.absolute_paths,
             stream=record.one_pass and shard is None,  # a part digests every group's rows
             spill_dir=output.tmp, memory_budget=memory_budget(options.memory_budget),
@@ -139,7 +176,7 @@ def export_catalog(
         split_option: Any = "tree" if tree_names is not None else split
         ctx = Context.make(
             plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
-            progress=progress, read_threads=options.read_threads, upper=upper if record.halves else None,
+            progress=progress, read_threads=options.read_threads, upper=uppers if record.halves else None,
         )  # fmt: skip
         shards: list[ShardInfo] = []
         if shard is not None:
@@ -231,13 +268,24 @@ def _write_part(
     )  # fmt: skip
 
 
-def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None) -> list[str] | None:
-    """The tree's split folders to export as splits, or None for one split (no split folders)."""
+def _tree_splits(
+    catalog: Catalog,
+    query: QuerySpec,
+    tree: tuple[str, ...] | None,
+    shuffle: bool,
+    seed: int,
+    shares: dict[str, float],
+) -> list[str] | None:
+    """The tree's split folders to export as splits, or None for one split (no split folders);
+    ``shares`` gets each one's share of the selected samples."""
     if tree is None and not has_presplit_root(catalog):
         return None  # no need to count the selection's splits: there are none
     if tree is not None:
         check_split_folders(catalog, tree or ("tree",))  # --split tree or NAME on a tree without them
-    counts = split_counts(catalog, query)
+    if query.limit is not None:  # only the samples the limit keeps: a limit of 20 reads ~20 rows
+        counts = limited_split_counts(catalog, query, shuffle, seed)
+    else:
+        counts = split_counts(catalog, query)
     named = [s for s in SPLITS if counts.get(s)]
     outside = counts.get(None, 0)
     if tree is None and not named:
@@ -251,7 +299,17 @@ def _tree_splits(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | Non
             f"{outside} selected sample(s) are not in a split folder ({', '.join(named)}); "
             f"{hint} --split NAME=FRACTION to split every sample by content hash"
         )
+    total = sum(counts[s] for s in named)
+    shares.update((s, counts[s] / total) for s in named)
     return named
+
+
+def limited_split_counts(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> dict[str | None, int]:
+    """Samples per tree split (None: in no split folder) among those ``spec`` selects with its
+    ``--limit`` and ``--per-label`` applied, in the export's order."""
+    prepared = prepare(catalog, export_spec(spec, shuffle, seed, ("id",)))
+    sql = _LIMITED_SPLIT_COUNTS.replace("{selection}", prepared.selection_sql)
+    return {split: int(n) for split, n in catalog.read(sql, prepared.params)}
 
 
 def protected_files(catalog: Catalog) -> list[str]:

@@ -55,7 +55,7 @@ class Context:
     progress: Callable[[int], None] | None = None
     read_threads: int = 0
     prefixes: Mapping[int, bytes] = field(default_factory=dict)
-    upper: UpperHalf | None = None  # the rows a second process writes (jsonl, one streamed group)
+    upper: Mapping[str, UpperHalf] | None = None  # per split: the rows a second process writes (jsonl)
     seen: set[str] = field(default_factory=set)  # wds: the image member suffixes written
 
     @staticmethod

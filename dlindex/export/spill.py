@@ -151,10 +151,12 @@ def route(
     names: Sequence[str],
     world_size: int,
     spill: Spill,
+    cut: int | None = None,
 ) -> tuple[dict[str, int], dict[str, list[tuple[Any, ...]]]]:
     """Send each row of each (split, rows) part (split: a name, or a function of the row) to
     group ``split_index * world_size + position % world_size``; returns the rows per split and
-    each split's first ``world_size`` rows (--pad's repeats)."""
+    each split's first ``world_size`` rows (--pad's repeats). ``cut``: keep only a row's first
+    ``cut`` values once its split is known."""
     counts = dict.fromkeys(names, 0)
     heads: dict[str, list[tuple[Any, ...]]] = {name: [] for name in names}
     base = {name: k * world_size for k, name in enumerate(names)}
@@ -166,6 +168,8 @@ def route(
         for row in rows:
             if assign is not None:
                 name = assign(row)
+                if cut is not None:
+                    row = row[:cut]
             position = counts[name]
             counts[name] = position + 1
             if position < world_size and world_size > 1:

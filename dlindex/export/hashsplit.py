@@ -1,0 +1,109 @@
+"""Split fractions without a spill: one statement per split, which the database narrows by hash.
+
+A sample's split is a range of the top 64 bits of its content hash (``plan.split_of``), and
+those bits are the hash's first 16 hex digits: for a lowercase hex hash, comparing those
+digits as text is comparing the numbers. So each split's statement is the selection's own
+(same filters, order, limit) keeping the rows whose hash prefix lies in the split's range, or
+whose hash is not such a prefix (none, or odd text); the rows that reach Python are then
+checked by ``split_of`` itself, so a split holds exactly the rows, in exactly the order, that
+dealing the whole selection out would give it, and nothing waits in memory or on disk. The
+cost is a pass of the database over the selection per split, in C, instead of every row
+going through Python, a spill file and back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from dlindex.export import plan
+from dlindex.export.plan import (
+    _COLUMNS,
+    _ID_RANGE,
+    _LOWER,
+    _UPPER,
+    ROW,
+    UNIT,
+    UpperHalf,
+    export_spec,
+    select_rows,
+    split_of,
+)
+from dlindex.query.rows import prepare
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+    from dlindex.query.spec import QuerySpec
+
+_HEX16 = "[0-9a-f]" * 16 + "*"
+# The whole hash against 16-digit bounds is its prefix against them (a range one wider than
+# split_of's at each end: a superset, which split_of then decides); a NULL or odd hash always
+# passes. The range comes first: the pattern is only tried on the rows out of range.
+_IN_RANGE = """SELECT * FROM ({query}) AS selected WHERE (selected.xxh3_128 >= :low AND selected.xxh3_128 < :high)
+    OR selected.xxh3_128 IS NULL OR NOT (selected.xxh3_128 GLOB :hex16)"""
+
+
+def hash_ranges(fractions: Mapping[str, float]) -> dict[str, tuple[str, str]]:
+    """Per split: the lowest 16-digit hash prefix it can hold, and text above every hash it
+    can hold (``g`` for the last: above any hex digit)."""
+    ranges: dict[str, tuple[str, str]] = {}
+    low, total = 0, 0.0
+    names = list(fractions)
+    for k, name in enumerate(names):
+        total += fractions[name]
+        high = (1 << 64) - 1 if k == len(names) - 1 else min(int(total * UNIT), (1 << 64) - 1)
+        ranges[name] = (f"{low:016x}", f"{high + 1:016x}" if high + 1 < (1 << 64) else "g")
+        low = high
+    return ranges
+
+
+def split_streams(
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, fractions: Mapping[str, float], halves: bool = False
+) -> tuple[dict[str, Iterator[tuple[Any, ...]]], Any, dict[str, UpperHalf]]:
+    """Per split of ``fractions``: its rows, lazily, each split its own statement (nothing is
+    read before the rows are iterated); with ``halves``, the upper half of each large split
+    for a second process (see halved)."""
+    assign = split_of(fractions)
+    streams: dict[str, Iterator[tuple[Any, ...]]] = {}
+    uppers: dict[str, UpperHalf] = {}
+    prepared = None
+    keep = tuple(fractions.items())
+    for name, (low, high) in hash_ranges(fractions).items():
+        wrap = (_IN_RANGE, {"hex16": _HEX16, "low": low, "high": high})
+        rows, prepared, upper = halved(catalog, spec, shuffle, seed, wrap, (keep, name), halves, fractions[name])
+        streams[name] = _only(rows, assign, name)
+        if upper is not None:
+            uppers[name] = upper
+    return streams, prepared, uppers
+
+
+def halved(
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, wrap: tuple[str, Mapping[str, Any]] | None = None,
+    keep: Any = None, halves: bool = True, share: float = 1.0,
+) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None]:  # fmt: skip
+    """select_rows's rows (with ``wrap``), cut at the middle id as select_halves cuts a plain
+    selection: the lower half here, the upper's statement for a second process (None when
+    not cut: shuffled, --per-label, --limit, or fewer ids than HALVES_MIN_IDS in its ``share``
+    of the id range: a second process costs more than it saves on a small split)."""
+    cut = halves and not shuffle and spec.per_label is None and spec.limit is None
+    if cut:
+        low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+        cut = low is not None and share * (high - low) >= plan.HALVES_MIN_IDS
+    if not cut:
+        rows, prepared = select_rows(catalog, spec, shuffle, seed, wrap=wrap)
+        return rows, prepared, None
+    prepared = prepare(catalog, export_spec(spec, shuffle, seed, _COLUMNS))
+    if tuple(prepared.base) != ROW:
+        rows, prepared = select_rows(catalog, spec, shuffle, seed, wrap=wrap)
+        return rows, prepared, None
+    sql, params = prepared.sql, {**prepared.params, "split_id": (low + high) // 2}
+    if wrap is not None:
+        sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
+    lower = catalog.read(_LOWER.replace("{query}", sql), params)
+    return lower, prepared, UpperHalf(catalog.url, _UPPER.replace("{query}", sql), params, keep)
+
+
+def _only(rows: Iterator[tuple[Any, ...]], assign: Any, name: str) -> Iterator[tuple[Any, ...]]:
+    for row in rows:
+        if assign(row) == name:
+            yield row
