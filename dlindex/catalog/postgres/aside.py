@@ -18,13 +18,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dlindex.catalog.postgres.cursor import STREAM_ROWS, Streamed
 from dlindex.errors import CatalogSQLError
 
-if TYPE_CHECKING:
-    from dlindex.catalog.postgres.connect import PgConnection
+PgConnection = Any  # dlindex.catalog.postgres.connect's, which imports this module (no cycle)
 
 _BEGIN = "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY"
 _END = "COMMIT"  # of a failed transaction, PostgreSQL rolls it back
