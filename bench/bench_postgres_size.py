@@ -20,6 +20,7 @@ a bare psycopg loop writing `query --format jsonl`'s lines (bench/baselines/quer
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -125,7 +126,7 @@ def run_case(
     roots: tuple[bytes, bytes] | None, extra: dict[str, str],
 ) -> dict[str, Any]:  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(code)}
-    out = work / "export-out"
+    out = work / f"export-out-{Path(db).name}"  # runs of other sizes may be exporting at once
     shutil.rmtree(out, ignore_errors=True)
     if name.startswith("loader"):
         cmd = [sys.executable, "-c", LOADER, db]
@@ -143,6 +144,17 @@ def run_case(
         r["out_mb"] = round(sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) / 2**20, 1)
         shutil.rmtree(out)
     return r
+
+
+def save(saved: Path, result: dict[str, Any], name: str) -> None:
+    """Add case ``name`` (and the baselines) to the saved results: runs of other --only parts may
+    be writing the same file."""
+    with open(saved.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = json.loads(saved.read_text()) if saved.exists() else {}
+        current.setdefault("cases", {})[name] = result["cases"][name]
+        current.update({k: v for k, v in result.items() if k != "cases"})
+        saved.write_text(json.dumps(current, indent=1))
 
 
 def temp_bytes(db: str) -> int | None:
@@ -219,7 +231,7 @@ def at_size(rows: int, a: argparse.Namespace) -> dict[str, Any]:
                 print(rows, name, "sqlite", json.dumps({k: v for k, v in row["sqlite"].items() if k != "stderr"}),
                       flush=True)  # fmt: skip
             result["cases"][name] = row
-            saved.write_text(json.dumps(result, indent=1))
+            save(saved, result, name)
     finally:
         ids.unlink(missing_ok=True)
         with psycopg.connect(url, autocommit=True) as conn:  # the catalog as it was: later runs compare outputs
@@ -254,6 +266,7 @@ def render(results: list[dict[str, Any]], argv: list[str], meta: dict[str, Any])
         "server process's peak RSS (MB; stock shared_buffers of 128 MB, counted in each backend that touched it). "
         "`old`: the code before this change (same catalog, same run); `sqlite`: today's code on the catalog file "
         "of the same rows; `same` says whether its stdout (or export files) equal PostgreSQL's byte for byte.",
+        *([meta["note"]] if meta.get("note") else []),
         "",
     ]
     for r in results:
@@ -266,7 +279,8 @@ def render(results: list[dict[str, Any]], argv: list[str], meta: dict[str, Any])
             sq = row.get("sqlite")
             same = "" if sq is None else ("yes" if sq["sha256"] == row["new"]["sha256"] else "**no**")
             sq_cells = f"{sq['cpu_s']} / {sq['wall_s']} | {sq['rss_mb']:,.0f}" if sq and sq["rc"] == 0 else " | "
-            lines.append(f"| {name} | {_fmt(row.get('new'))} {_fmt(row.get('old'))} {sq_cells} | {same} |")
+            shown = name.replace("|", "\\|")
+            lines.append(f"| {shown} | {_fmt(row.get('new'))} {_fmt(row.get('old'))} {sq_cells} | {same} |")
         lines.append("")
     lines.append(END)
     return "\n".join(lines)
@@ -282,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated parts of case names")
     ap.add_argument("--old-only", default="", help="run --old only for the cases named by these parts")
     ap.add_argument("--render", action="store_true", help="write the section from --work's saved results")
+    ap.add_argument("--note", default="", help="a paragraph for the section: how the saved results were run")
     ap.add_argument("--work", default="/tmp/dlindex-bench-pg-size")
     ap.add_argument("--no-docs", action="store_true")
     a = ap.parse_args(argv)
@@ -292,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(a.postgres) as conn:
         version = (conn.execute("SHOW server_version").fetchone() or ("?",))[0]
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": [os.getloadavg()[0], 0.0],
-            "server": f"PostgreSQL {version}"}  # fmt: skip
+            "server": f"PostgreSQL {version}", "note": a.note}  # fmt: skip
     results = []
     for size in a.rows.split(","):
         if a.render:  # the figures of earlier runs (--only runs add to them)
@@ -300,7 +315,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results.append(at_size(int(float(size)), a))
     meta["load"][1] = os.getloadavg()[0]
-    text = render(results, sys.argv[1:] if argv is None else argv, meta)
+    shown = list(sys.argv[1:] if argv is None else argv)
+    if "--note" in shown:  # the note is the section's own paragraph
+        at = shown.index("--note")
+        del shown[at : at + 2]
+    text = render(results, shown, meta)
     print(text)
     if not a.no_docs:
         write_section(REPO / "docs" / "benchmarks.md", START, END, text)
