@@ -255,12 +255,15 @@ def _fmt(r: dict[str, Any] | None) -> str:
 
 
 def render(results: list[dict[str, Any]], argv: list[str], meta: dict[str, Any]) -> str:
+    load = (
+        "" if meta.get("rendered") else f"(load {meta['load'][0]:.1f} at the start, {meta['load'][1]:.1f} at the end)"
+    )
     lines = [
         START,
         "## PostgreSQL at size (`bench/bench_postgres_size.py`, #34)",
         "",
         f"`python bench/bench_postgres_size.py {' '.join(argv)}`, {meta['when']}, {os.cpu_count()} shared cores "
-        f"(load {meta['load'][0]:.1f} at the start, {meta['load'][1]:.1f} at the end), {meta['server']}, server "
+        f"{load}, {meta['server']}, server "
         "and clients on the same machine over TCP. Each cell: CPU s / wall s of the command's process tree, its "
         "peak RSS (MB, the tree's sum, sampled every 0.1 s), and the server's CPU s over the same time / the largest "
         "server process's peak RSS (MB; stock shared_buffers of 128 MB, counted in each backend that touched it). "
@@ -307,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     with psycopg.connect(a.postgres) as conn:
         version = (conn.execute("SHOW server_version").fetchone() or ("?",))[0]
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load": [os.getloadavg()[0], 0.0],
-            "server": f"PostgreSQL {version}", "note": a.note}  # fmt: skip
+            "server": f"PostgreSQL {version}", "note": a.note, "rendered": a.render}  # fmt: skip
     results = []
     for size in a.rows.split(","):
         if a.render:  # the figures of earlier runs (--only runs add to them)
