@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from dlindex.catalog.postgres.aside import ReadsAside
 from dlindex.catalog.postgres.cursor import STREAM_ROWS, Counted, PgCursor, Rows, Streamed
 from dlindex.catalog.postgres.dialect import bind, translate, wants_lastrowid
 from dlindex.catalog.postgres.migrations import ensure_schema
@@ -90,7 +91,7 @@ def connect(url: str, *, create: bool, wait_s: float) -> PgConnection:
         raise InputError(f"--db {shown}: not a valid PostgreSQL URL ({_first_line(e)})") from None
     except psycopg.OperationalError as e:
         raise CatalogError(f"cannot open the PostgreSQL catalog {shown}: {_first_line(e)}") from None
-    conn = PgConnection(raw, shown)
+    conn = PgConnection(raw, shown, aside=lambda: connect_readonly(url, wait_s=conn.wait_s, aside=False))
     try:
         conn.set_lock_wait(wait_s)
         ensure_schema(conn, create=create)
@@ -100,8 +101,9 @@ def connect(url: str, *, create: bool, wait_s: float) -> PgConnection:
     return conn
 
 
-def connect_readonly(url: str, *, wait_s: float) -> PgConnection:
-    """A read-only connection to an existing server catalog (a scan worker's diff reads)."""
+def connect_readonly(url: str, *, wait_s: float, aside: bool = True) -> PgConnection:
+    """A read-only connection to an existing server catalog (a scan worker's diff reads);
+    ``aside``: its streamed reads go to a second one (``dlindex.catalog.postgres.aside``)."""
     psycopg = _psycopg()
     try:
         raw = psycopg.connect(
@@ -110,7 +112,9 @@ def connect_readonly(url: str, *, wait_s: float) -> PgConnection:
         )  # fmt: skip
     except psycopg.Error as e:
         raise CatalogError(f"cannot open the PostgreSQL catalog {redact(url)}: {_first_line(e)}") from None
-    conn = PgConnection(raw, redact(url))
+    conn = PgConnection(
+        raw, redact(url), aside=(lambda: connect_readonly(url, wait_s=wait_s, aside=False)) if aside else None
+    )
     conn.set_lock_wait(wait_s)
     return conn
 
@@ -129,9 +133,10 @@ class PgConnection:
     backend = "postgresql"
     on_write: Callable[[str, int, int, float], None] | None = None  # as LoggedConnection's
 
-    def __init__(self, raw: Any, shown: str) -> None:
+    def __init__(self, raw: Any, shown: str, aside: Callable[[], PgConnection] | None = None) -> None:
         self.raw = raw
         self.shown = shown
+        self._aside = ReadsAside(aside) if aside is not None else None  # streamed reads outside a transaction
         self._open_reads: set[int] = set()  # slots of streamed reads not yet closed
         self._lost_because = "the server closed the connection"
         self._psycopg = _psycopg()
@@ -189,6 +194,8 @@ class PgConnection:
         """Run a read through a server-side cursor, so the client holds one batch of rows at a
         time, not the whole result (a query of millions of samples); ``Catalog.read`` uses it."""
         text, params = bind(translate(sql), parameters)
+        if self._aside is not None and not self.in_transaction and "pg_temp." not in text:
+            return self._aside.stream(text, params)  # no WITH HOLD: no copy of the whole result first
         # the lowest free name: pg_stat_statements keys a DECLARE by its text, cursor name
         # included, so reused names keep one entry per statement (index advice reads them)
         slot = min(set(range(len(self._open_reads) + 1)) - self._open_reads)
@@ -375,6 +382,8 @@ class PgConnection:
         """Nothing to do: like dlindex's SQLite connections, this one is in autocommit mode."""
 
     def close(self) -> None:
+        if self._aside is not None:
+            self._aside.close()
         self.raw.close()
 
 
