@@ -4,7 +4,10 @@ spread-out hashes it chooses a layout whose candidates grow slower than n^2 / 25
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from dlindex.quality import pairs
@@ -35,7 +38,7 @@ def layouts(k: int) -> list[list[tuple[int, int, int]]]:
     return found
 
 
-def clustered(rng: np.random.Generator, n: int) -> np.ndarray:
+def clustered(rng: np.random.Generator, n: int) -> npt.NDArray[np.uint64]:
     """A few seeds with bits flipped (near and identical hashes, full and empty buckets)."""
     seeds = rng.integers(0, 2**64, int(rng.integers(1, 6)), dtype=np.uint64)
     h = seeds[rng.integers(0, seeds.size, n)]
@@ -70,9 +73,9 @@ def test_a_large_bucket_is_cut_into_bounded_chunks(monkeypatch: pytest.MonkeyPat
     sizes: list[int] = []
     checked = pairs._checked
 
-    def counting(*args: object) -> object:
+    def counting(*args: Any) -> Any:
         sizes.append(int(np.size(args[-1])))
-        return checked(*args)  # type: ignore[arg-type]
+        return checked(*args)
 
     monkeypatch.setattr(pairs, "_checked", counting)
     assert collect(hash_pairs(h, 6)) == collect(brute_force_hash_pairs(h, 6))
