@@ -52,7 +52,7 @@ def clustered(rng: np.random.Generator, n: int) -> npt.NDArray[np.uint64]:
 def test_every_layout_equals_the_brute_force(seed: int, chunk: int, rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(seed)
     h = clustered(rng, int(rng.integers(0, 250)))
-    k = int(rng.integers(2, 13))
+    k = int(rng.integers(2, 9))  # radii up to 2-3 bits: larger ones take thousands of flips a band
     monkeypatch.setattr(pairs, "CHUNK_PAIRS", chunk)
     monkeypatch.setattr(pairs, "_ROWS", rows)
     expected = collect(brute_force_hash_pairs(h, k))

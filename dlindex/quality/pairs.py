@@ -40,8 +40,8 @@ _WIDEST = 22
 _SMALL = 20_000  # fewer hashes than this: the K + 1 exact bands, no estimate
 _SAMPLE = 2048  # hashes whose pairs estimate each layout's candidates (2M pairs)
 _ROWS = 1 << 18  # hashes of the source buckets paired at once
-# Estimated seconds a candidate pair, a bucket probe and a sorted hash cost (measured, numpy)
-_PAIR_COST, _PROBE_COST, _SORT_COST = 1.5e-8, 1.0e-8, 1.5e-7
+# Estimated seconds a candidate pair, a bit of an occupancy set per flip and a sorted hash cost (measured)
+_PAIR_COST, _PROBE_COST, _SORT_COST = 1.5e-8, 4e-9, 1.5e-7
 # Per bit b < 6 of a 64-bit word: the bits whose position has bit b clear (0x5555..., 0x3333...)
 _LOW_HALF = [sum(1 << v for v in range(64) if not v >> b & 1) for b in range(6)]
 _U32 = 2.0**-24  # float32 unit roundoff
@@ -112,7 +112,7 @@ def band_plan(hashes: npt.NDArray[np.uint64], k: int) -> list[Band]:
     costs = []
     for plan in plans:
         candidates = sum(int((popcount((x >> np.uint64(s)) & np.uint64((1 << w) - 1)) <= r).sum()) for s, w, r in plan)
-        probes = sum(min(n, 1 << w) * _ball(w, r) for _, w, r in plan if r)
+        probes = sum((1 << w) * _ball(w, r) for _, w, r in plan if r)  # bits of the occupancy sets
         costs.append(candidates * scale * _PAIR_COST + probes * _PROBE_COST + len(plan) * n * _SORT_COST)
     return plans[int(np.argmin(costs))]
 
