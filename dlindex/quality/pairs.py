@@ -1,16 +1,23 @@
 """Pairs of near-duplicate vectors: 64-bit hashes within K bits, embeddings within a cosine distance.
 
-``hash_pairs`` is exact multi-index hashing: split the 64 bits into K + 1 bands; two hashes
-at most K bits apart differ in at most K bands, so they agree on at least one (pigeonhole).
-Per band, the hashes are sorted by the band's value and each run of equal values is walked
-by offset (position p with p + 1, then p + 2, ...), so the work is the candidate count, not
-n squared. A pair is reported only in the first band where it agrees, so no set of seen
-pairs is kept, and pairs come in chunks of bounded size.
+``hash_pairs`` is exact multi-index hashing. The 64 bits are cut into m bands, band b with a
+radius r_b, the radii summing to K - m + 1: two hashes at most K bits apart differ in at most
+r_b bits of some band b (else they would differ in at least K + 1), so they are candidates in
+that band. With m = K + 1 every radius is 0: the hashes agreeing on a band, found by sorting on
+the band's value and walking each run of equal values by offset. Bands that wide (7 bits at
+K = 8) pair about n^2 / 256 hashes each, quadratic; so for many hashes fewer, wider bands
+(3 of 21-22 bits, radius 2 at K = 8) are used: the hashes are sorted into the band's buckets,
+and each occupied bucket v is paired with the buckets v ^ f for every f of at most r_b bits,
+where only the real candidates are ever formed. The layout is chosen per call by the cost it
+is expected to have on a sample of the hashes, not on the assumption that bits are uniform.
+A pair is reported only in the first band where it is a candidate, so no set of seen pairs
+is kept, and pairs come in chunks of bounded size.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,12 +28,22 @@ from dlindex.quality.hashes import HASH_BITS
 
 Positions = npt.NDArray[np.intp]
 PairChunk = tuple[Positions, Positions, npt.NDArray[np.float32]]  # (i, j, distance), i < j
+Band = tuple[int, int, int]  # (shift, width, radius): bits shift .. shift + width - 1, within radius
 
 CHUNK_PAIRS = 1 << 21  # candidate pairs held at once, at most (each costs ~40 bytes while checked)
 TILE_ROWS = 2048  # embedding_pairs compares 2048 x 2048 rows at once: a 16 MiB float32 tile
 # With more bands than this, bands are under 4 bits wide and almost every pair is a candidate
 # in several bands: comparing every pair once is cheaper.
 _MOST_BANDS = 16
+# Bands with a radius are bucketed by their value (a table of 2^width counts): at most 22 bits.
+_WIDEST = 22
+_SMALL = 20_000  # fewer hashes than this: the K + 1 exact bands, no estimate
+_SAMPLE = 2048  # hashes whose pairs estimate each layout's candidates (2M pairs)
+_ROWS = 1 << 18  # hashes of the source buckets paired at once
+# Estimated seconds a candidate pair, a bit of an occupancy set per flip and a sorted hash cost (measured)
+_PAIR_COST, _PROBE_COST, _SORT_COST = 1.5e-8, 4e-9, 1.5e-7
+# Per bit b < 6 of a 64-bit word: the bits whose position has bit b clear (0x5555..., 0x3333...)
+_LOW_HALF = [sum(1 << v for v in range(64) if not v >> b & 1) for b in range(6)]
 _U32 = 2.0**-24  # float32 unit roundoff
 _BYTE_BITS = np.array([bin(b).count("1") for b in range(256)], dtype=np.uint8)
 
@@ -62,18 +79,146 @@ def hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
     if k + 1 > _MOST_BANDS:
         yield from brute_force_hash_pairs(h, k)
         return
-    bands = _bands(k + 1)
-    for band, (shift, mask) in enumerate(bands):
-        values = (h >> np.uint64(shift)) & np.uint64(mask)
+    plan = band_plan(h, k)
+    for band, (shift, width, radius) in enumerate(plan):
+        values = (h >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+        if width <= 32:
+            values = values.astype(np.uint32)
         order = np.argsort(values, kind="stable")
-        for p, q in equal_runs(values[order]):
-            i, j = order[p], order[q]
-            x = h[i] ^ h[j]
-            keep = popcount(x) <= k
-            for earlier_shift, earlier_mask in bands[:band]:  # reported in an earlier band already
-                keep &= ((x >> np.uint64(earlier_shift)) & np.uint64(earlier_mask)) != 0
-            if keep.any():
-                yield _ordered(i[keep], j[keep], popcount(x[keep]).astype(np.float32))
+        if h.size < 2**31:
+            order = order.astype(np.int32)
+        values, sorted_h = values[order], h[order]  # candidates read neighbouring hashes, not scattered ones
+        for p, q in equal_runs(values):
+            yield from _checked(sorted_h, order, k, plan[:band], p, q)
+        if radius:
+            yield from _flip_pairs(sorted_h, order, k, plan[:band], values, width, radius)
+        del values, order, sorted_h
+
+
+def band_plan(hashes: npt.NDArray[np.uint64], k: int) -> list[Band]:
+    """The band layout (shift, width, radius) expected to cost least for these hashes at ``k``:
+    the K + 1 exact bands, or 3 to K wider bands with radii, each estimated on a sample."""
+    n = hashes.size
+    plans = [[(shift, width, 0) for shift, width in _cuts(k + 1)]]
+    for m in range(max(2, -(-HASH_BITS // _WIDEST)), k + 1):
+        extra = k - m + 1  # radii sum: any pair within k is within its radius in some band
+        cuts = sorted(_cuts(m), key=lambda c: -c[1])  # the wider bands take the larger radii
+        plans.append(sorted((shift, width, extra // m + (b < extra % m)) for b, (shift, width) in enumerate(cuts)))
+    if n < _SMALL or len(plans) == 1:
+        return plans[0]
+    sample = hashes[np.linspace(0, n - 1, _SAMPLE).astype(np.intp)]
+    x = (sample[:, None] ^ sample[None, :])[np.triu_indices(_SAMPLE, 1)]
+    scale = n * (n - 1) / 2 / x.size
+    costs = []
+    for plan in plans:
+        candidates = sum(int((popcount((x >> np.uint64(s)) & np.uint64((1 << w) - 1)) <= r).sum()) for s, w, r in plan)
+        probes = sum((1 << w) * _ball(w, r) for _, w, r in plan if r)  # bits of the occupancy sets
+        costs.append(candidates * scale * _PAIR_COST + probes * _PROBE_COST + len(plan) * n * _SORT_COST)
+    return plans[int(np.argmin(costs))]
+
+
+def _cuts(count: int) -> list[tuple[int, int]]:
+    """(shift, width) of ``count`` bands of near-equal width covering the 64 bits."""
+    edges = [round(b * HASH_BITS / count) for b in range(count + 1)]
+    return [(lo, hi - lo) for lo, hi in itertools.pairwise(edges)]
+
+
+def _ball(width: int, radius: int) -> int:
+    """How many values are within ``radius`` bits of one value of ``width`` bits, itself left out."""
+    return sum(math.comb(width, d) for d in range(1, radius + 1))
+
+
+def _flips(width: int, radius: int) -> Iterator[int]:
+    for d in range(1, radius + 1):
+        for bits in itertools.combinations(range(width), d):
+            yield sum(1 << b for b in bits)
+
+
+def _flip_pairs(
+    sorted_h: npt.NDArray[np.uint64],
+    order: Positions,
+    k: int,
+    earlier: list[Band],
+    values: npt.NDArray[np.uint32],
+    width: int,
+    radius: int,
+) -> Iterator[PairChunk]:
+    """The pairs whose band values differ in 1 to ``radius`` bits: bucket v with bucket v ^ f,
+    each pair of buckets once (from the one whose value has f's highest bit clear). Which
+    buckets are occupied is a bit set, so finding the pairs of buckets costs 2^width / 64
+    word operations a flip f, however many hashes there are."""
+    counts = np.bincount(values, minlength=max(64, 1 << width))
+    starts = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    occupied = np.packbits(counts > 0, bitorder="little").view("<u8").astype(np.uint64)
+    word = np.arange(occupied.size)
+    for f in _flips(width, radius):
+        top = f.bit_length() - 1
+        moved = occupied[word ^ (f >> 6)]  # bit v of moved: bucket v ^ f is occupied
+        for b in range(min(6, top + 1)):
+            if f >> b & 1:
+                shift, low = np.uint64(1 << b), np.uint64(_LOW_HALF[b])
+                moved = ((moved >> shift) & low) | ((moved & low) << shift)
+        both = occupied & moved
+        if top < 6:
+            both &= np.uint64(_LOW_HALF[top])
+        else:
+            both[(word >> (top - 6)) & 1 == 1] = 0
+        if not both.any():
+            continue
+        source = np.flatnonzero(np.unpackbits(both.view(np.uint8), bitorder="little"))
+        cut = np.searchsorted(starts[source + 1], np.arange(_ROWS, int(starts[-1]), _ROWS))  # ~_ROWS hashes at once
+        for part in np.split(source, np.unique(cut)):
+            if part.size:
+                yield from _cross(sorted_h, order, k, earlier, starts, counts, part, part ^ f)
+
+
+def _cross(
+    sorted_h: npt.NDArray[np.uint64],
+    order: Positions,
+    k: int,
+    earlier: list[Band],
+    starts: npt.NDArray[np.int64],
+    counts: npt.NDArray[np.int64],
+    source: npt.NDArray[np.int64],
+    target: npt.NDArray[np.int64],
+) -> Iterator[PairChunk]:
+    """Every hash of each source bucket with every hash of its target bucket, checked. The
+    bucket pairs are taken by the target's size b, so each source hash meets its b targets as
+    one row of a (rows, b) array: no pair is spelled out unless it is within the limit."""
+    size = counts[target]
+    if size.max() < 1 << 16:
+        size = size.astype(np.uint16)  # sorted by radix
+    by_size = np.argsort(size, kind="stable")
+    size = size[by_size]
+    edges = np.flatnonzero(np.diff(size)) + 1
+    for part in np.split(np.arange(size.size), edges):
+        b = int(size[part[0]])
+        pick = by_size[part]
+        a, s0, t0 = counts[source[pick]], starts[source[pick]], starts[target[pick]]
+        rank = np.arange(int(a.sum())) - np.repeat(np.cumsum(a) - a, a)
+        p, t = np.repeat(s0, a) + rank, np.repeat(t0, a)  # a row per source hash; its targets from t
+        step = max(1, CHUNK_PAIRS // b)
+        for r in range(0, p.size, step):
+            for c in range(0, b, CHUNK_PAIRS):
+                columns = np.arange(c, min(b, c + CHUNK_PAIRS))
+                q = t[r : r + step, None] + columns[None, :]
+                yield from _checked(sorted_h, order, k, earlier, np.broadcast_to(p[r : r + step, None], q.shape), q)
+
+
+def _checked(
+    sorted_h: npt.NDArray[np.uint64], order: Positions, k: int, earlier: list[Band], p: Positions, q: Positions
+) -> Iterator[PairChunk]:
+    """The candidates (p, q) (positions in band order, arrays of one shape) within ``k`` bits
+    that no earlier band had as candidates, as positions (i, j) of the hashes."""
+    x = sorted_h[p] ^ sorted_h[q]
+    distance = popcount(x)
+    keep = distance <= k
+    for shift, width, radius in earlier:  # reported in an earlier band already
+        keep &= popcount((x >> np.uint64(shift)) & np.uint64((1 << width) - 1)) > radius
+    if keep.any():
+        i, j = order[p[keep]].astype(np.intp), order[q[keep]].astype(np.intp)
+        yield _ordered(i, j, distance[keep].astype(np.float32))
 
 
 def brute_force_hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
