@@ -28,6 +28,21 @@ TITLES = {
     "similar": "`similar ID --type dhash -k 10`",
     "merge": "`merge CATALOG --into NEW`",
 }
+GOALS = {  # issue #34's "what it should be"
+    "export-jsonl-split": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
+    "export-parquet": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
+    "loader-plan": "~16 bytes a sample, shared by workers",
+    "stats": "about a second at 10^8",
+    "per-label": "well under a second at 10^8",
+    "index-suggest": "under a minute at 10^8",
+    "query-jsonl": ">= 0.7x the bare loop",
+    "check": "fine; keep it so",
+    "mark": ">= 200k ids/s on a 10^8 catalog",
+    "dups": "peak RSS under 1 GB at 10^8",
+    "leaks": "peak RSS under 1 GB at 10^8",
+    "similar": "peak RSS under 1 GB at 10^8",
+    "merge": "peak RSS under 1 GB at 10^8",
+}
 BASELINES = {
     "bare-scan": "one full pass (bare sqlite3 `GROUP BY status`)",
     "bare-jsonl": "bare sqlite3 loop writing the same jsonl",
@@ -118,7 +133,7 @@ def grows(case: str, by_rows: dict[int, dict[str, Any]]) -> str | None:
         f"({secs(a['figures']['cpu_s'])} -> {secs(b['figures']['cpu_s'])} s), {w:.1f}x wall, {m:.2f}x peak RSS "
         f"({mb(a['figures']['peak_rss_mb'])} -> {mb(b['figures']['peak_rss_mb'])} MB). 10^9 rows by projection: "
         f"~{human(cpu9)} of CPU, ~{mb(rss9)} MB peak RSS, {disk * 1e9 / 1e9:,.0f} GB of catalog "
-        f"({disk:.0f} B/row){more}."
+        f"({disk:.0f} B/row){more}." + (f" Goal: {GOALS[case]}." if case in GOALS else "")
     )
 
 
