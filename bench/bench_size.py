@@ -614,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "load": [round(x, 1) for x in os.getloadavg()], "cores": os.cpu_count()}  # fmt: skip
             began = time.perf_counter()
             try:
-                record.update(_scan(s))
+                with held(LOCK if a.lock else None):
+                    record.update(_scan(s))
             except (Skip, Failed) as why:
                 record["skipped" if isinstance(why, Skip) else "failed"] = str(why)
             record["case_s"] = round(time.perf_counter() - began, 1)

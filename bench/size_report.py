@@ -88,7 +88,10 @@ def note(record: dict[str, Any]) -> str:
     if "index_build_s" in extra:
         bits.append(f"index built in {extra['index_build_s']} s")
     if "rss_after_import_mb" in extra:
-        bits.append(f"{extra['rss_after_import_mb']:,.0f} MB of it python+torch+dlindex")
+        own = record["figures"]["peak_rss_mb"] - extra["rss_after_import_mb"]
+        samples = extra["batches"] * 256 * 8  # every rank's share, about the selection
+        bits.append(f"{extra['rss_after_import_mb']:,.0f} MB is python+torch+dlindex imported; the plan's own "
+                    f"~{own:,.0f} MB, ~{own * 2**20 / max(samples, 1):,.0f} B a selected sample")  # fmt: skip
     if "suggestions" in extra:
         bits.append(f"{len(extra['suggestions'])} suggestion(s), sample 1/{extra.get('sample')}")
     if "vectors" in extra:
@@ -138,6 +141,8 @@ def grows(case: str, by_rows: dict[int, dict[str, Any]]) -> str | None:
 
 
 def human(s: float) -> str:
+    if s < 10:
+        return f"{s:.1f} s"
     if s < 120:
         return f"{s:.0f} s"
     if s < 7200:
