@@ -146,7 +146,11 @@ class Size:
         return self.shared.stat().st_size
 
     def need_disk(self, nbytes: float, what: str) -> None:
-        free = shutil.disk_usage(self.scratch).free - growing(self.shared.parent)
+        free = shutil.disk_usage(self.scratch).free
+        if os.stat(self.scratch).st_dev == os.stat(self.shared.parent).st_dev:
+            free -= growing(self.shared.parent)
+        if Path(self.scratch).resolve().is_relative_to("/dev/shm"):  # tmpfs: RAM that others need too
+            free = min(free, mem_available())
         if free - nbytes < MIN_FREE:
             raise Skip(f"{what} needs ~{nbytes / 1e9:.1f} GB of {self.scratch}, {free / 1e9:.1f} GB free (keep 8 GB)")
 
@@ -211,6 +215,11 @@ def growing(folder: Path) -> int:
             with contextlib.suppress(ValueError, OSError):
                 pending += max(0, int(db.name.split("-")[1]) * 300 - db.stat().st_size)
     return pending
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
 
 
 def brief(f: dict[str, Any]) -> str:
@@ -399,7 +408,11 @@ def _mark(s: Size) -> dict[str, Any]:
         n, lo, hi = conn.execute("SELECT count(*), min(id), max(id) FROM m").fetchone()
     span = hi - lo + 1
     # every changed page goes to the WAL (and, at the checkpoint, back): ~the span's share of the file
-    s.need_disk(s.catalog_bytes() * span / s.rows * 1.1, f"mark's WAL for ids {lo:,}..{hi:,}")
+    try:
+        s.need_disk(s.catalog_bytes() * span / s.rows * 1.1, f"mark's WAL for ids {lo:,}..{hi:,}")
+    except Skip:
+        saved.unlink()
+        raise
     with contextlib.closing(sqlite3.connect(f"file:{saved}?mode=ro", uri=True)) as conn, ids_file.open("w") as f:
         f.writelines(f"{i}\n" for (i,) in conn.execute("SELECT id FROM m ORDER BY id"))
 

@@ -209,3 +209,47 @@ def render(results: Path) -> str:
               "python bench/bench_size.py --render                               # this section from saved results",
               "```", END]  # fmt: skip
     return "\n".join(lines)
+
+
+def expect_table(results: Path) -> str:
+    """docs/scale.md's table: CPU s and peak RSS per command at each size; 10^8 projected (marked)
+    from the two largest sizes where it was not measured."""
+    data = load(results)
+    sizes = (10**6, 10**7, 10**8)
+    lines = ["| command | " + " | ".join(f"{power(n)} rows: CPU s, peak RSS" for n in sizes) + " |",
+             "|---|" + "---:|" * len(sizes)]  # fmt: skip
+    for case in ORDER:
+        by_rows = {r: rec for r, rec in data.get(case, {}).items() if "figures" in rec}
+        if not by_rows:
+            continue
+        cells = []
+        for n in sizes:
+            rec = by_rows.get(n)
+            if rec:
+                f = rec["figures"]
+                cells.append(f"{secs(f['cpu_s'])} s, {mb(f['peak_rss_mb'])} MB")
+                continue
+            done = sorted(r for r in by_rows if r < n)
+            if len(done) < 2:
+                cells.append("")
+                continue
+            a, b = by_rows[done[-2]]["figures"], by_rows[done[-1]]["figures"]
+            if case == "mark":  # it marks the processed ids, up to 10M: project by ids, not rows
+                last = by_rows[done[-1]]["extra"]
+                ids = min(10_000_000, n * last["ids"] // done[-1])
+                cells.append(f"~{human(b['cpu_s'] * ids / last['ids'])} for {ids / 1e6:.0f}M ids (projected)")
+                continue
+            decades, ahead = math.log10(done[-1] / done[-2]), math.log10(n / done[-1])
+            t = max((b["cpu_s"] / max(a["cpu_s"], 0.01)) ** (1 / decades), 1.0)
+            m = max((b["peak_rss_mb"] / max(a["peak_rss_mb"], 1)) ** (1 / decades), 1.0)
+            cells.append(f"~{human(b['cpu_s'] * t**ahead)}, ~{mb(b['peak_rss_mb'] * m**ahead)} MB (projected)")
+        lines.append(f"| {TITLES[case]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import os
+    import sys
+
+    default = Path(os.environ.get("DLINDEX_BENCH_DIR") or "/tmp/dlindex-bench") / "scale-results"
+    print(expect_table(Path(sys.argv[1]) if len(sys.argv) > 1 else default))
