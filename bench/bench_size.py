@@ -138,6 +138,7 @@ class Size:
     allow_writes: bool
     timeout_s: float
     mark_ids: int
+    no_baseline: bool = False
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     _copy: Path | None = None
 
@@ -189,6 +190,8 @@ class Size:
 
     def baseline(self, name: str) -> dict[str, Any]:
         """A baseline, measured once per run and size (on the shared catalog: read-only)."""
+        if self.no_baseline:
+            return {}
         if name not in self.baselines:
             db = str(self.shared)
             if name == "bare-scan":
@@ -556,7 +559,7 @@ def run_size(a: argparse.Namespace, rows: int, names: list[str], env: dict[str, 
     shared = a.catalog or ensure_catalog(rows)
     in_place = a.in_place or rows >= 10**8
     s = Size(rows=rows, shared=shared, scratch=a.scratch, results=a.results, env=env, in_place=in_place,
-             allow_writes=a.allow_writes, timeout_s=a.timeout, mark_ids=a.mark_ids)  # fmt: skip
+             allow_writes=a.allow_writes, timeout_s=a.timeout, mark_ids=a.mark_ids, no_baseline=a.no_baseline)  # fmt: skip
     lock = LOCK if a.lock else None
     if rows >= 10**8 and not a.lock and not under_outer_lock():
         raise SystemExit(f"10^8 rows: run under `flock {LOCK} nice -n 19 ...` or pass --lock")
@@ -600,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lock", action="store_true", help=f"take {LOCK} around each case (not under flock)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a command may run (killed after)")
     ap.add_argument("--mark-ids", type=int, default=10_000_000, help="mark: at most this many processed ids")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the full-pass baselines (a quick cell at 10^8)")
     ap.add_argument("--render", action="store_true", help="only render docs from the saved results")
     ap.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
     a = ap.parse_args(argv)
