@@ -541,7 +541,8 @@ def code_revision() -> str:
         return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, check=False).stdout.strip()
 
     dirty = git("status", "--porcelain", "--untracked-files=no", "dlindex")
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    # the last commit that changed dlindex/: what was measured, whatever bench/ or docs/ did since
+    return git("log", "-1", "--format=%h", "--", "dlindex") + ("+dirty" if dirty else "")
 
 
 def save(results: Path, key: str, name: str, record: dict[str, Any]) -> None:
