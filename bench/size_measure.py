@@ -1,0 +1,98 @@
+"""How bench/bench_size.py measures one command: a fresh process, its CPU seconds (os.wait4: the
+process and every descendant it waited for), wall seconds, and the peak RSS of its whole process
+tree, polled from /proc.
+
+Why /proc and not the cgroup: this machine's memory controller is cgroup v1 (no ``memory.peak``),
+and v1's ``memory.max_usage_in_bytes`` counts the page cache the command reads through: a 3 GB
+catalog read once would show as 3 GB. The poll sums VmRSS (anonymous + file-mapped + shared
+pages) of the command and every descendant every ``POLL_S`` seconds; a peak shorter than that can
+be missed, so the largest single process's own peak (``ru_maxrss`` from wait4, exact) is kept
+too, and the figure reported is the larger of the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+POLL_S = 0.1
+
+
+def tree_rss_kib(pid: int) -> int:
+    """VmRSS of ``pid`` and every descendant, KiB."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, ()))
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            pass
+    return total
+
+
+class Failed(Exception):
+    """A measured command exited non-zero or ran past its time limit."""
+
+
+def measure(
+    cmd: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[bytes] | int | None = None,
+    timeout_s: float = 600.0, ok_codes: tuple[int, ...] = (0,),
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``cmd`` once: wall_s, cpu_s (user + system), peak_rss_mb (tree), max_rss_mb (largest process)."""
+    began = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL if stdout is None else stdout,
+        stderr=subprocess.PIPE, start_new_session=True,  # its own group: a timeout kills the whole tree
+    )  # fmt: skip
+    peak = 0
+    done = threading.Event()
+    timed_out = threading.Event()
+
+    def poll() -> None:
+        nonlocal peak
+        while not done.wait(POLL_S):
+            peak = max(peak, tree_rss_kib(proc.pid))
+            if time.perf_counter() - began > timeout_s and not timed_out.is_set():
+                timed_out.set()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    assert proc.stderr is not None
+    err = proc.stderr.read()  # the child's stderr is small (summaries, progress off: not a TTY)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - began
+    done.set()
+    poller.join()
+    if timed_out.is_set():
+        raise Failed(f"over the {timeout_s:.0f} s limit (killed)")
+    if proc.returncode not in ok_codes:
+        raise Failed(f"exit {proc.returncode}: {err.decode(errors='replace').strip()[-400:]}")
+    max_rss = usage.ru_maxrss / 1024
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+        "peak_rss_mb": round(max(peak / 1024, max_rss), 1),
+        "max_rss_mb": round(max_rss, 1),
+        "rc": proc.returncode,
+        "stderr_tail": err.decode(errors="replace").strip()[-300:],
+    }
