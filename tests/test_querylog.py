@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,6 +145,31 @@ def test_scan_writes_are_counted_per_statement_shape(image_tree: Path, db_path: 
     assert ("image_metadata", 7, 7) in writes  # six PNGs and the broken file, in one upsert shape
     assert ("labels", 1, 2) in writes  # both labels (cat, dog) in one set-based statement
     assert all(table in ("image_metadata", "labels", "roots", "scans") for table, _, _ in writes)
+
+
+@SQLITE_ONLY
+def test_the_writes_of_a_transaction_whose_commit_failed_are_not_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dlindex.catalog.recorder.FLUSH_SECONDS", 3600.0)  # nothing flushes before the close
+    db = balanced(tmp_path / "b.db", {"a": 100})
+    with Catalog(db) as catalog:
+        conn = catalog.conn
+        real = conn.execute
+
+        def commit_fails(sql: str, parameters: Any = (), /) -> Any:
+            if sql == "COMMIT":  # as a full disk or a lost server would
+                raise sqlite3.OperationalError("disk I/O error")
+            return real(sql, parameters)
+
+        conn.execute = commit_fails  # type: ignore[method-assign]
+        with pytest.raises(sqlite3.OperationalError), catalog.write_transaction() as tx:
+            tx.execute("UPDATE image_metadata SET width = 1 WHERE id = 1")
+        del conn.execute
+        with catalog.write_transaction() as tx:
+            tx.execute("UPDATE image_metadata SET width = 2 WHERE id = 2")
+    assert rows(db, "SELECT width FROM image_metadata WHERE id IN (1, 2) ORDER BY id")[1] == (2,)
+    assert rows(db, "SELECT kind, calls, rows FROM query_log WHERE sql LIKE 'UPDATE%'") == [("write", 1, 1)]
 
 
 def test_write_counts_are_batched_not_one_row_per_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

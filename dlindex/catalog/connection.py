@@ -196,7 +196,6 @@ class Catalog:
             conn.on_write = None
             if not bookkeeping:
                 conn.execute(BUMP, {"token": new_token()})  # one row per transaction: scan speed is unaffected
-                log.commit_writes()
                 if log.due():
                     log.flush_into(conn)  # rides along: no transaction of its own
                     flushed = True
@@ -210,6 +209,7 @@ class Catalog:
             raise
         if flushed:
             log.flushed()
+        log.commit_writes()  # only now: the writes of a transaction that did not commit are never logged as done
 
     def _translate(self, e: Exception, bookkeeping: bool) -> BaseException:
         """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
