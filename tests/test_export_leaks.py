@@ -9,13 +9,16 @@ import json
 import shutil
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from typer.testing import CliRunner
 
+import dlindex.export.leaks as leaks_module
 from dlindex import Catalog, mark_samples
 from dlindex.errors import DlindexWarning
 from dlindex.export.assignment import export_assignment, rule_assignment
@@ -25,7 +28,7 @@ from dlindex.features.matrix import load_matrix
 from dlindex.quality.duplicate_groups import DEFAULT_MAX_DISTANCE
 from dlindex.quality.hashes import load_hashes
 
-from .conftest import compute, export, scan
+from .conftest import compute, export, invoke, scan
 
 RULE = "train=0.6,val=0.4"
 
@@ -285,3 +288,37 @@ def test_a_split_rule_selects_what_export_would(tmp_path: Path) -> None:
         exported = export_assignment(catalog, tmp_path / "out")
     assert out.samples == 6 and sum(rule.counts().values()) == 6
     assert rule.ids.tolist() == exported.ids.tolist() and rule.codes.tolist() == exported.codes.tolist()
+
+
+def test_exact_leaks_of_a_rule_hold_only_the_samples_of_shared_content(
+    leaky: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#34: `leaks --split` without --type keeps the samples whose content another shares, not
+    every selected one (an id and a split per row: ~2 GB at 10^8); same pairs, summaries, counts."""
+    db = tmp_path / "c.db"
+    with sqlite3.connect(leaky) as source, sqlite3.connect(db) as target:
+        source.backup(target)
+    # content hashes that are not hex put copies in splits by id: exact copies then leak
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE image_metadata SET xxh3_128 = 'zz' || substr(xxh3_128, 3) WHERE xxh3_128 IS NOT NULL")
+    with Catalog(db) as c:
+        full, shared = rule_assignment(c, RULE), rule_assignment(c, RULE, shared_only=True)
+        whole, part = leak_pairs(c, full), leak_pairs(c, shared)
+        assert list(part) == list(whole) and part.summaries == whole.summaries
+        assert [s.exact for s in part.summaries] == [len(list(leak_pairs(c, full)))] != [0]
+    assert shared.counts() == full.counts() and shared.missing == full.missing == 0
+    assert 0 < shared.ids.size < full.ids.size / 4
+
+    held: list[int] = []
+    real = leaks_module.leak_pairs
+
+    def spy(catalog: Catalog, assignment: Any, **kwargs: Any) -> Any:
+        held.append(assignment.ids.size)
+        return real(catalog, assignment, **kwargs)
+
+    monkeypatch.setattr(leaks_module, "leak_pairs", spy)
+    result = invoke(CliRunner(), "leaks", "--split", RULE, "--format", "jsonl", "--no-log", "--db", str(db))
+    assert result.exit_code == 0, result.output
+    assert len(result.stdout.splitlines()) == part.summaries[0].pairs
+    assert held == [shared.ids.size]
+    assert f"{RULE}: {full.counts()['train']} train, {full.counts()['val']} val" in result.stderr

@@ -98,7 +98,8 @@ def leaks(
             assignment = export_assignment(catalog, export_dir)
         else:
             assert split is not None
-            assignment = rule_assignment(catalog, split, select.spec())
+            # exact copies only: the samples of shared content are all it needs (#34)
+            assignment = rule_assignment(catalog, split, select.spec(), shared_only=feature_type is None)
         search = leak_pairs(catalog, assignment, feature_type=feature_type, max_distance=max_distance,
                             threshold=threshold)  # fmt: skip
         out = resolve_format(None if fmt is None else OutputFormat(fmt.value))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.export.plan import ID, ExportError, parse_split, select_rows, split_of
+from dlindex.export.plan import HASH, ID, ExportError, parse_split, select_rows, split_of
 from dlindex.exported.confine import ConfineError, hash_regular, resolve_inside
 from dlindex.exported.formats import FORMATS, MANIFEST_SUFFIXES, get, listing
 from dlindex.exported.ids import wds_ids
@@ -34,6 +34,11 @@ Codes = npt.NDArray[np.int16]
 MAX_SPLITS = 1 << 12  # split names an index.json may list; real exports have 2 or 3
 _ALL_IDS = "SELECT id FROM image_metadata ORDER BY id"
 _RECORDED = "SELECT format, samples, catalog_changes FROM exports WHERE path = :path"
+# The selected rows whose content another catalog sample shares, ordered by content: the only
+# samples an exact copy can be among. The database groups (externally, beyond its cache).
+_SHARED_OF_QUERY = """SELECT * FROM ({query}) AS selected WHERE xxh3_128 IN
+    (SELECT xxh3_128 FROM image_metadata WHERE xxh3_128 IS NOT NULL GROUP BY xxh3_128 HAVING count(*) > 1)
+    ORDER BY xxh3_128, id"""
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,11 @@ class Assignment:
     codes: Codes
     source: str  # the export folder, or the rule as given
     missing: int = 0
+    # Set by rule_assignment(shared_only=True), where ``ids`` hold only the samples whose content
+    # another sample shares: the samples per split of the whole selection, and per position a
+    # number shared by the samples of the same content.
+    totals: tuple[int, ...] | None = None
+    content: npt.NDArray[np.int64] | None = None
 
     def split_of(self, sample_id: int) -> str | None:
         """The split of one sample, None if it is in none."""
@@ -57,25 +67,58 @@ class Assignment:
 
     def counts(self) -> dict[str, int]:
         """Samples per split, in split order."""
+        if self.totals is not None:
+            return dict(zip(self.splits, self.totals, strict=True))
         per = np.bincount(self.codes.astype(np.intp), minlength=len(self.splits))
         return {name: int(n) for name, n in zip(self.splits, per.tolist(), strict=True)}
 
 
-def rule_assignment(catalog: Catalog, rule: str | Mapping[str, float], spec: QuerySpec | None = None) -> Assignment:
-    """The split ``dlindex export --split RULE`` gives each sample ``spec`` selects (default: status ok)."""
+def rule_assignment(
+    catalog: Catalog, rule: str | Mapping[str, float], spec: QuerySpec | None = None, *, shared_only: bool = False
+) -> Assignment:
+    """The split ``dlindex export --split RULE`` gives each sample ``spec`` selects (default: status ok).
+
+    ``shared_only``: only the samples whose content another catalog sample shares (all exact
+    copies are among them), with ``totals`` and ``content`` set; the rest of the selection is
+    counted as it streams by, never held (memory grows with the copies, not the catalog).
+    """
     fractions = parse_split(rule)
     assert fractions is not None
     assign = split_of(fractions)
     code = {name: k for k, name in enumerate(fractions)}
     # has_class: as export, which leaves out files with no class (directly under ROOT)
-    rows, _ = select_rows(catalog, replace(spec or QuerySpec(), order="id", has_class=True), False, 0)
+    spec = replace(spec or QuerySpec(), order="id", has_class=True)
+    shown = rule if isinstance(rule, str) else ",".join(f"{k}={v:g}" for k, v in fractions.items())
     ids = array.array("q")
     codes = array.array("h")
+    if not shared_only:
+        rows, _ = select_rows(catalog, spec, False, 0)
+        for row in rows:
+            ids.append(row[ID])
+            codes.append(code[assign(row)])
+        return _assignment(tuple(fractions), np.frombuffer(ids, np.int64), np.frombuffer(codes, np.int16), shown, None)
+    totals = dict.fromkeys(fractions, 0)
+    rows, _ = select_rows(catalog, spec, False, 0)
     for row in rows:
+        totals[assign(row)] += 1
+    groups = array.array("q")
+    previous, number = None, -1
+    rows, _ = select_rows(catalog, spec, False, 0, wrap=(_SHARED_OF_QUERY, {}))
+    for row in rows:  # ordered by content: equal ones are neighbours
+        if row[HASH] != previous:
+            previous, number = row[HASH], number + 1
         ids.append(row[ID])
         codes.append(code[assign(row)])
-    shown = rule if isinstance(rule, str) else ",".join(f"{k}={v:g}" for k, v in fractions.items())
-    return _assignment(tuple(fractions), np.frombuffer(ids, np.int64), np.frombuffer(codes, np.int16), shown, None)
+        groups.append(number)
+    by_id = np.argsort(np.frombuffer(ids, np.int64), kind="stable")
+    return Assignment(
+        tuple(fractions),
+        np.ascontiguousarray(np.frombuffer(ids, np.int64)[by_id]),
+        np.ascontiguousarray(np.frombuffer(codes, np.int16)[by_id]),
+        shown,
+        totals=tuple(totals.values()),
+        content=np.ascontiguousarray(np.frombuffer(groups, np.int64)[by_id]),
+    )
 
 
 def export_assignment(catalog: Catalog, out_dir: str | os.PathLike[str]) -> Assignment:

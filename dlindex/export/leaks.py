@@ -83,7 +83,7 @@ class LeakSearch:
         self.assignment = assignment
         self.feature_type = feature_type
         n = assignment.ids.size
-        self._content = _content_codes(catalog, assignment)
+        self._content = assignment.content if assignment.content is not None else _content_codes(catalog, assignment)
         self._near: Iterator[tuple[Positions, Positions, npt.NDArray[np.float32]]] | None = None
         self.without_vector = 0  # samples of the assignment with no vector of the type
         if feature_type is None:
