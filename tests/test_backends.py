@@ -100,6 +100,7 @@ def scenario(tmp: Path, db: str) -> dict[str, Any]:
     cli("similar", "similar", "3", "--type", "thumb", "--top", "3", "--format", "jsonl")
     cli("dups", "dups", "--format", "jsonl")
     cli("leaks", "leaks", "--type", "dhash", "--split", "train=0.5,val=0.5", "--format", "jsonl")
+    cli("leaks-exact", "leaks", "--split", "train=0.5,val=0.5", "--label", "cat", "--format", "jsonl")
     cli("roots", "roots", "list")
     npz = tmp / "dhash.npz"
     cli("features-export", "features", "export", str(npz), "--type", "dhash")
