@@ -136,6 +136,8 @@ def search(
         columns = min(columns, span)
     blocked = None if allowed is None else ~allowed
     least, most = _norm_range(norms, columns)
+    if paged:  # the ids and norms read so far (the selection's rows, the range): 16 bytes a row
+        matrix.release()
     if most > _LARGEST or least < _SMALLEST:
         # float32 products could overflow or underflow, which the bound does not cover:
         # score every candidate in float64 instead (slow, and only for such data).
