@@ -40,6 +40,7 @@ def small_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("dlindex.features.neighbours._BLOCK_ELEMENTS", 7)
     monkeypatch.setattr("dlindex.features.neighbours._RESIDENT_BYTES", 0)  # read by blocks, pages dropped
     monkeypatch.setattr("dlindex.features.neighbours._COLUMN_BYTES", 100)
+    monkeypatch.setattr("dlindex.features.neighbours._ID_CHUNK", 4)
 
 
 def bits(value: int) -> npt.NDArray[np.float32]:
@@ -231,3 +232,40 @@ def test_dups_on_a_full_disk_is_one_line_and_exit_4(near_db: Path | str, monkeyp
     assert len(lines) == 1 and lines[0].startswith("Error: ") and "disk full" in lines[0], result.stderr
     with Catalog(near_db) as c:
         assert list(matrix_path(c, "dhash").parent.iterdir()) == []
+
+
+def test_similar_holds_a_row_mask_not_every_selected_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A catalog of many rows and few vectors: the selection and, with --other-labels, the
+    (id, label) pairs are read a chunk at a time onto the matrix's rows, so the peak of the
+    search does not grow with the catalog (before: every selected id and every pair at once)."""
+    import tracemalloc
+
+    from dlindex.features.matrix import _memo
+
+    n, few = 40_000, 60
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((few, 8)).astype(np.float32)
+    labels = [("a", "b", "c")[i % 3] for i in range(n)]
+    db = make_catalog(tmp_path / "s.db", [Row(label) for label in labels])
+    np.savez(tmp_path / "v.npz", ids=np.arange(1, few + 1), vectors=vectors)
+    from dlindex.features import import_features
+
+    with Catalog(db) as c:
+        import_features(c, "v", tmp_path / "v.npz")
+    monkeypatch.setattr("dlindex.features.neighbours._ID_CHUNK", 1000, raising=False)
+    with Catalog(db, log=False) as c:
+        load_matrix(c, "v")
+        for matrix in _memo.values():
+            matrix.masks.clear()
+        spec = QuerySpec(labels=("a", "b"), cache=False)  # the query cache keeps <= 100k ids: bounded
+        tracemalloc.start()
+        try:
+            found = nearest(c, [1, 2], "v", k=4, other_labels=True, spec=spec)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    ok = {i + 1 for i in range(few) if labels[i] != "c"}
+    assert [[(x.id, x.distance) for x in one] for one in found] == [
+        brute_force(vectors, labels[:few], q, 4, "cosine", ok, other_labels=True) for q in (1, 2)
+    ]
+    assert peak < n * 8, peak  # 8 bytes a catalog row: 320 KB (before: ~780 KB; now ~170 KB)

@@ -35,7 +35,7 @@ _FORMAT = 1
 # Files up to this size are faulted in whole when mapped (a search reads every page); larger
 # ones page in as read, and a pass over them drops what it read (``Matrix.release``), so a
 # process's resident memory stays bounded whatever the matrix's size.
-_POPULATE_BYTES = 256 << 20
+_POPULATE_BYTES = 64 << 20  # as neighbours._RESIDENT_BYTES: a larger one is never held whole
 _memo: dict[str, Matrix] = {}  # matrix file -> the matrix this process holds of it
 
 Rows = npt.NDArray[np.intp]  # row indices into a matrix, -1 where there is none

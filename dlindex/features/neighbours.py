@@ -9,8 +9,9 @@ float64 brute force.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -34,11 +35,17 @@ _LARGEST, _SMALLEST = 1e18, 1e-15
 _BLOCK_ELEMENTS = 1 << 23  # scores computed per block of queries: at most 32 MiB of float32
 # A matrix larger than this is read 64 MiB of rows at a time, its pages dropped after each
 # block, so resident memory stays bounded; a smaller one stays mapped whole, as it was read.
-_RESIDENT_BYTES = 512 << 20
+# (At 512 MiB a 10^7-row catalog's dhash matrix, 272 MB, stayed resident whole: it was most
+# of the command's peak.) Paged, a block of queries is as many as 32 MiB of scores allows
+# against one 64 MiB block of rows, so a batch of queries passes over the file fewer times.
+_RESIDENT_BYTES = 64 << 20
 _COLUMN_BYTES = 64 << 20
 # No class (NULL): a distinct negative stand-in per row, never equal to another label or to -1.
 _LABELS = "SELECT id, coalesce(label_id, -1 - id) FROM image_metadata ORDER BY id"
 _KNOWN_IDS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
+# Selected ids and (id, label) pairs are read from the catalog this many at a time and mapped
+# onto the matrix's rows, so memory holds a row mask (1 byte a vector), not every selected id.
+_ID_CHUNK = 1 << 16
 
 Distances = npt.NDArray[np.float64]
 Labels = npt.NDArray[np.int64]  # per matrix row: its label id, or a stand-in unique to the row
@@ -121,13 +128,16 @@ def search(
     # |float32 dot - exact dot| <= dim*u*|a||b| for any summation order; doubled for margin,
     # plus the few roundings of the float32 arithmetic that turns dots into distances.
     slack = np.float32(2.0 * (dim + 8) * _U)
-    block = max(1, min(256, _BLOCK_ELEMENTS // max(n, 1)))
-    columns = max(1, _BLOCK_ELEMENTS // block)
     paged = vectors.nbytes > _RESIDENT_BYTES
+    span = min(n, max(1, _COLUMN_BYTES // max(1, vectors.itemsize * dim))) if paged else n
+    block = max(1, min(256, _BLOCK_ELEMENTS // max(span, 1)))
+    columns = max(1, _BLOCK_ELEMENTS // block)
     if paged:
-        columns = min(columns, max(1, _COLUMN_BYTES // max(1, vectors.itemsize * dim)))
+        columns = min(columns, span)
     blocked = None if allowed is None else ~allowed
     least, most = _norm_range(norms, columns)
+    if paged:  # the ids and norms read so far (the selection's rows, the range): 16 bytes a row
+        matrix.release()
     if most > _LARGEST or least < _SMALLEST:
         # float32 products could overflow or underflow, which the bound does not cover:
         # score every candidate in float64 instead (slow, and only for such data).
@@ -254,9 +264,10 @@ def _candidates(catalog: Catalog, matrix: Matrix, spec: QuerySpec) -> Mask | Non
     if memo_key in matrix.masks:
         return matrix.masks[memo_key]
     selected = (row["id"] for row in selected_rows(catalog, replace(spec, columns=("id",))))
-    rows = matrix.rows_of(np.sort(np.fromiter(selected, dtype=np.int64)))
     mask = np.zeros(matrix.ids.size, dtype=bool)
-    mask[rows[rows >= 0]] = True
+    for chunk in _chunks(selected, 1):
+        rows = matrix.rows_of(np.sort(chunk[:, 0]))
+        mask[rows[rows >= 0]] = True
     allowed = None if mask.all() else mask
     _remember(matrix, memo_key, allowed)
     return allowed
@@ -267,14 +278,23 @@ def _labels(catalog: Catalog, matrix: Matrix) -> Labels:
     held = matrix.masks.get(memo_key)
     if held is not None:
         return held
-    pairs = np.fromiter((x for row in catalog.read(_LABELS) for x in row), dtype=np.int64).reshape(-1, 2)
-    at = np.searchsorted(pairs[:, 0], matrix.ids)
-    at[at >= len(pairs)] = 0
-    labels: Labels = (
-        np.where(pairs[at, 0] == matrix.ids, pairs[at, 1], -1) if len(pairs) else np.full(matrix.ids.size, -1)
-    )
+    labels: Labels = np.full(matrix.ids.size, -1, dtype=np.int64)  # -1: a row with no catalog row
+    for pairs in _chunks(catalog.read(_LABELS), 2):
+        rows = matrix.rows_of(pairs[:, 0])
+        found = rows >= 0
+        labels[rows[found]] = pairs[found, 1]
     _remember(matrix, memo_key, labels)
     return labels
+
+
+def _chunks(rows: Iterable[Any], width: int) -> Iterator[npt.NDArray[np.int64]]:
+    """``rows`` (ints, or tuples of ``width`` ints) as (m, width) int64 arrays of at most _ID_CHUNK rows."""
+    it = iter(rows) if width == 1 else (x for row in rows for x in row)
+    while True:
+        part = np.fromiter(itertools.islice(it, _ID_CHUNK * width), dtype=np.int64)
+        if not part.size:
+            return
+        yield part.reshape(-1, width)
 
 
 def _remember(matrix: Matrix, key: tuple[Any, ...], value: Mask | Labels | None) -> None:
