@@ -3,9 +3,14 @@ need no image files; on the backend of the run (tests/backends.py)."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from dlindex import Catalog
 from dlindex.catalog.sqlite.migrations import path_hash
@@ -75,3 +80,16 @@ def make_catalog(path: Path, rows: list[Row], root: str = ROOT) -> Location:
 def balanced(path: Path, labels: dict[str, int]) -> Location:
     """``labels`` maps a label to its number of plain ok, unprocessed rows."""
     return make_catalog(path, [Row(label) for label, n in labels.items() for _ in range(n)])
+
+
+def generated_catalog(db: Path, *, chunk: int, **spec: Any) -> Path:
+    """A catalog made by bench/make_catalog.py with ``CatalogSpec(**spec)`` (numpy needed: skips without it)."""
+    pytest.importorskip("numpy")
+    bench = str(Path(__file__).resolve().parents[1] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        make_catalog = importlib.import_module("make_catalog")
+    finally:
+        sys.path.remove(bench)
+    make_catalog.make_sqlite(db, make_catalog.CatalogSpec(**spec), chunk=chunk)
+    return db

@@ -3,13 +3,11 @@ fills, and a --shuffle export killed with -9 while writing its shards."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -17,6 +15,7 @@ from dlindex.exported import ExportError
 from dlindex.exported.verify import verify_export
 
 from .conftest import REPO, export
+from .synthetic import generated_catalog
 from .test_faults_disk import namespace, one_error_line, run_on_tmpfs
 
 __all__ = ["namespace"]  # the fixture, imported to be used here
@@ -26,14 +25,7 @@ __all__ = ["namespace"]  # the fixture, imported to be used here
 def sorted_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated catalog of 40,000 rows: its shuffled rows (~6 MB) outgrow SQLite's 2 MiB
     sorter, which then writes them to temporary files."""
-    pytest.importorskip("numpy")
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        make_catalog: ModuleType = importlib.import_module("make_catalog")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    db = tmp_path_factory.mktemp("sorted") / "c.db"
-    make_catalog.make_sqlite(db, make_catalog.CatalogSpec(rows=40_000), chunk=10_000)
+    db = generated_catalog(tmp_path_factory.mktemp("sorted") / "c.db", chunk=10_000, rows=40_000)
     return db
 
 

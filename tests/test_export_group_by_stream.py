@@ -3,12 +3,9 @@ every sample), the splits are those a map would give, and the group counts come 
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -17,7 +14,8 @@ from dlindex.export.groups import Grouping, group_points, value_point
 from dlindex.export.plan import content_point, split_of
 from dlindex.scan import labels
 
-from .conftest import REPO, export
+from .conftest import export
+from .synthetic import generated_catalog
 
 FRACTIONS = {"train": 0.7, "val": 0.2, "test": 0.1}
 
@@ -25,14 +23,9 @@ FRACTIONS = {"train": 0.7, "val": 0.2, "test": 0.1}
 @pytest.fixture(scope="module")
 def attr_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """2,000 generated rows, 60% of them in `source` groups of 20 (bench/make_catalog.py)."""
-    pytest.importorskip("numpy")
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        make_catalog: ModuleType = importlib.import_module("make_catalog")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    db = tmp_path_factory.mktemp("groupby") / "c.db"
-    make_catalog.make_sqlite(db, make_catalog.CatalogSpec(rows=2_000, attributes=0.6, dups=0.02), chunk=500)
+    db = generated_catalog(
+        tmp_path_factory.mktemp("groupby") / "c.db", chunk=500, rows=2_000, attributes=0.6, dups=0.02
+    )
     return db
 
 

@@ -3,11 +3,8 @@ them), each in its own folder's split, read without counting the whole selection
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,7 +13,8 @@ from dlindex import Catalog, sample_ids
 from dlindex.export import run
 from dlindex.query.spec import QuerySpec
 
-from .conftest import REPO, export
+from .conftest import export
+from .synthetic import generated_catalog
 
 ROWS = 2_000
 
@@ -24,14 +22,7 @@ ROWS = 2_000
 @pytest.fixture(scope="module")
 def tree_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated catalog (bench/make_catalog.py) of a train/ + val/ tree, val a quarter."""
-    pytest.importorskip("numpy")
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        make_catalog: ModuleType = importlib.import_module("make_catalog")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    db = tmp_path_factory.mktemp("limits") / "c.db"
-    make_catalog.make_sqlite(db, make_catalog.CatalogSpec(rows=ROWS, val=0.25, hostile=0.01), chunk=500)
+    db = generated_catalog(tmp_path_factory.mktemp("limits") / "c.db", chunk=500, rows=ROWS, val=0.25, hostile=0.01)
     return db
 
 

@@ -4,14 +4,12 @@ plan it replaced, memory bounded by a budget, and nothing left behind by a full 
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from dlindex.export import ExportError, spill
 from dlindex.export.plan import DEFAULT_SPLIT, make_plan, split_of
 
 from .conftest import REPO, export, invoke, one_error_line
+from .synthetic import generated_catalog
 
 ROWS = 3_000
 SMALL = "160KiB"  # 256 rows for a few groups: every multi-group export below spills many chunks
@@ -122,14 +121,7 @@ def test_a_budget_too_small_is_one_line(tmp_path: Path, rows: int, budget: int) 
 @pytest.fixture(scope="module")
 def bench_catalog(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A generated catalog (bench/make_catalog.py): val/ folders, hostile names, repeated content."""
-    pytest.importorskip("numpy")
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        make_catalog: ModuleType = importlib.import_module("make_catalog")
-    finally:
-        sys.path.remove(str(REPO / "bench"))
-    db = tmp_path_factory.mktemp("stream") / "c.db"
-    make_catalog.make_sqlite(db, make_catalog.CatalogSpec(rows=ROWS, hostile=0.01, dups=0.02), chunk=1000)
+    db = generated_catalog(tmp_path_factory.mktemp("stream") / "c.db", chunk=1000, rows=ROWS, hostile=0.01, dups=0.02)
     return db
 
 
