@@ -32,6 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, compile_sources, write_section
 from make_catalog import ensure_catalog
+from size_measure import tree_rss_kib
 
 START, END = "<!-- bench_export_size:start -->", "<!-- bench_export_size:end -->"
 BEFORE = " [before]"
@@ -63,29 +64,6 @@ with open(sys.argv[2], "w") as out:
             f'"width":{w},"height":{h},"format":"{f}","bytes":{b},"xxh3_128":"{x}"}}\n'
             for i, r, p, l, w, h, f, b, x in batch))
 """
-
-
-def tree_rss_kib(pid: int) -> int:
-    """RSS of ``pid`` and every descendant, KiB."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(parents.get(p, ()))
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-        except OSError:
-            pass
-    return total
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float]:
