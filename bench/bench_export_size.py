@@ -46,24 +46,6 @@ CASES: dict[str, list[str]] = {
     "parquet": ["--format", "parquet"],
     "jsonl --limit 20": ["--format", "jsonl", "--limit", "20"],
 }  # fmt: skip
-# The baseline: the rows export selects (status ok, a class, not excluded), as jsonl lines.
-BARE = r"""
-import json, sqlite3, sys
-conn = sqlite3.connect(sys.argv[1])
-labels = dict(conn.execute("SELECT id, name FROM labels"))
-ids = {k: i for i, k in enumerate(sorted(labels, key=labels.get))}
-roots = dict(conn.execute("SELECT id, path FROM roots"))
-q = json.encoder.encode_basestring
-sql = ("SELECT id, root_id, file_path, label_id, width, height, format, bytes, xxh3_128 FROM image_metadata "
-       "WHERE status = 'ok' AND label_id IS NOT NULL AND excluded = 0 ORDER BY id")
-with open(sys.argv[2], "w") as out:
-    cur = conn.execute(sql)
-    while batch := cur.fetchmany(4096):
-        out.write("".join(
-            f'{{"id":{i},"path":{q(roots[r] + "/" + p)},"label":{q(labels[l])},"label_id":{ids[l]},'
-            f'"width":{w},"height":{h},"format":"{f}","bytes":{b},"xxh3_128":"{x}"}}\n'
-            for i, r, p, l, w, h, f, b, x in batch))
-"""
 
 
 def run(cmd: list[str], env: dict[str, str], cwd: Path) -> dict[str, float]:
@@ -102,7 +84,13 @@ def bench_size(
     out = scratch / f"export-size-{rows}.out"
     results: dict[str, Any] = {"rows": rows}
     try:
-        base = run([sys.executable, "-c", BARE, str(db), str(out) + ".jsonl"], env, work)
+        bare = [
+            sys.executable,
+            str(Path(__file__).resolve().parent / "baselines" / "export_jsonl.py"),
+            str(db),
+            str(out) + ".jsonl",
+        ]
+        base = run(bare, env, work)
         with open(str(out) + ".jsonl", "rb") as f:
             selected = sum(1 for _ in f)
         os.unlink(str(out) + ".jsonl")

@@ -70,24 +70,6 @@ import sqlite3, sys
 conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
 print(conn.execute("SELECT status, count(*), sum(bytes), sum(processed) FROM image_metadata GROUP BY status").fetchall())
 """
-# the rows an export selects (status ok, a class, not excluded), as jsonl lines (bench_export_size's loop)
-BARE_EXPORT = r"""
-import json, sqlite3, sys
-conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
-labels = dict(conn.execute("SELECT id, name FROM labels"))
-ids = {k: i for i, k in enumerate(sorted(labels, key=labels.get))}
-roots = dict(conn.execute("SELECT id, path FROM roots"))
-q = json.encoder.encode_basestring
-sql = ("SELECT id, root_id, file_path, label_id, width, height, format, bytes, xxh3_128 FROM image_metadata "
-       "WHERE status = 'ok' AND label_id IS NOT NULL AND excluded = 0 ORDER BY id")
-out = sys.stdout
-cur = conn.execute(sql)
-while batch := cur.fetchmany(4096):
-    out.write("".join(
-        f'{{"id":{i},"path":{q(roots[r] + "/" + p)},"label":{q(labels[l])},"label_id":{ids[l]},'
-        f'"width":{w},"height":{h},"format":"{f}","bytes":{b},"xxh3_128":"{x}"}}\n'
-        for i, r, p, l, w, h, f, b, x in batch))
-"""
 # what an epoch plan needs at least: the selected ids and labels in arrays, this rank's share taken
 BARE_IDS = """
 import array, sqlite3, sys
@@ -199,7 +181,7 @@ class Size:
             elif name == "bare-jsonl":
                 figures = self.run([sys.executable, str(HERE / "baselines" / "query_jsonl.py"), db])
             elif name == "bare-export":
-                figures = self.py(BARE_EXPORT, db)
+                figures = self.run([sys.executable, str(HERE / "baselines" / "export_jsonl.py"), db])
             elif name == "bare-ids":
                 figures = self.py(BARE_IDS, db)
             else:
