@@ -75,11 +75,15 @@ __all__ = ["CatalogSpec", "ensure_catalog", "make_sentinels", "make_sqlite"]
 
 # What dlindex looks at to tell a moved or unmounted tree (dlindex/catalog/reachable.py): a few
 # present files from each end of the key range. These few exist; the other rows have no file.
+# root_id in the WHERE lets the (root_id, file_path) unique index serve the ORDER BY (without
+# it SQLite sorts the whole table: ~10 minutes at 10^8 rows).
 FIRST_FILES = (
-    "SELECT file_path, file_path_bytes FROM image_metadata WHERE status != 'missing' ORDER BY file_path LIMIT 3"
+    "SELECT file_path, file_path_bytes FROM image_metadata WHERE root_id = 1 AND status != 'missing' "
+    "ORDER BY file_path LIMIT 3"
 )
 LAST_FILES = (
-    "SELECT file_path, file_path_bytes FROM image_metadata WHERE status != 'missing' ORDER BY file_path DESC LIMIT 3"
+    "SELECT file_path, file_path_bytes FROM image_metadata WHERE root_id = 1 AND status != 'missing' "
+    "ORDER BY file_path DESC LIMIT 3"
 )
 # The smallest valid PNG (1x1, grey): what the few real files hold.
 TINY_PNG = bytes.fromhex(
