@@ -184,7 +184,9 @@ def test_scan_creates_the_schema_once_under_the_lock(pg_url: str, tmp_path: Path
 
 def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
     """8 mark and 8 features compute processes at once on overlapping samples: every process
-    succeeds (no lock error, no deadlock), and every update is there."""
+    succeeds (no lock error, no deadlock), and every update is there. Each waits up to 240 s
+    for a lock (default 30 s): 16 processes queueing on two busy cores can wait past 30 s,
+    and a wait that runs out is not what this test is about."""
     root = make_tree(tmp_path / "tree", 800)
     subprocess.run([*DLINDEX, "scan", str(root), "--db", pg_url, "--quiet"], check=True, timeout=120)
     rng = random.Random(7)
@@ -192,7 +194,7 @@ def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
     marks = []
     for k, ids in enumerate(sets):
         flag = ["--processing-status", "completed"] if k % 2 else ["--processed"]
-        proc = subprocess.Popen([*DLINDEX, "mark", *flag, "--db", pg_url, "--quiet"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([*DLINDEX, "mark", *flag, "--db", pg_url, "--quiet", "--wait", "240"], stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE)  # fmt: skip
         assert proc.stdin is not None
         proc.stdin.write("\n".join(map(str, ids)).encode())
@@ -200,7 +202,8 @@ def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
         marks.append(proc)
     computes = [
         subprocess.Popen(
-            [*DLINDEX, "features", "compute", "--type", "dhash", "--workers", "1", "--db", pg_url, "--quiet"],
+            [*DLINDEX, "features", "compute", "--type", "dhash", "--workers", "1", "--db", pg_url, "--quiet",
+             "--wait", "240"],
             stderr=subprocess.PIPE,
         )
         for _ in range(8)
