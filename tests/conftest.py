@@ -93,6 +93,17 @@ def runner() -> CliRunner:
     return CliRunner()
 
 
+@pytest.fixture
+def plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder for the loader's epoch plans (DLINDEX_PLAN_DIR), set for the test."""
+    from dlindex.loader import shared_plan
+
+    folder = tmp_path / "plans"
+    folder.mkdir()
+    monkeypatch.setenv(shared_plan.ENV, str(folder))
+    return folder
+
+
 @pytest.fixture(autouse=True)
 def _no_dlindex_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith("DLINDEX_")]:

@@ -26,14 +26,6 @@ from .synthetic import Row, make_catalog
 CLASSES = ("ant", "bee", "cow", "dog", "eel")
 
 
-@pytest.fixture
-def plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "plans"
-    folder.mkdir()
-    monkeypatch.setenv(shared_plan.ENV, str(folder))
-    return folder
-
-
 def catalog(tmp_path: Path, n: int) -> Path:
     rows = [Row(CLASSES[(i * 3) % len(CLASSES)]) for i in range(n)]
     return Path(str(make_catalog(tmp_path / "c.db", rows)))
