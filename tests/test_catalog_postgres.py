@@ -202,8 +202,20 @@ def test_many_writers_lose_no_update(pg_url: str, tmp_path: Path) -> None:
         marks.append(proc)
     computes = [
         subprocess.Popen(
-            [*DLINDEX, "features", "compute", "--type", "dhash", "--workers", "1", "--db", pg_url, "--quiet",
-             "--wait", "240"],
+            [
+                *DLINDEX,
+                "features",
+                "compute",
+                "--type",
+                "dhash",
+                "--workers",
+                "1",
+                "--db",
+                pg_url,
+                "--quiet",
+                "--wait",
+                "240",
+            ],
             stderr=subprocess.PIPE,
         )
         for _ in range(8)
