@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
+from dlindex.quality.band_parts import Partitions, Sorted, partition_bits, sorted_partition
 from dlindex.quality.hashes import HASH_BITS
 
 Positions = npt.NDArray[np.intp]
@@ -41,10 +42,7 @@ _WIDEST = 22
 _SMALL = 20_000  # fewer hashes than this: the K + 1 exact bands, no estimate
 _SAMPLE = 2048  # hashes whose pairs estimate each layout's candidates (2M pairs)
 _ROWS = 1 << 18  # hashes of the source buckets paired at once
-# Bands of more hashes than this are searched a partition (and a pair of partitions) at a time,
-# the partitions cut by the band's top bits and written to a temporary file (band_parts.py):
-# memory holds ~2 partitions (16 bytes a hash), not ~30 bytes for every hash.
-PART_HASHES = 1 << 20
+PART_HASHES = 1 << 20  # more hashes: a band is searched by partitions on disk (band_parts.py)
 # Estimated seconds a candidate pair, a bit of an occupancy set per flip and a sorted hash cost (measured)
 _PAIR_COST, _PROBE_COST, _SORT_COST = 1.5e-8, 4e-9, 1.5e-7
 # Per bit b < 6 of a 64-bit word: the bits whose position has bit b clear (0x5555..., 0x3333...)
@@ -85,12 +83,10 @@ def hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
         yield from brute_force_hash_pairs(h, k)
         return
     plan = band_plan(h, k)
-    parts = partition_bits(h.size)
+    parts = partition_bits(h.size, PART_HASHES)
     for band, (shift, width, radius) in enumerate(plan):
         if parts and width > 1:  # many hashes: the band's candidates come from partitions on disk
-            from dlindex.quality.band_parts import partitioned_pairs
-
-            yield from partitioned_pairs(h, k, plan[:band], (shift, width, radius), min(parts, width - 1))
+            yield from _partitioned(h, k, plan[:band], (shift, width, radius), min(parts, width - 1))
             continue
         values = (h >> np.uint64(shift)) & np.uint64((1 << width) - 1)
         if width <= 32:
@@ -103,9 +99,32 @@ def hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
         del values, order, sorted_h
 
 
-def partition_bits(n: int) -> int:
-    """Top bits of a band that cut ``n`` hashes into partitions of about PART_HASHES: 0 for few."""
-    return max(0, math.ceil(math.log2(n / PART_HASHES))) if n > PART_HASHES else 0
+def _partitioned(h: npt.NDArray[np.uint64], k: int, earlier: list[Band], band: Band, parts: int) -> Iterator[PairChunk]:
+    """One band's pairs, a partition of its top ``parts`` bits (and a pair of them) at a time (band_parts.py)."""
+    shift, width, radius = band
+    low = width - parts
+    with Partitions(h, shift + low, parts, PART_HASHES) as store:
+        for p in range(1 << parts):
+            here = sorted_partition(store.read(p), shift, low)
+            yield from band_pairs(*here[:2], k, earlier, here[2], low, radius)
+            for g in _flips(parts, radius):
+                if not p >> (g.bit_length() - 1) & 1:  # each pair of partitions once, from p with g's top bit clear
+                    there = sorted_partition(store.read(p ^ g), shift, low)
+                    yield from _between(here, there, k, earlier, low, radius - g.bit_count())
+
+
+def _between(here: Sorted, there: Sorted, k: int, earlier: list[Band], low: int, radius: int) -> Iterator[PairChunk]:
+    """The candidates between two partitions: low band bits equal or 1 to ``radius`` bits apart."""
+    if not (here[0].size and there[0].size):
+        return
+    sorted_h, order = np.concatenate((here[0], there[0])), np.concatenate((here[1], there[1]))
+    counts, starts, occupied = buckets(here[2], low)
+    other_counts, other_starts, other_occupied = buckets(there[2], low)
+    other_starts += here[0].size  # the second partition follows the first in sorted_h
+    for f in itertools.chain([0], _flips(low, radius)):
+        both = occupied & moved(other_occupied, f)
+        if both.any():
+            yield from cross(sorted_h, order, k, earlier, (starts, counts), (other_starts, other_counts), both, f)
 
 
 def band_pairs(
