@@ -297,3 +297,26 @@ def test_exact_groups_wait_on_disk_not_in_memory(tmp_path: Path, monkeypatch: py
     assert seen == [(g.ids, g.kept) for g in whole] and len(whole) > 3000
     assert streamed == [g.kept for g in whole]
     assert peak < 500_000, peak  # the kept ids (~36 B a group) and a batch: ~0.2 MB; before: ~3 MB
+
+
+def test_a_full_disk_under_the_exact_groups_sort_is_one_line_and_exit_4(
+    near_db: Path | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from dlindex.quality import scratch
+
+    from .conftest import invoke
+
+    def full(conn: sqlite3.Connection, statement: str, rows: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(scratch, "insert_rows", full)
+    monkeypatch.setattr(groups_module, "insert_rows", full)
+    result = invoke(CliRunner(), "dups", "--db", str(near_db))
+    assert result.exit_code == 4, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "disk full" in lines[0], result.stderr
+    assert result.stdout == ""

@@ -142,3 +142,29 @@ def test_many_hashes_are_searched_a_partition_at_a_time(monkeypatch: pytest.Monk
         tracemalloc.stop()
     assert count == len(whole) and collect(hash_pairs(h, 4)) == whole and len(whole) > 1000
     assert peak < 16 * n, peak  # ~0.6 MB
+
+
+def test_a_full_disk_while_partitions_are_written_is_one_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import tempfile
+
+    from dlindex.errors import DiskFullError
+
+    class Full:
+        def __init__(self) -> None:
+            self.closed = False
+
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def close(self) -> None:
+            self.closed = True
+
+    files: list[Full] = []
+    monkeypatch.setattr(tempfile, "TemporaryFile", lambda **kw: files.append(Full()) or files[-1])
+    monkeypatch.setattr(pairs, "PART_HASHES", 64)
+    h = np.random.default_rng(2).integers(0, 2**64, 1000, dtype=np.uint64)
+    with pytest.raises(DiskFullError) as raised:
+        list(hash_pairs(h, 4))
+    assert "\n" not in str(raised.value) and "disk full" in str(raised.value)
+    assert files and all(f.closed for f in files)
