@@ -267,6 +267,29 @@ def _loader_plan(s: Size) -> dict[str, Any]:
             "figures": figures, "baseline": s.baseline("bare-ids"), "extra": extra}  # fmt: skip
 
 
+@case("loader-workers")
+def _loader_workers(s: Size) -> dict[str, Any]:
+    """The plan, then a DataLoader of 2 forked workers that each take their part of it
+    (bench_loader_plan.py's child): the tree's peak RSS counts the pages the workers share
+    with the parent (python, torch, the mapped plan) once per process, its peak Pss once."""
+    child = [sys.executable, str(HERE / "bench_loader_plan.py"), "--child", str(s.shared), "--child-workers", "fork"]
+    with (s.scratch / "loader-workers.out").open("w+b") as out:
+        figures = s.run(child, stdout=out)
+        out.seek(0)
+        got = json.loads(out.read().decode().strip().splitlines()[-1])
+    (s.scratch / "loader-workers.out").unlink()
+    workers = got["workers_fork"]["workers"]
+    extra = {"batches": got["batches"], "rank_samples": got["rank_samples"], "plan_file_bytes": got["plan_file_bytes"],
+             "pickled_bytes": got["pickled_bytes"], "main_rss_mb": round(got["main"]["VmRSS"] / 2**20, 1),
+             "worker_rss_mb": [round(w["VmRSS"] / 2**20, 1) for w in workers],
+             "worker_pss_mb": [round(w["Pss"] / 2**20, 1) for w in workers],
+             "worker_plan_mapped_mb": [round(w["RssShmem"] / 2**20, 1) for w in workers],
+             "worker_private_mb": [round(w["Private"] / 2**20, 1) for w in workers]}  # fmt: skip
+    return {"command": "python bench/bench_loader_plan.py --child DB --child-workers fork "
+            "(CatalogDataset(DB, world_size=8, rank=3, batch_size=256), DataLoader of 2 forked workers)",
+            "figures": figures, "baseline": s.baseline("bare-ids"), "extra": extra}  # fmt: skip
+
+
 @case("dups")
 def _dups(s: Size) -> dict[str, Any]:
     return _simple(s, ["dups", "--format", "jsonl"], "bare-scan")

@@ -7,7 +7,10 @@ and v1's ``memory.max_usage_in_bytes`` counts the page cache the command reads t
 catalog read once would show as 3 GB. The poll sums VmRSS (anonymous + file-mapped + shared
 pages) of the command and every descendant every ``POLL_S`` seconds; a peak shorter than that can
 be missed, so the largest single process's own peak (``ru_maxrss`` from wait4, exact) is kept
-too, and the figure reported is the larger of the two.
+too, and the figure reported is the larger of the two. Beside it, the tree's peak Pss (the
+"Pss:" line of /proc/PID/smaps_rollup, summed): a page that n processes share counts 1/n in
+each, so forked workers that share their parent's pages (python, torch, a memory-mapped plan)
+are counted once in all, where the RSS sum counts them once per process.
 """
 
 from __future__ import annotations
@@ -26,6 +29,30 @@ POLL_S = 0.1
 
 def tree_rss_kib(pid: int) -> int:
     """VmRSS of ``pid`` and every descendant, KiB."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        except OSError:
+            pass
+    return total
+
+
+def tree_pss_kib(pid: int) -> int:
+    """Pss of ``pid`` and every descendant, KiB: shared pages counted once in all."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every descendant (from /proc/*/stat's parent ids)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -35,16 +62,12 @@ def tree_rss_kib(pid: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry))
-    total, todo = 0, [pid]
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
+        out.append(p)
         todo.extend(children.get(p, ()))
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-        except OSError:
-            pass
-    return total
+    return out
 
 
 class Failed(Exception):
@@ -55,20 +78,22 @@ def measure(
     cmd: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[bytes] | int | None = None,
     timeout_s: float = 600.0, ok_codes: tuple[int, ...] = (0,),
 ) -> dict[str, Any]:  # fmt: skip
-    """Run ``cmd`` once: wall_s, cpu_s (user + system), peak_rss_mb (tree), max_rss_mb (largest process)."""
+    """Run ``cmd`` once: wall_s, cpu_s (user + system), peak_rss_mb (tree), max_rss_mb (largest
+    process), peak_pss_mb (tree, polled)."""
     began = time.perf_counter()
     proc = subprocess.Popen(
         cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL if stdout is None else stdout,
         stderr=subprocess.PIPE, start_new_session=True,  # its own group: a timeout kills the whole tree
     )  # fmt: skip
-    peak = 0
+    peak = peak_pss = 0
     done = threading.Event()
     timed_out = threading.Event()
 
     def poll() -> None:
-        nonlocal peak
+        nonlocal peak, peak_pss
         while not done.wait(POLL_S):
             peak = max(peak, tree_rss_kib(proc.pid))
+            peak_pss = max(peak_pss, tree_pss_kib(proc.pid))
             if time.perf_counter() - began > timeout_s and not timed_out.is_set():
                 timed_out.set()
                 with contextlib.suppress(ProcessLookupError):
@@ -93,6 +118,7 @@ def measure(
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
         "peak_rss_mb": round(max(peak / 1024, max_rss), 1),
         "max_rss_mb": round(max_rss, 1),
+        "peak_pss_mb": round(peak_pss / 1024, 1),
         "rc": proc.returncode,
         "stderr_tail": err.decode(errors="replace").strip()[-300:],
     }

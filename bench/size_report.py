@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any
 
 START, END = "<!-- bench_size:start -->", "<!-- bench_size:end -->"
-ORDER = ("export-jsonl-split", "export-parquet", "loader-plan", "stats", "stats-exact", "per-label", "index-suggest",
+ORDER = ("export-jsonl-split", "export-parquet", "loader-plan", "loader-workers", "stats", "stats-exact", "per-label", "index-suggest",
          "query-jsonl", "check", "mark", "dups", "leaks", "similar", "merge")  # fmt: skip
 TITLES = {
     "export-jsonl-split": "`export --format jsonl --split train=0.9,val=0.1`",
     "export-parquet": "`export --format parquet`",
     "loader-plan": "loader epoch plan, `CatalogDataset(world_size=8, rank=3)`",
+    "loader-workers": "the same plan and a DataLoader of 2 forked workers (process tree)",
     "stats": "`stats`",
     "stats-exact": "`stats --exact`",
     "per-label": "`query --per-label 32 --seed 0` (index applied)",
@@ -32,6 +33,7 @@ GOALS = {  # issue #34's "what it should be"
     "export-jsonl-split": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "export-parquet": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "loader-plan": "~16 bytes a sample, shared by workers",
+    "loader-workers": "one copy of the plan, shared by the workers",
     "stats": "about a second at 10^8",
     "per-label": "well under a second at 10^8",
     "index-suggest": "under a minute at 10^8",
@@ -92,13 +94,19 @@ def note(record: dict[str, Any]) -> str:
         samples = extra["batches"] * 256 * 8  # every rank's share, about the selection
         bits.append(f"{extra['rss_after_import_mb']:,.0f} MB is python+torch+dlindex imported; the plan's own "
                     f"~{own:,.0f} MB, ~{own * 2**20 / max(samples, 1):,.0f} B a selected sample")  # fmt: skip
+    if "worker_plan_mapped_mb" in extra:
+        pss = record["figures"].get("peak_pss_mb")
+        bits.append(f"tree Pss {mb(pss)} MB (RSS sums count shared pages once per process)" if pss else "")
+        bits.append(f"plan file {extra['plan_file_bytes'] / 2**20:,.1f} MB, mapped by each worker "
+                    f"({', '.join(f'{x:,.1f}' for x in extra['worker_plan_mapped_mb'])} MB resident), "
+                    f"dataset pickled to each: {extra['pickled_bytes'] / 1000:,.1f} kB")  # fmt: skip
     if "suggestions" in extra:
         bits.append(f"{len(extra['suggestions'])} suggestion(s), sample 1/{extra.get('sample')}")
     if "vectors" in extra:
         bits.append(f"{extra['vectors']:,} vectors")
     if record["figures"].get("rc"):
         bits.append(f"exit {record['figures']['rc']}")
-    return "; ".join(bits)
+    return "; ".join(bit for bit in bits if bit)
 
 
 def speed(record: dict[str, Any]) -> str:

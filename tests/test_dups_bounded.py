@@ -269,3 +269,54 @@ def test_similar_holds_a_row_mask_not_every_selected_id(tmp_path: Path, monkeypa
         brute_force(vectors, labels[:few], q, 4, "cosine", ok, other_labels=True) for q in (1, 2)
     ]
     assert peak < n * 8, peak  # 8 bytes a catalog row: 320 KB (before: ~780 KB; now ~170 KB)
+
+
+def test_exact_groups_wait_on_disk_not_in_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact groups are sorted in a scratch database and read back a batch at a time, so the
+    peak of the search does not grow with the number of groups (before: every group, its
+    members and their sizes at once); the order and kept members stay duplicate_groups'."""
+    import tracemalloc
+
+    n = 12_000
+    db = make_catalog(tmp_path / "x.db", [Row("a") for _ in range(n)])
+    with raw(db) as conn:  # 4,000 groups of 2 or 3 copies, sizes so that keep=largest picks the middle
+        conn.executemany(
+            "UPDATE image_metadata SET xxh3_128 = ?, width = ?, bytes = ? WHERE id = ?",
+            [(f"c{(i * 7919) % 4000}" if i % 3 else f"c{i % 4000}", 8 + i % 5, 100, i + 1) for i in range(n)],
+        )
+    monkeypatch.setattr(groups_module, "_GROUPS_PER_LOOKUP", 50)
+    with Catalog(db, log=False) as c:
+        whole = duplicate_groups(c, keep="largest")
+        seen = [(g.ids, g.kept) for g in groups_module.iter_duplicate_groups(c, keep="largest")]
+        tracemalloc.start()
+        try:
+            streamed = [g.kept for g in groups_module.iter_duplicate_groups(c, keep="largest")]
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert seen == [(g.ids, g.kept) for g in whole] and len(whole) > 3000
+    assert streamed == [g.kept for g in whole]
+    assert peak < 500_000, peak  # the kept ids (~36 B a group) and a batch: ~0.2 MB; before: ~3 MB
+
+
+def test_a_full_disk_under_the_exact_groups_sort_is_one_line_and_exit_4(
+    near_db: Path | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from dlindex.quality import scratch
+
+    from .conftest import invoke
+
+    def full(conn: sqlite3.Connection, statement: str, rows: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(scratch, "insert_rows", full)
+    monkeypatch.setattr(groups_module, "insert_rows", full)
+    result = invoke(CliRunner(), "dups", "--db", str(near_db))
+    assert result.exit_code == 4, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and "disk full" in lines[0], result.stderr
+    assert result.stdout == ""

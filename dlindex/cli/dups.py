@@ -118,14 +118,15 @@ def dups(
         raise typer.BadParameter(
             "--overwrite replaces an earlier --html report; give --html FILE", param_hint="'--overwrite'"
         )
-    from dlindex.quality.duplicate_groups import duplicate_groups, group_rows
+    from dlindex.quality.duplicate_groups import group_rows, iter_duplicate_groups
 
     with Catalog(db, log=not no_log) as catalog:
-        groups = duplicate_groups(
+        groups: Iterable[Any] = iter_duplicate_groups(
             catalog, feature_type=feature_type, max_distance=max_distance, threshold=threshold, keep=keep.value,
             grouping="connected" if connected else "around-kept", spec=select.spec(),
-        )  # fmt: skip
+        )  # fmt: skip  # exact groups stream from a sort on disk: memory does not grow with the catalog
         if html is not None:
+            groups = list(groups)
             _write_html(catalog, groups, html, overwrite=overwrite, title=_title(feature_type))
         if rest:
             _print_ids(i for g in groups for i in g.rest)

@@ -7,8 +7,10 @@ pairs (chains included: what splits and leak checks need). The rest of a group c
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -20,6 +22,7 @@ from dlindex.errors import DlindexWarning, InputError
 from dlindex.quality.hashes import Hashes, is_hash_type, load_vectors, plain_hashes
 from dlindex.quality.linkage import around_kept, components
 from dlindex.quality.pairs import PairChunk, Positions, check_max_distance, check_threshold, embedding_pairs, hash_pairs
+from dlindex.quality.scratch import insert_rows, scratch_database
 from dlindex.query.rows import prepare
 from dlindex.query.spec import QuerySpec
 
@@ -44,6 +47,11 @@ _SHARED_SELECTED = """SELECT id, xxh3_128 FROM image_metadata WHERE xxh3_128 IN
     AND id IN ({selection}) ORDER BY xxh3_128, id"""
 _SIZES = """SELECT id, width, height, bytes, mtime_ns FROM image_metadata
     WHERE id IN (SELECT value FROM json_each(?))"""
+# Exact groups wait on disk (a scratch database) to come out largest first: memory holds a
+# batch of groups, not every group of the catalog (~1M duplicate rows at 10^8: ~430 MB as lists).
+_GROUP_TABLE = "CREATE TABLE exact_groups (size INTEGER NOT NULL, first INTEGER NOT NULL, ids BLOB NOT NULL)"
+_ADD_GROUP = "INSERT INTO exact_groups (size, first, ids) VALUES (?, ?, ?)"
+_GROUPS_IN_ORDER = "SELECT ids FROM exact_groups ORDER BY size DESC, first"
 _IDS_PER_STATEMENT = 10_000
 _GROUPS_PER_LOOKUP = 1000
 _NEVER = float("inf")  # the mtime of a file whose mtime is unknown: kept last by --keep oldest
@@ -134,19 +142,61 @@ def duplicate_groups(
     linkage = _grouping(grouping)
     if feature_type is None:
         no_limits(max_distance, threshold)
-        members = _content_groups(catalog, spec)
+        return list(exact_groups(catalog, keep=policy, spec=spec))  # already in this order
+    ids, node_of, nodes, chunks = _near_nodes(catalog, feature_type, max_distance, threshold, spec)
+    if linkage is Grouping.connected:
+        members = _by_label(ids, components(nodes, chunks)[node_of])
         sizes = _sizes(catalog, [i for group in members for i in group])
-        groups = [DuplicateGroup(tuple(g), _choose(g, policy, sizes), "exact") for g in members]
+        groups = [DuplicateGroup(tuple(g), _choose(g, policy, sizes), "near") for g in members]
     else:
-        ids, node_of, nodes, chunks = _near_nodes(catalog, feature_type, max_distance, threshold, spec)
-        if linkage is Grouping.connected:
-            members = _by_label(ids, components(nodes, chunks)[node_of])
-            sizes = _sizes(catalog, [i for group in members for i in group])
-            groups = [DuplicateGroup(tuple(g), _choose(g, policy, sizes), "near") for g in members]
-        else:
-            groups = _groups_around_kept(catalog, ids, node_of, nodes, list(chunks), policy)
+        groups = _groups_around_kept(catalog, ids, node_of, nodes, list(chunks), policy)
     groups.sort(key=lambda g: (-len(g.ids), g.ids[0]))
     return groups
+
+
+def iter_duplicate_groups(
+    catalog: Catalog,
+    *,
+    feature_type: str | None = None,
+    max_distance: int | None = None,
+    threshold: float | None = None,
+    keep: Keep | str = Keep.largest,
+    grouping: Grouping | str = Grouping.around_kept,
+    spec: QuerySpec | None = None,
+) -> Iterator[DuplicateGroup]:
+    """``duplicate_groups``' groups in the same order, one at a time: exact groups come from a
+    sort on disk (memory does not grow with the catalog), near groups from the list."""
+    if feature_type is None:  # checked now, before any output: the groups come when iterated
+        no_limits(max_distance, threshold)
+        _grouping(grouping)
+        return exact_groups(catalog, keep=_keep(keep), spec=spec)
+    return iter(duplicate_groups(
+        catalog, feature_type=feature_type, max_distance=max_distance, threshold=threshold, keep=keep,
+        grouping=grouping, spec=spec,
+    ))  # fmt: skip
+
+
+def exact_groups(
+    catalog: Catalog, *, keep: Keep | str = Keep.largest, spec: QuerySpec | None = None
+) -> Iterator[DuplicateGroup]:
+    """Groups of exact copies, largest first, then by smallest id: the groups are sorted in a
+    scratch database, then read back a batch at a time to choose each one's kept member."""
+    return _sorted_groups(catalog, _content_groups(catalog, spec), _keep(keep))
+
+
+def _sorted_groups(catalog: Catalog, content_groups: Iterable[list[int]], policy: Keep) -> Iterator[DuplicateGroup]:
+    with scratch_database() as scratch:
+        scratch.execute(_GROUP_TABLE)
+        found = ((len(g), g[0], array("q", g).tobytes()) for g in content_groups)
+        insert_rows(scratch, _ADD_GROUP, found)
+        batch: list[list[int]] = []
+        for (blob,) in itertools.chain(scratch.execute(_GROUPS_IN_ORDER), [(None,)]):  # rows read as they come
+            if blob is not None:
+                batch.append(array("q", blob).tolist())
+            if batch and (blob is None or len(batch) == _GROUPS_PER_LOOKUP):
+                sizes = _sizes(catalog, [i for group in batch for i in group])
+                yield from (DuplicateGroup(tuple(g), _choose(g, policy, sizes), "exact") for g in batch)
+                batch = []
 
 
 def group_rows(catalog: Catalog, groups: Iterable[DuplicateGroup]) -> Iterator[dict[str, Any]]:
@@ -191,22 +241,25 @@ def no_limits(max_distance: int | None, threshold: float | None) -> None:
         raise InputError(f"{option} needs a feature type (--type dhash); exact duplicates match content only")
 
 
-def _content_groups(catalog: Catalog, spec: QuerySpec | None) -> list[list[int]]:
-    """Ids (ascending) of each content hash that 2+ selected samples share."""
+def _content_groups(catalog: Catalog, spec: QuerySpec | None) -> Iterator[list[int]]:
+    """Ids (ascending) of each content hash that 2+ selected samples share, one group at a time
+    (the selection is checked now, the rows read when iterated)."""
     selection = prepare(catalog, replace(spec or QuerySpec(), columns=("id",)))
-    groups: list[list[int]] = []
+    return _runs(catalog.read(_SHARED_SELECTED.replace("{selection}", selection.selection_sql), selection.params))
+
+
+def _runs(rows: Iterable[tuple[Any, ...]]) -> Iterator[list[int]]:
+    """The ids of each run of equal contents in (id, content) rows ordered by content, of 2+."""
     members: list[int] = []
     current: object = None
-    for image_id, content in catalog.read(_SHARED_SELECTED.replace("{selection}", selection.selection_sql),
-                                          selection.params):  # fmt: skip
+    for image_id, content in rows:
         if content != current:
             if len(members) > 1:
-                groups.append(members)
+                yield members
             members, current = [], content
         members.append(int(image_id))
     if len(members) > 1:
-        groups.append(members)
-    return groups
+        yield members
 
 
 def _near_pairs(

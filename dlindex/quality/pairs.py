@@ -19,11 +19,13 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from dlindex.errors import InputError
+from dlindex.quality.band_parts import Partitions, Sorted, partition_bits, sorted_partition
 from dlindex.quality.hashes import HASH_BITS
 
 Positions = npt.NDArray[np.intp]
@@ -40,6 +42,7 @@ _WIDEST = 22
 _SMALL = 20_000  # fewer hashes than this: the K + 1 exact bands, no estimate
 _SAMPLE = 2048  # hashes whose pairs estimate each layout's candidates (2M pairs)
 _ROWS = 1 << 18  # hashes of the source buckets paired at once
+PART_HASHES = 1 << 20  # more hashes: a band is searched by partitions on disk (band_parts.py)
 # Estimated seconds a candidate pair, a bit of an occupancy set per flip and a sorted hash cost (measured)
 _PAIR_COST, _PROBE_COST, _SORT_COST = 1.5e-8, 4e-9, 1.5e-7
 # Per bit b < 6 of a 64-bit word: the bits whose position has bit b clear (0x5555..., 0x3333...)
@@ -80,7 +83,11 @@ def hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
         yield from brute_force_hash_pairs(h, k)
         return
     plan = band_plan(h, k)
+    parts = partition_bits(h.size, PART_HASHES)
     for band, (shift, width, radius) in enumerate(plan):
+        if parts and width > 1:  # many hashes: the band's candidates come from partitions on disk
+            yield from _partitioned(h, k, plan[:band], (shift, width, radius), min(parts, width - 1))
+            continue
         values = (h >> np.uint64(shift)) & np.uint64((1 << width) - 1)
         if width <= 32:
             values = values.astype(np.uint32)
@@ -88,11 +95,53 @@ def hash_pairs(hashes: npt.ArrayLike, max_distance: int) -> Iterator[PairChunk]:
         if h.size < 2**31:
             order = order.astype(np.int32)
         values, sorted_h = values[order], h[order]  # candidates read neighbouring hashes, not scattered ones
-        for p, q in equal_runs(values):
-            yield from _checked(sorted_h, order, k, plan[:band], p, q)
-        if radius:
-            yield from _flip_pairs(sorted_h, order, k, plan[:band], values, width, radius)
+        yield from band_pairs(sorted_h, order, k, plan[:band], values, width, radius)
         del values, order, sorted_h
+
+
+def _partitioned(h: npt.NDArray[np.uint64], k: int, earlier: list[Band], band: Band, parts: int) -> Iterator[PairChunk]:
+    """One band's pairs, a partition of its top ``parts`` bits (and a pair of them) at a time (band_parts.py)."""
+    shift, width, radius = band
+    low = width - parts
+    with Partitions(h, shift + low, parts, PART_HASHES) as store:
+        for p in range(1 << parts):
+            here = sorted_partition(store.read(p), shift, low)
+            yield from band_pairs(*here[:2], k, earlier, here[2], low, radius)
+            for g in _flips(parts, radius):
+                if not p >> (g.bit_length() - 1) & 1:  # each pair of partitions once, from p with g's top bit clear
+                    there = sorted_partition(store.read(p ^ g), shift, low)
+                    yield from _between(here, there, k, earlier, low, radius - g.bit_count())
+
+
+def _between(here: Sorted, there: Sorted, k: int, earlier: list[Band], low: int, radius: int) -> Iterator[PairChunk]:
+    """The candidates between two partitions: low band bits equal or 1 to ``radius`` bits apart."""
+    if not (here[0].size and there[0].size):
+        return
+    sorted_h, order = np.concatenate((here[0], there[0])), np.concatenate((here[1], there[1]))
+    counts, starts, occupied = buckets(here[2], low)
+    other_counts, other_starts, other_occupied = buckets(there[2], low)
+    other_starts += here[0].size  # the second partition follows the first in sorted_h
+    for f in itertools.chain([0], _flips(low, radius)):
+        both = occupied & moved(other_occupied, f)
+        if both.any():
+            yield from cross(sorted_h, order, k, earlier, (starts, counts), (other_starts, other_counts), both, f)
+
+
+def band_pairs(
+    sorted_h: npt.NDArray[np.uint64],
+    order: Positions,
+    k: int,
+    earlier: list[Band],
+    values: npt.NDArray[Any],
+    width: int,
+    radius: int,
+) -> Iterator[PairChunk]:
+    """The candidates of hashes sorted by their band ``values`` (``width`` bits): equal values,
+    and values 1 to ``radius`` bits apart."""
+    for p, q in equal_runs(values):
+        yield from _checked(sorted_h, order, k, earlier, p, q)
+    if radius:
+        yield from _flip_pairs(sorted_h, order, k, earlier, values, width, radius)
 
 
 def band_plan(hashes: npt.NDArray[np.uint64], k: int) -> list[Band]:
@@ -147,30 +196,57 @@ def _flip_pairs(
     each pair of buckets once (from the one whose value has f's highest bit clear). Which
     buckets are occupied is a bit set, so finding the pairs of buckets costs 2^width / 64
     word operations a flip f, however many hashes there are."""
-    counts = np.bincount(values, minlength=max(64, 1 << width))
-    starts = np.zeros(counts.size + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    occupied = np.packbits(counts > 0, bitorder="little").view("<u8").astype(np.uint64)
+    counts, starts, occupied = buckets(values, width)
     word = np.arange(occupied.size)
     for f in _flips(width, radius):
         top = f.bit_length() - 1
-        moved = occupied[word ^ (f >> 6)]  # bit v of moved: bucket v ^ f is occupied
-        for b in range(min(6, top + 1)):
-            if f >> b & 1:
-                shift, low = np.uint64(1 << b), np.uint64(_LOW_HALF[b])
-                moved = ((moved >> shift) & low) | ((moved & low) << shift)
-        both = occupied & moved
+        both = occupied & moved(occupied, f)
         if top < 6:
             both &= np.uint64(_LOW_HALF[top])
         else:
             both[(word >> (top - 6)) & 1 == 1] = 0
-        if not both.any():
-            continue
-        source = np.flatnonzero(np.unpackbits(both.view(np.uint8), bitorder="little"))
-        cut = np.searchsorted(starts[source + 1], np.arange(_ROWS, int(starts[-1]), _ROWS))  # ~_ROWS hashes at once
-        for part in np.split(source, np.unique(cut)):
-            if part.size:
-                yield from _cross(sorted_h, order, k, earlier, starts, counts, part, part ^ f)
+        if both.any():
+            yield from cross(sorted_h, order, k, earlier, (starts, counts), (starts, counts), both, f)
+
+
+def buckets(
+    values: npt.NDArray[np.uint32], width: int
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint64]]:
+    """(hashes a bucket, where each bucket starts, which buckets are occupied as a bit set) of sorted values."""
+    counts = np.bincount(values, minlength=max(64, 1 << width))
+    starts = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    return counts, starts, np.packbits(counts > 0, bitorder="little").view("<u8").astype(np.uint64)
+
+
+def moved(occupied: npt.NDArray[np.uint64], f: int) -> npt.NDArray[np.uint64]:
+    """The bit set whose bit v is bit v ^ ``f`` of ``occupied`` (word gather, then in-word swaps)."""
+    out: npt.NDArray[np.uint64] = occupied[np.arange(occupied.size) ^ (f >> 6)]
+    for b in range(min(6, f.bit_length())):
+        if f >> b & 1:
+            shift, low = np.uint64(1 << b), np.uint64(_LOW_HALF[b])
+            out = ((out >> shift) & low) | ((out & low) << shift)
+    return out
+
+
+def cross(
+    sorted_h: npt.NDArray[np.uint64],
+    order: Positions,
+    k: int,
+    earlier: list[Band],
+    sources: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    targets: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
+    both: npt.NDArray[np.uint64],
+    f: int,
+) -> Iterator[PairChunk]:
+    """Every source bucket v set in ``both`` with target bucket v ^ ``f``, ~_ROWS source hashes at once;
+    ``sources`` and ``targets`` are (starts, counts) of the buckets in ``sorted_h``."""
+    starts, counts = sources
+    source = np.flatnonzero(np.unpackbits(both.view(np.uint8), bitorder="little"))
+    cut = np.searchsorted(starts[source + 1], np.arange(_ROWS, int(starts[-1]), _ROWS))
+    for part in np.split(source, np.unique(cut)):
+        if part.size:
+            yield from _cross(sorted_h, order, k, earlier, starts, counts, part, part ^ f, targets)
 
 
 def _cross(
@@ -182,11 +258,13 @@ def _cross(
     counts: npt.NDArray[np.int64],
     source: npt.NDArray[np.int64],
     target: npt.NDArray[np.int64],
+    targets: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]],
 ) -> Iterator[PairChunk]:
     """Every hash of each source bucket with every hash of its target bucket, checked. The
     bucket pairs are taken by the target's size b, so each source hash meets its b targets as
     one row of a (rows, b) array: no pair is spelled out unless it is within the limit."""
-    size = counts[target]
+    target_starts, target_counts = targets
+    size = target_counts[target]
     if size.max() < 1 << 16:
         size = size.astype(np.uint16)  # sorted by radix
     by_size = np.argsort(size, kind="stable")
@@ -195,7 +273,7 @@ def _cross(
     for part in np.split(np.arange(size.size), edges):
         b = int(size[part[0]])
         pick = by_size[part]
-        a, s0, t0 = counts[source[pick]], starts[source[pick]], starts[target[pick]]
+        a, s0, t0 = counts[source[pick]], starts[source[pick]], target_starts[target[pick]]
         rank = np.arange(int(a.sum())) - np.repeat(np.cumsum(a) - a, a)
         p, t = np.repeat(s0, a) + rank, np.repeat(t0, a)  # a row per source hash; its targets from t
         step = max(1, CHUNK_PAIRS // b)
