@@ -147,14 +147,19 @@ def seek_served(plan: Sequence[str]) -> bool:
 
 def server_served(plan: Mapping[str, Any]) -> bool:
     """Whether a PostgreSQL plan (``EXPLAIN (FORMAT JSON)``'s "Plan") of a SERVER_SEEK statement
-    reads every arm as an ordered index scan whose condition holds label_id and path_hash: a
-    bitmap or sequential scan of an arm would read the label's rows, not N of them."""
-    arms = [node for node in _nodes(plan) if node.get("Alias") == "sample_rows"]
-    return bool(arms) and all(
-        node.get("Node Type") in ("Index Scan", "Index Only Scan")
-        and "label_id" in str(node.get("Index Cond", ""))
-        and "path_hash" in str(node.get("Index Cond", ""))
-        for node in arms
+    reads every arc (the scans of ``sample_rows``) as an index range whose condition holds
+    label_id and path_hash: an index scan in order, or a bitmap of that range (the planner's
+    choice for an arc it expects to be short), never the label's or the table's rows."""
+    arms = [node for node in _nodes(plan) if str(node.get("Alias", "")).startswith("sample_rows")]
+    return bool(arms) and all(_ranged(node) for node in arms)
+
+
+def _ranged(node: Mapping[str, Any]) -> bool:
+    if node.get("Node Type") == "Bitmap Heap Scan":
+        return any(_ranged(child) for child in node.get("Plans", ()) if child.get("Node Type") == "Bitmap Index Scan")
+    condition = str(node.get("Index Cond", ""))
+    return node.get("Node Type") in ("Index Scan", "Index Only Scan", "Bitmap Index Scan") and all(
+        column in condition for column in ("label_id", "path_hash")
     )
 
 
