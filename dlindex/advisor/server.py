@@ -148,10 +148,10 @@ def suggest_server_indexes(
         if sample.sample > 1:
             say(f"verifying on a sample: every {sample.sample}th row of {', '.join(sample.tables)} (temporary tables)")
         say(f"timing {len(timed)} reads on the server")
-        before = _time_all(conn, reads, timed, runs, time_limit_s, skipped)
+        before = _time_all(conn, reads, timed, runs, time_limit_s, skipped, sample=sample)
         say("building the winners in a transaction that is rolled back, timing every logged read")
         winners, after, sizes, note = _verify(conn, catalog.wait_s, winners, reads, timed, before, runs, time_limit_s,
-                                              rejected)  # fmt: skip
+                                              rejected, sample)  # fmt: skip
     finally:
         sample.drop()
     if sample.sample > 1:
@@ -218,17 +218,20 @@ def _hypothetical(hypo: Hypothetical, c: Candidate, sql: str, reads: Mapping[str
 
 
 def _time_all(conn: PgConnection, reads: Mapping[str, ServerStatement], fps: Sequence[str], runs: int,
-              time_limit_s: float, skipped: list[Skipped], *, transaction: bool = True) -> dict[str, Timed]:  # fmt: skip
-    """Each read timed on the server with its first logged parameter set (median of ``runs``)."""
+              time_limit_s: float, skipped: list[Skipped], *, transaction: bool = True,
+              sample: ServerSample | None = None) -> dict[str, Timed]:  # fmt: skip
+    """Each read timed on the server with its first logged parameter set (median of ``runs``);
+    on ``sample``'s tables, as ``ServerSample.scaled`` says."""
+    scaled = sample.scaled if sample is not None else (lambda run: run)
     out: dict[str, Timed] = {}
     for fp in fps:
         try:
             if transaction:
                 with read_only(conn, time_limit_s):
-                    out[fp] = time_run(conn, _run_of(conn, reads[fp]), runs)
+                    out[fp] = time_run(conn, scaled(_run_of(conn, reads[fp])), runs)
             else:
                 conn.execute_raw("SAVEPOINT dlindex_timed")
-                out[fp] = time_run(conn, _run_of(conn, reads[fp]), runs)
+                out[fp] = time_run(conn, scaled(_run_of(conn, reads[fp])), runs)
                 conn.execute_raw("RELEASE SAVEPOINT dlindex_timed")
         except SQL_ERRORS as e:
             if not transaction:
@@ -254,7 +257,7 @@ def _run_of(conn: PgConnection, s: ServerStatement) -> Run:
 
 def _verify(conn: PgConnection, wait_s: float, winners: list[Candidate], reads: Mapping[str, ServerStatement],
             fps: Sequence[str], before: Mapping[str, Timed], runs: int, time_limit_s: float,
-            rejected: list[Rejected]) -> tuple[list[Candidate], dict[str, Timed], dict[str, int], str]:  # fmt: skip
+            rejected: list[Rejected], sample: ServerSample) -> tuple[list[Candidate], dict[str, Timed], dict[str, int], str]:  # fmt: skip
     """The winners built together for real and every read timed, until no index is dropped."""
     after: dict[str, Timed] = {}
     sizes: dict[str, int] = {}
@@ -265,7 +268,7 @@ def _verify(conn: PgConnection, wait_s: float, winners: list[Candidate], reads: 
                 return winners, {}, {}, ("planner cost only: PostgreSQL hides an index from the transaction that "
                                          "built it while recently updated rows need it (VACUUM the table first)")  # fmt: skip
             after = _time_all(conn, reads, [fp for fp in fps if fp in before], runs, time_limit_s, [],
-                              transaction=False)  # fmt: skip
+                              transaction=False, sample=sample)  # fmt: skip
             for name in ddl:
                 row = conn.execute_raw(_SIZE, (name,)).fetchone()
                 sizes[name] = int(row[0]) if row and row[0] is not None else 0
