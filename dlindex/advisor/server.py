@@ -1,15 +1,20 @@
-"""``suggest_server_indexes``: index advice for a PostgreSQL catalog, judged by hypopg, verified by timing.
+"""``suggest_server_indexes``: index advice for a PostgreSQL catalog, from the planner's statistics, verified on a sample.
 
 1. Workload: dlindex's query log joined with pg_stat_statements (``server_workload``); the
    heaviest reads (``top``, each at least 1% of the read time, seen at least twice) are *hot*.
 2. Candidates from the hot statements, as on SQLite (``candidates``: equality, range, order,
-   partial WHEREs for flags, covering columns as ``INCLUDE``), merged.
-3. Each candidate alone as a hypothetical index (hypopg): the planner must choose it and the
-   planned cost of the statements it serves must drop to at most 1/MIN_GAIN.
-4. The winners are built for real in one transaction, every logged read is timed with its
-   logged parameters (EXPLAIN ANALYZE, BUFFERS), and the transaction is rolled back. An index
-   no plan uses, one whose statements do not touch at most 1/MIN_GAIN of the buffers, and
-   one in the plan of a read that got slower, is dropped; repeated until the set holds.
+   partial WHEREs for flags, covering columns as ``INCLUDE``), merged. A logged per-label
+   window is shaped as the seek dlindex runs once an index serves it (``Statement.seek``).
+3. Each candidate alone as a hypothetical index (hypopg), on the catalog with its own
+   statistics (EXPLAIN only, nothing run): the planner must choose it (for a per-label read:
+   every arc of its SERVER_SEEK read from the index) and the planned cost of the statements it
+   serves must drop to at most 1/MIN_GAIN.
+4. Verified on a sample (``server_sample``: every k-th row of tables over SAMPLE_ROWS rows, as
+   temporary tables; the catalog itself when all are smaller): every logged read timed
+   (EXPLAIN ANALYZE, BUFFERS), the winners built for real in one transaction, every read timed
+   again, the transaction rolled back. An index no plan uses, one whose statements do not touch
+   at most 1/MIN_GAIN of the buffers, and one in the plan of a read that got slower, is
+   dropped; repeated until the set holds.
 5. Existing indexes the server never scanned are *unused*.
 
 Nothing but dlindex's own candidates is ever built: the comparison with Dexter's rule is a
@@ -39,7 +44,8 @@ from dlindex.advisor.server_plans import (
     tables,
     time_run,
 )
-from dlindex.advisor.server_workload import ServerStatement, check_statistics, ensure_hypopg, load_server_workload
+from dlindex.advisor.server_sample import SAMPLE_ROWS, ServerSample
+from dlindex.advisor.server_workload import Run, ServerStatement, check_statistics, ensure_hypopg, load_server_workload
 from dlindex.advisor.shapes import Access, analyze
 from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.workload import Skipped
@@ -82,9 +88,11 @@ def suggest_server_indexes(
     min_share: float = MIN_SHARE,
     runs: int | None = None,
     time_limit_s: float = 10.0,
+    sample_rows: int = SAMPLE_ROWS,
     progress: Callable[[str], None] | None = None,
 ) -> Advice:
-    """Index advice for a server catalog; nothing is created but the hypopg extension, if missing."""
+    """Index advice for a server catalog; nothing is created but the hypopg extension, if missing
+    (and, for the session's time, the temporary tables of the sample)."""
     say = progress or (lambda _line: None)
     runs = runs or RUNS
     started = time.perf_counter()
@@ -116,9 +124,7 @@ def suggest_server_indexes(
     supported = [fp for fp in ranked if fp in plans and reads[fp].statement.calls >= MIN_CALLS]
     hot = [fp for fp in supported[:top] if weights[fp] >= max(min_share * total, MIN_WEIGHT_MS)]
     timed = [fp for fp in ranked if fp in plans]
-    say(f"timing {len(timed)} reads on the server")
-    before = _time_all(conn, reads, timed, runs, time_limit_s, skipped)
-    accesses = {fp: analyze(reads[fp].statement.sql, infos).accesses for fp in hot}
+    accesses = {fp: analyze(_shaped(reads[fp]), infos).accesses for fp in hot}
     candidates = merge(candidates_for(accesses, weights, infos, stats), stats)
     candidates = [c for c in candidates if not any(existing_serves(e, c, stats) for e in existing)]
     rejected: list[Rejected] = []
@@ -136,9 +142,20 @@ def suggest_server_indexes(
                 rejected.append(Rejected(sql, c.fingerprints, reason))
     finally:
         hypo.reset()
-    say("building the winners in a transaction that is rolled back, timing every logged read")
-    winners, after, sizes, note = _verify(conn, catalog.wait_s, winners, reads, timed, before, runs, time_limit_s,
-                                          rejected)  # fmt: skip
+    sample = ServerSample(conn, infos, sample_rows)
+    try:
+        sample.make(run.sql for fp in timed for run in (*reads[fp].runs[:1], *reads[fp].seek[:1]))
+        if sample.sample > 1:
+            say(f"verifying on a sample: every {sample.sample}th row of {', '.join(sample.tables)} (temporary tables)")
+        say(f"timing {len(timed)} reads on the server")
+        before = _time_all(conn, reads, timed, runs, time_limit_s, skipped, sample=sample)
+        say("building the winners in a transaction that is rolled back, timing every logged read")
+        winners, after, sizes, note = _verify(conn, catalog.wait_s, winners, reads, timed, before, runs, time_limit_s,
+                                              rejected, sample)  # fmt: skip
+    finally:
+        sample.drop()
+    if sample.sample > 1:
+        note += f"; on a sample: every {sample.sample}th row of {', '.join(sample.tables)}, times are the sample's"
     suggestions = tuple(_suggestion(c, reads, before, after, sizes) for c in winners)
     served = {fp for c in winners for fp in c.fingerprints}
 
@@ -165,7 +182,8 @@ def suggest_server_indexes(
     return Advice(
         catalog=str(catalog.path), suggestions=suggestions, unused=tuple(_unused(scanned, {s.name for s in suggestions})),
         redundant=(), hints=(), rejected=tuple(rejected), skipped=tuple(skipped), reads=len(reads),
-        writes=len(work.writes), hot=tuple(hot), read_ms=round(total, 3), sample=1,
+        writes=len(work.writes), hot=tuple(hot), read_ms=round(total, 3), sample=sample.sample,
+        sampled_from=sample.rows if sample.sample > 1 else 0,
         seconds=round(time.perf_counter() - started, 2), statements=statements, server=server,
     )  # fmt: skip
 
@@ -180,10 +198,11 @@ def _hypothetical(hypo: Hypothetical, c: Candidate, sql: str, reads: Mapping[str
     for fp in c.fingerprints:
         if fp not in current:
             continue
-        plan = explain(hypo.conn, reads[fp].runs[0])
+        seek = reads[fp].seek
+        plan = explain(hypo.conn, seek[0] if seek else reads[fp].runs[0])
         calls = reads[fp].statement.calls
         cost_before += calls * current[fp].cost
-        if name in plan.indexes:
+        if name in plan.indexes and (plan.seek_served or not seek):
             new[fp] = plan
         cost_after += calls * (plan.cost if name in plan.indexes else current[fp].cost)
     reason = None
@@ -199,18 +218,20 @@ def _hypothetical(hypo: Hypothetical, c: Candidate, sql: str, reads: Mapping[str
 
 
 def _time_all(conn: PgConnection, reads: Mapping[str, ServerStatement], fps: Sequence[str], runs: int,
-              time_limit_s: float, skipped: list[Skipped], *, transaction: bool = True) -> dict[str, Timed]:  # fmt: skip
-    """Each read timed on the server with its first logged parameter set (median of ``runs``)."""
+              time_limit_s: float, skipped: list[Skipped], *, transaction: bool = True,
+              sample: ServerSample | None = None) -> dict[str, Timed]:  # fmt: skip
+    """Each read timed on the server with its first logged parameter set (median of ``runs``);
+    on ``sample``'s tables, as ``ServerSample.scaled`` says."""
+    scaled = sample.scaled if sample is not None else (lambda run: run)
     out: dict[str, Timed] = {}
     for fp in fps:
-        run = reads[fp].runs[0]
         try:
             if transaction:
                 with read_only(conn, time_limit_s):
-                    out[fp] = time_run(conn, run, runs)
+                    out[fp] = time_run(conn, scaled(_run_of(conn, reads[fp])), runs)
             else:
                 conn.execute_raw("SAVEPOINT dlindex_timed")
-                out[fp] = time_run(conn, run, runs)
+                out[fp] = time_run(conn, scaled(_run_of(conn, reads[fp])), runs)
                 conn.execute_raw("RELEASE SAVEPOINT dlindex_timed")
         except SQL_ERRORS as e:
             if not transaction:
@@ -220,9 +241,23 @@ def _time_all(conn: PgConnection, reads: Mapping[str, ServerStatement], fps: Seq
     return out
 
 
+def _shaped(s: ServerStatement) -> str:
+    """The text candidates are drawn from: a per-label read's seek (in SQLite's words, as the file
+    catalog's advice shapes it), else the statement."""
+    return s.statement.seek[0].sql if s.seek and s.statement.seek else s.statement.sql
+
+
+def _run_of(conn: PgConnection, s: ServerStatement) -> Run:
+    """What dlindex runs for ``s`` with the indexes as they are now: its seek where the plan
+    reads every arc from an index (as ``dlindex query`` decides), else the logged statement."""
+    if s.seek and explain(conn, s.seek[0]).seek_served:
+        return s.seek[0]
+    return s.runs[0]
+
+
 def _verify(conn: PgConnection, wait_s: float, winners: list[Candidate], reads: Mapping[str, ServerStatement],
             fps: Sequence[str], before: Mapping[str, Timed], runs: int, time_limit_s: float,
-            rejected: list[Rejected]) -> tuple[list[Candidate], dict[str, Timed], dict[str, int], str]:  # fmt: skip
+            rejected: list[Rejected], sample: ServerSample) -> tuple[list[Candidate], dict[str, Timed], dict[str, int], str]:  # fmt: skip
     """The winners built together for real and every read timed, until no index is dropped."""
     after: dict[str, Timed] = {}
     sizes: dict[str, int] = {}
@@ -233,7 +268,7 @@ def _verify(conn: PgConnection, wait_s: float, winners: list[Candidate], reads: 
                 return winners, {}, {}, ("planner cost only: PostgreSQL hides an index from the transaction that "
                                          "built it while recently updated rows need it (VACUUM the table first)")  # fmt: skip
             after = _time_all(conn, reads, [fp for fp in fps if fp in before], runs, time_limit_s, [],
-                              transaction=False)  # fmt: skip
+                              transaction=False, sample=sample)  # fmt: skip
             for name in ddl:
                 row = conn.execute_raw(_SIZE, (name,)).fetchone()
                 sizes[name] = int(row[0]) if row and row[0] is not None else 0

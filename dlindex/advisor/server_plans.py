@@ -23,6 +23,7 @@ from dlindex.advisor.scratch import IndexDef
 from dlindex.advisor.server_workload import OWN
 from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
+from dlindex.query import per_label
 
 if TYPE_CHECKING:
     from dlindex.advisor.server_workload import Run
@@ -145,12 +146,15 @@ def _array_text(text: str) -> list[str]:
 class Plan:
     cost: float
     indexes: frozenset[str]
+    seek_served: bool = False  # a SERVER_SEEK statement's every arc read from a (label_id, path_hash) index
 
 
 @dataclass(frozen=True)
 class Timed:
     ms: float  # median execution time on the server
-    buffers: int  # shared buffers hit or read: the work, the same on every run of one plan
+    buffers: (
+        int  # shared and local (temporary tables') buffers hit or read: the work, the same on every run of one plan
+    )
     indexes: frozenset[str]
 
 
@@ -158,7 +162,7 @@ def explain(conn: PgConnection, run: Run) -> Plan:
     """The planner's cost of ``run`` and the indexes its plan uses (hypothetical ones included)."""
     row = conn.execute_raw(f"EXPLAIN (FORMAT JSON) {run.sql}", run.params).fetchone()
     plan = _plan(row)
-    return Plan(float(plan["Total Cost"]), frozenset(_index_names(plan)))
+    return Plan(float(plan["Total Cost"]), frozenset(_index_names(plan)), per_label.server_served(plan))
 
 
 def time_run(conn: PgConnection, run: Run, runs: int) -> Timed:
@@ -171,7 +175,13 @@ def time_run(conn: PgConnection, run: Run, runs: int) -> Timed:
         plan = data[0]["Plan"]
         if i:
             times.append(float(data[0].get("Execution Time", 0.0)))
-            buffers.append(int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0)))
+            buffers.append(
+                sum(
+                    int(plan.get(f"{kind} {what} Blocks", 0))
+                    for kind in ("Shared", "Local")
+                    for what in ("Hit", "Read")
+                )
+            )  # fmt: skip  (local: a sample's temporary tables)
         names = frozenset(_index_names(plan))
     return Timed(statistics.median(times), int(statistics.median(buffers)), names)
 

@@ -29,6 +29,7 @@ from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.catalog.fingerprint import fingerprint, table_of
 from dlindex.catalog.postgres.dialect import server_statement, translate
 from dlindex.errors import InputError
+from dlindex.query import per_label
 from dlindex.querylog.importer import LineSource
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ class ServerStatement:
     server_calls: int  # from pg_stat_statements (0: not seen there)
     server_ms: float
     source: str  # log | pg_stat_statements | both
+    # per-label sampling's SERVER_SEEK form of a logged window statement: what dlindex runs
+    # instead where an index serves it (``dlindex.query.per_label``); the advice plans it
+    seek: tuple[Run, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,9 @@ def load_server_workload(conn: PgConnection, logs: Iterable[tuple[str, LineSourc
     by_server: dict[str, tuple[str, ServerStatement]] = {}  # server fingerprint -> (log fp, statement)
     for s in (*log.reads, *log.writes):
         runs = tuple(_run(sample.sql, sample.params) for sample in s.samples) if s.kind == "read" else ()
-        by_server[_log_fingerprint(s)] = (s.fingerprint, ServerStatement(s, runs, 0, 0.0, "log"))
+        seek = tuple(_run(alt, sample.params) for sample in s.samples
+                     if s.kind == "read" and (alt := per_label.seek_of(sample.sql, server=True)) is not None)  # fmt: skip
+        by_server[_log_fingerprint(s)] = (s.fingerprint, ServerStatement(s, runs, 0, 0.0, "log", seek))
     merged: dict[str, tuple[str, ServerStatement]] = {}
     joined: set[str] = set()
     for text, calls, total_ms, rows in conn.execute_raw(_STATEMENTS).fetchall():

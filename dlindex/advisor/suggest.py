@@ -64,8 +64,8 @@ def suggest_indexes(
     """Verified index suggestions for the logged workload; the catalog is only read.
 
     On a server catalog (PostgreSQL) this is ``server.suggest_server_indexes``: judged with
-    hypothetical indexes, verified on the server; ``sample_rows`` and ``memory_limit_bytes``
-    apply to SQLite only.
+    hypothetical indexes on the catalog, verified on the server (on temporary tables holding a
+    sample of the tables over ``sample_rows``); ``memory_limit_bytes`` applies to SQLite only.
 
     Args:
         logs: ``(name, text or querylog.importer.file_lines(path))`` of captured SQL (as ``dlindex log import``
@@ -85,7 +85,7 @@ def suggest_indexes(
         from dlindex.advisor.server import suggest_server_indexes
 
         return suggest_server_indexes(catalog, logs, top=top, min_share=min_share, runs=runs,
-                                      time_limit_s=time_limit_s, progress=progress)  # fmt: skip
+                                      time_limit_s=time_limit_s, sample_rows=sample_rows, progress=progress)  # fmt: skip
     say = progress or (lambda _line: None)
     started = time.perf_counter()
     restore = stop_on_signals()

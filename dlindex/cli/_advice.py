@@ -52,7 +52,7 @@ def print_advice(a: Advice) -> None:
     if a.sample > 1:  # the times below are the sample's, not the catalog's
         sample = (f" (advised from a sample: every {a.sample}th row of large tables, about "
                   f"{a.sampled_from // a.sample:,} of {a.sampled_from:,} rows; times are the sample's)")  # fmt: skip
-    where = "on the server" if a.server is not None else f"on a scratch copy{sample}"
+    where = f"on the server{sample}" if a.server is not None else f"on a scratch copy{sample}"
     out.print(f"{len(a.suggestions)} suggestion(s) for {len(a.hot)} hot of {a.reads} logged read statements "
               f"({a.read_ms:,.1f} ms logged), verified {where} in {a.seconds:.1f} s", markup=False)  # fmt: skip
     for i, s in enumerate(a.suggestions, 1):

@@ -14,19 +14,26 @@ Two statements compute that same sample:
   of at most N entries each. Its cost follows the sample's size, not the catalog's.
 * ``WINDOW``, for any catalog: one pass numbering each label's rows in that order
   (``ROW_NUMBER() OVER (PARTITION BY label_id ...)``) and one sort. Without that index the
-  seek would read each label's rows three times, so a file catalog takes it only when SQLite's
-  plan shows every range scan served by such an index; a server catalog always takes the window.
+  seek would read each label's rows three times, so a catalog takes it only when its planner
+  shows every range scan served by such an index.
+
+A server catalog's seek is ``SERVER_SEEK``: the same arcs, per label through ``CROSS JOIN
+LATERAL`` (PostgreSQL runs a correlated ``IN`` in a join as a filter over every pair of label
+and row; the lateral arcs are one Limit over three index scans per label, the later ones run
+only while the earlier gave fewer than N rows). Its plan is read as JSON (``server_served``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
+    from dlindex.catalog.postgres.connect import PgConnection
 
 PIVOT_BITS = 60  # path_hash's width (dlindex.catalog.migrations.path_hash)
 
@@ -65,6 +72,28 @@ SEEK = (
 )
 
 
+# PostgreSQL: each label's arcs as a lateral subquery (arms and subqueries named, as it requires)
+_SERVER_ARCS = (
+    " UNION ALL ".join(
+        _ARC.replace("{arc}", arc).replace("{key}", key).replace(" LIMIT :per_label)", f" LIMIT :per_label) AS {name}")
+        for arc, key, name in (
+            (">= :pivot", "sample_rows.path_hash, sample_rows.id", "arc_after"),
+            ("< :pivot", "sample_rows.path_hash, sample_rows.id", "arc_before"),
+            ("IS NULL", "sample_rows.id", "arc_unhashed"),
+        )
+    )
+    + " LIMIT :per_label"
+)
+SERVER_SEEK = (
+    "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
+    "SELECT picked.sample_id FROM labels AS sample_labels CROSS JOIN LATERAL ("
+    + _SERVER_ARCS.replace("{label}", "sample_rows.label_id = sample_labels.id")
+    + ") AS picked UNION ALL SELECT unlabelled.sample_id FROM ("
+    + _SERVER_ARCS.replace("{label}", "sample_rows.label_id IS NULL")
+    + ") AS unlabelled){order}{limit}"
+)
+
+
 def pivot(seed: int) -> int:
     """The point on the path_hash ring where ``seed``'s sample of each label starts."""
     digest = hashlib.sha256(f"dlindex-per-label:{int(seed)}".encode()).digest()
@@ -74,14 +103,15 @@ def pivot(seed: int) -> int:
 def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
     """The per-label statement for these filters (``{columns}``, ``{order}``, ``{limit}`` left open)."""
     window = WINDOW.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
-    if catalog.backend.is_server:
-        return window
-    seek = _seek(" AND ".join(where))
-    return seek if _served(catalog, seek.replace("{columns}", "image_metadata.id"), params) else window
+    server = catalog.backend.is_server
+    seek = _seek(" AND ".join(where), server)
+    statement = seek.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
+    return seek if (_server_served if server else _served)(catalog, statement, params) else window
 
 
-def _seek(where: str) -> str:
-    return SEEK.replace("{where}", " AND " + where.replace("image_metadata.", "sample_rows.") if where else "")
+def _seek(where: str, server: bool = False) -> str:
+    filters = " AND " + where.replace("image_metadata.", "sample_rows.") if where else ""
+    return (SERVER_SEEK if server else SEEK).replace("{where}", filters)
 
 
 # A WINDOW statement as it is run and logged: its columns, filters, order and limit.
@@ -96,14 +126,14 @@ _WINDOW_TEXT = re.compile(
 )
 
 
-def seek_of(sql: str) -> str | None:
-    """The SEEK statement giving the same rows as the logged WINDOW statement ``sql`` (same
-    parameters): what ``dlindex query`` runs instead once an index serves it; None if ``sql``
-    is no per-label WINDOW statement."""
+def seek_of(sql: str, server: bool = False) -> str | None:
+    """The SEEK statement (``server``: SERVER_SEEK) giving the same rows as the logged WINDOW
+    statement ``sql`` (same parameters): what ``dlindex query`` runs instead once an index
+    serves it; None if ``sql`` is no per-label WINDOW statement."""
     m = _WINDOW_TEXT.fullmatch(sql)
     if m is None:
         return None
-    return _seek(m["where"] or "").replace("{columns}", m["columns"]).replace("{order}{limit}", m["tail"])
+    return _seek(m["where"] or "", server).replace("{columns}", m["columns"]).replace("{order}{limit}", m["tail"])
 
 
 def seek_served(plan: Sequence[str]) -> bool:
@@ -115,7 +145,42 @@ def seek_served(plan: Sequence[str]) -> bool:
     )
 
 
+def server_served(plan: Mapping[str, Any]) -> bool:
+    """Whether a PostgreSQL plan (``EXPLAIN (FORMAT JSON)``'s "Plan") of a SERVER_SEEK statement
+    reads every arc (the scans of ``sample_rows``) as an index range whose condition holds
+    label_id and path_hash: an index scan in order, or a bitmap of that range (the planner's
+    choice for an arc it expects to be short), never the label's or the table's rows."""
+    arms = [node for node in _nodes(plan) if str(node.get("Alias", "")).startswith("sample_rows")]
+    return bool(arms) and all(_ranged(node) for node in arms)
+
+
+def _ranged(node: Mapping[str, Any]) -> bool:
+    if node.get("Node Type") == "Bitmap Heap Scan":
+        return any(_ranged(child) for child in node.get("Plans", ()) if child.get("Node Type") == "Bitmap Index Scan")
+    condition = str(node.get("Index Cond", ""))
+    return node.get("Node Type") in ("Index Scan", "Index Only Scan", "Bitmap Index Scan") and all(
+        column in condition for column in ("label_id", "path_hash")
+    )
+
+
+def _nodes(plan: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
 def _served(catalog: Catalog, sql: str, params: dict[str, Any]) -> bool:
     """Whether SQLite reads every arm of ``sql`` as an index range over (label_id, path_hash)."""
-    statement = sql.replace("{order}", "").replace("{limit}", "")
-    return seek_served([str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + statement, params)])
+    return seek_served([str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + sql, params)])
+
+
+def _server_served(catalog: Catalog, sql: str, params: dict[str, Any]) -> bool:
+    """``server_served`` of the server's plan of ``sql`` (planned, not run)."""
+    from dlindex.catalog.postgres.dialect import server_statement
+
+    text, bound = server_statement(sql, params)
+    conn = cast("PgConnection", catalog.conn)
+    row = conn.execute_raw(f"EXPLAIN (FORMAT JSON) {text}", bound).fetchone()
+    data = row[0] if row else [{}]
+    data = json.loads(data) if isinstance(data, str) else data
+    return server_served(data[0].get("Plan", {}))
