@@ -77,6 +77,20 @@ def split_streams(
     return streams, prepared, uppers
 
 
+def dealt_rows(
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, fractions: Mapping[str, float]
+) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None, set[str]]:
+    """The whole selection for manifest.write_jsonl_splits, cut in halves as halved cuts it;
+    and the splits whose statement split_streams would have cut (their shard is written even
+    when empty, as write_jsonl writes it)."""
+    rows, prepared, upper = halved(catalog, spec, shuffle, seed)
+    cut: set[str] = set()
+    if upper is not None:
+        low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+        cut = {name for name, share in fractions.items() if share * (high - low) >= plan.HALVES_MIN_IDS}
+    return rows, prepared, upper, cut
+
+
 def halved(
     catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, wrap: tuple[str, Mapping[str, Any]] | None = None,
     keep: Any = None, halves: bool = True, share: float = 1.0,
