@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
+from dlindex.export.hashsplit import batch_splits
 from dlindex.export.jsonl import deal, jsonl_lines
 from dlindex.export.plan import ExportError, Group, Tally, UpperHalf, split_of
 from dlindex.export.shards import Context
@@ -120,7 +121,7 @@ def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) ->
 
 def _deal(ctx: Context, upper: UpperHalf, part: Path, fractions: dict[str, float]) -> dict[str, Any]:
     """The rows of ``upper``, each line to its split's part file (``part.SPLIT``)."""
-    lines, assign, names = jsonl_lines(ctx), split_of(fractions), list(fractions)
+    lines, assign, names = jsonl_lines(ctx), batch_splits(fractions), list(fractions)
     samples = dict.fromkeys(names, 0)
     labels: Counter[tuple[str, Any]] = Counter()
     db = connect_reader(upper.db, timeout=30)

@@ -50,11 +50,14 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
 
 
 def deal(
-    batch: Sequence[tuple[Any, ...]], text: list[str], assign: Callable[[tuple[Any, ...]], str], names: Sequence[str]
+    batch: Sequence[tuple[Any, ...]],
+    text: list[str],
+    assign: Callable[[Sequence[tuple[Any, ...]]], list[str]],
+    names: Sequence[str],
 ) -> tuple[dict[str, list[str]], Counter[tuple[str, Any]]]:
-    """A batch's lines dealt to their splits (``assign``: a row's split of ``names``), in order,
-    with the (split, catalog label id) counts."""
-    splits = list(map(assign, batch))
+    """A batch's lines dealt to their splits (``assign``: each row's split of ``names``, as
+    plan.batch_splits gives them), in order, with the (split, catalog label id) counts."""
+    splits = assign(batch)
     out: dict[str, list[str]] = {name: [] for name in names}
     for name, line in zip(splits, text, strict=True):
         out[name].append(line)

@@ -12,8 +12,9 @@ from itertools import islice
 from typing import Any
 
 from dlindex.export import halves
+from dlindex.export.hashsplit import batch_splits
 from dlindex.export.jsonl import JsonlWriter, deal, jsonl_lines, text_sizes
-from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, UpperHalf, sample_path, split_of
+from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, UpperHalf, sample_path
 from dlindex.export.shards import TEXT_KEYS, Context, ShardInfo, shown_path, vector_list
 from dlindex.export.writer import TextWriter, batches
 
@@ -63,7 +64,7 @@ def write_jsonl_splits(
     names = [g.split for g in groups]
     tally = groups[0].tally
     assert tally is not None and list(fractions) == names
-    lines, assign = jsonl_lines(ctx), split_of(fractions)
+    lines, assign = jsonl_lines(ctx), batch_splits(fractions)
     sinks = {g.split: JsonlWriter(ctx, g, 0) for g in groups}
     written = dict.fromkeys(names, 0)
     running = None if upper is None else halves.start(ctx, groups[0], upper, fractions)
