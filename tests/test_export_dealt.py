@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dlindex import Catalog
-from dlindex.export import halves, plan, run
+from dlindex.export import halves, hashsplit, plan, run
 from dlindex.query.spec import QuerySpec
 
 from .conftest import export
@@ -55,10 +55,18 @@ def test_dealing_writes_the_bytes_of_a_statement_a_split(
     db = tmp_path / "c.db"
     shutil.copy(catalog, db)
     dealt: list[bool] = []
-    real = run.dealt_rows
-    monkeypatch.setattr(run, "dealt_rows", lambda *args: dealt.append(False) or False)
+
+    def never(*args: Any) -> Any:  # a statement a split, as before
+        dealt.append(False)
+        return False
+
+    def counted(*args: Any) -> Any:
+        dealt.append(True)
+        return hashsplit.dealt_rows(*args)
+
+    monkeypatch.setattr(run, "dealt_rows", never)
     old = export(db, tmp_path / "old", **options)
-    monkeypatch.setattr(run, "dealt_rows", lambda *args: dealt.append(True) or real(*args))
+    monkeypatch.setattr(run, "dealt_rows", counted)
     new = export(db, tmp_path / "new", **options)
     assert dealt == [False, True]
     assert (new.splits, new.samples, new.shards, new.bytes) == (old.splits, old.samples, old.shards, old.bytes)
@@ -101,6 +109,6 @@ def test_a_failing_second_process_fails_the_export(
 
     monkeypatch.setattr(plan, "HALVES_MIN_IDS", 1)
     monkeypatch.setattr(halves, "start", broken)
-    with pytest.raises(ExportError, match="the second export process failed: .*no_such_table"):
+    with pytest.raises(ExportError, match=r"the second export process failed: .*no_such_table"):
         export(catalog, tmp_path / "out", split="train=0.9,val=0.1")
     assert list(tmp_path.iterdir()) == []
