@@ -355,6 +355,12 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+@case("export-jsonl", writes=True)
+def _export_plain(s: Size) -> dict[str, Any]:
+    # a plain manifest (the generated catalog's train/ and val/ folders are its splits): ~220 B a row
+    return _export(s, "export-jsonl", ["--format", "jsonl"], 250)
+
+
 @case("export-jsonl-split", writes=True)
 def _export_split(s: Size) -> dict[str, Any]:
     # ~220 B a row of jsonl (measured at 10^6) and ~120 B a row of spill (docs/scale.md)

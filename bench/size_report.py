@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 START, END = "<!-- bench_size:start -->", "<!-- bench_size:end -->"
-ORDER = ("export-jsonl-split", "export-parquet", "loader-plan", "loader-workers", "stats", "stats-exact", "per-label", "index-suggest",
+ORDER = ("export-jsonl", "export-jsonl-split", "export-parquet", "loader-plan", "loader-workers", "stats", "stats-exact", "per-label", "index-suggest",
          "query-jsonl", "check", "mark", "dups", "leaks", "similar", "merge")  # fmt: skip
 TITLES = {
+    "export-jsonl": "`export --format jsonl` (the tree's train/ and val/ folders)",
     "export-jsonl-split": "`export --format jsonl --split train=0.9,val=0.1`",
     "export-parquet": "`export --format parquet`",
     "loader-plan": "loader epoch plan, `CatalogDataset(world_size=8, rank=3)`",
@@ -30,6 +31,7 @@ TITLES = {
     "merge": "`merge CATALOG --into NEW`",
 }
 GOALS = {  # issue #34's "what it should be"
+    "export-jsonl": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "export-jsonl-split": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "export-parquet": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "loader-plan": "~16 bytes a sample, shared by workers",

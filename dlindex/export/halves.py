@@ -11,12 +11,15 @@ reports its counts through a pipe; whatever goes wrong there fails the whole exp
 from __future__ import annotations
 
 import multiprocessing
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
-from dlindex.export.jsonl import jsonl_lines
+from dlindex.export.hashsplit import batch_splits
+from dlindex.export.jsonl import deal, jsonl_lines
 from dlindex.export.plan import ExportError, Group, Tally, UpperHalf, split_of
 from dlindex.export.shards import Context
 
@@ -31,6 +34,26 @@ class Running:
 
     def finish(self, group: Group) -> int:
         """Wait for the child; add its counts to the group's tally; return its sample count."""
+        report = self._report()
+        assert group.tally is not None
+        group.tally.samples[(group.split, group.rank)] += report["samples"]
+        for label, n in report["labels"]:
+            group.tally.labels[(group.split, label)] += n
+        return int(report["samples"])
+
+    def finish_splits(self) -> tuple[dict[str, int], Counter[tuple[str, Any]]]:
+        """Wait for a child dealing rows to splits: its samples per split, and per (split, label)."""
+        report = self._report()
+        labels: Counter[tuple[str, Any]] = Counter()
+        for split, label, n in report["labels"]:
+            labels[(split, label)] += n
+        return dict(report["splits"]), labels
+
+    def split_part(self, split: str) -> Path:
+        """The part file of one split, when the child dealt rows to splits."""
+        return self.part.with_name(f"{self.part.name}.{split}")
+
+    def _report(self) -> dict[str, Any]:
         try:
             report = self.conn.recv()
         except EOFError:
@@ -38,35 +61,37 @@ class Running:
         self.process.join()
         if "error" in report:
             self.part.unlink(missing_ok=True)
+            for split in report.get("splits") or ():
+                self.split_part(split).unlink(missing_ok=True)
             raise ExportError(f"the second export process failed: {report['error']}")
-        assert group.tally is not None
-        group.tally.samples[(group.split, group.rank)] += report["samples"]
-        for label, n in report["labels"]:
-            group.tally.labels[(group.split, label)] += n
-        return int(report["samples"])
+        return dict(report)
 
     def kill(self) -> None:
         self.process.kill()
         self.process.join()
 
 
-def start(ctx: Context, group: Group, upper: UpperHalf) -> Running:
-    """Start a process that writes the rows of ``upper`` as jsonl lines to a part file."""
+def start(ctx: Context, group: Group, upper: UpperHalf, fractions: Mapping[str, float] | None = None) -> Running:
+    """Start a process that writes the rows of ``upper`` as jsonl lines to a part file (with
+    ``fractions``: each row to its split's part file, ``Running.split_part``)."""
     part = ctx.out / ".upper.part"
     # Only what formatting needs travels: no rows, no open connection.
     plan = replace(ctx.plan, groups=(), tally=Tally())
     light = replace(ctx, plan=plan, progress=None, upper=None)
     spawn = multiprocessing.get_context("spawn")
     parent_conn, child_conn = spawn.Pipe(duplex=False)
-    process = spawn.Process(target=_main, args=(light, upper, group.split, group.rank, part, child_conn), daemon=True)
+    args = (light, upper, group.split, group.rank, part, child_conn, None if fractions is None else dict(fractions))
+    process = spawn.Process(target=_main, args=args, daemon=True)
     process.start()
     child_conn.close()
     return Running(process, parent_conn, part)
 
 
-def _main(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any) -> None:
+def _main(
+    ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any, fractions: dict[str, float] | None
+) -> None:
     try:
-        report = _write(ctx, upper, split, rank, part)
+        report = _write(ctx, upper, split, rank, part) if fractions is None else _deal(ctx, upper, part, fractions)
     except BaseException as e:  # reported to the parent, which raises
         report = {"error": f"{type(e).__name__}: {e}"}
     conn.send(report)
@@ -92,3 +117,26 @@ def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) ->
     finally:
         db.close()
     return {"samples": sum(tally.samples.values()), "labels": [[k[1], n] for k, n in tally.labels.items()]}
+
+
+def _deal(ctx: Context, upper: UpperHalf, part: Path, fractions: dict[str, float]) -> dict[str, Any]:
+    """The rows of ``upper``, each line to its split's part file (``part.SPLIT``)."""
+    lines, assign, names = jsonl_lines(ctx), batch_splits(fractions), list(fractions)
+    samples = dict.fromkeys(names, 0)
+    labels: Counter[tuple[str, Any]] = Counter()
+    db = connect_reader(upper.db, timeout=30)
+    files = {name: open(part.with_name(f"{part.name}.{name}"), "wb") for name in names}  # noqa: SIM115
+    try:
+        cursor = db.execute(upper.sql, dict(upper.params))
+        while batch := cursor.fetchmany(_BATCH):
+            out, counted = deal(batch, lines(batch, {}), assign, names)
+            for name, text in out.items():
+                if text:
+                    samples[name] += len(text)
+                    files[name].write("".join(text).encode("utf-8", "surrogateescape"))
+            labels.update(counted)
+    finally:
+        for f in files.values():
+            f.close()
+        db.close()
+    return {"splits": samples, "labels": [[split, label, n] for (split, label), n in labels.items()]}

@@ -13,7 +13,8 @@ going through Python, a spill file and back.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from dlindex.export import plan
@@ -22,6 +23,7 @@ from dlindex.export.plan import (
     _ID_RANGE,
     _LOWER,
     _UPPER,
+    HASH,
     ROW,
     UNIT,
     UpperHalf,
@@ -41,6 +43,24 @@ _HEX16 = "[0-9a-f]" * 16 + "*"
 # passes. The range comes first: the pattern is only tried on the rows out of range.
 _IN_RANGE = """SELECT * FROM ({query}) AS selected WHERE (selected.xxh3_128 >= :low AND selected.xxh3_128 < :high)
     OR selected.xxh3_128 IS NULL OR NOT (selected.xxh3_128 GLOB :hex16)"""
+
+
+def batch_splits(fractions: Mapping[str, float]) -> Callable[[Sequence[tuple[Any, ...]]], list[str]]:
+    """split_of over a batch of rows at once: each row's split, as split_of gives it (two splits
+    and hex hashes in one comprehension; anything else row by row through split_of)."""
+    assign = split_of(fractions)
+    if len(fractions) != 2:
+        return lambda batch: list(map(assign, batch))
+    first, second = fractions
+    cut = (0.0 + fractions[first]) * UNIT  # split_of's bound, the same float
+
+    def splits(batch: Sequence[tuple[Any, ...]]) -> list[str]:
+        try:
+            return [first if int(digest[:16], 16) < cut else second for digest in map(itemgetter(HASH), batch)]
+        except (TypeError, ValueError):  # a NULL, empty or odd hash: content_point decides
+            return list(map(assign, batch))
+
+    return splits
 
 
 def hash_ranges(fractions: Mapping[str, float]) -> dict[str, tuple[str, str]]:
@@ -75,6 +95,20 @@ def split_streams(
         if upper is not None:
             uppers[name] = upper
     return streams, prepared, uppers
+
+
+def dealt_rows(
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, fractions: Mapping[str, float]
+) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None, set[str]]:
+    """The whole selection for manifest.write_jsonl_splits, cut in halves as halved cuts it;
+    and the splits whose statement split_streams would have cut (their shard is written even
+    when empty, as write_jsonl writes it)."""
+    rows, prepared, upper = halved(catalog, spec, shuffle, seed)
+    cut: set[str] = set()
+    if upper is not None:
+        low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+        cut = {name for name, share in fractions.items() if share * (high - low) >= plan.HALVES_MIN_IDS}
+    return rows, prepared, upper, cut
 
 
 def halved(

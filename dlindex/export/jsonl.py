@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from dlindex.export.plan import ID
+from dlindex.export.plan import ID, LABEL
 from dlindex.export.shards import Context, json_maker, text_prefixes, vector_list
 from dlindex.export.writer import TextWriter
 
@@ -45,6 +47,21 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
         return out
 
     return lines
+
+
+def deal(
+    batch: Sequence[tuple[Any, ...]],
+    text: list[str],
+    assign: Callable[[Sequence[tuple[Any, ...]]], list[str]],
+    names: Sequence[str],
+) -> tuple[dict[str, list[str]], Counter[tuple[str, Any]]]:
+    """A batch's lines dealt to their splits (``assign``: each row's split of ``names``, as
+    plan.batch_splits gives them), in order, with the (split, catalog label id) counts."""
+    splits = assign(batch)
+    out: dict[str, list[str]] = {name: [] for name in names}
+    for name, line in zip(splits, text, strict=True):
+        out[name].append(line)
+    return out, Counter(zip(splits, map(itemgetter(LABEL), batch), strict=True))
 
 
 def text_sizes(lines: Sequence[str]) -> Iterator[int]:

@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
+from typing import Any
 
 from dlindex.export import halves
-from dlindex.export.jsonl import JsonlWriter, jsonl_lines, text_sizes
-from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, sample_path
+from dlindex.export.hashsplit import batch_splits
+from dlindex.export.jsonl import JsonlWriter, deal, jsonl_lines, text_sizes
+from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, UpperHalf, sample_path
 from dlindex.export.shards import TEXT_KEYS, Context, ShardInfo, shown_path, vector_list
 from dlindex.export.writer import TextWriter, batches
+
+_BATCH = 4096
 
 
 def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
@@ -38,6 +44,63 @@ def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             upper.kill()
         raise
     return sink.finish()
+
+
+def write_jsonl_splits(
+    ctx: Context, groups: Sequence[Group], rows: Iterable[tuple[Any, ...]], fractions: Mapping[str, float],
+    upper: UpperHalf | None, opened: Iterable[str] = (),
+) -> list[ShardInfo]:  # fmt: skip
+    """Split fractions in one pass (one rank, one shard a split): the selection is read once
+    and each row's line goes to its split's shard as it comes, in the selection's order; the
+    rows of ``upper`` (the upper half of the ids) are written by a second process meanwhile,
+    one part a split, appended to each split's shard at the end. The same shards, bytes and
+    counts as a statement a split (write_jsonl), which read the whole selection once a split.
+
+    Args:
+        groups: one a split, in the order of ``fractions`` (rank 0), sharing one tally.
+        opened: splits whose shard is written even when empty (as write_jsonl writes one
+            for a split it cut in halves).
+    """
+    names = [g.split for g in groups]
+    tally = groups[0].tally
+    assert tally is not None and list(fractions) == names
+    lines, assign = jsonl_lines(ctx), batch_splits(fractions)
+    sinks = {g.split: JsonlWriter(ctx, g, 0) for g in groups}
+    written = dict.fromkeys(names, 0)
+    running = None if upper is None else halves.start(ctx, groups[0], upper, fractions)
+    try:
+        rest = iter(rows)
+        while batch := list(islice(rest, _BATCH)):
+            out, labels = deal(batch, lines(batch, {}), assign, names)
+            for name, text in out.items():
+                if text:
+                    written[name] += len(text)
+                    sinks[name].add_batch(text, text_sizes(text))
+                    sinks[name].flush()
+            tally.labels.update(labels)
+            ctx.tick(len(batch))
+        parts: dict[str, int] = {}
+        if running is not None:
+            parts, labels = running.finish_splits()
+            tally.labels.update(labels)
+        for name in names:
+            if parts.get(name) and running is not None:
+                sinks[name].append_file(running.split_part(name), parts[name])
+                ctx.tick(parts[name])
+            else:
+                if running is not None:
+                    running.split_part(name).unlink(missing_ok=True)
+                if name in opened:
+                    sinks[name].opened()
+    except BaseException:
+        if running is not None and running.process.is_alive():
+            running.kill()
+        raise
+    for name in names:  # in split order, as one group after another counts them
+        total = written[name] + parts.get(name, 0)
+        if total or name in opened:
+            tally.samples[(name, 0)] += total
+    return [shard for name in names for shard in sinks[name].finish()]
 
 
 class _Line:

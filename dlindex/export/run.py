@@ -18,7 +18,7 @@ from dlindex.engines.parts import parse_part as parse_shard
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
-from dlindex.export.hashsplit import halved, split_streams
+from dlindex.export.hashsplit import dealt_rows, halved, split_streams
 from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
@@ -130,7 +130,12 @@ def export_catalog(
         halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
                   and options.world_size == 1 and shard is None)  # fmt: skip
         uppers: dict[str, UpperHalf] = {}
-        if by_hash:
+        # jsonl with fractions, one rank, one shard a split: one pass deals each row to its split
+        dealt = (by_hash and halves) and dealt_rows(catalog, query, options.shuffle, options.seed, split or {})
+        if dealt:
+            prepared = dealt[1]
+            tree_rows = {name: () for name in split or {}}
+        elif by_hash:
             assert split is not None
             streams, prepared, uppers = split_streams(catalog, query, options.shuffle, options.seed, split, halves)
             if record.packed:
@@ -184,7 +189,11 @@ def export_catalog(
                                features, skipped, points, started, note)  # fmt: skip
         numbers: Counter[str] = Counter()
         writer = load(record.writer)
-        for group in plan.groups:
+        if dealt:
+            from dlindex.export.manifest import write_jsonl_splits  # writers are imported when used
+
+            shards = write_jsonl_splits(ctx, plan.groups, dealt[0], split or {}, dealt[2], dealt[3])
+        for group in () if dealt else plan.groups:
             written = writer(ctx, group, numbers[group.split])
             numbers[group.split] += len(written) // record.files_per_shard
             shards.extend(written)
