@@ -38,6 +38,7 @@ from dlindex.scan.labels import read_labels_file, write_attributes
 from dlindex.scan.links import LinkedFiles
 from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe, ProbeOptions
+from dlindex.scan.quick import skip_unchanged
 from dlindex.scan.tasks import WorkerPool
 from dlindex.scan.units import PartPlan, Unit, part_units, plan_units
 
@@ -219,6 +220,7 @@ class _Pipeline:
         progress: Callable[[int], object] | None,
     ) -> None:
         self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
+        self.catalog = catalog
         self.writer, self.progress = writer, progress or (lambda n: None)
         walk_options = WalkOptions(
             options.extensions, options.hidden, options.exclude, options.follow_symlinks, options.split_folders, root
@@ -248,6 +250,7 @@ class _Pipeline:
     def run(self) -> None:
         """Walk, diff and probe the whole tree, handing results to the writer as they come."""
         try:
+            self._count_unchanged()
             while self.units or self.queued or self.pool.inflight:
                 self._submit()
                 for kind, result in self.pool.wait_any():
@@ -265,6 +268,17 @@ class _Pipeline:
             self.pool.close(abort=True)
             raise
         self.pool.close()
+
+    def _count_unchanged(self) -> None:
+        """Count the units that find tells unchanged as a whole (dlindex.scan.quick): not walked."""
+        quick = skip_unchanged(self.catalog, self.root, self.root_id, self.units, self.diff_options)
+        if quick is not None:
+            self.units = deque(quick.units)
+            self.counts.seen += quick.files
+            self.counts.unchanged += quick.files
+            for reason, n in quick.skips.items():
+                self.report.skip(reason, n)
+            self.progress(quick.files)
 
     def _submit(self) -> None:
         while self.units and self.diffs_in_flight < 2 * self.workers and len(self.queued) < _QUEUED_PROBES:
