@@ -128,7 +128,7 @@ def skip_unchanged(
             if next(segments, None) != b"":
                 _stop(process)
                 return None
-            for index, (unit, segment) in enumerate(zip(folders, segments)):
+            for index, (unit, segment) in enumerate(zip(folders, segments, strict=False)):  # counted below
                 if segment is None:
                     continue
                 label, split = _label(unit) or (None, None)
