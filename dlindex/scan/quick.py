@@ -173,15 +173,18 @@ def _compare(
     lines = segment.split(b"\0")
     lines.pop()  # after the last \0
     found = set(lines)
+    depth = 1
+    while b"/%d" % depth in found:  # the folders' lines: a folder at depth d has one at each above
+        found.discard(b"/%d" % depth)
+        depth += 1
     skips: dict[str, int] = {}
-    for line in [line for line in found if line[:1] in (b"/", b"?")]:
-        found.discard(line)
-        if line[:1] == b"/":
-            continue
-        reason = _SKIPS.get(line)
-        if reason is None or (reason == "symlink" and walk.follow_symlinks):
-            return None  # a link to follow, or a type find could not tell
-        skips[reason] = lines.count(line)
+    if segment.startswith(b"?") or b"\0?" in segment:
+        for line in [line for line in found if line[:1] == b"?"]:
+            found.discard(line)
+            reason = _SKIPS.get(line)
+            if reason is None or (reason == "symlink" and walk.follow_symlinks):
+                return None  # a link to follow, or a type find could not tell
+            skips[reason] = lines.count(line)
     try:
         catalogued = rows.encode().split(b"\0") if rows is not None else []
     except UnicodeEncodeError:

@@ -7,6 +7,7 @@ read-only connection) and probes files (read, hash, sniff).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -227,8 +228,9 @@ class _Pipeline:
         )
         self.diff_options = DiffOptions(walk_options, options.force, label_overrides, options.max_pixels)
         self.workers = max(1, options.workers or os.cpu_count() or 1)
-        self.pool = WorkerPool(
-            self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
+        # Forked once the fast path has counted what it could: not at all when that is everything.
+        self.start_pool = functools.partial(
+            WorkerPool, self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
             options.io_threads, catalog.url,
         )  # fmt: skip
         self.part_plan: PartPlan | None = None
@@ -249,8 +251,11 @@ class _Pipeline:
 
     def run(self) -> None:
         """Walk, diff and probe the whole tree, handing results to the writer as they come."""
+        self._count_unchanged()
+        if not self.units:
+            return
+        self.pool = self.start_pool()
         try:
-            self._count_unchanged()
             while self.units or self.queued or self.pool.inflight:
                 self._submit()
                 for kind, result in self.pool.wait_any():
