@@ -189,6 +189,21 @@ def test_rows_the_walk_would_not_pass_are_not_passed(
     assert twins.counted() == 7  # cow, dev, "new\nfolder": dog is walked
 
 
+def test_a_folder_printing_more_than_the_limit_is_walked(
+    hostile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "catalog.db"
+    scan(db, hostile)
+    for i in range(40):
+        make_png(hostile / "big" / f"{i:03d}.png")
+    scan(db, hostile)
+    monkeypatch.setattr(quick, "_READ", 64)
+    monkeypatch.setattr(quick, "_SEGMENT_LIMIT", 1024)  # big/ prints ~3 KB: walked, the others not
+    twins = Twins(db, hostile, tmp_path, monkeypatch)
+    twins.rescan()
+    assert twins.counted() == 11
+
+
 def test_a_message_from_find_sends_every_unit_to_the_walk(
     hostile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

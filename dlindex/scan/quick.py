@@ -60,6 +60,7 @@ _MARK = b"\0/0\0"
 _SKIPS = {b"?l": "symlink", b"?p": "fifo", b"?s": "socket", b"?b": "device", b"?c": "device", b"?D": "device"}
 _EXTENSION = re.compile(rb"\.[a-z0-9]+")
 _SEGMENT_LIMIT = 64 << 20  # a unit printing more than this is walked (bounded memory)
+_READ = 1 << 20
 _ARGV_LIMIT = 512 << 10  # bytes of start points in one find command
 
 
@@ -209,13 +210,13 @@ def _segments(fd: int) -> Iterator[bytes | None]:
     while True:
         at = pending.find(_MARK, searched)
         if at < 0:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(fd, _READ)
             if not chunk:
                 yield None if skipping else bytes(pending[1:])
                 return
             if skipping or len(pending) > _SEGMENT_LIMIT:
                 skipping = True
-                del pending[1 : len(pending) - 3]  # keep what a marker may start with
+                del pending[: len(pending) - 3]  # keep what a marker may start with
             searched = max(0, len(pending) - 3)
             pending += chunk
             continue
