@@ -96,7 +96,7 @@ def skip_unchanged(
     if options.force or options.label_overrides or walk.exclude or catalog.backend.name != "sqlite":
         return None
     if not all(_EXTENSION.fullmatch(suffix) for suffix in walk.suffixes):
-        return None  # find's -iname would read other characters as a pattern
+        return None  # an inner dot or non-ASCII: "ends with" would not be listing's last-dot rule
     find = gnu_find()
     if find is None or catalog.conn.execute(_ANY_ROW, {"root": root_id}).fetchone() is None:
         return None  # a first scan: every file is new
