@@ -21,7 +21,6 @@ from dlindex.catalog.backend import (
     ReadConnection,
     is_server_url,
 )
-from dlindex.catalog.postgres.backend import PostgresBackend
 from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
 from dlindex.catalog.sqlite.backend import SqliteBackend
 from dlindex.catalog.sqlite.connect import DEFAULT_DB, default_wait, is_write_command, rollback
@@ -41,8 +40,13 @@ _LOG_FLUSH_TIMEOUT_MS = 100  # a busy catalog postpones a mid-run log flush, nev
 
 def backend_for(location: str | os.PathLike[str]) -> Backend:
     """The backend of the catalog at ``location``: a ``postgresql://`` URL is a server catalog,
-    anything else a file (nothing is opened yet)."""
-    return PostgresBackend(str(location)) if is_server_url(location) else SqliteBackend(location)
+    anything else a file (nothing is opened yet). The server's modules are imported only for a
+    server catalog: a tenth of a file catalog's command start-up."""
+    if is_server_url(location):
+        from dlindex.catalog.postgres.backend import PostgresBackend
+
+        return PostgresBackend(str(location))
+    return SqliteBackend(location)
 
 
 class Catalog:

@@ -7,6 +7,7 @@ read-only connection) and probes files (read, hash, sniff).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -38,6 +39,7 @@ from dlindex.scan.labels import read_labels_file, write_attributes
 from dlindex.scan.links import LinkedFiles
 from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
 from dlindex.scan.probe import Probe, ProbeOptions
+from dlindex.scan.quick import skip_unchanged
 from dlindex.scan.tasks import WorkerPool
 from dlindex.scan.units import PartPlan, Unit, part_units, plan_units
 
@@ -219,14 +221,16 @@ class _Pipeline:
         progress: Callable[[int], object] | None,
     ) -> None:
         self.root, self.root_id, self.report, self.counts = root, root_id, report, counts
+        self.catalog = catalog
         self.writer, self.progress = writer, progress or (lambda n: None)
         walk_options = WalkOptions(
             options.extensions, options.hidden, options.exclude, options.follow_symlinks, options.split_folders, root
         )
         self.diff_options = DiffOptions(walk_options, options.force, label_overrides, options.max_pixels)
         self.workers = max(1, options.workers or os.cpu_count() or 1)
-        self.pool = WorkerPool(
-            self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
+        # Forked once the fast path has counted what it could: not at all when that is everything.
+        self.start_pool = functools.partial(
+            WorkerPool, self.workers, ProbeOptions(options.verify, options.max_pixels, options.follow_symlinks),
             options.io_threads, catalog.url,
         )  # fmt: skip
         self.part_plan: PartPlan | None = None
@@ -247,6 +251,10 @@ class _Pipeline:
 
     def run(self) -> None:
         """Walk, diff and probe the whole tree, handing results to the writer as they come."""
+        self._count_unchanged()
+        if not self.units:
+            return
+        self.pool = self.start_pool()
         try:
             while self.units or self.queued or self.pool.inflight:
                 self._submit()
@@ -265,6 +273,17 @@ class _Pipeline:
             self.pool.close(abort=True)
             raise
         self.pool.close()
+
+    def _count_unchanged(self) -> None:
+        """Count the units that find tells unchanged as a whole (dlindex.scan.quick): not walked."""
+        quick = skip_unchanged(self.catalog, self.root, self.root_id, self.units, self.diff_options)
+        if quick is not None:
+            self.units = deque(quick.units)
+            self.counts.seen += quick.files
+            self.counts.unchanged += quick.files
+            for reason, n in quick.skips.items():
+                self.report.skip(reason, n)
+            self.progress(quick.files)
 
     def _submit(self) -> None:
         while self.units and self.diffs_in_flight < 2 * self.workers and len(self.queued) < _QUEUED_PROBES:
