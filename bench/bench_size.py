@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -62,6 +63,24 @@ PER_LABEL_INDEX = (
     "CREATE INDEX IF NOT EXISTS idx_per_label ON image_metadata (label_id, path_hash) "
     "WHERE status = 'ok' AND excluded = 0"
 )
+# What `index --suggest --apply` creates for the logged time-window and status reads (names and
+# definitions as the advisor writes them, so a later --suggest finds them in place).
+WINDOW_INDEX_NAME = "idx_dlindex_image_metadata_created_at_32e17ccc"
+WINDOW_INDEX = f"CREATE INDEX IF NOT EXISTS {WINDOW_INDEX_NAME} ON image_metadata (created_at) WHERE excluded = 0 AND status = 'ok'"
+# the corrupt list: covering (what --suggest proposes since windows34), and the plain (id) index
+# it proposed before, kept as a case to compare with (each read cold: a table page per row)
+STATUS_INDEX_NAME = "idx_dlindex_image_metadata_id_e21316b4"
+STATUS_INDEX = (
+    f"CREATE INDEX IF NOT EXISTS {STATUS_INDEX_NAME} ON image_metadata (id, root_id, file_path, file_path_bytes, "
+    "label_id, width, height, status, processed, processing_status, created_at, excluded) "
+    "WHERE excluded = 0 AND status = 'corrupt'"
+)
+STATUS_ID_INDEX_NAME = "idx_dlindex_image_metadata_id_3e7dcdd4"
+STATUS_ID_INDEX = f"CREATE INDEX IF NOT EXISTS {STATUS_ID_INDEX_NAME} ON image_metadata (id) WHERE excluded = 0 AND status = 'corrupt'"
+# A 10-second window of the last scan (make_catalog.py's scans are 3-hour bursts a month apart):
+# ~85 rows at 10^6, ~8,500 at 10^8, under windows.PROBE, so read from the index.
+WINDOW = ("2026-06-04 04:00:00", "2026-06-04 04:00:10")
+STATUS_FILTER = ["--status", "corrupt"]  # 0.2% of the rows: ~200k at 10^8
 SPLIT = "train=0.9,val=0.1"
 
 # Baselines: bare python sqlite3 loops (scripts run as `python -c CODE DB`)
@@ -121,6 +140,7 @@ class Size:
     timeout_s: float
     mark_ids: int
     no_baseline: bool = False
+    cold: bool = False
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     _copy: Path | None = None
 
@@ -372,24 +392,112 @@ def _export_parquet(s: Size) -> dict[str, Any]:
     return _export(s, "export-parquet", ["--format", "parquet"], 60)
 
 
+def evict(db: Path) -> None:
+    """Drop the catalog's pages (file and WAL) from the page cache, without root: the next read is cold."""
+    for suffix in ("", "-wal"):
+        with contextlib.suppress(FileNotFoundError):
+            fd = os.open(f"{db}{suffix}", os.O_RDONLY)
+            try:
+                os.fsync(fd)  # only clean pages can be dropped
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def timed(s: Size, db: Path, args: list[str]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """A query run warm (twice, the second quoted) and, with --cold, first on an evicted page cache
+    (then the cold run is quoted): (the quoted figures, every run, the output's rows and sha256)."""
+    cmd = [sys.executable, "-m", "dlindex", *args, "--db", str(db)]
+    parts: dict[str, Any] = {}
+    if s.cold:
+        evict(db)
+        parts["cold"] = s.run(cmd)
+        print(f"  cold: {brief(parts['cold'])}", flush=True)
+    parts["warm, first run"] = s.run(cmd)
+    out_path = s.scratch / "query.out"
+    with out_path.open("w+b") as out:
+        parts["warm"] = s.run(cmd, stdout=out)
+        out.seek(0)
+        digest, rows = hashlib.sha256(), 0
+        while chunk := out.read(1 << 20):
+            digest.update(chunk)
+            rows += chunk.count(b"\n")
+    out_path.unlink()
+    print(f"  warm: {brief(parts['warm'])} (first run {brief(parts['warm, first run'])})", flush=True)
+    return parts["cold" if s.cold else "warm"], parts, {"rows_out": rows, "output_sha256": digest.hexdigest()}
+
+
+def indexed(s: Size, name: str, ddl: str, args: list[str], bytes_per_row: float) -> tuple[Path, dict[str, Any]]:
+    """The catalog holding index ``name`` (built if missing, ``args`` timed once before it: the
+    baseline), and extra figures: build seconds and the bytes the build added to the file."""
+    db = s.shared if s.in_place else s.writable(name)
+    extra: dict[str, Any] = {"index": name}
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        has = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = ?", (name,)).fetchone()
+    if not has:
+        db = s.writable(f"{name}'s index")
+        if not s.no_baseline:
+            extra["before"] = s.dl(db, *args)
+            print(f"  without {name}: {brief(extra['before'])}", flush=True)
+        s.need_disk(s.rows * bytes_per_row, f"the index {name}")
+        size = db.stat().st_size
+        began = time.perf_counter()
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+            # A rollback journal, as dlindex's own bulk writes: WAL would hold the whole new index
+            # once more until the checkpoint (~3 GB more disk at 10^8); where another connection
+            # has the file open the switch fails and WAL stays.
+            with contextlib.suppress(sqlite3.OperationalError):
+                conn.execute("PRAGMA journal_mode = DELETE")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(ddl)
+            conn.execute("PRAGMA analysis_limit = 1000")  # as index --apply: moments, not a pass per index
+            conn.execute("ANALYZE image_metadata")
+            conn.execute("COMMIT")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        extra["index_build_s"] = round(time.perf_counter() - began, 1)
+        extra["index_bytes"] = db.stat().st_size - size  # the file had no free pages to reuse (make_catalog)
+        print(f"  (built {name} in {extra['index_build_s']} s, {extra['index_bytes'] / 1e6:,.0f} MB)", flush=True)
+    return db, extra
+
+
+def _query_case(s: Size, name: str, ddl: str, args: list[str], bytes_per_row: float, what: str) -> dict[str, Any]:
+    db, extra = indexed(s, name, ddl, args, bytes_per_row)
+    figures, parts, output = timed(s, db, args)
+    before = extra.pop("before", None)
+    baseline = {"name": "before-index", **before} if before else {}
+    return {"command": "dlindex " + " ".join(args) + f"  # {what}", "figures": figures, "parts": parts,
+            "baseline": baseline, "extra": {**extra, **output, "cold": s.cold}}  # fmt: skip
+
+
 @case("per-label", writes=True)
 def _per_label(s: Size) -> dict[str, Any]:
-    db = s.shared if s.in_place else s.writable("per-label")
-    extra: dict[str, Any] = {}
-    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
-        has = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'idx_per_label'").fetchone()
-    if not has:
-        db = s.writable("per-label's index")
-        s.need_disk(s.rows * 25, "the per-label index")
-        began = time.perf_counter()
-        with contextlib.closing(sqlite3.connect(db)) as conn, conn:
-            conn.execute(PER_LABEL_INDEX)
-            conn.execute("ANALYZE image_metadata")
-        extra["index_build_s"] = round(time.perf_counter() - began, 1)
-        print(f"  (built {PER_LABEL_INDEX.split(' ON ')[0].split()[-1]} in {extra['index_build_s']} s)", flush=True)
     args = ["query", "--per-label", "32", "--seed", "0", "--format", "jsonl", "--no-cache"]
-    return {"command": "dlindex " + " ".join(args) + "  # after the index of docs/scale.md",
-            "figures": s.dl(db, *args), "baseline": s.baseline("bare-scan"), "extra": extra}  # fmt: skip
+    return _query_case(s, "idx_per_label", PER_LABEL_INDEX, args, 25, "after the index of docs/scale.md")
+
+
+@case("time-window", writes=True)
+def _time_window(s: Size) -> dict[str, Any]:
+    args = ["query", "--since", WINDOW[0], "--until", WINDOW[1], "--format", "jsonl", "--no-cache"]
+    return _query_case(s, WINDOW_INDEX_NAME, WINDOW_INDEX, args, 35, "after index --apply's created_at index")
+
+
+@case("status-filter", writes=True)
+def _status_filter(s: Size) -> dict[str, Any]:
+    args = ["query", *STATUS_FILTER, "--format", "jsonl", "--no-cache"]
+    record = _query_case(s, STATUS_INDEX_NAME, STATUS_INDEX, args, 1, "after index --apply's covering partial index")
+    db = s.shared if s.in_place else s.writable(STATUS_INDEX_NAME)
+    if s.cold:  # the list grows with the catalog (0.2% of it); its first page does not
+        evict(db)
+    record["parts"]["first 1,000 (--limit 1000)"] = page = s.dl(db, *args, "--limit", "1000")
+    print(f"  --limit 1000{' cold' if s.cold else ''}: {brief(page)}", flush=True)
+    return record
+
+
+@case("status-filter-id", writes=True)
+def _status_filter_id(s: Size) -> dict[str, Any]:
+    args = ["query", *STATUS_FILTER, "--format", "jsonl", "--no-cache"]
+    return _query_case(s, STATUS_ID_INDEX_NAME, STATUS_ID_INDEX, args, 1, "after a partial (id) index, not covering")
 
 
 @case("similar", writes=True)
@@ -571,7 +679,8 @@ def run_size(a: argparse.Namespace, rows: int, names: list[str], env: dict[str, 
     shared = a.catalog or ensure_catalog(rows)
     in_place = a.in_place or rows >= 10**8
     s = Size(rows=rows, shared=shared, scratch=a.scratch, results=a.results, env=env, in_place=in_place,
-             allow_writes=a.allow_writes, timeout_s=a.timeout, mark_ids=a.mark_ids, no_baseline=a.no_baseline)  # fmt: skip
+             allow_writes=a.allow_writes, timeout_s=a.timeout, mark_ids=a.mark_ids, no_baseline=a.no_baseline,
+             cold=a.cold)  # fmt: skip
     lock = LOCK if a.lock else None
     if rows >= 10**8 and not a.lock and not under_outer_lock():
         raise SystemExit(f"10^8 rows: run under `flock {LOCK} nice -n 19 ...` or pass --lock")
@@ -616,6 +725,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds a command may run (killed after)")
     ap.add_argument("--mark-ids", type=int, default=10_000_000, help="mark: at most this many processed ids")
     ap.add_argument("--no-baseline", action="store_true", help="skip the full-pass baselines (a quick cell at 10^8)")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="query cases: evict the catalog from the page cache (posix_fadvise DONTNEED) before a first run",
+    )
     ap.add_argument("--render", action="store_true", help="only render docs from the saved results")
     ap.add_argument("--no-docs", action="store_true", help="leave docs/benchmarks.md alone")
     a = ap.parse_args(argv)

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 START, END = "<!-- bench_size:start -->", "<!-- bench_size:end -->"
-ORDER = ("export-jsonl", "export-jsonl-split", "export-parquet", "loader-plan", "loader-workers", "stats", "stats-exact", "per-label", "index-suggest",
+ORDER = ("export-jsonl", "export-jsonl-split", "export-parquet", "loader-plan", "loader-workers", "stats", "stats-exact",
+         "per-label", "time-window", "status-filter", "status-filter-id", "index-suggest",
          "query-jsonl", "check", "mark", "dups", "leaks", "similar", "merge")  # fmt: skip
 TITLES = {
     "export-jsonl": "`export --format jsonl` (the tree's train/ and val/ folders)",
@@ -21,6 +22,9 @@ TITLES = {
     "stats": "`stats`",
     "stats-exact": "`stats --exact`",
     "per-label": "`query --per-label 32 --seed 0` (index applied)",
+    "time-window": "`query --since T --until T+10s` (created_at index applied)",
+    "status-filter": "`query --status corrupt` (covering partial index applied)",
+    "status-filter-id": "`query --status corrupt` (plain partial (id) index, for comparison)",
     "index-suggest": "`index --suggest`",
     "query-jsonl": "`query --format jsonl` (every row)",
     "check": "`check`",
@@ -38,6 +42,8 @@ GOALS = {  # issue #34's "what it should be"
     "loader-workers": "one copy of the plan, shared by the workers",
     "stats": "about a second at 10^8",
     "per-label": "well under a second at 10^8",
+    "time-window": "under a second at 10^8 (after index --apply)",
+    "status-filter": "under a second at 10^8 (after index --apply)",
     "index-suggest": "under a minute at 10^8",
     "query-jsonl": ">= 0.7x the bare loop",
     "check": "fine; keep it so",
@@ -53,6 +59,7 @@ BASELINES = {
     "bare-export": "bare sqlite3 loop writing the export's jsonl columns",
     "bare-ids": "bare sqlite3 loop: ids + labels into arrays",
     "bare-update": "bare sqlite3 `UPDATE ... FROM` of the same rows",
+    "before-index": "the same query before its index was built",
     "read loop": "one-process read loop",
 }
 
@@ -89,8 +96,15 @@ def note(record: dict[str, Any]) -> str:
     if "ids_per_s" in extra:
         bits.append(f"{extra['ids']:,} ids, {extra['ids_per_s']:,} ids/s; back: "
                     f"{secs(record['parts']['mark --processed (back)']['wall_s'])} s; restored")  # fmt: skip
+    warm = record.get("parts", {}).get("warm")
+    if extra.get("cold") and warm:
+        bits.append(f"cold: page cache evicted first; warm (2nd run): {secs(warm['wall_s'])} s, "
+                    f"{secs(warm['cpu_s'])} CPU s")  # fmt: skip
+    if "rows_out" in extra:
+        bits.append(f"{extra['rows_out']:,} rows out")
     if "index_build_s" in extra:
-        bits.append(f"index built in {extra['index_build_s']} s")
+        size = f", {extra['index_bytes'] / 1e6:,.0f} MB" if extra.get("index_bytes") else ""
+        bits.append(f"index built in {extra['index_build_s']} s{size}")
     if "rss_after_import_mb" in extra:
         own = record["figures"]["peak_rss_mb"] - extra["rss_after_import_mb"]
         samples = extra["batches"] * 256 * 8  # every rank's share, about the selection

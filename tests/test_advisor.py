@@ -20,7 +20,13 @@ LABELS = TableInfo.make("labels", ("id", "name"), "id")
 TABLES = {"image_metadata": IMAGES, "labels": LABELS}
 DISTINCT = {"label_id": 1000, "width": 900, "height": 900, "bytes": 150_000, "created_at": 190_000, "file_path": 200_000,
             "xxh3_128": 200_000, "root_id": 1, "processed": 2, "status": 3, "processing_status": 4, "format": 3}  # fmt: skip
-SHARE = {("status", "ok"): 0.99, ("processed", 1): 0.7, ("processed", 0): 0.3, ("processing_status", "failed"): 0.01}
+SHARE = {
+    ("status", "ok"): 0.99,
+    ("status", "corrupt"): 0.002,
+    ("processed", 1): 0.7,
+    ("processed", 0): 0.3,
+    ("processing_status", "failed"): 0.01,
+}
 
 
 class Stats:
@@ -173,6 +179,16 @@ def test_covering_only_for_small_select_lists() -> None:
     assert c is not None and c.include == ()  # seven extra columns: not a small list
     c = candidate("SELECT count(*) FROM image_metadata WHERE processing_status = 'failed'")
     assert c is not None and c.free and c.key == ("processing_status",)
+
+
+def test_a_partial_index_over_few_rows_covers_every_column_read() -> None:
+    """The corrupt list (0.2% of the rows) with dlindex query's default columns: read from the index alone."""
+    columns = "id, root_id, file_path, file_path_bytes, label_id, width, height, status, processed, created_at"
+    c = candidate(f"SELECT {columns} FROM image_metadata WHERE status = 'corrupt' ORDER BY id")
+    assert c is not None and c.key == ("id",) and c.where_sql() == "status = 'corrupt'"
+    assert set(c.include) == set(columns.split(", ")) - {"id"}
+    c = candidate(f"SELECT {columns} FROM image_metadata WHERE processed = 1 ORDER BY id")
+    assert c is not None and c.include == ()  # 70% of the rows: a copy of the table
 
 
 def test_names_are_stable_and_marked() -> None:

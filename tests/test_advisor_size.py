@@ -152,3 +152,20 @@ def test_the_hand_made_per_label_index_of_the_docs_counts_as_serving_it(tmp_path
         advice = suggest_indexes(catalog, runs=1)
     assert not [s.sql for s in advice.suggestions if "path_hash" in s.columns]
     assert "idx_per_label" not in {f.name for f in (*advice.unused, *advice.redundant)}
+
+
+def test_two_status_lists_logged_give_a_partial_index_for_the_one_asked_most(tmp_path: Path) -> None:
+    # status = 'corrupt' and status = 'missing' are one fingerprint; status as a key column would
+    # also be read for status = 'ok' (most rows), so the most called list gets its partial index.
+    statuses = ["corrupt" if i % 50 == 0 else "missing" if i % 40 == 1 else "ok" for i in range(6000)]
+    db = Path(make_catalog(tmp_path / "s.db", [Row(f"l{i % 10}", status=s) for i, s in enumerate(statuses)]))
+    _log(db, QuerySpec(status="corrupt", cache=False), calls=4)
+    _log(db, QuerySpec(status="missing", cache=False), calls=2)
+    with Catalog(db, log=False) as catalog:
+        advice = suggest_indexes(catalog, runs=1)
+    assert not [s for s in advice.suggestions if "status" in s.columns], [s.sql for s in advice.suggestions]
+    chosen = [s for s in advice.suggestions if s.where == "excluded = 0 AND status = 'corrupt'"]
+    assert len(chosen) == 1, [s.sql for s in advice.suggestions] + [r.reason for r in advice.rejected]
+    with Catalog(db, log=False) as catalog:
+        apply_advice(catalog, advice)
+        assert any(chosen[0].name in line for line in explain(catalog, QuerySpec(status="corrupt")).plan)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from dlindex.advisor.candidates import candidates_for, existing_serves, hints_for, merge
+from dlindex.advisor.candidates import candidates_for, existing_serves, hints_for, low_cardinality, merge
 from dlindex.advisor.model import Advice, Rejected
 from dlindex.advisor.outcome import effects, findings, flag_led, slower_existing, suggestion, together
 from dlindex.advisor.replay import MEMORY_LIMIT, STATEMENT_DEADLINE_S, limit_heap, stop_on_signals
@@ -113,7 +113,8 @@ def _advise(bench: Bench, top: int, min_share: float, say: Callable[[str], None]
     existing = scratch.indexes()
     say(f"planning {len(reads)} logged reads")
     plans_before = bench.plans()
-    shapes = {fp: _combined_shape(r, bench.tables) for fp, r in reads.items()}
+    shapes = {fp: _combined_shape(r, bench.tables, lambda t, c: low_cardinality(scratch.stats, t, c))
+              for fp, r in reads.items()}  # fmt: skip
     for fp, r in reads.items():
         if r.mean_ms is None and r.samples:
             _time_before(bench, fp, 3)
@@ -183,8 +184,15 @@ def _time_before(bench: Bench, fp: str, runs: int) -> None:
         bench.before[fp] = measured
 
 
-def _combined_shape(r: Statement, tables: Mapping[str, TableInfo]) -> Shape:
-    """The shape of a fingerprint: a literal that differs between its statements is a value, not a constant.
+def _combined_shape(
+    r: Statement, tables: Mapping[str, TableInfo], low: Callable[[str, str], bool] = lambda _t, _c: False
+) -> Shape:
+    """The shape of a fingerprint: a literal that differs between its statements is a value, not a constant,
+    except on a flag or status column (``low``): there the most called statement's literal stays a constant.
+
+    ``status = 'corrupt'`` and ``status = 'missing'`` are one fingerprint; as a value, status would
+    lead an index that SQLite then also reads for the common value (``status = 'ok'``, most rows),
+    making those reads slower. Kept, it gives the partial index for the list most often asked for.
 
     A read that dlindex runs in another form where an index serves it (``Statement.seek``)
     is shaped as that form: that is the statement an index is wanted for.
@@ -199,6 +207,7 @@ def _combined_shape(r: Statement, tables: Mapping[str, TableInfo]) -> Shape:
         common = set(access.constants)
         for s in shapes[1:]:
             common &= set(s.accesses[i].constants)
+        common |= {c for c in access.constants if low(access.table, c.column)}
         varying = tuple(dict.fromkeys(c.column for c in access.constants if c not in common))
         accesses.append(replace(access, constants=tuple(c for c in access.constants if c in common),
                                 equal=tuple(dict.fromkeys(access.equal + varying))))  # fmt: skip
