@@ -83,7 +83,7 @@ class _OneOpcodeWalk(sqlite3.Connection):
 def test_the_check_before_a_first_write_keeps_its_time_budget_on_a_big_file(
     scanned_db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """At 10^8 rows the budgeted quick_check read all 30 GB (~60 CPU s) before every first write."""
+    """The budgeted quick_check read the whole file before every first write: 3 GB at 10^7 rows."""
     from dlindex.catalog import check
 
     conn = sqlite3.connect(scanned_db, factory=_OneOpcodeWalk, check_same_thread=False)
