@@ -41,6 +41,8 @@ _CLEAR_BATCH = "DELETE FROM temp.mark_batch"
 _FILL_BATCH = "INSERT INTO temp.mark_batch (id) SELECT id FROM temp.mark_ids WHERE id >= :lo AND id <= :hi"
 # The last id of the batch that starts at :lo (none: the rest is the last batch).
 _BATCH_END = "SELECT id FROM temp.mark_ids WHERE id >= :lo ORDER BY id LIMIT 1 OFFSET :skip"
+_ID_RANGE = "SELECT min(id), max(id) FROM temp.{ids}"
+_ROWS_IN = "SELECT count(*) FROM image_metadata WHERE id >= :lo AND id <= :hi"
 _UNKNOWN_IDS = (
     "SELECT staged.id FROM temp.{ids} AS staged WHERE NOT EXISTS "
     "(SELECT 1 FROM main.image_metadata WHERE image_metadata.id = staged.id)"
@@ -113,7 +115,7 @@ def _in_one(catalog: Catalog, update: str, values: dict[str, Any], done: Applied
         staged = int(tx.execute(_COUNT_IDS).fetchone()[0])
         done.updated = _update(catalog, tx, "mark_ids", update, values)
         if done.updated < staged:  # else every staged id named a row that changed: none unknown
-            _unknown_ids(tx, "mark_ids", done)
+            _check_unknown(tx, "mark_ids", staged, done)
         done.unknown += paths.unknown  # unknown ids are listed first, then paths
         done.examples = (done.examples + paths.examples)[:_EXAMPLES]
         done.matched = staged - done.unknown_ids
@@ -145,8 +147,8 @@ def _in_batches(catalog: Catalog, update: str, values: dict[str, Any], done: App
                 tx.execute(_CLEAR_BATCH)
                 size = tx.execute(_FILL_BATCH, {"lo": lo, "hi": hi}).rowcount
                 changed = _update(catalog, tx, "mark_batch", update, values)
-                if changed < size:  # a second b-tree lookup per id, only where some id changed nothing
-                    _unknown_ids(tx, "mark_batch", done)
+                if changed < size:  # some id changed nothing: it may name no row
+                    _check_unknown(tx, "mark_batch", size, done)
                 done.updated += changed
             written += size
             done.batches += 1
@@ -172,6 +174,16 @@ def _stopped(what: str, written: int, total: int, batch: int) -> str:
         f"{what}; {written:,} of {total:,} samples were already committed (a mark of more than {batch:,} "
         "commits in batches, in id order) and stay so: run the same mark again to finish, it changes only what is left"
     )
+
+
+def _check_unknown(tx: Any, table: str, size: int, done: Applied) -> None:
+    """Note the staged ids of ``table`` (``size`` of them) that name no row. Ids that fill a
+    range (a batch that landed together) are all known if the catalog has as many rows in that
+    range: one pass over its leaf pages instead of a second b-tree lookup per id."""
+    lo, hi = tx.execute(_ID_RANGE.replace("{ids}", table)).fetchone()
+    if lo is not None and hi - lo + 1 == size and int(tx.execute(_ROWS_IN, {"lo": lo, "hi": hi}).fetchone()[0]) == size:
+        return
+    _unknown_ids(tx, table, done)
 
 
 def _unknown_ids(tx: Any, table: str, done: Applied) -> None:
