@@ -38,7 +38,7 @@ def quick_check(conn: sqlite3.Connection, *, budget_s: float | None = None) -> l
     A file of up to ``_WHOLE_CHECK_BYTES`` is checked in full whatever the budget. A larger one
     is checked until the budget runs out: the b-tree walk is one SQLite opcode, which a
     progress handler never interrupts (at 10^7 rows it read all 3 GB before every first write,
-    1.7-3 CPU s and 5-14 s), so a timer calls ``conn.interrupt()`` at the deadline.
+    1.7-3 CPU s and 5-14 s), so a thread calls ``conn.interrupt()`` from the deadline on.
     """
     if budget_s is not None and _file_bytes(conn) <= _WHOLE_CHECK_BYTES:
         budget_s = None
@@ -62,30 +62,38 @@ def _file_bytes(conn: sqlite3.Connection) -> int:
 
 
 class _Deadline:
-    """Interrupts ``conn`` once ``budget_s`` has passed, only while the block runs (a lock
-    keeps a late timer off the next statement); None: no deadline."""
+    """Interrupts ``conn`` once ``budget_s`` has passed, and again every 50 ms, only while the
+    block runs (a lock keeps a late call off the next statement): an interrupt that lands
+    before the statement starts is dropped by SQLite, as happens when a busy machine keeps the
+    statement from starting within the budget. None: no deadline."""
 
     def __init__(self, conn: sqlite3.Connection, budget_s: float | None) -> None:
         self.conn = conn
         self.lock = threading.Lock()
         self.running = True
-        self.timer = None if budget_s is None else threading.Timer(max(0.0, budget_s), self._fire)
+        self.done = threading.Event()
+        self.budget_s = budget_s
+        self.thread = None if budget_s is None else threading.Thread(target=self._run, daemon=True)
 
-    def _fire(self) -> None:
-        with self.lock:
-            if self.running:
+    def _run(self) -> None:
+        wait = max(0.0, self.budget_s or 0.0)
+        while not self.done.wait(wait):
+            with self.lock:
+                if not self.running:
+                    return
                 self.conn.interrupt()
+            wait = 0.05
 
     def __enter__(self) -> None:
-        if self.timer is not None:
-            self.timer.daemon = True
-            self.timer.start()
+        if self.thread is not None:
+            self.thread.start()
 
     def __exit__(self, *exc: object) -> None:
         with self.lock:
             self.running = False
-        if self.timer is not None:
-            self.timer.cancel()
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 @dataclass(frozen=True)
