@@ -466,7 +466,7 @@ def _mark(s: Size, pattern: str) -> dict[str, Any]:
     if after != before or before[1] != n:
         raise SystemExit(f"mark: the catalog was not restored: {before} before, {after} after ({n} ids)")
     return {"command": f"dlindex mark {option} IDS -q  # {n:,} ids: {what}",
-            "figures": marked, "parts": parts, "baseline": {"name": "bare-update", **bare},
+            "figures": marked, "parts": parts, "baseline": {"name": "bare-update-in", **bare},
             "extra": {"ids": n, "id_span": span, "ids_per_s": round(n / marked["wall_s"]),
                       "bare_ids_per_s": round(n / bare["wall_s"]), "changed": changing, "pattern": pattern,
                       "restored": True, "processed_in_span": before[0]}}  # fmt: skip

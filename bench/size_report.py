@@ -52,7 +52,8 @@ BASELINES = {
     "bare-jsonl": "bare sqlite3 loop writing the same jsonl",
     "bare-export": "bare sqlite3 loop writing the export's jsonl columns",
     "bare-ids": "bare sqlite3 loop: ids + labels into arrays",
-    "bare-update": "bare sqlite3 `UPDATE ... WHERE id IN (ids)`, same rows and value, one transaction",
+    "bare-update": "bare sqlite3 `UPDATE ... FROM` of the same rows (the restore; a scan of the path index)",
+    "bare-update-in": "bare sqlite3 `UPDATE ... WHERE id IN (ids)`, same rows and value, one transaction",
     "read loop": "one-process read loop",
 }
 
