@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -110,16 +111,44 @@ with open("/proc/self/status") as f:
 dataset = CatalogDataset(sys.argv[1], world_size=8, rank=3, batch_size=256)
 print(json.dumps({"batches": len(dataset), "rss_after_import_mb": round(imported / 1024, 1)}))
 """
-# mark's baseline and the exact restore: the saved processed and updated_at values written back
+# mark's exact restore: the saved processed and updated_at values written back (ANALYZE first:
+# without statistics SQLite plans UPDATE ... FROM as a scan of the whole catalog's path index)
 BARE_RESTORE = """
 import sqlite3, sys
 conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("ATTACH DATABASE ? AS saved", (sys.argv[2],))
+conn.execute("ANALYZE saved")
 conn.execute("BEGIN IMMEDIATE")
 conn.execute("UPDATE main.image_metadata SET processed = s.processed, updated_at = s.updated_at "
              "FROM saved.m AS s WHERE image_metadata.id = s.id")
 conn.execute("COMMIT")
 """
+# mark's baseline: SQLite's own UPDATE of the same rows to the same value (the ids read from the same
+# file into a temporary table, then one statement, one transaction), as a python sqlite3 user writes it
+BARE_UPDATE = """
+import json, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("PRAGMA synchronous = NORMAL")
+conn.execute("CREATE TEMP TABLE m (id INTEGER PRIMARY KEY)")
+with open(sys.argv[2], "rb") as f:
+    while chunk := f.readlines(1 << 20):
+        conn.execute("INSERT INTO temp.m SELECT value FROM json_each(?)", (json.dumps(list(map(int, chunk))),))
+conn.execute("BEGIN IMMEDIATE")
+changed = conn.execute("UPDATE image_metadata SET processed = ?, updated_at = CURRENT_TIMESTAMP "
+                       "WHERE id IN (SELECT id FROM temp.m)", (int(sys.argv[3]),)).rowcount
+conn.execute("COMMIT")
+conn.close()
+print(changed)
+"""
+# mark's id patterns: the ids chosen, the flag set (processed rows are 30% of the catalog, spread evenly)
+MARK_PATTERNS = {
+    "mark": ("the first N processed ids, --unprocessed (~30% of the rows in their span)",
+             "processed = 1", 0),
+    "mark-contiguous": ("N contiguous ids, --processed (a batch that landed together; ~70% change)",
+                        "1", 1),
+    "mark-spread": ("every 10th id, N of them, --processed (10% of a span of 10N ids; ~70% change)",
+                    "id % 10 = 0", 1),
+}  # fmt: skip
 
 
 class Skip(Exception):
@@ -181,8 +210,11 @@ class Size:
             self._copy = None
 
     # -- running ---------------------------------------------------------------------------
-    def run(self, cmd: list[str], *, stdout: Any = None, ok: tuple[int, ...] = (0,)) -> dict[str, Any]:
-        return measure(cmd, env=self.env, cwd=self.scratch, stdout=stdout, timeout_s=self.timeout_s, ok_codes=ok)
+    def run(
+        self, cmd: list[str], *, stdout: Any = None, ok: tuple[int, ...] = (0,), watch: Path | None = None
+    ) -> dict[str, Any]:
+        return measure(cmd, env=self.env, cwd=self.scratch, stdout=stdout, timeout_s=self.timeout_s, ok_codes=ok,
+                       watch=watch)  # fmt: skip
 
     def dl(self, db: Path, *args: str, ok: tuple[int, ...] = (0,)) -> dict[str, Any]:
         return self.run([sys.executable, "-m", "dlindex", *args, "--db", str(db)], ok=ok)
@@ -513,23 +545,25 @@ def _similar(s: Size) -> dict[str, Any]:
             "figures": figures, "baseline": s.baseline("bare-scan"), "extra": {"vectors": vectors}}  # fmt: skip
 
 
-@case("mark", writes=True)
-def _mark(s: Size) -> dict[str, Any]:
-    """mark --unprocessed N processed ids, mark --processed them back, then the saved flags and
-    updated_at written back by a bare UPDATE (the baseline): the rows are as before, checked."""
+def _mark(s: Size, pattern: str) -> dict[str, Any]:
+    """mark N ids of ``pattern`` (MARK_PATTERNS), put the rows back exactly (processed and
+    updated_at, saved first), then the bare UPDATE of the same ids to the same value (the
+    baseline) and put back again; checked. Reads the span first, so both find it as warm."""
     db = s.shared if s.in_place else s.writable("mark")
+    what, where, flag = MARK_PATTERNS[pattern]
     saved = s.scratch / "mark-saved.db"
     ids_file = s.scratch / "mark.ids"
     saved.unlink(missing_ok=True)
     with contextlib.closing(sqlite3.connect(saved, uri=True)) as conn:  # uri: the catalog is attached read-only
         conn.execute("ATTACH DATABASE ? AS cat", (f"file:{db}?mode=ro",))
         conn.execute("CREATE TABLE m (id INTEGER PRIMARY KEY, processed, updated_at)")
-        conn.execute("INSERT INTO m SELECT id, processed, updated_at FROM cat.image_metadata "
-                     "WHERE processed = 1 ORDER BY id LIMIT ?", (s.mark_ids,))  # fmt: skip
+        conn.execute(f"INSERT INTO m SELECT id, processed, updated_at FROM cat.image_metadata "
+                     f"WHERE {where} ORDER BY id LIMIT ?", (s.mark_ids,))  # fmt: skip
         conn.commit()
-        n, lo, hi = conn.execute("SELECT count(*), min(id), max(id) FROM m").fetchone()
+        n, lo, hi, changing = conn.execute("SELECT count(*), min(id), max(id), sum(processed IS NOT ?) FROM m",
+                                           (flag,)).fetchone()  # fmt: skip
     span = hi - lo + 1
-    # every changed page goes to the WAL (and, at the checkpoint, back): ~the span's share of the file
+    # every changed page goes to the WAL (the bare UPDATE's one transaction: all of them), and back
     try:
         s.need_disk(s.catalog_bytes() * span / s.rows * 1.1, f"mark's WAL for ids {lo:,}..{hi:,}")
     except Skip:
@@ -537,6 +571,7 @@ def _mark(s: Size) -> dict[str, Any]:
         raise
     with contextlib.closing(sqlite3.connect(f"file:{saved}?mode=ro", uri=True)) as conn, ids_file.open("w") as f:
         f.writelines(f"{i}\n" for (i,) in conn.execute("SELECT id FROM m ORDER BY id"))
+    wal = Path(f"{db}-wal")
 
     def state() -> tuple[int, int]:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
@@ -550,23 +585,32 @@ def _mark(s: Size) -> dict[str, Any]:
             ).fetchone()[0]
         return in_range, same
 
-    before = state()
+    before = state()  # also reads the span: the mark and the bare UPDATE find the same pages cached
     parts: dict[str, Any] = {}
+    option = "--processed" if flag else "--unprocessed"
     try:
-        unprocessed = s.dl(db, "mark", "--unprocessed", str(ids_file), "-q")
-        print(f"  mark --unprocessed {n:,} ids: {brief(unprocessed)}", flush=True)
-        parts["mark --processed (back)"] = s.dl(db, "mark", "--processed", str(ids_file), "-q")
+        marked = s.run([sys.executable, "-m", "dlindex", "mark", option, str(ids_file), "-q", "--db", str(db)],
+                       watch=wal)  # fmt: skip
+        print(f"  mark {option} {n:,} ids: {brief(marked)}", flush=True)
+        parts["restore"] = s.py(BARE_RESTORE, str(db), str(saved))
+        bare = s.run([sys.executable, "-c", BARE_UPDATE, str(db), str(ids_file), str(flag)], watch=wal)
+        print(f"  bare UPDATE: {brief(bare)}", flush=True)
     finally:
-        restore = s.py(BARE_RESTORE, str(db), str(saved))
+        parts["restore (after the bare UPDATE)"] = s.py(BARE_RESTORE, str(db), str(saved))
         after = state()
         ids_file.unlink(missing_ok=True)
         saved.unlink(missing_ok=True)
     if after != before or before[1] != n:
         raise SystemExit(f"mark: the catalog was not restored: {before} before, {after} after ({n} ids)")
-    return {"command": f"dlindex mark --unprocessed IDS -q  # {n:,} processed ids, then --processed back",
-            "figures": unprocessed, "parts": parts, "baseline": {"name": "bare-update", **restore},
-            "extra": {"ids": n, "id_span": span, "ids_per_s": round(n / unprocessed["wall_s"]),
+    return {"command": f"dlindex mark {option} IDS -q  # {n:,} ids: {what}",
+            "figures": marked, "parts": parts, "baseline": {"name": "bare-update-in", **bare},
+            "extra": {"ids": n, "id_span": span, "ids_per_s": round(n / marked["wall_s"]),
+                      "bare_ids_per_s": round(n / bare["wall_s"]), "changed": changing, "pattern": pattern,
                       "restored": True, "processed_in_span": before[0]}}  # fmt: skip
+
+
+for _pattern in MARK_PATTERNS:
+    case(_pattern, writes=True)(functools.partial(_mark, pattern=_pattern))
 
 
 @case("scan")

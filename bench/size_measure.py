@@ -76,24 +76,30 @@ class Failed(Exception):
 
 def measure(
     cmd: list[str], *, env: dict[str, str], cwd: Path, stdout: IO[bytes] | int | None = None,
-    timeout_s: float = 600.0, ok_codes: tuple[int, ...] = (0,),
+    timeout_s: float = 600.0, ok_codes: tuple[int, ...] = (0,), watch: Path | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run ``cmd`` once: wall_s, cpu_s (user + system), peak_rss_mb (tree), max_rss_mb (largest
-    process), peak_pss_mb (tree, polled)."""
+    process), peak_pss_mb (tree, polled), read_mb and write_mb (bytes the process tree caused to be
+    read from and written to storage, wait4's ru_inblock and ru_oublock: /proc/PID/io's read_bytes
+    and write_bytes), and with ``watch`` the largest size that file reached while it ran
+    (watch_peak_mb; a -wal log)."""
     began = time.perf_counter()
     proc = subprocess.Popen(
         cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL if stdout is None else stdout,
         stderr=subprocess.PIPE, start_new_session=True,  # its own group: a timeout kills the whole tree
     )  # fmt: skip
-    peak = peak_pss = 0
+    peak = peak_pss = watched = 0
     done = threading.Event()
     timed_out = threading.Event()
 
     def poll() -> None:
-        nonlocal peak, peak_pss
+        nonlocal peak, peak_pss, watched
         while not done.wait(POLL_S):
             peak = max(peak, tree_rss_kib(proc.pid))
             peak_pss = max(peak_pss, tree_pss_kib(proc.pid))
+            if watch is not None:
+                with contextlib.suppress(OSError):
+                    watched = max(watched, watch.stat().st_size)
             if time.perf_counter() - began > timeout_s and not timed_out.is_set():
                 timed_out.set()
                 with contextlib.suppress(ProcessLookupError):
@@ -119,6 +125,9 @@ def measure(
         "peak_rss_mb": round(max(peak / 1024, max_rss), 1),
         "max_rss_mb": round(max_rss, 1),
         "peak_pss_mb": round(peak_pss / 1024, 1),
+        "read_mb": round(usage.ru_inblock * 512 / 1e6, 1),
+        "write_mb": round(usage.ru_oublock * 512 / 1e6, 1),
+        **({"watch_peak_mb": round(watched / 1e6, 1)} if watch is not None else {}),
         "rc": proc.returncode,
         "stderr_tail": err.decode(errors="replace").strip()[-300:],
     }

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from .conftest import invoke, one_error_line
@@ -57,3 +59,52 @@ def test_a_moved_or_unmounted_root_is_a_problem(runner: CliRunner, scanned_db: P
     empty = json.loads(invoke(runner, "check", "--json", "--db", str(scanned_db)).stdout)
     assert empty["healthy"] is False and len(empty["problems"]) == 1
     assert "holds none of 6 catalogued files looked for" in empty["problems"][0]
+
+
+class _OneOpcodeWalk(sqlite3.Connection):
+    """PRAGMA quick_check walks every b-tree in one SQLite opcode, which a progress handler never
+    interrupts: this walk takes ``walk_s`` unless ``interrupt()`` is called."""
+
+    stop: threading.Event
+    walk_s = 60.0
+    dropped = 0  # interrupts to ignore first, as SQLite drops one that lands before the statement starts
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:  # type: ignore[override]
+        if "quick_check" in sql:
+            if not self.stop.wait(self.walk_s):
+                return super().execute(sql, *args)  # type: ignore[arg-type]
+            raise sqlite3.OperationalError("interrupted")
+        return super().execute(sql, *args)  # type: ignore[arg-type]
+
+    def interrupt(self) -> None:
+        if self.dropped:
+            self.dropped -= 1
+            return
+        self.stop.set()
+        super().interrupt()
+
+
+def test_the_check_before_a_first_write_keeps_its_time_budget_on_a_big_file(
+    scanned_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budgeted quick_check read the whole file before every first write: 3 GB at 10^7 rows."""
+    from dlindex.catalog import check
+
+    conn = sqlite3.connect(scanned_db, factory=_OneOpcodeWalk, check_same_thread=False)
+    conn.stop = threading.Event()
+    try:
+        conn.walk_s = 0.5
+        assert check.quick_check(conn, budget_s=0.01) == []  # a small file: checked in full, healthy
+        assert not conn.stop.is_set()
+        monkeypatch.setattr(check, "_WHOLE_CHECK_BYTES", 0)  # as if it were larger than that
+        conn.walk_s = 60.0
+        assert check.quick_check(conn, budget_s=0.01) == []  # no verdict: the budget ran out
+        assert conn.stop.is_set()
+        conn.stop.clear()
+        assert conn.execute("SELECT count(*) FROM image_metadata").fetchone() == (7,)  # a late timer hits nothing
+        conn.stop.clear()
+        conn.dropped, conn.walk_s = 1, 5.0  # a busy machine: the statement started after the first interrupt
+        assert check.quick_check(conn, budget_s=0.01) == []
+        assert conn.stop.is_set()  # interrupted all the same, not after the whole walk
+    finally:
+        conn.close()

@@ -20,7 +20,7 @@ from dlindex.errors import CatalogBusyError
 _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
 _RUNNING_SCANS = "SELECT id, pid FROM scans WHERE state = 'running'"
-_QUICK_CHECK_BUDGET_S = 0.1  # before the first write: whole-file check of catalogs up to ~20 MB
+_QUICK_CHECK_BUDGET_S = 0.1  # before the first write: files up to 32 MiB in full, a larger one as far as 0.1 s reaches
 
 
 class SqliteBackend(Backend):
