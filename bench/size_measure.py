@@ -29,23 +29,22 @@ POLL_S = 0.1
 
 def tree_rss_kib(pid: int) -> int:
     """VmRSS of ``pid`` and every descendant, KiB."""
-    total = 0
-    for p in _tree(pid):
-        try:
-            with open(f"/proc/{p}/status") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-        except OSError:
-            pass
-    return total
+    return _tree_sum(pid, "status", "VmRSS:")
 
 
 def tree_pss_kib(pid: int) -> int:
     """Pss of ``pid`` and every descendant, KiB: shared pages counted once in all."""
+    return _tree_sum(pid, "smaps_rollup", "Pss:")
+
+
+def _tree_sum(pid: int, name: str, field: str) -> int:
+    """One ``field`` (KiB) of /proc/PID/``name`` summed over ``pid`` and its descendants; a
+    process gone meanwhile counts 0."""
     total = 0
     for p in _tree(pid):
         try:
-            with open(f"/proc/{p}/smaps_rollup") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0)
+            with open(f"/proc/{p}/{name}") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith(field)), 0)
         except (OSError, ValueError, IndexError):
             pass
     return total

@@ -223,21 +223,27 @@ def test_a_mark_within_a_batch_is_still_all_or_nothing(cats: Path, monkeypatch: 
     assert processed_ids(cats) == []
 
 
-def test_unknown_ids_are_looked_up_only_where_a_write_changed_fewer_rows_than_it_named(
-    cats: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Where every staged id changed a row, none is unknown: no second lookup per id (the
-    NOT EXISTS check was ~12% of a large mark's CPU); the counts stay the same."""
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The staged tables mark looked unknown ids up in, one entry per id-by-id lookup."""
     from dlindex.query import mark_apply
 
     real = mark_apply._unknown_ids
-    checked: list[str] = []
+    tables: list[str] = []
 
     def counted(tx: object, table: str, done: mark_apply.Applied) -> None:
-        checked.append(table)
+        tables.append(table)
         real(tx, table, done)
 
     monkeypatch.setattr(mark_apply, "_unknown_ids", counted)
+    return tables
+
+
+def test_unknown_ids_are_looked_up_only_where_a_write_changed_fewer_rows_than_it_named(
+    cats: Path, checked: list[str]
+) -> None:
+    """Where every staged id changed a row, none is unknown: no second lookup per id (the
+    NOT EXISTS check was ~12% of a large mark's CPU); the counts stay the same."""
     result = mark(cats, [str(i) for i in range(1, 7)], processed=True, batch=3)  # two batches, all change
     assert (result.matched, result.updated, result.unknown, checked) == (6, 6, 0, [])  # type: ignore[attr-defined]
     result = mark(cats, ["4", "6", "7", "99"], processed=True, batch=2)  # 4,6 unchanged | 7 changes, 99 unknown
@@ -251,21 +257,9 @@ def test_unknown_ids_are_looked_up_only_where_a_write_changed_fewer_rows_than_it
     assert result.unknown_examples == ("98", "cat/nope.png") and checked == ["mark_ids"]  # type: ignore[attr-defined]
 
 
-def test_ids_that_fill_a_range_are_counted_not_looked_up_one_by_one(
-    cats: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ids_that_fill_a_range_are_counted_not_looked_up_one_by_one(cats: Path, checked: list[str]) -> None:
     """A batch of contiguous ids of which some already hold the value: the catalog's row count
     in that range shows none is unknown; a range with a gap is still looked up id by id."""
-    from dlindex.query import mark_apply
-
-    real = mark_apply._unknown_ids
-    checked: list[str] = []
-
-    def counted(tx: object, table: str, done: mark_apply.Applied) -> None:
-        checked.append(table)
-        real(tx, table, done)
-
-    monkeypatch.setattr(mark_apply, "_unknown_ids", counted)
     mark(cats, ["2", "5"], processed=True)
     result = mark(cats, [str(i) for i in range(1, 9)], processed=True, batch=3)  # 1-3 | 4-6 | 7-8, 2 and 5 unchanged
     assert (result.matched, result.updated, result.unknown, checked) == (8, 6, 0, [])  # type: ignore[attr-defined]
