@@ -7,7 +7,10 @@ the programs or client libraries are absent the tests that use them skip, saying
 
 A test server is thrown away after the run, so it is run without durability (``throwaway``): no
 fsync, no synchronous commit. Each ``DROP DATABASE`` forces a checkpoint, and with fsync on a
-checkpoint waits for the disk: on a busy machine that made one test's teardown take 75 s.
+checkpoint waits for the disk: on a busy machine that made one test's teardown take 75 s. It also
+keeps 100,000 pg_stat_statements entries (the default 5,000 fill up within one run of the suite,
+every test database's statements counted apart, and the server then evicts the least-used: a
+test's one-off ``CREATE INDEX`` vanished from the view it was checked in).
 
     def test_x(pg_url: str, redis_url: str) -> None:  # an empty database, an empty Redis db
 """
@@ -64,15 +67,20 @@ def with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
+STATEMENTS_KEPT = 100_000  # pg_stat_statements.max of a test server (a restart applies it)
+
+
 def throwaway(url: str) -> None:
     """Run the server at ``url`` (superuser) as a scratch server: what it writes is not fsynced,
     commits do not wait for the disk, and checkpoints cost no disk flush. For test servers only:
-    the data of a server that crashes (the machine, not PostgreSQL) is lost. .ci/run calls it too."""
+    the data of a server that crashes (the machine, not PostgreSQL) is lost. Also sets the
+    pg_stat_statements limit, which takes effect at the next start."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         for name in ("fsync", "synchronous_commit", "full_page_writes"):
             conn.execute(f"ALTER SYSTEM SET {name} = off")
+        conn.execute(f"ALTER SYSTEM SET pg_stat_statements.max = {STATEMENTS_KEPT}")
         conn.execute("SELECT pg_reload_conf()")
 
 
@@ -88,6 +96,8 @@ def postgres_server() -> Iterator[str]:
         url = start_local_postgres(home / "data")
         with contextlib.suppress(ImportError):  # without psycopg no test reaches the server's databases
             throwaway(url)
+            stop_local_postgres(home / "data")  # the statements limit needs a restart (same port)
+            url = start_local_postgres(home / "data")
         yield url
     finally:
         if (home / "data" / "PG_VERSION").exists():
