@@ -132,7 +132,11 @@ def test_stats_reads_are_logged(scanned_db: Path) -> None:
     assert len(reads) >= 6
 
 
-def test_scan_writes_are_counted_per_statement_shape(image_tree: Path, db_path: Path) -> None:
+def test_scan_writes_are_counted_per_statement_shape(
+    image_tree: Path, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # one flush: on a busy machine the half-second timer split the seven rows, and the labels' statement ran twice
+    monkeypatch.setattr("dlindex.scan.batch_writer._FLUSH_SECONDS", 3600.0)
     with Catalog(db_path, create=True) as catalog:
         scan_tree(catalog, image_tree, ScanOptions(workers=1))
     writes = rows(
