@@ -30,7 +30,7 @@ _SUMMED = ("samples", "skipped", "replaced", "failed", "l1_hits", "l1_misses", "
            "read_s", "decode_s")  # fmt: skip
 
 
-class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
+class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]  # torch is Any to mypy
     """A torch DataLoader whose dataset is a :class:`CatalogDataset` (made from ``database_path``
     and the dataset's keyword options, or given).
 
@@ -57,7 +57,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
         dataset.track = True
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
-        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,  # type: ignore[arg-type]  # an IterableDataset once made
+        super().__init__(dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory,  # an IterableDataset once made
                          prefetch_factor=prefetch_factor, persistent_workers=False, timeout=timeout,
                          multiprocessing_context=multiprocessing_context)  # fmt: skip
         self._offsets: list[int] = []
@@ -66,7 +66,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
 
     @property
     def catalog_dataset(self) -> CatalogDataset:
-        dataset: CatalogDataset = self.dataset  # type: ignore[assignment]
+        dataset: CatalogDataset = self.dataset
         return dataset
 
     def set_epoch(self, epoch: int) -> None:
@@ -75,7 +75,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             self._offsets = []
         self.catalog_dataset.set_epoch(epoch)
 
-    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator over torch's iterator
+    def __iter__(self) -> Iterator[Any]:  # a generator over torch's iterator
         dataset = self.catalog_dataset
         workers = max(1, self.num_workers)
         dataset.plan(workers)  # resolved once here; forked workers inherit it

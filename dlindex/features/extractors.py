@@ -231,8 +231,7 @@ def _torch_file(spec: str) -> Extractor:
 
         if path.endswith(".pt2"):
             return torch.export.load(path).module()
-        # torch.jit.load carries no annotations in torch's own typing
-        return torch.jit.load(path, map_location="cpu").eval()  # type: ignore[no-untyped-call]
+        return torch.jit.load(path, map_location="cpu").eval()
 
     return Extractor(spec, _TorchModel(build), gpu=True)
 
