@@ -18,7 +18,13 @@ from typing import Any
 
 from dlindex.catalog.backend import is_server_url
 from dlindex.catalog.reachable import unreachable_roots
-from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION, missing_tables
+from dlindex.catalog.sqlite.migrations import (
+    APPLICATION_ID,
+    LATEST_VERSION,
+    apply_migrations,
+    latest_columns,
+    missing_tables,
+)
 from dlindex.errors import CatalogError, InputError
 
 # The tables each schema version brought and the version that dropped them (None: kept); a
@@ -312,18 +318,27 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
         out = sqlite3.connect(tmp, isolation_level=None)
         try:
             out.execute(f"PRAGMA page_size = {int(PAGE_SIZE)}")
+            # A catalog of this dlindex's version gets dlindex's own schema, not the source's
+            # text: a damaged CREATE statement can rename a column and still parse.
+            own = set(latest_columns()) if version == LATEST_VERSION else set()
+            if own:
+                apply_migrations(out)
             out.execute("BEGIN")
-            for kind, _name, _table, sql in schema:
-                if kind == "table":
+            for kind, name, _table, sql in schema:
+                if kind == "table" and name not in own:
                     out.execute(sql)
             for kind, name, _table, _sql in schema:
                 if kind == "table":
                     rows[name], whole = _copy_rows(conn, out, name)
                     if not whole:
                         incomplete.append(name)
-            for kind, _name, _table, sql in schema:
-                if kind in ("index", "trigger", "view"):
-                    out.execute(sql)
+            made = {str(n) for (n,) in out.execute("SELECT name FROM sqlite_master")}
+            for kind, name, _table, sql in schema:
+                if kind in ("index", "trigger", "view") and name not in made:
+                    try:
+                        out.execute(sql)
+                    except sqlite3.Error:  # a damaged definition of the source's own: left out
+                        incomplete.append(name)
             # PRAGMA takes no parameters: both are integers read above.
             out.execute(f"PRAGMA application_id = {int(app_id)}")
             out.execute(f"PRAGMA user_version = {int(version)}")
@@ -339,14 +354,21 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
 def _copy_rows(src: sqlite3.Connection, out: sqlite3.Connection, table: str) -> tuple[int, bool]:
     t = _quote(table)
     try:
-        columns = ", ".join(_quote(str(r[1])) for r in src.execute(f"PRAGMA table_info({t})"))
+        names = [str(r[1]) for r in src.execute(f"PRAGMA table_info({t})")]
+        targets = [str(r[1]) for r in out.execute(f"PRAGMA table_info({t})")]
+        if len(targets) != len(names):  # by name; the same count: by position (a damaged name keeps its place)
+            names = [n for n in names if n in targets]
+            targets = names
+        columns = ", ".join(_quote(n) for n in names)
         src.execute(f"SELECT rowid FROM {t} LIMIT 0")
         orders: tuple[str, ...] = (" ORDER BY rowid", " ORDER BY rowid DESC")
     except sqlite3.OperationalError:
         orders = ("",)  # WITHOUT ROWID: one pass in key order
     except sqlite3.DatabaseError:
         return 0, False
-    insert = f"INSERT OR IGNORE INTO {t} ({columns}) VALUES ({', '.join('?' * len(columns.split(', ')))})"
+    insert = (
+        f"INSERT OR IGNORE INTO {t} ({', '.join(_quote(n) for n in targets)}) VALUES ({', '.join('?' * len(names))})"
+    )
     copied, whole = 0, True
     for order in orders:
         try:

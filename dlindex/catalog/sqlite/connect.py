@@ -25,6 +25,7 @@ from dlindex.catalog.sqlite.migrations import (
     APPLICATION_ID,
     LATEST_VERSION,
     apply_migrations,
+    missing_columns,
     missing_tables,
     schema_version,
 )
@@ -296,7 +297,7 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
         if create:
             return  # an empty file is an empty database: scan may initialise it
         raise CatalogError(f"{db_path} is empty, not a dlindex catalog")
-    app_id, version, tables = _read_header(db_path)
+    app_id, version, tables, columns = _read_header(db_path)
     if app_id != APPLICATION_ID and (app_id != 0 or tables):
         raise CatalogError(f"{db_path} is an SQLite database but not a dlindex catalog")
     if app_id == 0 and not tables and not create:
@@ -311,9 +312,11 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
     lost = missing_tables(tables, version)
     if lost:
         raise faults.damaged_error(db_path, f"table {', '.join(lost)} is missing")
+    if columns:
+        raise faults.damaged_error(db_path, f"column {', '.join(columns[:3])} is missing from its schema")
 
 
-def _read_header(db_path: Path) -> tuple[int, int, set[str]]:
+def _read_header(db_path: Path) -> tuple[int, int, set[str], list[str]]:
     try:
         try:
             return _header(db_path, _file_uri(db_path, "mode=ro"))
@@ -347,18 +350,19 @@ def _read_header(db_path: Path) -> tuple[int, int, set[str]]:
         ) from None
 
 
-def _header(db_path: Path, uri: str) -> tuple[int, int, set[str]]:
+def _header(db_path: Path, uri: str) -> tuple[int, int, set[str], list[str]]:
     conn = sqlite3.connect(uri, uri=True, timeout=default_wait())
     try:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = {str(name) for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        columns = missing_columns(conn, int(version))
     except UnicodeDecodeError:
         # sqlite3 could not even decode the error message: the schema itself is garbage.
         raise faults.damaged_error(db_path, "malformed database schema") from None
     finally:
         conn.close()
-    return int(app_id), int(version), tables
+    return int(app_id), int(version), tables, columns
 
 
 def _remove_new_file(db_path: Path) -> None:
