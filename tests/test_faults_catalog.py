@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -213,17 +214,35 @@ def test_recovery_path_from_the_docs_works(wide_catalog: Path, tmp_path: Path) -
     assert again.returncode == 1 and "already exists" in again.stderr  # never overwritten
 
 
-def test_a_renamed_column_is_damage_and_recovery_restores_dlindexs_schema(wide_catalog: Path, tmp_path: Path) -> None:
-    _rename_column(wide_catalog)
-    proc = dlindex("stats", "--db", str(wide_catalog))
-    assert proc.returncode == ExitCode.DAMAGED
-    one_line(proc.stderr, "damaged", "column roots.path is missing")
+def _unkey_id(db: Path) -> None:
+    """``id INTEGER PRIMARY KEY`` of image_metadata becomes ``id ANTEGER ...``: a plain column,
+    NULL in every stored row (SQLite keeps a key column's value as the rowid)."""
+    data = bytearray(db.read_bytes())
+    data[data.index(b"image_metadata (\n        id INTEGER PRIMARY KEY") + len(b"image_metadata (\n        id ")] = ord(
+        "A"
+    )
+    db.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(("damage", "column"), [(_rename_column, "roots.path"), (_unkey_id, "image_metadata.id")])
+def test_a_changed_column_is_damage_and_recovery_restores_dlindexs_schema(
+    wide_catalog: Path, tmp_path: Path, damage: Any, column: str
+) -> None:
+    damage(wide_catalog)
+    for args in (("stats",), ("query", "--limit", "1"), ("mark", "--processed")):
+        proc = dlindex(*args, "--db", str(wide_catalog), stdin="1\n")
+        assert proc.returncode == ExitCode.DAMAGED, (args, proc.stderr)
+        one_line(proc.stderr, "damaged", f"column {column} is not as dlindex made it")
+    assert any(column in p for p in check_catalog(wide_catalog).problems)
     new = tmp_path / "new.db"
     proc = dlindex("check", "--db", str(wide_catalog), "--recover-to", str(new))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert check_catalog(new).healthy and check_catalog(new).images == 3000
-    with sqlite3.connect(new) as conn:  # the values kept their places under dlindex's own column names
+    with sqlite3.connect(new) as conn:  # the values kept their places under dlindex's own names, ids their rows
         assert conn.execute("SELECT path FROM roots").fetchall() == [(str(wide_catalog.parent / "tree"),)]
+        assert conn.execute("SELECT min(id), max(id), count(*), max(width) FROM image_metadata").fetchone() == (
+            1, 3000, 3000, 2999,
+        )  # fmt: skip
     conn.close()
     assert dlindex("query", "--format", "paths", "--limit", "1", "--db", str(new)).returncode == 0
 

@@ -22,6 +22,7 @@ from dlindex.catalog.sqlite.migrations import (
     APPLICATION_ID,
     LATEST_VERSION,
     apply_migrations,
+    changed_columns,
     latest_columns,
     missing_tables,
 )
@@ -188,6 +189,10 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
         if version > LATEST_VERSION:
             problems.append(f"schema version {version} is newer than this dlindex's {LATEST_VERSION}: upgrade dlindex")
         problems.extend(f"table {t} is missing" for t in missing_tables(tables, version))
+        problems.extend(
+            f"column {c} is not as dlindex made it: renamed, retyped or no longer a key"
+            for c in changed_columns(conn, version)
+        )
         integrity = _integrity(conn, quick)
         problems.extend(f"integrity: {line}" for line in integrity)
         orphans = _orphans(conn)
@@ -355,15 +360,22 @@ def _copy_rows(src: sqlite3.Connection, out: sqlite3.Connection, table: str) -> 
     t = _quote(table)
     try:
         names = [str(r[1]) for r in src.execute(f"PRAGMA table_info({t})")]
-        targets = [str(r[1]) for r in out.execute(f"PRAGMA table_info({t})")]
+        info = out.execute(f"PRAGMA table_info({t})").fetchall()
+        targets = [str(r[1]) for r in info]
         if len(targets) != len(names):  # by name; the same count: by position (a damaged name keeps its place)
             names = [n for n in names if n in targets]
             targets = names
-        columns = ", ".join(_quote(n) for n in names)
-        src.execute(f"SELECT rowid FROM {t} LIMIT 0")
-        orders: tuple[str, ...] = (" ORDER BY rowid", " ORDER BY rowid DESC")
-    except sqlite3.OperationalError:
-        orders = ("",)  # WITHOUT ROWID: one pass in key order
+        values = [_quote(n) for n in names]
+        try:
+            src.execute(f"SELECT rowid FROM {t} LIMIT 0")
+            orders: tuple[str, ...] = (" ORDER BY rowid", " ORDER BY rowid DESC")
+            keys = [r for r in info if r[5]]
+            if len(keys) == 1 and str(keys[0][2]).upper() == "INTEGER" and keys[0][1] in targets:
+                # the id is the rowid, whatever a damaged schema text now calls or types it
+                values[targets.index(keys[0][1])] = "rowid"
+        except sqlite3.OperationalError:
+            orders = ("",)  # WITHOUT ROWID: one pass in key order
+        columns = ", ".join(values)
     except sqlite3.DatabaseError:
         return 0, False
     insert = (

@@ -25,7 +25,7 @@ from dlindex.catalog.sqlite.migrations import (
     APPLICATION_ID,
     LATEST_VERSION,
     apply_migrations,
-    missing_columns,
+    changed_columns,
     missing_tables,
     schema_version,
 )
@@ -313,7 +313,9 @@ def _check_before_open(db_path: Path, *, create: bool) -> None:
     if lost:
         raise faults.damaged_error(db_path, f"table {', '.join(lost)} is missing")
     if columns:
-        raise faults.damaged_error(db_path, f"column {', '.join(columns[:3])} is missing from its schema")
+        raise faults.damaged_error(
+            db_path, f"column {', '.join(columns[:3])} is not as dlindex made it: renamed, retyped or no longer a key"
+        )
 
 
 def _read_header(db_path: Path) -> tuple[int, int, set[str], list[str]]:
@@ -356,7 +358,7 @@ def _header(db_path: Path, uri: str) -> tuple[int, int, set[str], list[str]]:
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = {str(name) for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        columns = missing_columns(conn, int(version))
+        columns = changed_columns(conn, int(version))
     except UnicodeDecodeError:
         # sqlite3 could not even decode the error message: the schema itself is garbage.
         raise faults.damaged_error(db_path, "malformed database schema") from None

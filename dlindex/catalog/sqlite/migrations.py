@@ -204,8 +204,9 @@ def missing_tables(tables: Iterable[str], version: int) -> list[str]:
 
 
 @cache
-def latest_columns() -> dict[str, frozenset[str]]:
-    """Each table's columns at LATEST_VERSION: the migrations run once on an empty in-memory database."""
+def latest_columns() -> dict[str, frozenset[tuple[str, str, int]]]:
+    """Each table's columns at LATEST_VERSION, as (name, declared type, primary-key position):
+    the migrations run once on an empty in-memory database."""
     conn = sqlite3.connect(":memory:", isolation_level=None)
     try:
         apply_migrations(conn)
@@ -214,24 +215,29 @@ def latest_columns() -> dict[str, frozenset[str]]:
         conn.close()
 
 
-def _columns(conn: sqlite3.Connection) -> dict[str, frozenset[str]]:
-    found: dict[str, set[str]] = {}
-    for table, column in conn.execute(_COLUMNS):
-        found.setdefault(str(table), set()).add(str(column))
+def _columns(conn: sqlite3.Connection) -> dict[str, frozenset[tuple[str, str, int]]]:
+    found: dict[str, set[tuple[str, str, int]]] = {}
+    for table, column, declared, pk in conn.execute(_COLUMNS):
+        found.setdefault(str(table), set()).add((str(column), str(declared).upper(), int(pk)))
     return {table: frozenset(columns) for table, columns in found.items()}
 
 
-_COLUMNS = "SELECT m.name, c.name FROM sqlite_master m, pragma_table_info(m.name) c WHERE m.type = 'table'"
+# Names, types and keys only: no migration changes them, while the CHECK constraints' text
+# differs between catalogs (m005 rewrites it where SQLite allows).
+_COLUMNS = (
+    "SELECT m.name, c.name, c.type, c.pk FROM sqlite_master m, pragma_table_info(m.name) c WHERE m.type = 'table'"
+)
 
 
-def missing_columns(conn: sqlite3.Connection, version: int) -> list[str]:
-    """``table.column`` names a catalog at LATEST_VERSION should have and does not: a damaged
-    schema text can rename a column and still parse (found by test_faults_catalog's fuzzer).
-    Older catalogs are checked by their migration instead."""
+def changed_columns(conn: sqlite3.Connection, version: int) -> list[str]:
+    """``table.column`` names a catalog at LATEST_VERSION does not have as dlindex made them
+    (name, type, primary key): one damaged byte of the schema's text can rename a column or
+    turn ``id INTEGER PRIMARY KEY`` into a plain column and still parse (found by
+    test_faults_catalog's fuzzer). Older catalogs are checked by their migration instead."""
     if version != LATEST_VERSION:
         return []
     present = _columns(conn)
     return [
-        f"{table}.{column}" for table, columns in latest_columns().items() if table in present
-        for column in sorted(columns - present[table])
+        f"{table}.{name}" for table, columns in latest_columns().items() if table in present
+        for name, _, _ in sorted(columns - present[table])
     ]  # fmt: skip
