@@ -207,11 +207,11 @@ def test_a_real_clusters_address_passes_the_check(cluster: Any) -> None:
 
 def test_ray_stores_the_local_engines_bytes(cluster: object, local_db: Path, tmp_path: Path) -> None:
     db = _copy_scan(local_db, tmp_path)
-    for name in ("colorhist", "dhash"):
-        summary = compute(db, name, engine="ray", workers=2, batch_size=8)
-        assert (summary.computed, summary.failed) == (IMAGES, 0)
-    assert rows(db, VECTORS) == rows(local_db, VECTORS)
-    assert len(rows(db, VECTORS)) == 2 * IMAGES
+    # one type (each job starts its actors: ~7 s); colorhist on Ray is the next test's
+    summary = compute(db, "dhash", engine="ray", workers=2, batch_size=8)
+    assert (summary.computed, summary.failed) == (IMAGES, 0)
+    dhash = [r for r in rows(local_db, VECTORS) if r[1] == "dhash"]
+    assert rows(db, VECTORS) == dhash and len(dhash) == IMAGES
     assert rows(db, FAILURES) == rows(local_db, FAILURES) == []
 
 
