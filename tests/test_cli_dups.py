@@ -169,6 +169,21 @@ def test_html_report_marks_the_kept_image_of_each_group(runner: CliRunner, dup_d
     assert ids["unique.png"] not in {i for g in groups for i in g["ids"]}
 
 
+def test_html_report_of_more_groups_than_a_page_holds_keeps_only_those_it_draws(
+    runner: CliRunner, dup_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("dlindex.quality.report.DEFAULT_MAX_GROUPS", 1)  # a page of one group, two in the catalog
+    compute_dhash(runner, dup_db)
+    page = tmp_path / "dups.html"
+    result = invoke(runner, "dups", "--type", "dhash", "--html", str(page), "--db", str(dup_db))
+    assert result.exit_code == 0, result.output
+    assert [len(json.loads(line)["ids"]) for line in result.stdout.splitlines()] == [3, 2]  # the output: every group
+    assert result.stderr.startswith(f"wrote {page}: 1 groups, 3 images")
+    text = " ".join(page.read_text(encoding="utf-8").split())
+    assert "2 groups of duplicates, 5 images" in text and "left out: 1 groups and 2 images" in text
+    assert "other.png" not in text
+
+
 def test_html_report_is_never_written_over_a_users_file(runner: CliRunner, dup_db: Path, tmp_path: Path) -> None:
     page = tmp_path / "notes.html"
     page.write_text("my notes")

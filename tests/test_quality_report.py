@@ -419,3 +419,14 @@ def test_a_real_browser_decodes_every_preview_and_draws_the_page(tmp_path: Path,
     assert colours is not None and len(colours) > 200  # text, previews and borders, not a blank page
     green = sum(count for count, (r, g, b) in colours if (r, g, b) == (0x1A, 0x7F, 0x37))
     assert green > 500  # the kept images' badges and borders
+
+
+def test_page_groups_keep_the_first_and_count_the_rest() -> None:
+    from dlindex.quality.duplicate_groups import DuplicateGroup
+    from dlindex.quality.report import PageGroups
+
+    page = PageGroups(3)
+    stream = (DuplicateGroup((2 * i + 1, 2 * i + 2, 10**9 + i), 2 * i + 1, "exact") for i in range(100_000))
+    assert sum(1 for _ in page.tee(stream)) == 100_000  # every group passes on
+    assert [g.kept for g in page.first] == [1, 3, 5]  # only these are held
+    assert (page.left_groups, page.left_images) == (99_997, 3 * 99_997)

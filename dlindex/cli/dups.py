@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,6 +15,9 @@ from dlindex.catalog.connection import Catalog
 from dlindex.cli._output import OutputFormat, emit_rows, resolve_format
 from dlindex.cli._selection import Selection, selection_options
 from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
+
+if TYPE_CHECKING:
+    from dlindex.quality.report import PageGroups
 
 COLUMNS = ("group", "kind", "size", "kept", "ids", "paths")
 
@@ -119,26 +122,34 @@ def dups(
             "--overwrite replaces an earlier --html report; give --html FILE", param_hint="'--overwrite'"
         )
     from dlindex.quality.duplicate_groups import group_rows, iter_duplicate_groups
+    from dlindex.quality.report import PageGroups, check_target
 
     with Catalog(db, log=not no_log) as catalog:
         groups: Iterable[Any] = iter_duplicate_groups(
             catalog, feature_type=feature_type, max_distance=max_distance, threshold=threshold, keep=keep.value,
             grouping="connected" if connected else "around-kept", spec=select.spec(),
         )  # fmt: skip  # exact groups stream from a sort on disk: memory does not grow with the catalog
-        if html is not None:
-            groups = list(groups)
-            _write_html(catalog, groups, html, overwrite=overwrite, title=_title(feature_type))
+        page = None
+        if html is not None:  # the page is written after the output, from the groups it kept on the way
+            check_target(html, overwrite=overwrite)  # refused before any output
+            page = PageGroups()
+            groups = page.tee(groups)
         if rest:
             _print_ids(i for g in groups for i in g.rest)
-            return
-        out = resolve_format(None if fmt is None else OutputFormat(fmt.value))
-        emit_rows(_flat(group_rows(catalog, groups), out), out, COLUMNS)
+        else:
+            out = resolve_format(None if fmt is None else OutputFormat(fmt.value))
+            emit_rows(_flat(group_rows(catalog, groups), out), out, COLUMNS)
+        if html is not None and page is not None:
+            _write_html(catalog, page, html, overwrite=overwrite, title=_title(feature_type))
 
 
-def _write_html(catalog: Catalog, groups: list[Any], path: Path, *, overwrite: bool, title: str) -> None:
+def _write_html(catalog: Catalog, page: PageGroups, path: Path, *, overwrite: bool, title: str) -> None:
     from dlindex.quality.report import report_groups, write_report
 
-    summary = write_report(path, report_groups(catalog, groups), title=title, overwrite=overwrite)
+    summary = write_report(
+        path, report_groups(catalog, page.first), title=title, overwrite=overwrite,
+        left_out=(page.left_groups, page.left_images),
+    )  # fmt: skip
     failed = f", {summary.thumbnails_failed} could not be shown" if summary.thumbnails_failed else ""
     print(f"wrote {summary.path}: {summary.groups} groups, {summary.images} images{failed}", file=sys.stderr)
 

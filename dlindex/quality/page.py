@@ -54,14 +54,18 @@ def write_page(
     *,
     title: str,
     thumb_px: int,
+    left_out: tuple[int, int] = (0, 0),
 ) -> int:
-    """Stream the page to ``out`` group by group; return how many previews failed."""
+    """Stream the page to ``out`` group by group; return how many previews failed. ``left_out``:
+    groups and images not in ``groups`` at all, counted in the summary."""
     from dlindex.version import __version__
 
     images = sum(len(members) for _, members in shown)
-    total_images = sum(len(g.members) for g in groups)
+    total_groups = len(groups) + left_out[0]
+    total_images = sum(len(g.members) for g in groups) + left_out[1]
     out.write(_HEAD.format(version=__version__, title=text(title), thumb=thumb_px, groups=len(shown), images=images))
-    out.write(f'<header><h1>{text(title)}</h1>\n<p class="summary">{_summary(groups, shown, total_images)}</p>')
+    summary = _summary(total_groups, shown, total_images)
+    out.write(f'<header><h1>{text(title)}</h1>\n<p class="summary">{summary}</p>')
     out.write(_LEGEND)
     failed = 0
     with contextlib.closing(_thumbnails(shown, thumb_px)) as previews:  # fd 2 and warnings restored on error too
@@ -72,12 +76,10 @@ def write_page(
     return failed
 
 
-def _summary(
-    groups: Sequence[ReportGroup], shown: list[tuple[ReportGroup, tuple[ReportMember, ...]]], total: int
-) -> str:
+def _summary(groups: int, shown: list[tuple[ReportGroup, tuple[ReportMember, ...]]], total: int) -> str:
     images = sum(len(m) for _, m in shown)
-    line = f"{len(groups)} group{'s' * (len(groups) != 1)} of duplicates, {total} images; largest groups first."
-    left_groups = len(groups) - len(shown)
+    line = f"{groups} group{'s' * (groups != 1)} of duplicates, {total} images; largest groups first."
+    left_groups = groups - len(shown)
     left_images = total - images
     if left_groups or left_images:
         line += (

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +53,28 @@ class ReportSummary:
     images: int
     thumbnails_failed: int
     bytes: int
+
+
+class PageGroups:
+    """The groups a page draws, taken from a stream of groups as it goes by: the first
+    ``max_groups`` are kept, the rest only counted, so that a page of a catalog with millions of
+    groups holds at most ``max_groups`` of them while the stream goes on to the command's output."""
+
+    def __init__(self, max_groups: int | None = None) -> None:
+        self.max_groups = DEFAULT_MAX_GROUPS if max_groups is None else max_groups
+        self.first: list[DuplicateGroup] = []
+        self.left_groups = 0
+        self.left_images = 0
+
+    def tee(self, groups: Iterable[DuplicateGroup]) -> Iterator[DuplicateGroup]:
+        """``groups`` unchanged, keeping or counting each as it passes."""
+        for group in groups:
+            if len(self.first) < self.max_groups:
+                self.first.append(group)
+            else:
+                self.left_groups += 1
+                self.left_images += len(group.ids)
+            yield group
 
 
 def report_groups(
@@ -99,8 +121,14 @@ def write_report(
     overwrite: bool = False,
     max_groups: int = DEFAULT_MAX_GROUPS,
     max_members: int = DEFAULT_MAX_MEMBERS,
+    left_out: tuple[int, int] = (0, 0),
 ) -> ReportSummary:
-    """Write the HTML page of ``groups`` to ``path``; ReportError where that is not safe."""
+    """Write the HTML page of ``groups`` to ``path``; ReportError where that is not safe.
+
+    Args:
+        left_out: groups and images beyond ``groups`` (``PageGroups`` counted them), named in
+            the page's summary.
+    """
     if not MIN_THUMB_PX <= thumb_px <= MAX_THUMB_PX:
         raise InputError(f"thumbnail size must be {MIN_THUMB_PX} to {MAX_THUMB_PX} pixels, not {thumb_px}")
     if max_groups < 1 or max_members < 2:
@@ -112,7 +140,7 @@ def write_report(
     fd, tmp = _create_temp(target)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-            failed = write_page(out, groups, shown, title=title, thumb_px=thumb_px)
+            failed = write_page(out, groups, shown, title=title, thumb_px=thumb_px, left_out=left_out)
         check_target(target, overwrite=overwrite)  # unchanged while we drew: still ours to replace
         os.replace(tmp, target)  # a reader never sees half a page
     except BaseException as e:
