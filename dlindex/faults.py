@@ -75,6 +75,10 @@ def translate_error(
     where = f"catalog {catalog}" if catalog is not None else "the catalog"
     if name.startswith("SQLITE_CORRUPT") or name == "SQLITE_NOTADB" or "malformed" in str(exc):
         return damaged_error(catalog, str(exc))
+    if isinstance(exc, sqlite3.IntegrityError) and str(exc).startswith("CHECK constraint failed"):
+        # dlindex writes only values its own CHECKs accept (the tests hold it): a CHECK that
+        # refuses one is schema text that is no longer dlindex's (found by a schema fuzzer)
+        return damaged_error(catalog, f"a CHECK constraint of its schema refused a value dlindex writes: {exc}")
     undecodable = _NOT_UTF8.match(str(exc))
     if undecodable is not None:  # dlindex writes only UTF-8 TEXT (other names get stand-ins): damage
         return damaged_error(catalog, f"a value in column {undecodable.group(1)[:60]} is not UTF-8 text")

@@ -247,6 +247,31 @@ def test_a_changed_column_is_damage_and_recovery_restores_dlindexs_schema(
     assert dlindex("query", "--format", "paths", "--limit", "1", "--db", str(new)).returncode == 0
 
 
+@pytest.mark.parametrize("kind", ["read", "write"])
+def test_a_check_constraint_garbled_in_the_schema_never_lies(wide_catalog: Path, tmp_path: Path, kind: str) -> None:
+    # Found by flipping each byte of the schema's text: CHECK (kind IN ('read', 'write')) of the
+    # query log refused the entries dlindex writes, an IntegrityError from inside the command.
+    check = b"CHECK (kind IN ('read', 'write'))"
+    data = bytearray(wide_catalog.read_bytes())
+    data[data.index(check) + check.index(kind.encode())] = ord("A")  # 'Aead' or 'Arite'
+    wide_catalog.write_bytes(bytes(data))
+    command = ("stats",) if kind == "read" else ("mark", "--processed")
+    proc = dlindex(*command, "--db", str(wide_catalog), stdin="1\n")
+    with sqlite3.connect(wide_catalog) as conn:
+        processed = conn.execute("SELECT count(*) FROM image_metadata WHERE processed = 1").fetchone()[0]
+    conn.close()
+    if proc.returncode == 0:  # the log in a transaction of its own, after the work: the work stands
+        assert "warning: the query log was not written: the catalog's schema refused it" in proc.stderr
+        assert processed == (kind == "write")
+    else:  # the log rode along in the work's transaction: both rolled back, and the line says so
+        assert kind == "write" and proc.returncode == ExitCode.DAMAGED and processed == 0, proc.stderr
+        one_line(proc.stderr, "damaged", "CHECK constraint failed", "nothing was written")
+    new = tmp_path / "new.db"
+    assert dlindex("check", "--db", str(wide_catalog), "--recover-to", str(new)).returncode == 0
+    again = dlindex(*command, "--db", str(new), stdin="1\n")  # dlindex's own schema again
+    assert again.returncode == 0 and "warning" not in again.stderr, again.stderr
+
+
 def test_a_negative_schema_version_is_a_damaged_catalog(tmp_path: Path) -> None:
     # Found by the random-damage test: 0x80 at byte 60 makes the header's user_version negative,
     # and the migrations were then indexed with it.

@@ -14,6 +14,7 @@ from typing import Any
 from dlindex import faults
 from dlindex.catalog.backend import (
     CLOSED_ERRORS,
+    INTEGRITY_ERRORS,
     OPERATIONAL_ERRORS,
     SQL_ERRORS,
     Backend,
@@ -308,6 +309,14 @@ class Catalog:
                 log.flushed()
         except (*CLOSED_ERRORS, CatalogConnectionLost):  # type: ignore[misc]
             log.flushed()  # the connection is already closed (by the server: the next command says so)
+        except INTEGRITY_ERRORS as e:
+            # dlindex writes only entries its own schema accepts: this schema's text was damaged.
+            # The user's work is committed already; say so once rather than fail it.
+            log.flushed()
+            warnings.warn(
+                f"the query log was not written: the catalog's schema refused it ({e}); run dlindex check",
+                DlindexWarning, stacklevel=2,
+            )  # fmt: skip
 
     @contextmanager
     def busy_timeout(self, timeout_ms: int | None) -> Iterator[None]:
