@@ -229,14 +229,15 @@ def test_a_changed_column_is_damage_and_recovery_restores_dlindexs_schema(
     wide_catalog: Path, tmp_path: Path, damage: Any, column: str
 ) -> None:
     damage(wide_catalog)
+    runner = CliRunner()
     for args in (("stats",), ("query", "--limit", "1"), ("mark", "--processed")):
-        proc = dlindex(*args, "--db", str(wide_catalog), stdin="1\n")
-        assert proc.returncode == ExitCode.DAMAGED, (args, proc.stderr)
-        one_line(proc.stderr, "damaged", f"column {column} is not as dlindex made it")
+        result = runner.invoke(app, [*args, "--db", str(wide_catalog)], input="1\n")
+        assert result.exit_code == ExitCode.DAMAGED, (args, result.output)
+        one_line(result.stderr, "damaged", f"column {column} is not as dlindex made it")
     assert any(column in p for p in check_catalog(wide_catalog).problems)
     new = tmp_path / "new.db"
-    proc = dlindex("check", "--db", str(wide_catalog), "--recover-to", str(new))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = runner.invoke(app, ["check", "--db", str(wide_catalog), "--recover-to", str(new)])
+    assert result.exit_code == 0, result.output
     assert check_catalog(new).healthy and check_catalog(new).images == 3000
     with sqlite3.connect(new) as conn:  # the values kept their places under dlindex's own names, ids their rows
         assert conn.execute("SELECT path FROM roots").fetchall() == [(str(wide_catalog.parent / "tree"),)]
@@ -244,7 +245,7 @@ def test_a_changed_column_is_damage_and_recovery_restores_dlindexs_schema(
             1, 3000, 3000, 2999,
         )  # fmt: skip
     conn.close()
-    assert dlindex("query", "--format", "paths", "--limit", "1", "--db", str(new)).returncode == 0
+    assert runner.invoke(app, ["query", "--format", "paths", "--limit", "1", "--db", str(new)]).exit_code == 0
 
 
 @pytest.mark.parametrize("kind", ["read", "write"])
