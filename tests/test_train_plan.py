@@ -54,6 +54,29 @@ def test_ranks_get_equal_shares_and_workers_never_overlap(n: int, world: int, wo
         assert lay.share() == n // world
 
 
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(0, 300), world=st.integers(1, 5), workers=st.integers(1, 4), batch=st.integers(1, 9),
+       window=st.integers(1, 12), drop_last=st.booleans(), seed=st.integers(0, 2**40))  # fmt: skip
+def test_a_workers_stream_is_its_span_of_the_ranks_share_permuted_in_windows(
+    n: int, world: int, workers: int, batch: int, window: int, drop_last: bool, seed: int
+) -> None:
+    # A worker makes only its own span (not its rank's whole share, ~100 MB at 10^8 rows): the
+    # same positions in the same order as slicing the share would give.
+    lay = layout(n, world, workers, batch, window=window, drop_last=drop_last, seed=seed)
+    for r in range(world):
+        share = lay.rank_positions(r)
+        for w in range(workers):
+            start, end = lay.worker_span(w)
+            got = lay.stream(r, w)
+            assert sorted(got.tolist()) == sorted(share[start:end].tolist())
+            for at in range(0, got.size, max(window, 1)):  # permuted within each window only
+                assert sorted(got[at : at + window].tolist()) == sorted(
+                    share[start + at : min(start + at + window, end)].tolist()
+                )
+            assert np.array_equal(got, lay.stream(r, w))  # the same every time
+    assert lay.stream(0, 0).base is None or lay.stream(0, 0).base is not lay.order  # a copy: permuted in place
+
+
 @settings(max_examples=150, deadline=None)
 @given(n=st.integers(1, 250), world=st.integers(1, 4), workers=st.integers(1, 3), batch=st.integers(1, 6),
        new_world=st.integers(1, 5), new_workers=st.integers(1, 3), new_batch=st.integers(1, 7),

@@ -113,17 +113,29 @@ class Layout:
             return n // world
         return -(-n // world)
 
-    def rank_positions(self, rank: int) -> Ints:
+    def rank_positions(self, rank: int, *, check_only: bool = False) -> Ints:
+        """A rank's share of the positions, in order (``check_only``: raise for a rank not in the
+        plan, return nothing)."""
         if not 0 <= rank < self.world:
             raise InputError(f"rank {rank} is not in a world of size {self.world}")
         per = self.share()
         if self.only_rank >= 0:
             if rank != self.only_rank:
                 raise InputError(f"this epoch plan holds rank {self.only_rank}'s share only, not rank {rank}'s")
-            return np.arange(per, dtype=np.int64)  # the selection holds the share in reading order
-        if per == 0:
+            return np.arange(0 if check_only else per, dtype=np.int64)  # the selection holds the share in reading order
+        if per == 0 or check_only:
             return self.order[:0]
-        at = np.arange(rank * per, (rank + 1) * per) % self.order.size  # past the end: repeats (padding)
+        return self._rank_slice(rank, 0, per)
+
+    def _rank_slice(self, rank: int, start: int, end: int) -> Ints:
+        """A new array of ``rank_positions(rank)[start:end]``, made without the rest of the rank's
+        share: each worker needs its own span only (at 10^8 a rank's share is ~100 MB)."""
+        size, first = int(self.order.size), rank * self.share()
+        if end <= start or size == 0:
+            return self.order[:0].copy()
+        if first + end <= size:
+            return self.order[first + start : first + end].copy()
+        at = np.arange(first + start, first + end) % size  # past the end: repeats (padding)
         picked: Ints = self.order[at]
         return picked
 
@@ -150,12 +162,13 @@ class Layout:
                 self.rank_positions(rank)  # raises: another rank's share is not in this plan
             span = np.arange(start, end, dtype=np.int64)  # the share in reading order: 0..share-1
         else:
-            span = self.rank_positions(rank)[start:end]
+            self.rank_positions(rank, check_only=True)
+            span = self._rank_slice(rank, start, end)  # a new array: permuted in place below
         if self.window <= 1 or span.size <= 1:
             return span
         rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(self.seed) >> 32, int(self.epoch),
                                      self.generation, rank, worker, _WINDOW_TAG])  # fmt: skip
-        out = span if self.only_rank >= 0 else span.copy()  # a fresh arange needs no copy
+        out = span
         for at in range(0, span.size, self.window):
             piece = out[at : at + self.window]
             out[at : at + self.window] = piece[rng.permutation(piece.size)]
