@@ -7,6 +7,7 @@ each (bit i = element i) they compare by XOR and popcount, 32 times smaller than
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import islice
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +33,7 @@ Hashes = npt.NDArray[np.uint64]
 Embeddings = npt.NDArray[np.float32]
 _BLOCK_ROWS = 1 << 15  # matrix rows read at once: 8 MiB of dhash floats
 _RELEASE_EVERY = 8  # blocks read between drops of the matrix pages read (Matrix.release)
+_ID_BLOCK = 1 << 20  # selected ids matched against the matrix at once: ~40 MB of temporaries
 
 
 def load_vectors(
@@ -58,8 +60,7 @@ def load_vectors(
         )
     matrix = load_matrix(catalog, feature_type)
     is_hash = _holds_hashes(ftype.dim, matrix)
-    rows = matrix.rows_of(selected_ids(catalog, spec))
-    rows = rows[rows >= 0]
+    rows = selected_rows(catalog, matrix, spec)
     ids = matrix.ids[rows].astype(np.int64)
     if not is_hash:
         return ids, np.asarray(matrix.vectors[rows], dtype=np.float32), False
@@ -72,10 +73,18 @@ def load_vectors(
     return ids, hashes, True
 
 
-def selected_ids(catalog: Catalog, spec: QuerySpec | None = None) -> Ids:
-    """The ids ``spec`` selects (default: status ok), ascending, as an array (8 bytes each)."""
-    rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id",)))
-    return np.sort(np.fromiter((row["id"] for row in rows), dtype=np.int64))
+def selected_rows(catalog: Catalog, matrix: Matrix, spec: QuerySpec | None = None) -> npt.NDArray[np.intp]:
+    """The matrix rows of the samples ``spec`` selects (default: status ok) that have a vector,
+    ascending (so by id): the selection is read and matched a block of ids at a time, so memory
+    follows the matrix, not the catalog (all 10^8 ids of a catalog took ~3 GB to match 10^7 vectors)."""
+    rows = iter(query_rows(catalog, replace(spec or QuerySpec(), columns=("id",))))
+    found: list[npt.NDArray[np.intp]] = []
+    while (block := np.fromiter((row["id"] for row in islice(rows, _ID_BLOCK)), dtype=np.int64)).size:
+        at = matrix.rows_of(block)
+        found.append(at[at >= 0])
+    out = np.concatenate(found) if found else np.empty(0, dtype=np.intp)
+    out.sort()  # the matrix's ids ascend: its rows in order are ids in order
+    return out
 
 
 def is_hash_type(catalog: Catalog, feature_type: str) -> bool:
@@ -126,8 +135,7 @@ def plain_hashes(catalog: Catalog, feature_type: str, hashes: Hashes, max_distan
     flat = None if ftype is None else FLAT_HASH.get(ftype.extractor)
     if flat is None:
         return np.zeros(hashes.size, dtype=bool)
-    differ = np.unpackbits((hashes ^ np.uint64(flat)).view(np.uint8)).reshape(-1, HASH_BITS)
-    plain: npt.NDArray[np.bool_] = differ.sum(axis=1, dtype=np.int64) <= max_distance
+    plain: npt.NDArray[np.bool_] = popcount(hashes ^ np.uint64(flat)) <= max_distance  # 1 byte a hash, not 64
     return plain
 
 
@@ -137,3 +145,16 @@ def pack_bits(bits: npt.ArrayLike) -> Hashes:
     assert array.ndim == 2 and array.shape[1] == HASH_BITS
     packed = np.packbits(array.astype(np.uint8), axis=1, bitorder="little")
     return np.ascontiguousarray(packed).view("<u8").reshape(-1).astype(np.uint64)
+
+
+_BYTE_BITS = np.array([bin(b).count("1") for b in range(256)], dtype=np.uint8)
+
+
+def popcount(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
+    """Set bits of each uint64."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2
+        counted: npt.NDArray[np.uint8] = np.bitwise_count(x)
+        return counted
+    as_bytes = np.ascontiguousarray(x).view(np.uint8).reshape(-1, 8)
+    summed: npt.NDArray[np.uint8] = _BYTE_BITS[as_bytes].sum(axis=1, dtype=np.uint8)
+    return summed

@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from dlindex.errors import InputError
 from dlindex.quality.band_parts import Partitions, Sorted, partition_bits, sorted_partition
-from dlindex.quality.hashes import HASH_BITS
+from dlindex.quality.hashes import HASH_BITS, popcount
 
 Positions = npt.NDArray[np.intp]
 PairChunk = tuple[Positions, Positions, npt.NDArray[np.float32]]  # (i, j, distance), i < j
@@ -48,17 +48,6 @@ _PAIR_COST, _PROBE_COST, _SORT_COST = 1.5e-8, 4e-9, 1.5e-7
 # Per bit b < 6 of a 64-bit word: the bits whose position has bit b clear (0x5555..., 0x3333...)
 _LOW_HALF = [sum(1 << v for v in range(64) if not v >> b & 1) for b in range(6)]
 _U32 = 2.0**-24  # float32 unit roundoff
-_BYTE_BITS = np.array([bin(b).count("1") for b in range(256)], dtype=np.uint8)
-
-
-def popcount(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint8]:
-    """Set bits of each uint64."""
-    if hasattr(np, "bitwise_count"):  # numpy >= 2
-        counted: npt.NDArray[np.uint8] = np.bitwise_count(x)
-        return counted
-    as_bytes = np.ascontiguousarray(x).view(np.uint8).reshape(-1, 8)
-    summed: npt.NDArray[np.uint8] = _BYTE_BITS[as_bytes].sum(axis=1, dtype=np.uint8)
-    return summed
 
 
 def check_max_distance(max_distance: int) -> int:
