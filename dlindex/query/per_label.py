@@ -51,17 +51,24 @@ _ARC = (
     "SELECT sample_id FROM (SELECT sample_rows.id AS sample_id FROM image_metadata AS sample_rows "
     "WHERE {label}{where} AND sample_rows.path_hash {arc} ORDER BY {key} LIMIT :per_label)"
 )
-_ARCS = (
-    " UNION ALL ".join(
-        _ARC.replace("{arc}", arc).replace("{key}", key)
-        for arc, key in (
-            (">= :pivot", "sample_rows.path_hash, sample_rows.id"),
-            ("< :pivot", "sample_rows.path_hash, sample_rows.id"),
-            ("IS NULL", "sample_rows.id"),
-        )
-    )
-    + " LIMIT :per_label"
+# The three arcs of a label's sample: from the pivot on, before it, rows without a path hash
+# (name: the subquery's alias where the server requires one).
+_ARC_KINDS = (
+    (">= :pivot", "sample_rows.path_hash, sample_rows.id", "arc_after"),
+    ("< :pivot", "sample_rows.path_hash, sample_rows.id", "arc_before"),
+    ("IS NULL", "sample_rows.id", "arc_unhashed"),
 )
+
+
+def _arcs(named: bool) -> str:
+    def arc(where: str, key: str, name: str) -> str:
+        text = _ARC.replace("{arc}", where).replace("{key}", key)
+        return text.replace(" LIMIT :per_label)", f" LIMIT :per_label) AS {name}") if named else text
+
+    return " UNION ALL ".join(arc(*kind) for kind in _ARC_KINDS) + " LIMIT :per_label"
+
+
+_ARCS = _arcs(named=False)
 # Each label's arcs, as a JSON array of ids that json_each lists (SQLite has no LATERAL join):
 # no table row is read until the outer statement fetches the sample by id, in id order (a
 # join on image_metadata would read every sampled row once more first, in label and hash order:
@@ -77,17 +84,7 @@ SEEK = (
 
 
 # PostgreSQL: each label's arcs as a lateral subquery (arms and subqueries named, as it requires)
-_SERVER_ARCS = (
-    " UNION ALL ".join(
-        _ARC.replace("{arc}", arc).replace("{key}", key).replace(" LIMIT :per_label)", f" LIMIT :per_label) AS {name}")
-        for arc, key, name in (
-            (">= :pivot", "sample_rows.path_hash, sample_rows.id", "arc_after"),
-            ("< :pivot", "sample_rows.path_hash, sample_rows.id", "arc_before"),
-            ("IS NULL", "sample_rows.id", "arc_unhashed"),
-        )
-    )
-    + " LIMIT :per_label"
-)
+_SERVER_ARCS = _arcs(named=True)
 SERVER_SEEK = (
     "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
     "SELECT picked.sample_id FROM labels AS sample_labels CROSS JOIN LATERAL ("
