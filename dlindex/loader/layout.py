@@ -113,19 +113,22 @@ class Layout:
             return n // world
         return -(-n // world)
 
-    def rank_positions(self, rank: int, *, check_only: bool = False) -> Ints:
-        """A rank's share of the positions, in order (``check_only``: raise for a rank not in the
-        plan, return nothing)."""
-        if not 0 <= rank < self.world:
-            raise InputError(f"rank {rank} is not in a world of size {self.world}")
+    def rank_positions(self, rank: int) -> Ints:
+        """A rank's share of the positions, in order."""
+        self._check_rank(rank)
         per = self.share()
         if self.only_rank >= 0:
-            if rank != self.only_rank:
-                raise InputError(f"this epoch plan holds rank {self.only_rank}'s share only, not rank {rank}'s")
-            return np.arange(0 if check_only else per, dtype=np.int64)  # the selection holds the share in reading order
-        if per == 0 or check_only:
+            return np.arange(per, dtype=np.int64)  # the selection holds the share in reading order
+        if per == 0:
             return self.order[:0]
         return self._rank_slice(rank, 0, per)
+
+    def _check_rank(self, rank: int) -> None:
+        """InputError for a rank outside the world, or whose share this plan does not hold."""
+        if not 0 <= rank < self.world:
+            raise InputError(f"rank {rank} is not in a world of size {self.world}")
+        if self.only_rank >= 0 and rank != self.only_rank:
+            raise InputError(f"this epoch plan holds rank {self.only_rank}'s share only, not rank {rank}'s")
 
     def _rank_slice(self, rank: int, start: int, end: int) -> Ints:
         """A new array of ``rank_positions(rank)[start:end]``, made without the rest of the rank's
@@ -157,13 +160,10 @@ class Layout:
     def stream(self, rank: int, worker: int) -> Ints:
         """The positions a worker emits, in order: its span, permuted within shuffle windows."""
         start, end = self.worker_span(worker)
-        if self.only_rank >= 0:
-            if rank != self.only_rank:
-                self.rank_positions(rank)  # raises: another rank's share is not in this plan
-            span = np.arange(start, end, dtype=np.int64)  # the share in reading order: 0..share-1
-        else:
-            self.rank_positions(rank, check_only=True)
-            span = self._rank_slice(rank, start, end)  # a new array: permuted in place below
+        self._check_rank(rank)
+        # a rank's own plan holds its share in reading order (0..share-1); either way a new array,
+        # permuted in place below
+        span = np.arange(start, end, dtype=np.int64) if self.only_rank >= 0 else self._rank_slice(rank, start, end)
         if self.window <= 1 or span.size <= 1:
             return span
         rng = np.random.default_rng([int(self.seed) & 0xFFFFFFFF, int(self.seed) >> 32, int(self.epoch),
