@@ -195,12 +195,24 @@ def schema_before(location: Location, migration: Any) -> None:
 
     version = MIGRATIONS.index(migration)
     with raw(location) as conn:
+        drop_made_after(conn, version, is_server(location))
         for table, column in columns_added_after(version):
             conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         if is_server(location):
             conn.execute("UPDATE dlindex_schema SET version = ?", (version,))
         else:
             conn.execute(f"PRAGMA user_version = {version}")
+
+
+def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
+    """Drop the tables (and on SQLite their triggers) a schema step past ``version`` made, where
+    a step made a table of its own; before the columns go (a trigger names its columns)."""
+    from dlindex.catalog.sqlite.migrations import SCAN_DIGESTS
+
+    if version < 16:  # m016_scan_digests (the server's has no triggers)
+        for statement in () if server else SCAN_DIGESTS[1:]:
+            conn.execute(f"DROP TRIGGER IF EXISTS {statement.split()[2]}")
+        conn.execute("DROP TABLE IF EXISTS scan_digests")
 
 
 def columns_added_after(version: int) -> list[tuple[str, str]]:

@@ -22,7 +22,7 @@ from dlindex.exported.index import listed_shards
 from dlindex.query.spec import QuerySpec
 from dlindex.scan.labels import _parse
 
-from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, columns_added_after, where
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, columns_added_after, drop_made_after, where
 from .conftest import export, exported, rows
 
 pytestmark = ON_BOTH_BACKENDS
@@ -292,6 +292,7 @@ def test_a_version_9_catalog_gains_sample_attributes(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     conn.execute("DROP TABLE sample_attributes")
     conn.execute("DROP TABLE shard_runs")  # schema 11's, made again on the way up
+    drop_made_after(conn, 11)
     for table, column in columns_added_after(11):  # schema 12's and later, likewise
         conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
     conn.execute("PRAGMA user_version = 9")

@@ -24,12 +24,13 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from itertools import repeat
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dlindex.catalog.classes import enter_folder
 from dlindex.catalog.connection import Catalog
 from dlindex.query.spec import LOADER_FAILURE
 from dlindex.scan.diff import DiffOptions
+from dlindex.scan.digests import UnitDigests, unit_digest
 from dlindex.scan.listing import WalkOptions
 from dlindex.scan.units import Unit
 
@@ -70,6 +71,7 @@ class Quick(NamedTuple):
     units: list[Unit]
     files: int  # files of the units found unchanged (each one seen and unchanged)
     skips: dict[str, int]  # entries of those units skipped, by reason
+    recalled: int = 0  # units of those answered by their digest (dlindex.scan.digests), rows unread
 
 
 @functools.cache
@@ -105,54 +107,135 @@ def skip_unchanged(
         return None
     label_ids = dict(catalog.conn.execute(_LABELS).fetchall())
     suffixes = tuple(walk.suffixes)
-    expression = ["(", "-type", "d", "-printf", "/%d\\0", ")", "-o", "(", "-type", "f", "-printf", _FILE, ")", "-o",
-                  "-printf", "?%y\\0"]  # fmt: skip
     starts = [b"./" + unit.raw_prefix + unit.children[0][0] for unit in folders]
     params = {"root": root_id, "limit": options.max_pixels, "bomb": 2 * options.max_pixels,
               "loader_failed": LOADER_FAILURE, "loader_length": len(LOADER_FAILURE)}  # fmt: skip
     clean: set[int] = set()
     files = 0
     skips: dict[str, int] = {}
-    index = -1
-    with tempfile.TemporaryFile() as errors:
-        try:
-            process = subprocess.Popen(
-                [find, *starts, *expression], cwd=root, stdout=subprocess.PIPE, stderr=errors,
-                env={**os.environ, "LC_ALL": "C"},
-            )  # fmt: skip
-        except OSError:
+    recalled = 0
+    digests = UnitDigests(os.fspath(catalog.path), root_id, [(unit.start, unit.end) for unit in folders])
+    flags = {"hidden": walk.hidden, "follow_symlinks": walk.follow_symlinks, "suffixes": sorted(suffixes)}
+    with digests, tempfile.TemporaryFile() as errors, _Finds(find, root, starts, errors) as finds:
+        if not finds.started:
             return None
-        assert process.stdout is not None
         try:
-            _widen_pipe(process.stdout.fileno())
-            segments = _segments(process.stdout.fileno())
-            if next(segments, None) != b"":
-                _stop(process)
-                return None
-            for index, (unit, segment) in enumerate(zip(folders, segments, strict=False)):  # counted below
+            for index, (unit, segment) in enumerate(zip(folders, finds.segments(), strict=True)):
                 if segment is None:
                     continue
                 label, split = _label(unit) or (None, None)
-                sql = _LINES if unit.end is None else _LINES_BETWEEN
                 bound = {**params, "start": unit.start, "end": unit.end, "label": label_ids.get(label), "split": split}
-                found = _compare(segment, catalog.conn.execute(sql, bound).fetchone()[0], walk, suffixes)
+                digest = unit_digest(segment, {**bound, **flags}) if digests.usable else b""
+                found = digests.recall(unit.start, unit.end, digest)
+                if found is not None:
+                    recalled += 1
+                else:
+                    sql = _LINES if unit.end is None else _LINES_BETWEEN
+                    found = _compare(segment, catalog.conn.execute(sql, bound).fetchone()[0], walk, suffixes)
+                    if found is not None:
+                        digests.remember(unit.start, unit.end, digest, found)
                 if found is not None:
                     clean.add(index)
                     files += found[0]
                     for reason, n in found[1].items():
                         skips[reason] = skips.get(reason, 0) + n
-            left = sum(1 for _ in segments)
-        except BaseException:
-            _stop(process)
-            raise
-        process.stdout.close()
-        if process.wait() != 0 or left or index != len(folders) - 1:
+        except (_Surprise, ValueError):  # ValueError: zip's, a folder count that is not find's
+            return None
+        if not finds.succeeded():
             return None
         errors.seek(0)
         if errors.read(1):
             return None  # an unreadable folder, a file gone meanwhile...: the walk reports them
+        digests.commit()
     kept = {id(unit) for index, unit in enumerate(folders) if index in clean}
-    return Quick([unit for unit in units if id(unit) not in kept], files, skips)
+    return Quick([unit for unit in units if id(unit) not in kept], files, skips, recalled)
+
+
+class _Surprise(Exception):
+    """find printed what the fast path does not expect: every unit is walked."""
+
+
+class _Finds:
+    """find over the units' folders, in two processes where two CPUs are free: the first half's
+    lines come through a pipe and are compared as they come, while the second find writes the
+    other half's to a temporary file, read once it is done (find's stat calls are most of a
+    rescan's time). Both write their messages to ``errors``."""
+
+    _EXPRESSION = ("(", "-type", "d", "-printf", "/%d\\0", ")", "-o", "(", "-type", "f", "-printf", _FILE, ")",
+                   "-o", "-printf", "?%y\\0")  # fmt: skip
+
+    def __init__(self, find: str, root: bytes, starts: list[bytes], errors: Any) -> None:
+        cut = len(starts) // 2 if len(starts) > 1 and _cpus() > 1 else len(starts)
+        self.parts = [part for part in (starts[:cut], starts[cut:]) if part]
+        self.spill: Any = None
+        self.processes: list[subprocess.Popen[bytes]] = []
+        env = {**os.environ, "LC_ALL": "C"}
+        try:
+            if len(self.parts) > 1:
+                self.spill = tempfile.TemporaryFile()  # noqa: SIM115  # closed by close()
+            for at, part in enumerate(self.parts):
+                out = subprocess.PIPE if at == 0 else self.spill
+                self.processes.append(
+                    subprocess.Popen([find, *part, *self._EXPRESSION], cwd=root, stdout=out, stderr=errors, env=env)
+                )
+        except OSError:
+            self.close()
+
+    @property
+    def started(self) -> bool:
+        return len(self.processes) == len(self.parts)
+
+    def segments(self) -> Iterator[bytes | None]:
+        """Each folder's lines in the order of ``starts`` (quick._segments' pieces)."""
+        for at, part in enumerate(self.parts):
+            if at == 0:
+                stdout = self.processes[0].stdout
+                assert stdout is not None
+                _widen_pipe(stdout.fileno())
+                fd = stdout.fileno()
+            else:
+                if self.processes[at].wait() != 0:
+                    raise _Surprise
+                self.spill.seek(0)
+                fd = self.spill.fileno()
+            pieces = _segments(fd)
+            if next(pieces, None) != b"":
+                raise _Surprise
+            count = 0
+            for piece in pieces:
+                count += 1
+                if count > len(part):
+                    raise _Surprise
+                yield piece
+            if count != len(part):
+                raise _Surprise
+
+    def succeeded(self) -> bool:
+        """Whether every find exited 0 (the pipe read to its end)."""
+        return all(process.wait() == 0 for process in self.processes)
+
+    def __enter__(self) -> _Finds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            if process.stdout is not None:
+                process.stdout.close()
+            process.wait()
+        if self.spill is not None:
+            self.spill.close()
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _label(unit: Unit) -> tuple[str, str | None] | None:
@@ -234,10 +317,3 @@ def _widen_pipe(fd: int) -> None:
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
     except (ImportError, OSError):
         pass
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.kill()
-    if process.stdout is not None:
-        process.stdout.close()
-    process.wait()

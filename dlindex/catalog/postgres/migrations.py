@@ -232,8 +232,16 @@ SCHEMA_V15 = (
     "ALTER TABLE image_metadata ADD COLUMN path_hash BIGINT",
     "UPDATE image_metadata SET path_hash = ('x' || substr(md5(convert_to(file_path, 'UTF8')), 1, 15))::bit(60)::bigint",
 )
+# 16: SQLite's m016_scan_digests, the table only: a rescan's fast path (dlindex.scan.quick) is
+# SQLite's alone, so nothing here reads or keeps the digests (no triggers).
+SCHEMA_V16 = (
+    f"""CREATE TABLE scan_digests (
+        root_id BIGINT NOT NULL, start {_T} NOT NULL, stop {_T}, digest BYTEA NOT NULL, files BIGINT NOT NULL,
+        skips {_T} NOT NULL, PRIMARY KEY (root_id, start)
+    )""",
+)
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15),
+    (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15), (16, SCHEMA_V16),
 )  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
@@ -243,7 +251,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "query_log": ("id",), "query_log_templates": ("sql",), "catalog_changes": ("id",),
     "query_cache": ("key",), "feature_types": ("name",), "image_features": ("image_id", "feature_type"),
     "index_changes": ("id",), "feature_state": ("image_id", "feature_type"), "exports": ("path",),
-    "sample_attributes": ("image_id", "name"), "shard_runs": ("id",),
+    "sample_attributes": ("image_id", "name"), "shard_runs": ("id",), "scan_digests": ("root_id", "start"),
 }  # fmt: skip
 
 

@@ -137,6 +137,54 @@ def path_hash(file_path: str) -> int:
     return int(hashlib.md5(file_path.encode("utf-8"), usedforsecurity=False).hexdigest()[:15], 16)
 
 
+def m016_scan_digests(conn: sqlite3.Connection) -> None:
+    # What a rescan's fast path found of a folder unit (dlindex.scan.quick): a digest of what it
+    # compared and the answer, so the next rescan of the same unchanged folder costs find's
+    # lines, not the catalog's rows. Triggers forget a unit's digest whenever any writer
+    # (dlindex or not) inserts, deletes or changes a row of that unit in a column the
+    # comparison reads: a digest is never older than the rows it vouches for.
+    for statement in SCAN_DIGESTS:
+        conn.execute(statement)
+
+
+# The unit whose range holds a path: the digests of one root never overlap (a rescan replaces
+# them all), so it is the one starting last at or before the path, if it ends after it.
+_FORGET = """DELETE FROM scan_digests WHERE root_id = {row}.root_id
+            AND start = (SELECT max(start) FROM scan_digests WHERE root_id = {row}.root_id AND start <= {row}.file_path)
+            AND (stop IS NULL OR stop > {row}.file_path);"""
+# The columns of dlindex.scan.quick._LINES; processing_status and error only as it reads them.
+_WATCHED = (
+    "root_id", "file_path", "bytes", "mtime_ns", "inode", "ctime_ns", "status", "width", "height", "pixel_limit",
+    "label_id", "split",
+)  # fmt: skip
+SCAN_DIGESTS = (
+    """CREATE TABLE scan_digests (
+        root_id INTEGER NOT NULL,
+        start TEXT NOT NULL,
+        stop TEXT,
+        digest BLOB NOT NULL,
+        files INTEGER NOT NULL,
+        skips TEXT NOT NULL,
+        PRIMARY KEY (root_id, start)
+    ) WITHOUT ROWID""",
+    "CREATE TRIGGER scan_digests_inserted AFTER INSERT ON image_metadata BEGIN\n            "
+    + _FORGET.format(row="NEW")
+    + "\n        END",
+    "CREATE TRIGGER scan_digests_deleted AFTER DELETE ON image_metadata BEGIN\n            "
+    + _FORGET.format(row="OLD")
+    + "\n        END",
+    f"CREATE TRIGGER scan_digests_updated AFTER UPDATE OF {', '.join((*_WATCHED, 'processing_status', 'error'))} "
+    "ON image_metadata\n        WHEN "
+    + " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in _WATCHED)
+    + "\n            OR ((OLD.processing_status IS 'failed' OR NEW.processing_status IS 'failed')"
+    " AND (OLD.processing_status IS NOT NEW.processing_status OR OLD.error IS NOT NEW.error))\n        BEGIN\n            "
+    + _FORGET.format(row="OLD")
+    + "\n            "
+    + _FORGET.format(row="NEW")
+    + "\n        END",
+)
+
+
 _M015_COLUMNS = (
     "ALTER TABLE image_metadata ADD COLUMN inode INTEGER",
     "ALTER TABLE image_metadata ADD COLUMN ctime_ns INTEGER",
@@ -148,6 +196,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
     m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
+    m016_scan_digests,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -191,6 +240,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (9, None, ("exports",)),
     (10, None, ("sample_attributes",)),
     (11, None, ("shard_runs",)),
+    (16, None, ("scan_digests",)),
 )
 
 
