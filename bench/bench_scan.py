@@ -676,8 +676,8 @@ class Bench:
                 b,
                 d / b,
                 "time / baseline time",
-                "<= 2.00x",
-                d / b <= 2.0,
+                "<= 1.20x",
+                d / b <= 1.2,
                 samples=ts,
             )
         )

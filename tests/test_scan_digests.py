@@ -161,36 +161,40 @@ def test_a_write_during_the_comparison_is_not_remembered_over(
 
 
 def test_one_find_or_two_give_the_same_answers(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts: list[int] = []
+
+    class Finds(quick._Finds):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            parts.append(len(self.parts))
+
+    monkeypatch.setattr(quick, "_Finds", Finds)
+    monkeypatch.setattr(quick, "_cpus", lambda: 2)
     db = tmp_path / "catalog.db"
     scan(db, tree)
-    make_png(tree / "cat" / "new.png")
     twins = Twins(db, tree, tmp_path, monkeypatch)
+    twins.rescan()  # nothing remembered yet: one find, its lines compared as they come
+    make_png(tree / "cat" / "new.png")
+    assert twins.rescan()["new"] == 1  # two finds: ant and bee in the pipe, cat and dog in the file
+    make_png(tree / "dog" / "0.png", color=(9, 9, 9))
     monkeypatch.setattr(quick, "_cpus", lambda: 1)
-    one = twins.rescan()
-    db2 = tmp_path / "second.db"
-    scan(db2, tree)
-    (tree / "cat" / "new.png").unlink()
-    make_png(tree / "cat" / "new.png", color=(9, 9, 9))
-    monkeypatch.setattr(quick, "_cpus", lambda: 2)
-    twins.rescan()
-    assert one["new"] == 1 and twins.counted() == 9
+    assert twins.rescan()["changed"] == 1  # one CPU: one find
+    assert parts == [1, 2, 1] and twins.counted() == 10  # ant, bee, cat: dog walked
 
 
 def test_a_lost_folder_in_one_find_part_sends_every_unit_to_the_walk(
     tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = tmp_path / "catalog.db"
-    scan(db, tree)
+    _, twins = rescanned(tree, tmp_path, monkeypatch)  # every folder remembered: two finds next
     wrapper = tmp_path / "find"
-    # The second part's find prints nothing of its last folder: a count that is not find's.
+    # The second part's find lists cat twice: a folder count that is not find's.
     wrapper.write_text(f'#!/bin/sh\ncase "$*" in *./dog*) exec {quick.gnu_find()} ./cat "$@" ;; esac\n'
                        f'exec {quick.gnu_find()} "$@"\n')  # fmt: skip
     wrapper.chmod(0o755)
     monkeypatch.setattr(quick, "gnu_find", lambda: str(wrapper))
     monkeypatch.setattr(quick, "_cpus", lambda: 2)
-    twins = Twins(db, tree, tmp_path, monkeypatch)
     twins.rescan()
-    assert twins.quick == [None]
+    assert twins.quick[-1] is None
 
 
 _EDITS = st.sampled_from(
@@ -232,3 +236,16 @@ def test_the_digest_covers_every_input_of_the_comparison() -> None:
     assert digests.unit_digest(b"lines!\0", inputs) != base
     for key, value in [("start", "b/"), ("end", "c/"), ("label", 2), ("split", "val"), ("hidden", True)]:
         assert digests.unit_digest(b"lines\0", {**inputs, key: value}) != base
+
+
+def test_a_recovered_catalog_remembers_nothing(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dlindex.catalog.check import recover_catalog
+
+    db, twins = rescanned(tree, tmp_path, monkeypatch)
+    assert remembered(db)
+    recovered = tmp_path / "recovered.db"
+    report = recover_catalog(db, recovered)
+    assert "scan_digests" not in report.rows and not remembered(recovered)
+    twins = Twins(recovered, tree, tmp_path, monkeypatch)
+    twins.rescan()
+    assert recalled(twins) == 0 and twins.counted() == 12

@@ -36,6 +36,9 @@ _WHOLE_CHECK_BYTES = 32 << 20
 _PAGES = "SELECT page_count * page_size FROM pragma_page_count, pragma_page_size"
 _RUNNING_SCANS = "SELECT id, pid, started_at FROM scans WHERE state = 'running' ORDER BY id"
 _COUNT_IMAGES = "SELECT count(*) FROM image_metadata"
+# What a rescan remembered of unchanged folders (dlindex.scan.digests) vouches for rows as they
+# were; a damaged file's may not be: the recovered catalog compares every folder once again.
+_NOT_RECOVERED = frozenset({"scan_digests"})
 
 
 def quick_check(conn: sqlite3.Connection, *, budget_s: float | None = None) -> list[str]:
@@ -333,7 +336,7 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
                 if kind == "table" and name not in own:
                     out.execute(sql)
             for kind, name, _table, _sql in schema:
-                if kind == "table":
+                if kind == "table" and name not in _NOT_RECOVERED:
                     rows[name], whole = _copy_rows(conn, out, name)
                     if not whole:
                         incomplete.append(name)

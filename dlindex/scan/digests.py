@@ -72,6 +72,7 @@ class UnitDigests:
     def __init__(self, path: str, root_id: int, units: Sequence[tuple[str, str | None]]) -> None:
         self.root_id = root_id
         self.held: dict[str, bytes] = {}  # start -> the digest its row had when opened
+        self.remembered = 0  # units with an answer stored by an earlier rescan (may not match)
         self.found: list[tuple[bytes, int, str, int, str, str | None, bytes]] = []
         self.conn: sqlite3.Connection | None = None
         try:
@@ -87,6 +88,7 @@ class UnitDigests:
                     self.held[start] = bytes(digest)
                 else:  # another cut of the tree: the digests of a root never overlap
                     self.conn.execute(_DROP, (root_id, start))
+            self.remembered = len(self.held)
             # This rescan's own token: another rescan that opens the same row after a writer
             # deleted it must not have its row filled with this one's older answer.
             token = os.urandom(16)

@@ -116,7 +116,10 @@ def skip_unchanged(
     recalled = 0
     digests = UnitDigests(os.fspath(catalog.path), root_id, [(unit.start, unit.end) for unit in folders])
     flags = {"hidden": walk.hidden, "follow_symlinks": walk.follow_symlinks, "suffixes": sorted(suffixes)}
-    with digests, tempfile.TemporaryFile() as errors, _Finds(find, root, starts, errors) as finds:
+    # Two finds halve find's time but leave the comparison of the second half to run alone:
+    # worth it where most units are answered from memory, not on a first rescan.
+    split = _cpus() > 1 and 2 * digests.remembered >= len(folders)
+    with digests, tempfile.TemporaryFile() as errors, _Finds(find, root, starts, errors, split) as finds:
         if not finds.started:
             return None
         try:
@@ -156,16 +159,16 @@ class _Surprise(Exception):
 
 
 class _Finds:
-    """find over the units' folders, in two processes where two CPUs are free: the first half's
-    lines come through a pipe and are compared as they come, while the second find writes the
-    other half's to a temporary file, read once it is done (find's stat calls are most of a
-    rescan's time). Both write their messages to ``errors``."""
+    """find over the units' folders, in one process or (``split``) two: the first half's lines
+    come through a pipe and are compared as they come, while the second find writes the other
+    half's to a temporary file, read once it is done (find's stat calls are most of a rescan's
+    time once the units are answered from memory). Both write their messages to ``errors``."""
 
     _EXPRESSION = ("(", "-type", "d", "-printf", "/%d\\0", ")", "-o", "(", "-type", "f", "-printf", _FILE, ")",
                    "-o", "-printf", "?%y\\0")  # fmt: skip
 
-    def __init__(self, find: str, root: bytes, starts: list[bytes], errors: Any) -> None:
-        cut = len(starts) // 2 if len(starts) > 1 and _cpus() > 1 else len(starts)
+    def __init__(self, find: str, root: bytes, starts: list[bytes], errors: Any, split: bool) -> None:
+        cut = len(starts) // 2 if split and len(starts) > 1 else len(starts)
         self.parts = [part for part in (starts[:cut], starts[cut:]) if part]
         self.spill: Any = None
         self.processes: list[subprocess.Popen[bytes]] = []
