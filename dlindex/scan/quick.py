@@ -118,12 +118,13 @@ def skip_unchanged(
     flags = {"hidden": walk.hidden, "follow_symlinks": walk.follow_symlinks, "suffixes": sorted(suffixes)}
     # Two finds halve find's time but leave the comparison of the second half to run alone:
     # worth it where most units are answered from memory, not on a first rescan.
-    split = _cpus() > 1 and 2 * digests.remembered >= len(folders)
-    with digests, tempfile.TemporaryFile() as errors, _Finds(find, root, starts, errors, split) as finds:
+    two_finds = _cpus() > 1 and 2 * digests.remembered >= len(folders)
+    with digests, tempfile.TemporaryFile() as errors, _Finds(find, root, starts, errors, two_finds) as finds:
         if not finds.started:
             return None
         try:
-            for index, (unit, segment) in enumerate(zip(folders, finds.segments(), strict=True)):
+            pieces = finds.segments()  # one piece a folder, or _Surprise once a part's count is off
+            for index, (unit, segment) in enumerate(zip(folders, pieces, strict=False)):
                 if segment is None:
                     continue
                 label, split = _label(unit) or (None, None)
@@ -142,7 +143,8 @@ def skip_unchanged(
                     files += found[0]
                     for reason, n in found[1].items():
                         skips[reason] = skips.get(reason, 0) + n
-        except (_Surprise, ValueError):  # ValueError: zip's, a folder count that is not find's
+            next(pieces, None)  # past the last piece: the last part's count is checked
+        except _Surprise:
             return None
         if not finds.succeeded():
             return None
