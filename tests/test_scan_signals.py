@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from .conftest import make_png
+
 FILES = 5000
 
 
@@ -173,6 +175,8 @@ def _gone(pid: int, within: float) -> bool:
 def test_workers_die_with_a_parent_killed_as_they_fork(image_tree: Path, tmp_path: Path, command: str) -> None:
     db = tmp_path / "orphans.db"
     if command == "features":
+        for i in range(300):  # enough work that the parent is still running when its second worker forks
+            make_png(image_tree / "cat" / f"more{i:03d}.png", (16, 16), (i % 256, 0, 0))
         _rescan(image_tree, db)
         args = ["features", "compute", "--type", "colorhist", "--workers", "2", "--db", str(db)]
     else:

@@ -211,6 +211,10 @@ class Catalog:
             rollback(conn)
             if isinstance(e, SQL_ERRORS):
                 raise self._translate(e, bookkeeping) from e
+            if isinstance(e, UnicodeDecodeError) and isinstance(e.object, bytes):
+                # Python's sqlite3 could not decode SQLite's message about a statement: dlindex's
+                # statements are UTF-8, so it quotes damaged schema text (found by a schema fuzzer).
+                raise faults.damaged_error(self.path, f"SQLite's message is not UTF-8: {e.object[:80]!r}") from e
             raise
         if flushed:
             log.flushed()
@@ -309,7 +313,7 @@ class Catalog:
                 log.flushed()
         except (*CLOSED_ERRORS, CatalogConnectionLost):  # type: ignore[misc]
             log.flushed()  # the connection is already closed (by the server: the next command says so)
-        except INTEGRITY_ERRORS as e:
+        except (*INTEGRITY_ERRORS, DamagedCatalogError) as e:  # type: ignore[misc]
             # dlindex writes only entries its own schema accepts: this schema's text was damaged.
             # The user's work is committed already; say so once rather than fail it.
             log.flushed()
