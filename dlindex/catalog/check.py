@@ -59,10 +59,7 @@ def quick_check(conn: sqlite3.Connection, *, budget_s: float | None = None) -> l
             if "interrupt" in str(e):
                 return []  # the budget ran out: no verdict, and SQLite still checks every page it reads
             return [str(e)]
-        except (
-            sqlite3.DatabaseError,
-            UnicodeDecodeError,
-        ) as e:  # the latter: SQLite's message quotes damaged schema text
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # a message quoting damaged schema text
             return [str(e)]
     return [] if rows == ["ok"] else rows
 
