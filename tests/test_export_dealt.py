@@ -12,6 +12,7 @@ import pytest
 
 from dlindex import Catalog
 from dlindex.export import halves, hashsplit, plan, run
+from dlindex.export.dealing import Dealing
 from dlindex.query.spec import QuerySpec
 
 from .conftest import export
@@ -86,7 +87,7 @@ def test_one_second_process_deals_every_split(catalog: Path, tmp_path: Path, mon
     monkeypatch.setattr(plan, "HALVES_MIN_IDS", 1)
     monkeypatch.setattr(halves, "start", counted)
     summary = export(catalog, tmp_path / "out", split="a=0.5,b=0.4,c=0.1")
-    assert started == [({"a": 0.5, "b": 0.4, "c": 0.1},)]
+    assert started == [(Dealing(("a", "b", "c"), (("a", 0.5), ("b", 0.4), ("c", 0.1))),)]
     assert sum(summary.splits.values()) == summary.samples == summary.selected
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
         "a-000000.jsonl",

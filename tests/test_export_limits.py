@@ -130,7 +130,7 @@ def test_two_processes_write_the_same_bytes(
 
     monkeypatch.setattr(halves, "start", counted)
     two = export(tree_catalog, tmp_path / "two", split=split)
-    assert len(started) == (2 if split is None else 1)  # one a split folder; fractions: one deals every split
+    assert len(started) == 1  # one deals every split (folder or fraction)
     assert one.splits == two.splits
     for f in sorted((tmp_path / "one").iterdir()):
         if f.name != "index.json":

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import multiprocessing
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
-from dlindex.export.hashsplit import batch_splits
+from dlindex.export.dealing import Dealing, OutsideSplit
 from dlindex.export.jsonl import deal, jsonl_lines
 from dlindex.export.plan import ExportError, Group, Tally, UpperHalf, split_of
 from dlindex.export.shards import Context
@@ -63,6 +62,8 @@ class Running:
             self.part.unlink(missing_ok=True)
             for split in report.get("splits") or ():
                 self.split_part(split).unlink(missing_ok=True)
+            if report.get("outside"):
+                raise OutsideSplit(report["error"])
             raise ExportError(f"the second export process failed: {report['error']}")
         return dict(report)
 
@@ -71,16 +72,16 @@ class Running:
         self.process.join()
 
 
-def start(ctx: Context, group: Group, upper: UpperHalf, fractions: Mapping[str, float] | None = None) -> Running:
+def start(ctx: Context, group: Group, upper: UpperHalf, dealing: Dealing | None = None) -> Running:
     """Start a process that writes the rows of ``upper`` as jsonl lines to a part file (with
-    ``fractions``: each row to its split's part file, ``Running.split_part``)."""
+    ``dealing``: each row to its split's part file, ``Running.split_part``)."""
     part = ctx.out / ".upper.part"
     # Only what formatting needs travels: no rows, no open connection.
     plan = replace(ctx.plan, groups=(), tally=Tally())
     light = replace(ctx, plan=plan, progress=None, upper=None)
     spawn = multiprocessing.get_context("spawn")
     parent_conn, child_conn = spawn.Pipe(duplex=False)
-    args = (light, upper, group.split, group.rank, part, child_conn, None if fractions is None else dict(fractions))
+    args = (light, upper, group.split, group.rank, part, child_conn, dealing)
     process = spawn.Process(target=_main, args=args, daemon=True)
     process.start()
     child_conn.close()
@@ -88,10 +89,12 @@ def start(ctx: Context, group: Group, upper: UpperHalf, fractions: Mapping[str, 
 
 
 def _main(
-    ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any, fractions: dict[str, float] | None
+    ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any, dealing: Dealing | None
 ) -> None:
     try:
-        report = _write(ctx, upper, split, rank, part) if fractions is None else _deal(ctx, upper, part, fractions)
+        report = _write(ctx, upper, split, rank, part) if dealing is None else _deal(ctx, upper, part, dealing)
+    except OutsideSplit as e:  # the parent says what a count of the selection says
+        report = {"error": str(e), "outside": True, "splits": dealing.names if dealing else ()}
     except BaseException as e:  # reported to the parent, which raises
         report = {"error": f"{type(e).__name__}: {e}"}
     conn.send(report)
@@ -119,9 +122,9 @@ def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) ->
     return {"samples": sum(tally.samples.values()), "labels": [[k[1], n] for k, n in tally.labels.items()]}
 
 
-def _deal(ctx: Context, upper: UpperHalf, part: Path, fractions: dict[str, float]) -> dict[str, Any]:
+def _deal(ctx: Context, upper: UpperHalf, part: Path, dealing: Dealing) -> dict[str, Any]:
     """The rows of ``upper``, each line to its split's part file (``part.SPLIT``)."""
-    lines, assign, names = jsonl_lines(ctx), batch_splits(fractions), list(fractions)
+    lines, dealer, names = jsonl_lines(ctx), dealing.dealer(), list(dealing.names)
     samples = dict.fromkeys(names, 0)
     labels: Counter[tuple[str, Any]] = Counter()
     db = connect_reader(upper.db, timeout=30)
@@ -129,7 +132,8 @@ def _deal(ctx: Context, upper: UpperHalf, part: Path, fractions: dict[str, float
     try:
         cursor = db.execute(upper.sql, dict(upper.params))
         while batch := cursor.fetchmany(_BATCH):
-            out, counted = deal(batch, lines(batch, {}), assign, names)
+            rows, splits = dealer(batch)
+            out, counted = deal(rows, lines(rows, {}), splits, names)
             for name, text in out.items():
                 if text:
                     samples[name] += len(text)

@@ -102,8 +102,9 @@ def dealt_rows(
 ) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None, set[str]]:
     """The whole selection for manifest.write_jsonl_splits, cut in halves as halved cuts it;
     and the splits whose statement split_streams would have cut (their shard is written even
-    when empty, as write_jsonl writes it)."""
-    rows, prepared, upper = halved(catalog, spec, shuffle, seed)
+    when empty, as write_jsonl writes it). With no ``fractions``, each row carries its tree
+    split at EXTRA (dealing by split folder)."""
+    rows, prepared, upper = halved(catalog, spec, shuffle, seed, with_split=not fractions)
     cut: set[str] = set()
     if upper is not None:
         low, high = catalog.conn.execute(_ID_RANGE).fetchone()
@@ -113,22 +114,23 @@ def dealt_rows(
 
 def halved(
     catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, wrap: tuple[str, Mapping[str, Any]] | None = None,
-    keep: Any = None, halves: bool = True, share: float = 1.0,
+    keep: Any = None, halves: bool = True, share: float = 1.0, with_split: bool = False,
 ) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None]:  # fmt: skip
     """select_rows's rows (with ``wrap``), cut at the middle id as select_halves cuts a plain
     selection: the lower half here, the upper's statement for a second process (None when
     not cut: shuffled, --per-label, --limit, or fewer ids than HALVES_MIN_IDS in its ``share``
-    of the id range: a second process costs more than it saves on a small split)."""
+    of the id range: a second process costs more than it saves on a small split).
+    ``with_split``: each row carries its tree split at EXTRA (select_rows')."""
     cut = halves and not shuffle and spec.per_label is None and spec.limit is None
     if cut:
         low, high = catalog.conn.execute(_ID_RANGE).fetchone()
         cut = low is not None and share * (high - low) >= plan.HALVES_MIN_IDS
     if not cut:
-        rows, prepared = select_rows(catalog, spec, shuffle, seed, wrap=wrap)
+        rows, prepared = select_rows(catalog, spec, shuffle, seed, with_split, wrap=wrap)
         return rows, prepared, None
-    prepared = prepare(catalog, export_spec(spec, shuffle, seed, _COLUMNS))
-    if tuple(prepared.base) != ROW:
-        rows, prepared = select_rows(catalog, spec, shuffle, seed, wrap=wrap)
+    prepared = prepare(catalog, export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS))
+    if tuple(prepared.base) != ((*ROW, "split") if with_split else ROW):
+        rows, prepared = select_rows(catalog, spec, shuffle, seed, with_split, wrap=wrap)
         return rows, prepared, None
     sql, params = prepared.sql, {**prepared.params, "split_id": (low + high) // 2}
     if wrap is not None:

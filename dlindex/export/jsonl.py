@@ -50,15 +50,15 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
 
 
 def deal(
-    batch: Sequence[tuple[Any, ...]],
-    text: list[str],
-    assign: Callable[[Sequence[tuple[Any, ...]]], list[str]],
-    names: Sequence[str],
+    batch: Sequence[tuple[Any, ...]], text: list[str], splits: Sequence[str], names: Sequence[str]
 ) -> tuple[dict[str, list[str]], Counter[tuple[str, Any]]]:
-    """A batch's lines dealt to their splits (``assign``: each row's split of ``names``, as
-    plan.batch_splits gives them), in order, with the (split, catalog label id) counts."""
-    splits = assign(batch)
+    """A batch's lines dealt to their ``splits`` (each row's, one of ``names``; dealing.Dealing
+    gives them), in order, with the (split, catalog label id) counts."""
     out: dict[str, list[str]] = {name: [] for name in names}
+    if splits and splits.count(splits[0]) == len(splits):  # a batch of one split: most, in a tree's id order
+        out[splits[0]] = text
+        counts = Counter(map(itemgetter(LABEL), batch))
+        return out, Counter({(splits[0], label): n for label, n in counts.items()})
     for name, line in zip(splits, text, strict=True):
         out[name].append(line)
     return out, Counter(zip(splits, map(itemgetter(LABEL), batch), strict=True))

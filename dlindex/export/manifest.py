@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Any
 
 from dlindex.export import halves
-from dlindex.export.hashsplit import batch_splits
+from dlindex.export.dealing import Dealing
 from dlindex.export.jsonl import JsonlWriter, deal, jsonl_lines, text_sizes
 from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, UpperHalf, sample_path
 from dlindex.export.shards import TEXT_KEYS, Context, ShardInfo, shown_path, vector_list
@@ -47,14 +47,15 @@ def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
 
 
 def write_jsonl_splits(
-    ctx: Context, groups: Sequence[Group], rows: Iterable[tuple[Any, ...]], fractions: Mapping[str, float],
+    ctx: Context, groups: Sequence[Group], rows: Iterable[tuple[Any, ...]], dealing: Dealing,
     upper: UpperHalf | None, opened: Iterable[str] = (),
 ) -> list[ShardInfo]:  # fmt: skip
-    """Split fractions in one pass (one rank, one shard a split): the selection is read once
-    and each row's line goes to its split's shard as it comes, in the selection's order; the
-    rows of ``upper`` (the upper half of the ids) are written by a second process meanwhile,
-    one part a split, appended to each split's shard at the end. The same shards, bytes and
-    counts as a statement a split (write_jsonl), which read the whole selection once a split.
+    """Splits in one pass (one rank, one shard a split; by fraction or tree folder, ``dealing``):
+    the selection is read once and each row's line goes to its split's shard as it comes, in
+    the selection's order; the rows of ``upper`` (the upper half of the ids) are written by a
+    second process meanwhile, one part a split, appended to each split's shard at the end. The
+    same shards, bytes and counts as a statement a split (write_jsonl), which read the whole
+    selection once a split.
 
     Args:
         groups: one a split, in the order of ``fractions`` (rank 0), sharing one tally.
@@ -63,15 +64,16 @@ def write_jsonl_splits(
     """
     names = [g.split for g in groups]
     tally = groups[0].tally
-    assert tally is not None and list(fractions) == names
-    lines, assign = jsonl_lines(ctx), batch_splits(fractions)
+    assert tally is not None and list(dealing.names) == names
+    lines, dealer = jsonl_lines(ctx), dealing.dealer()
     sinks = {g.split: JsonlWriter(ctx, g, 0) for g in groups}
     written = dict.fromkeys(names, 0)
-    running = None if upper is None else halves.start(ctx, groups[0], upper, fractions)
+    running = None if upper is None else halves.start(ctx, groups[0], upper, dealing)
     try:
         rest = iter(rows)
         while batch := list(islice(rest, _BATCH)):
-            out, labels = deal(batch, lines(batch, {}), assign, names)
+            kept, splits = dealer(batch)
+            out, labels = deal(kept, lines(kept, {}), splits, names)
             for name, text in out.items():
                 if text:
                     written[name] += len(text)

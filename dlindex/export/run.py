@@ -15,6 +15,7 @@ from dlindex.catalog.reachable import unreachable_roots
 from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.engines.parts import parse_part as parse_shard
+from dlindex.export.dealing import Dealing, OutsideSplit
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
@@ -39,7 +40,7 @@ from dlindex.export.vectors import feature_source
 from dlindex.exported.formats import FORMATS as _REGISTRY
 from dlindex.exported.formats import NAMES, Format, load
 from dlindex.exported.index import PART_INDEX
-from dlindex.query.rows import prepare, split_counts
+from dlindex.query.rows import any_in_split_folder, prepare, split_counts
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -112,10 +113,20 @@ def export_catalog(
         # A file without a class (directly under ROOT) has no label_id to train on: ImageFolder
         # leaves such files out too.
         query = replace(options.query, has_class=True, split=tree or options.query.split)
+        # Only jsonl without shard limits is written in two halves (the writer appends the second
+        # process's part), one large split at a time; every other export reads its rows here.
+        halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
+                  and options.world_size == 1 and shard is None)  # fmt: skip
+        # The same jsonl of a pre-split tree: one pass deals each row to its split folder's shard,
+        # no count of the split folders first (dlindex.export.dealing).
+        by_folder = split is None and _deals_tree_folders(catalog, query, tree, halves, grouping is None)
         shares: dict[str, float] = {}  # each tree split's share of the selection
-        tree_names = (
-            _tree_splits(catalog, query, tree, options.shuffle, options.seed, shares) if split is None else None
-        )
+        if by_folder:
+            tree_names = _tree_folders(catalog, query, tree)
+        else:
+            tree_names = (
+                _tree_splits(catalog, query, tree, options.shuffle, options.seed, shares) if split is None else None
+            )
         tree_rows: dict[str, Iterable[tuple[Any, ...]]] | None = None
         rows: Any = ()
         # --limit N caps the whole export, as `dlindex query --limit N` caps its rows: one statement
@@ -125,16 +136,20 @@ def export_catalog(
         # (dlindex.export.hashsplit), streamed to the writer like the tree's split folders.
         by_hash = (bool(split) and grouping is None and options.world_size == 1 and record.one_pass
                    and shard is None and catalog.backend.name == "sqlite")  # fmt: skip
-        # Only jsonl without shard limits is written in two halves (the writer appends the second
-        # process's part), one large split at a time; every other export reads its rows here.
-        halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
-                  and options.world_size == 1 and shard is None)  # fmt: skip
         uppers: dict[str, UpperHalf] = {}
-        # jsonl with fractions, one rank, one shard a split: one pass deals each row to its split
-        dealt = (by_hash and halves) and dealt_rows(catalog, query, options.shuffle, options.seed, split or {})
+        # jsonl with fractions (one rank, one shard a split) or a tree's folders: one pass deals
+        # each row to its split
+        dealing = None
+        if by_folder and tree_names is not None:
+            dealing = Dealing(tuple(tree_names))
+        elif by_hash and halves:
+            assert split is not None
+            dealing = Dealing(tuple(split), tuple(split.items()))
+        dealt = dealing and dealt_rows(catalog, query, options.shuffle, options.seed, dict(dealing.fractions))
         if dealt:
+            assert dealing is not None
             prepared = dealt[1]
-            tree_rows = {name: () for name in split or {}}
+            tree_rows = {name: () for name in dealing.names}
         elif by_hash:
             assert split is not None
             streams, prepared, uppers = split_streams(catalog, query, options.shuffle, options.seed, split, halves)
@@ -192,7 +207,14 @@ def export_catalog(
         if dealt:
             from dlindex.export.manifest import write_jsonl_splits  # writers are imported when used
 
-            shards = write_jsonl_splits(ctx, plan.groups, dealt[0], split or {}, dealt[2], dealt[3])
+            assert dealing is not None
+            try:
+                shards = write_jsonl_splits(ctx, plan.groups, dealt[0], dealing, dealt[2], dealt[3])
+            except OutsideSplit:
+                _named_splits(split_counts(catalog, query), tree)  # the count's own message
+                raise
+            if not dealing.fractions:  # tree folders: those that got samples, as a count would name
+                plan = replace(plan, groups=tuple(g for g in plan.groups if plan.tally.samples[(g.split, 0)]))
         for group in () if dealt else plan.groups:
             written = writer(ctx, group, numbers[group.split])
             numbers[group.split] += len(written) // record.files_per_shard
@@ -295,6 +317,16 @@ def _tree_splits(
         counts = limited_split_counts(catalog, query, shuffle, seed)
     else:
         counts = split_counts(catalog, query)
+    named = _named_splits(counts, tree)
+    if named is not None:
+        total = sum(counts[s] for s in named)
+        shares.update((s, counts[s] / total) for s in named)
+    return named
+
+
+def _named_splits(counts: dict[str | None, int], tree: tuple[str, ...] | None) -> list[str] | None:
+    """The split folders with selected samples, in SPLITS order (None: one split); refuse a
+    selection with samples outside them, or none in them."""
     named = [s for s in SPLITS if counts.get(s)]
     outside = counts.get(None, 0)
     if tree is None and not named:
@@ -308,9 +340,26 @@ def _tree_splits(
             f"{outside} selected sample(s) are not in a split folder ({', '.join(named)}); "
             f"{hint} --split NAME=FRACTION to split every sample by content hash"
         )
-    total = sum(counts[s] for s in named)
-    shares.update((s, counts[s] / total) for s in named)
     return named
+
+
+def _deals_tree_folders(
+    catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None, halves: bool, ungrouped: bool
+) -> bool:
+    """Is this a jsonl manifest of a pre-split tree that one pass can deal to its split folders?
+    (Not with --limit or --per-label, which apply to the whole selection, not per folder.)"""
+    plain = halves and ungrouped and query.limit is None and query.per_label is None
+    return plain and (tree is not None or has_presplit_root(catalog))
+
+
+def _tree_folders(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None) -> list[str] | None:
+    """The split folders a one-pass export deals rows to (those left empty are dropped after),
+    or None for one split; a sample outside them is refused when it is met (OutsideSplit)."""
+    if tree is not None:
+        check_split_folders(catalog, tree or ("tree",))
+    if not any_in_split_folder(catalog, query):  # the first row of a split folder ends this
+        return _named_splits({}, tree)
+    return [s for s in SPLITS if not tree or s in tree]
 
 
 def limited_split_counts(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int) -> dict[str | None, int]:

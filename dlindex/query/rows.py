@@ -59,6 +59,7 @@ _SPLIT_COUNTS = (
     + "".join(f"count(*) FILTER (WHERE image_metadata.split = '{name}'), " for name in SPLITS)
     + "count(*) FILTER (WHERE image_metadata.split IS NULL) FROM image_metadata{where}"
 )
+_ANY_SPLIT = "SELECT EXISTS (SELECT 1 FROM image_metadata WHERE {where})"
 _LIMIT_OFFSET = " LIMIT :limit OFFSET :offset"
 _OFFSET = " LIMIT -1 OFFSET :offset"  # SQLite takes OFFSET only after a LIMIT; -1 is none
 _WHERE_LABEL = "image_metadata.label_id = :label_id"
@@ -134,6 +135,14 @@ def split_counts(catalog: Catalog, spec: QuerySpec) -> dict[str | None, int]:
     where_sql = " WHERE " + " AND ".join(where) if where else ""
     (counts,) = catalog.read(_SPLIT_COUNTS.replace("{where}", where_sql), params)
     return {split: int(n) for split, n in zip((*SPLITS, None), counts, strict=True) if n}
+
+
+def any_in_split_folder(catalog: Catalog, spec: QuerySpec) -> bool:
+    """Is some sample ``spec``'s filters select in a tree split folder? (Stops at the first.)"""
+    where, params = _filters(catalog, spec)
+    where_sql = " AND ".join([*where, "image_metadata.split IS NOT NULL"])
+    ((found,),) = catalog.read(_ANY_SPLIT.replace("{where}", where_sql), params)
+    return bool(found)
 
 
 def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
