@@ -58,7 +58,17 @@ def _both(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: 
     return old, new, dealt
 
 
-@pytest.mark.parametrize("halves_min", [10**9, 1, 0])
+FORMATS = [
+    {"format": "jsonl"},  # two processes from HALVES_MIN_IDS ids
+    {"format": "jsonl", "shard_size": 97},  # one process, shards cut by count
+    {"format": "jsonl", "shard_bytes": "20KB"},
+    {"format": "csv"},
+    {"format": "csv", "shard_size": 250},
+    {"format": "parquet"},  # row groups of 300 rows (below), cut across batches and folders
+    {"format": "parquet", "shard_size": 700},
+]
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -70,18 +80,35 @@ def _both(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: 
         {"query": QuerySpec(min_width=100)},
     ],
 )
+@pytest.mark.parametrize(
+    ("fmt", "halves_min"),
+    [(f, h) for f in FORMATS for h in ([10**9, 1, 0] if f == {"format": "jsonl"} else [1])],
+    ids=str,
+)
 def test_dealing_by_folder_writes_the_bytes_of_a_statement_a_folder(
-    catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any], halves_min: int
+    catalog: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    options: dict[str, Any],
+    halves_min: int,
+    fmt: dict[str, Any],
 ) -> None:
+    if fmt["format"] == "parquet":
+        pytest.importorskip("pyarrow")
+        from dlindex.export import parquet
+
+        monkeypatch.setattr(parquet, "ROW_GROUP", 300)
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "0")
     monkeypatch.setattr(plan, "HALVES_MIN_IDS", halves_min)  # 0, 1: a second process, as if the ids were many
     db = tmp_path / "c.db"
     shutil.copy(catalog, db)
-    old, new, dealt = _both(db, tmp_path, monkeypatch, **options)
+    old, new, dealt = _both(db, tmp_path, monkeypatch, **options, **fmt)
     assert dealt == [False, True]
     assert (new.splits, new.samples, new.shards, new.bytes) == (old.splits, old.samples, old.shards, old.bytes)
     assert len(new.splits) == (1 if options.get("split") in ("val", "train,test") else 2)
     assert _files(tmp_path / "new") == _files(tmp_path / "old")  # index.json too: counts, shards, hashes
+    if "shard_size" in fmt and "train" in new.splits:
+        assert new.shards > len(new.splits)  # train's shards cut by count, as the statements cut them
 
 
 def test_no_count_of_the_folders_is_made(catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,21 +137,24 @@ def test_no_count_of_the_folders_is_made(catalog: Path, tmp_path: Path, monkeypa
     ]
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
 @pytest.mark.parametrize("halves_min", [10**9, 1])
 @pytest.mark.parametrize("where", ["id = 1", "id = 1499", "id % 97 = 5"])
 def test_a_sample_outside_the_folders_is_refused_with_the_counts_message(
-    catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, halves_min: int
+    catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, halves_min: int, fmt: str
 ) -> None:
     """Met in this process (the lower ids) or in the second (the upper ones): the message a
     count of the selection gives, and nothing is left (no export, no part files)."""
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
     monkeypatch.setattr(plan, "HALVES_MIN_IDS", halves_min)
     db = tmp_path / "work" / "c.db"
     db.parent.mkdir()
     shutil.copy(catalog, db)
     with sqlite3.connect(db) as conn:
-        outside = conn.execute(f"UPDATE image_metadata SET split = NULL WHERE {where}").rowcount  # noqa: S608
+        outside = conn.execute(f"UPDATE image_metadata SET split = NULL WHERE {where}").rowcount
     conn.close()
-    old, new, dealt = _both(db, tmp_path, monkeypatch)
+    old, new, dealt = _both(db, tmp_path, monkeypatch, format=fmt)
     assert dealt == [False, True]
     assert isinstance(new, ExportError) and str(new) == str(old)
     count, rest = str(new).split(" ", 1)

@@ -10,15 +10,20 @@ came before them: one read of the catalog instead of three at 10^8 rows.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dlindex.export.hashsplit import batch_splits
-from dlindex.export.plan import EXTRA, ExportError
+from dlindex.export.plan import EXTRA, ExportError, Group
+
+if TYPE_CHECKING:
+    from dlindex.export.shards import Context, ShardInfo
 
 Rows = Sequence[tuple[Any, ...]]
+_BATCH = 4096
 
 
 class OutsideSplit(ExportError):
@@ -35,8 +40,9 @@ class Dealing:
     names: tuple[str, ...]
     fractions: tuple[tuple[str, float], ...] = ()
 
-    def dealer(self) -> Callable[[Rows], tuple[Rows, list[str]]]:
-        """A function from a batch of rows to (the rows to write, each one's split)."""
+    def dealer(self, strip: bool = True) -> Callable[[Rows], tuple[Rows, list[str]]]:
+        """A function from a batch of rows to (the rows to write, each one's split); without
+        ``strip`` a row keeps its split after ROW (for writers that read rows by position)."""
         if self.fractions:
             assign = batch_splits(dict(self.fractions))
             return lambda batch: (batch, assign(batch))
@@ -47,6 +53,37 @@ class Dealing:
             splits = list(map(split, batch))
             if not known.issuperset(splits):  # a None (no split folder) or a split not asked for
                 raise OutsideSplit("a selected sample is in no split folder")
-            return list(map(written, batch)), splits
+            return list(map(written, batch)) if strip else batch, splits
 
         return by_folder
+
+
+def partition(rows: Rows, splits: Sequence[str], names: Sequence[str]) -> list[tuple[str, Rows]]:
+    """A dealt batch's rows by split, in ``names`` order, each in the batch's order."""
+    if splits and splits.count(splits[0]) == len(splits):  # one split: most batches of a tree in id order
+        return [(splits[0], rows)]
+    parts: dict[str, list[tuple[Any, ...]]] = {name: [] for name in names}
+    for name, row in zip(splits, rows, strict=True):
+        parts[name].append(row)
+    return [(name, part) for name, part in parts.items() if part]
+
+
+def write_dealt(
+    ctx: Context, groups: Sequence[Group], rows: Iterable[tuple[Any, ...]], dealing: Dealing, sink: Any
+) -> list[ShardInfo]:
+    """Every split's shards from one pass over ``rows`` (one rank, no second process): each
+    batch is dealt and each split's rows go to that split's ``sink`` (the format's writer
+    class, formats.Format.sink) as they come; the same shards as one group after another."""
+    names = [g.split for g in groups]
+    tally = groups[0].tally
+    assert tally is not None and list(dealing.names) == names
+    sinks = {g.split: sink(ctx, g, 0) for g in groups}
+    dealer = dealing.dealer(strip=not sink.positional)
+    rest = iter(rows)
+    while batch := list(islice(rest, _BATCH)):
+        kept, splits = dealer(batch)
+        for name, part in partition(kept, splits, names):
+            tally.add(name, 0, part)
+            sinks[name].take(part, {})
+        ctx.tick(len(batch))
+    return [shard for name in names for shard in sinks[name].finish()]

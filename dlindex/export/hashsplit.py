@@ -98,13 +98,13 @@ def split_streams(
 
 
 def dealt_rows(
-    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, fractions: Mapping[str, float]
+    catalog: Catalog, spec: QuerySpec, shuffle: bool, seed: int, fractions: Mapping[str, float], halves: bool = True
 ) -> tuple[Iterator[tuple[Any, ...]], Any, UpperHalf | None, set[str]]:
     """The whole selection for manifest.write_jsonl_splits, cut in halves as halved cuts it;
     and the splits whose statement split_streams would have cut (their shard is written even
     when empty, as write_jsonl writes it). With no ``fractions``, each row carries its tree
-    split at EXTRA (dealing by split folder)."""
-    rows, prepared, upper = halved(catalog, spec, shuffle, seed, with_split=not fractions)
+    split at EXTRA (dealing by split folder). Without ``halves``, never cut."""
+    rows, prepared, upper = halved(catalog, spec, shuffle, seed, halves=halves, with_split=not fractions)
     cut: set[str] = set()
     if upper is not None:
         low, high = catalog.conn.execute(_ID_RANGE).fetchone()

@@ -9,7 +9,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from dlindex.export.plan import ID, LABEL
+from dlindex.export.plan import ID, LABEL, Group
 from dlindex.export.shards import Context, json_maker, text_prefixes, vector_list
 from dlindex.export.writer import TextWriter
 
@@ -73,6 +73,16 @@ class JsonlWriter(TextWriter):
     """One JSON object per line, valid UTF-8; a path that is not UTF-8 keeps its bytes in path_b64."""
 
     suffix = ".jsonl"
+    positional = False  # jsonl_lines unpacks a row of ROW's length
+
+    def __init__(self, ctx: Context, group: Group, number: int) -> None:
+        super().__init__(ctx, group, number)
+        self.lines = jsonl_lines(ctx)
+
+    def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
+        text = self.lines(batch, vectors)
+        self.add_batch(text, text_sizes(text))
+        self.flush()
 
     def append_file(self, path: Path, count: int) -> None:
         """Append lines another process wrote (``count`` samples) to the open shard."""

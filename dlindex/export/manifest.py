@@ -23,7 +23,6 @@ _BATCH = 4096
 
 def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     """One JSON object per line; a plain single file has its upper half written by a second process."""
-    lines = jsonl_lines(ctx)
     sink = JsonlWriter(ctx, group, number)
     upper = None
     half = ctx.upper.get(group.split) if ctx.upper is not None else None
@@ -31,9 +30,7 @@ def write_jsonl(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
         upper = halves.start(ctx, group, half)  # the upper half, written by a second process meanwhile
     try:
         for batch, vectors in batches(group, ctx):
-            text = lines(batch, vectors)
-            sink.add_batch(text, text_sizes(text))
-            sink.flush()
+            sink.take(batch, vectors)
             ctx.tick(len(batch))
         if upper is not None:
             count = upper.finish(group)
@@ -121,14 +118,11 @@ class CsvWriter(TextWriter):
         self.line = csv.writer(_Line(), lineterminator="\n").writerow
         self.header = self.line([*TEXT_KEYS, *(["feature"] if ctx.features is not None else [])])
 
-
-def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
-    index, names = ctx.plan.label_index, ctx.plan.labels
-    sink = CsvWriter(ctx, group, number)
-    line = sink.line
-    feature = ctx.features
-    by_bytes = ctx.shard_bytes is not None
-    for batch, vectors in batches(group, ctx):
+    def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
+        ctx, line = self.ctx, self.line
+        index, names = ctx.plan.label_index, ctx.plan.labels
+        feature = ctx.features
+        by_bytes = ctx.shard_bytes is not None
         text: list[str] = []
         sizes: list[int] = []
         for row in batch:
@@ -140,7 +134,13 @@ def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             if by_bytes:  # an estimate, as --shard-bytes has always counted a csv row
                 sizes.append(sum(len(str(v)) for v in values) + len(values))
             text.append(line(["" if v is None else v for v in values]))
-        sink.add_batch(text, sizes)
-        sink.flush()
+        self.add_batch(text, sizes)
+        self.flush()
+
+
+def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
+    sink = CsvWriter(ctx, group, number)
+    for batch, vectors in batches(group, ctx):
+        sink.take(batch, vectors)
         ctx.tick(len(batch))
     return sink.finish()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,11 @@ class ParquetWriter(ShardWriter[_Sample]):
         self.staged: list[Any] = []  # Arrow tables of the open shard not yet written
         self.staged_rows = 0
         self.file: Any = None  # the open shard's pq.ParquetWriter
+
+    def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
+        sizes = (48 + len(row[FILE]) + len(row[HASH] or "") for row in batch)  # an estimate per row
+        self.add_batch([(row, vectors.get(row[ID])) for row in batch], sizes)
+        self.stage()
 
     def stage(self) -> None:
         """Turn the pending samples into Arrow columns; write every full row group."""
@@ -105,8 +111,6 @@ class ParquetWriter(ShardWriter[_Sample]):
 def write_parquet(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     sink = ParquetWriter(ctx, group, number)
     for batch, vectors in batches(group, ctx):
-        sizes = (48 + len(row[FILE]) + len(row[HASH] or "") for row in batch)  # an estimate per row
-        sink.add_batch([(row, vectors.get(row[ID])) for row in batch], sizes)
-        sink.stage()
+        sink.take(batch, vectors)
         ctx.tick(len(batch))
     return sink.finish()

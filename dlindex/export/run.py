@@ -15,7 +15,7 @@ from dlindex.catalog.reachable import unreachable_roots
 from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.engines.parts import parse_part as parse_shard
-from dlindex.export.dealing import Dealing, OutsideSplit
+from dlindex.export.dealing import Dealing, OutsideSplit, write_dealt
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
@@ -117,9 +117,12 @@ def export_catalog(
         # process's part), one large split at a time; every other export reads its rows here.
         halves = (record.halves and options.shard_size is None and shard_bytes is None and features is None
                   and options.world_size == 1 and shard is None)  # fmt: skip
-        # The same jsonl of a pre-split tree: one pass deals each row to its split folder's shard,
-        # no count of the split folders first (dlindex.export.dealing).
-        by_folder = split is None and _deals_tree_folders(catalog, query, tree, halves, grouping is None)
+        # A manifest of a pre-split tree (jsonl, csv, parquet: the formats with a sink): one pass
+        # deals each row to its split folder's shards, no count of the folders first
+        # (dlindex.export.dealing).
+        sinks = (record.sink is not None and features is None and options.world_size == 1 and shard is None
+                 and grouping is None)  # fmt: skip
+        by_folder = split is None and _deals_tree_folders(catalog, query, tree, halves or sinks)
         shares: dict[str, float] = {}  # each tree split's share of the selection
         if by_folder:
             tree_names = _tree_folders(catalog, query, tree)
@@ -145,7 +148,7 @@ def export_catalog(
         elif by_hash and halves:
             assert split is not None
             dealing = Dealing(tuple(split), tuple(split.items()))
-        dealt = dealing and dealt_rows(catalog, query, options.shuffle, options.seed, dict(dealing.fractions))
+        dealt = dealing and dealt_rows(catalog, query, options.shuffle, options.seed, dict(dealing.fractions), halves)
         if dealt:
             assert dealing is not None
             prepared = dealt[1]
@@ -209,7 +212,11 @@ def export_catalog(
 
             assert dealing is not None
             try:
-                shards = write_jsonl_splits(ctx, plan.groups, dealt[0], dealing, dealt[2], dealt[3])
+                if halves:
+                    shards = write_jsonl_splits(ctx, plan.groups, dealt[0], dealing, dealt[2], dealt[3])
+                else:
+                    assert record.sink is not None
+                    shards = write_dealt(ctx, plan.groups, dealt[0], dealing, load(record.sink))
             except OutsideSplit:
                 _named_splits(split_counts(catalog, query), tree)  # the count's own message
                 raise
@@ -343,12 +350,10 @@ def _named_splits(counts: dict[str | None, int], tree: tuple[str, ...] | None) -
     return named
 
 
-def _deals_tree_folders(
-    catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None, halves: bool, ungrouped: bool
-) -> bool:
-    """Is this a jsonl manifest of a pre-split tree that one pass can deal to its split folders?
+def _deals_tree_folders(catalog: Catalog, query: QuerySpec, tree: tuple[str, ...] | None, dealable: bool) -> bool:
+    """Is this a manifest of a pre-split tree that one pass can deal to its split folders?
     (Not with --limit or --per-label, which apply to the whole selection, not per folder.)"""
-    plain = halves and ungrouped and query.limit is None and query.per_label is None
+    plain = dealable and query.limit is None and query.per_label is None
     return plain and (tree is not None or has_presplit_root(catalog))
 
 

@@ -66,6 +66,7 @@ class ShardWriter(Generic[P]):
     """
 
     suffix = ""
+    positional = True  # reads a row by position: a value after ROW (a tree split) is ignored
 
     def __init__(self, ctx: Context, group: Group, number: int) -> None:
         self.ctx, self.group, self.number = ctx, group, number
@@ -77,6 +78,11 @@ class ShardWriter(Generic[P]):
     def shard_file(self, k: int) -> str:
         """The name of this group's k-th shard, relative to the export folder."""
         return shard_name(self.group.split, self.number + k, self.suffix)
+
+    def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
+        """One batch of the group's rows (and their vectors), encoded and added: the format's
+        own step, so that one pass can feed the shards of several splits at once."""
+        raise NotImplementedError
 
     def add(self, piece: P, size: int) -> None:
         """One encoded sample of ``size`` bytes; the open shard is finished first if it is full

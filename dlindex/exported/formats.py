@@ -47,6 +47,9 @@ class Format:
       a loaded index.json are not what the client may read (``listed``: the files it lists).
     - ``verify(root, index, skip, problem) -> int``: ``--verify``'s reading of the shards
       (samples found), besides sizes and hashes.
+    - ``sink``: the writer's class, ``(ctx, group, number)`` with ``take(batch, vectors)``
+      and ``finish() -> list[ShardInfo]``, so that one pass over a pre-split tree can feed
+      every split folder's shards at once (dlindex.export.dealing); None: a group at a time.
     """
 
     name: str
@@ -71,6 +74,7 @@ class Format:
     check_clients: Ref | None = None
     verify: Ref | None = None
     verified: str = "{files} files, {samples} source images"  # --verify's summary
+    sink: Ref | None = None
 
     @property
     def files_per_shard(self) -> int:
@@ -81,16 +85,17 @@ _MANIFEST_READER = "dlindex.loader:ManifestDataset"
 
 JSONL = Format(
     "jsonl", "manifests", False, "dlindex.export.manifest:write_jsonl", (".jsonl",), manifest=".jsonl",
-    halves=True, reader=_MANIFEST_READER,
+    halves=True, reader=_MANIFEST_READER, sink="dlindex.export.jsonl:JsonlWriter",
 )  # fmt: skip
 CSV = Format(
     "csv", "manifests", False, "dlindex.export.manifest:write_csv", (".csv",), manifest=".csv",
-    reader=_MANIFEST_READER,
+    reader=_MANIFEST_READER, sink="dlindex.export.manifest:CsvWriter",
 )  # fmt: skip
 PARQUET = Format(
     # pyarrow (so pandas) reads every file of the folder as data except names starting with "_"
     "parquet", "manifests", False, "dlindex.export.parquet:write_parquet", (".parquet",), manifest=".parquet",
     index="_index.json", reader=_MANIFEST_READER, needs="dlindex.export.parquet:pyarrow_modules",
+    sink="dlindex.export.parquet:ParquetWriter",
 )  # fmt: skip
 DALI = Format(
     "dali", "file lists", False, "dlindex.export.dali:write_dali", (".txt", ".jsonl"), manifest=".jsonl",
