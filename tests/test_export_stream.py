@@ -173,7 +173,7 @@ def test_parquet_written_a_row_group_at_a_time_is_the_one_table_file(
     ctx = Context.make(plan, tmp_path, shard_size=None, shard_bytes=None)
     (shard,) = parquet.write_parquet(ctx, plan.groups[0], 0)
     written = (tmp_path / shard.file).read_bytes()
-    whole = parquet.ParquetWriter(ctx, plan.groups[0], 0).table([(row, None) for row in rows])
+    whole = parquet.ParquetWriter(ctx, plan.groups[0], 0).table(rows)
     assert isinstance(whole, pa.Table) and whole.num_rows == 60_000
     pq.write_table(whole, tmp_path / "whole.parquet", compression="zstd", row_group_size=row_group)
     assert written == (tmp_path / "whole.parquet").read_bytes()

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import add
 from pathlib import Path
 from typing import Any
 
 from dlindex.export.files import hash_file
-from dlindex.export.plan import BYTES, FILE, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, ExportError, Group, sample_path
-from dlindex.export.shards import Context, ShardInfo, shown_path, vector_list
+from dlindex.export.plan import EXTRA, FILE, HASH, ExportError, Group, sample_path
+from dlindex.export.shards import Context, ShardInfo, shown_path, text_prefixes, vector_list
 from dlindex.export.writer import ShardWriter, batches
 
-_Sample = tuple[tuple[Any, ...], bytes | None]  # a row and its feature vector
+_Sample = tuple[Any, ...]  # a row (its feature vector, with --features, waits in ParquetWriter.vectors)
 ROW_GROUP = 1 << 20  # rows: pyarrow's default row group (write_table's row_group_size=None)
 
 
@@ -41,10 +42,16 @@ class ParquetWriter(ShardWriter[_Sample]):
         self.staged: list[Any] = []  # Arrow tables of the open shard not yet written
         self.staged_rows = 0
         self.file: Any = None  # the open shard's pq.ParquetWriter
+        self.vectors: dict[int, bytes] = {}  # the pending rows' vectors (--features)
+        self.texts = text_prefixes(ctx)
+        index, names = ctx.plan.label_index, ctx.plan.labels
+        self.label_names = {row: names[k] for row, k in index.items()}
 
     def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
+        if self.ctx.features is not None:
+            self.vectors.update(vectors)
         sizes = (48 + len(row[FILE]) + len(row[HASH] or "") for row in batch)  # an estimate per row
-        self.add_batch([(row, vectors.get(row[ID])) for row in batch], sizes)
+        self.add_batch(batch, sizes)
         self.stage()
 
     def stage(self) -> None:
@@ -84,25 +91,34 @@ class ParquetWriter(ShardWriter[_Sample]):
 
     def table(self, pending: list[_Sample]) -> Any:
         pa, ctx = self.pa, self.ctx
-        index, names = ctx.plan.label_index, ctx.plan.labels
-        raws = [sample_path(row, ctx.prefixes) for row, _ in pending]
-        texts = [shown_path(raw) for raw in raws]
-        shown = [text for text, _ in texts]
-        exact = [None if b64 is None else raw for raw, (_, b64) in zip(raws, texts, strict=True)]
+        # Columns by transposing the rows in C; a value after ROW (a tree split) is left out.
+        ident, root, name, raw, label, width, height, fmt, size, digest = list(zip(*pending, strict=True))[:EXTRA]
+        texts = self.texts
+        if raw.count(None) == len(raw) and texts.keys() >= set(root):  # UTF-8 names under UTF-8 roots
+            shown: list[str] = list(map(add, map(texts.__getitem__, root), name))
+            exact: list[bytes | None] = [None] * len(pending)
+        else:
+            raws = [sample_path(row, ctx.prefixes) for row in pending]
+            texts_b64 = [shown_path(r) for r in raws]
+            shown = [text for text, _ in texts_b64]
+            exact = [None if b64 is None else r for r, (_, b64) in zip(raws, texts_b64, strict=True)]
         columns: dict[str, Any] = {
-            "id": pa.array([r[ID] for r, _ in pending], pa.int64()),
+            "id": pa.array(ident, pa.int64()),
             "path": pa.array(shown, pa.string()),
-            "label": pa.array([names[index[r[LABEL]]] for r, _ in pending], pa.string()),
-            "label_id": pa.array([index[r[LABEL]] for r, _ in pending], pa.int32()),
-            "width": pa.array([r[WIDTH] for r, _ in pending], pa.int32()),
-            "height": pa.array([r[HEIGHT] for r, _ in pending], pa.int32()),
-            "format": pa.array([r[FORMAT] for r, _ in pending], pa.string()),
-            "bytes": pa.array([r[BYTES] for r, _ in pending], pa.int64()),
-            "xxh3_128": pa.array([r[HASH] for r, _ in pending], pa.string()),
+            "label": pa.array(list(map(self.label_names.__getitem__, label)), pa.string()),
+            "label_id": pa.array(list(map(ctx.plan.label_index.__getitem__, label)), pa.int32()),
+            "width": pa.array(width, pa.int32()),
+            "height": pa.array(height, pa.int32()),
+            "format": pa.array(fmt, pa.string()),
+            "bytes": pa.array(size, pa.int64()),
+            "xxh3_128": pa.array(digest, pa.string()),
             "path_bytes": pa.array(exact, pa.binary()),
         }
         if ctx.features is not None:
-            values = [v for _, blob in pending for v in vector_list(blob or b"", ctx.features.dtype)]
+            blobs = [self.vectors.get(i) or b"" for i in ident]
+            for i in ident:
+                self.vectors.pop(i, None)
+            values = [v for blob in blobs for v in vector_list(blob, ctx.features.dtype)]
             flat = pa.array(values, pa.float64() if ctx.features.dtype == "<f8" else pa.float32())
             columns["feature"] = pa.FixedSizeListArray.from_arrays(flat, ctx.features.dim)
         return pa.table(columns)

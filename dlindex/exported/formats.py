@@ -11,7 +11,8 @@ first use (``load``): this module imports nothing of dlindex, so the read side (
 Adding a format: write its writer (``(Context, Group, first shard number) -> [ShardInfo]``),
 add one ``Format`` to ``FORMATS``, and give it the hooks its layout needs (``names`` and
 ``finish`` when its files are not ``{split}-{shard:06d}{suffix}`` as written; ``clients``
-and ``check_clients`` for keys a client library reads from index.json).
+and ``check_clients`` for keys a client library reads from index.json; ``sink`` when its
+writer is a class whose ``take`` encodes a batch, so a pre-split tree is written in one pass).
 """
 
 from __future__ import annotations
