@@ -204,3 +204,34 @@ def test_limits_over_the_whole_selection_keep_their_own_path(
     old, new, dealt = _both(catalog, tmp_path, monkeypatch, **options)
     assert dealt == [False, False]
     assert new.splits == old.splits
+
+
+def test_the_collector_is_paused_while_rows_stream_and_back_after(
+    catalog: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dlindex.export.gcpause: off while the rows are written, on again after an export and
+    after a failed one; left off when the caller had it off."""
+    import gc
+
+    from dlindex.export import dealing
+
+    seen: list[bool] = []
+    write = dealing.write_dealt
+
+    def spy(*args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return write(*args)
+
+    monkeypatch.setattr(run, "write_dealt", spy)
+    assert gc.isenabled()
+    export(catalog, tmp_path / "ok", format="csv")
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(ExportError):
+        export(catalog, tmp_path / "bad", format="csv", split="test")  # no test folder here
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        export(catalog, tmp_path / "off", format="csv")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

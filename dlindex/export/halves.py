@@ -18,6 +18,7 @@ from typing import Any
 
 from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
 from dlindex.export.dealing import Dealing, OutsideSplit
+from dlindex.export.gcpause import paused_gc
 from dlindex.export.jsonl import deal, jsonl_lines
 from dlindex.export.plan import ExportError, Group, Tally, UpperHalf, split_of
 from dlindex.export.shards import Context
@@ -92,7 +93,8 @@ def _main(
     ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path, conn: Any, dealing: Dealing | None
 ) -> None:
     try:
-        report = _write(ctx, upper, split, rank, part) if dealing is None else _deal(ctx, upper, part, dealing)
+        with paused_gc():
+            report = _write(ctx, upper, split, rank, part) if dealing is None else _deal(ctx, upper, part, dealing)
     except OutsideSplit as e:  # the parent says what a count of the selection says
         report = {"error": str(e), "outside": True, "splits": dealing.names if dealing else ()}
     except BaseException as e:  # reported to the parent, which raises

@@ -103,7 +103,7 @@ class ParquetWriter(ShardWriter[_Sample]):
             shown = [text for text, _ in texts_b64]
             exact = [None if b64 is None else r for r, (_, b64) in zip(raws, texts_b64, strict=True)]
         columns: dict[str, Any] = {
-            "id": pa.array(ident, pa.int64()),
+            "id": pa.array(list(ident), pa.int64()),  # from a tuple: ~8x slower (pyarrow 26)
             "path": pa.array(shown, pa.string()),
             "label": pa.array(list(map(self.label_names.__getitem__, label)), pa.string()),
             "label_id": pa.array(list(map(ctx.plan.label_index.__getitem__, label)), pa.int32()),
