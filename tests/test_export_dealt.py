@@ -113,3 +113,37 @@ def test_a_failing_second_process_fails_the_export(
     with pytest.raises(ExportError, match=r"the second export process failed: .*no_such_table"):
         export(catalog, tmp_path / "out", split="train=0.9,val=0.1")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("punches", [True, False])
+def test_a_part_file_is_drained_chunk_by_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, punches: bool) -> None:
+    """The second process's part is appended with its blocks freed as they are copied (the
+    export needs no room for a second copy of it); where holes cannot be punched, a plain
+    copy. Either way the bytes are exact and the part is gone."""
+    import os
+
+    from dlindex.export import files
+
+    part = tmp_path / "part"
+    data = os.urandom(1 << 20)
+    part.write_bytes(data)
+    os.sync()
+    if not punches:
+        monkeypatch.setattr(files, "_hole_puncher", lambda: lambda fd, offset, length: False)
+    elif files._hole_puncher() is None:
+        pytest.skip("no fallocate in this libc")
+    blocks: list[int] = []
+    out = bytearray()
+
+    def write(chunk: bytes) -> None:
+        blocks.append(os.stat(part).st_blocks)
+        out.extend(chunk)
+
+    files.drain_into(part, write, chunk=1 << 16)
+    assert bytes(out) == data and not part.exists()
+    if punches:
+        if blocks[1] == blocks[0]:
+            pytest.skip("this file system keeps the blocks (no hole punching)")
+        assert blocks == sorted(blocks, reverse=True) and blocks[-1] <= blocks[0] // 8
+    else:
+        assert len(set(blocks)) == 1  # nothing freed until the file is removed

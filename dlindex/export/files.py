@@ -65,6 +65,45 @@ class RawShard:
         return self.hasher.hexdigest()
 
 
+_FALLOC_FL_KEEP_SIZE, _FALLOC_FL_PUNCH_HOLE = 1, 2  # <linux/falloc.h>
+
+
+def drain_into(path: Path, write: Callable[[bytes], Any], chunk: int = 1 << 22) -> None:
+    """Copy the file at ``path`` through ``write`` and remove it; where the file system can
+    punch holes (Linux: ext4, xfs, btrfs, tmpfs), each chunk's blocks are freed once copied, so
+    the copy needs no more free disk than one chunk instead of the file's whole size."""
+    punch = _hole_puncher()
+    with open(path, "r+b") as f:
+        offset = 0
+        while data := f.read(chunk):
+            write(data)
+            if punch is not None and not punch(f.fileno(), offset, len(data)):
+                punch = None  # not on this file system: a plain copy
+            offset += len(data)
+    path.unlink()
+
+
+def _hole_puncher() -> Callable[[int, int, int], bool] | None:
+    """fallocate(PUNCH_HOLE | KEEP_SIZE) through libc, or None where there is none."""
+    import ctypes
+    import ctypes.util
+
+    if not hasattr(os, "posix_fallocate"):  # not Linux or a BSD: no fallocate in libc
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        fallocate = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
+
+    def punch(fd: int, offset: int, length: int) -> bool:
+        return bool(fallocate(fd, mode, offset, length) == 0)
+
+    return punch
+
+
 def hash_file(path: str | os.PathLike[str] | bytes, chunk: int = 1 << 22) -> tuple[int, str]:
     """(size, XXH3-128 hex) of a file, read in large chunks."""
     hasher = xxhash.xxh3_128()

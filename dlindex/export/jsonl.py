@@ -9,6 +9,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from dlindex.export.files import drain_into
 from dlindex.export.plan import ID, LABEL, Group
 from dlindex.export.shards import Context, json_maker, text_prefixes, vector_list
 from dlindex.export.writer import TextWriter
@@ -87,9 +88,5 @@ class JsonlWriter(TextWriter):
     def append_file(self, path: Path, count: int) -> None:
         """Append lines another process wrote (``count`` samples) to the open shard."""
         self.flush()
-        out = self.opened()
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 22):
-                out.write(chunk)
+        drain_into(path, self.opened().write)  # the part's blocks freed as they are copied
         self.count += count
-        path.unlink()
