@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dlindex.export import halves, plan, run
 from dlindex.export.dealing import Dealing
@@ -235,3 +237,30 @@ def test_the_collector_is_paused_while_rows_stream_and_back_after(
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@given(
+    st.lists(st.sampled_from(["train", "validation", "test", None, "other"]), max_size=60),
+    st.sampled_from([("train", "validation", "test"), ("validation",), ("train", "test")]),
+)
+@settings(max_examples=200, deadline=None)
+def test_dealing_by_folder_keeps_every_row_once_in_order(splits: list[str | None], names: tuple[str, ...]) -> None:
+    """Rows carrying their folder at EXTRA: refused iff one is outside ``names``; else each
+    split's rows, cut back to ROW, are exactly those of that folder, in the batch's order."""
+    from dlindex.export.dealing import OutsideSplit, partition
+    from dlindex.export.plan import EXTRA
+
+    batch = [(k, *range(1, EXTRA), split) for k, split in enumerate(splits)]
+    dealer = Dealing(names).dealer()
+    if any(s not in names for s in splits):
+        with pytest.raises(OutsideSplit):
+            dealer(batch)
+        return
+    rows, got = dealer(batch)
+    assert got == splits and all(len(row) == EXTRA for row in rows)
+    parts = dict(partition(rows, got, names))
+    assert list(parts) == [n for n in names if n in splits]  # names order, empty splits left out
+    for name, part in parts.items():
+        assert [row[0] for row in part] == [k for k, s in enumerate(splits) if s == name]
+    kept, _ = Dealing(names).dealer(strip=False)(batch)
+    assert kept is batch  # a positional writer gets the rows as they are
