@@ -1,7 +1,7 @@
-"""How one pass over a selection deals each row to its split's shard (jsonl manifests).
+"""How one pass over a selection deals each row to its split's shards.
 
-Two ways, one writer (manifest.write_jsonl_splits, and halves for the upper half of the ids):
-by content hash for ``--split NAME=FRACTION`` (``plan.split_of``), or by the split folder each
+Two ways, for the writers of one pass (manifest.write_jsonl_splits with halves for the upper
+half of the ids; write_dealt for any format with a sink, formats.Format.sink): by content hash for ``--split NAME=FRACTION`` (``plan.split_of``), or by the split folder each
 row was scanned in for a pre-split tree (``--split tree`` or none), the row carrying its split
 at ``EXTRA``. The second replaces a statement a split folder, each of which read the whole
 table (the split column has no index), and the count of the selection's split folders that
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dlindex.export.hashsplit import batch_splits
 from dlindex.export.plan import EXTRA, ExportError, Group
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from dlindex.export.shards import Context, ShardInfo
 
 Rows = Sequence[tuple[Any, ...]]
+T = TypeVar("T")
 _BATCH = 4096
 
 
@@ -58,11 +59,12 @@ class Dealing:
         return by_folder
 
 
-def partition(rows: Rows, splits: Sequence[str], names: Sequence[str]) -> list[tuple[str, Rows]]:
-    """A dealt batch's rows by split, in ``names`` order, each in the batch's order."""
+def partition(rows: Sequence[T], splits: Sequence[str], names: Sequence[str]) -> list[tuple[str, Sequence[T]]]:
+    """A dealt batch's rows (or their encoded lines) by split, in ``names`` order, each in the
+    batch's order; splits with none left out."""
     if splits and splits.count(splits[0]) == len(splits):  # one split: most batches of a tree in id order
         return [(splits[0], rows)]
-    parts: dict[str, list[tuple[Any, ...]]] = {name: [] for name in names}
+    parts: dict[str, list[T]] = {name: [] for name in names}
     for name, row in zip(splits, rows, strict=True):
         parts[name].append(row)
     return [(name, part) for name, part in parts.items() if part]

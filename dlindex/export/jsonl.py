@@ -9,6 +9,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
+from dlindex.export.dealing import partition
 from dlindex.export.files import drain_into
 from dlindex.export.plan import ID, LABEL, Group
 from dlindex.export.shards import Context, json_maker, text_prefixes, vector_list
@@ -52,16 +53,15 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
 
 def deal(
     batch: Sequence[tuple[Any, ...]], text: list[str], splits: Sequence[str], names: Sequence[str]
-) -> tuple[dict[str, list[str]], Counter[tuple[str, Any]]]:
+) -> tuple[dict[str, Sequence[str]], Counter[tuple[str, Any]]]:
     """A batch's lines dealt to their ``splits`` (each row's, one of ``names``; dealing.Dealing
     gives them), in order, with the (split, catalog label id) counts."""
-    out: dict[str, list[str]] = {name: [] for name in names}
-    if splits and splits.count(splits[0]) == len(splits):  # a batch of one split: most, in a tree's id order
-        out[splits[0]] = text
+    out: dict[str, Sequence[str]] = {name: [] for name in names}
+    parts = partition(text, splits, names)
+    out.update(parts)
+    if len(parts) == 1:  # a batch of one split: most, in a tree's id order
         counts = Counter(map(itemgetter(LABEL), batch))
-        return out, Counter({(splits[0], label): n for label, n in counts.items()})
-    for name, line in zip(splits, text, strict=True):
-        out[name].append(line)
+        return out, Counter({(parts[0][0], label): n for label, n in counts.items()})
     return out, Counter(zip(splits, map(itemgetter(LABEL), batch), strict=True))
 
 

@@ -16,7 +16,7 @@ from dlindex.export.dealing import Dealing
 from dlindex.export.jsonl import JsonlWriter, deal, jsonl_lines, text_sizes
 from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, UpperHalf, sample_path
 from dlindex.export.shards import TEXT_KEYS, Context, ShardInfo, shown_path, vector_list
-from dlindex.export.writer import TextWriter, batches
+from dlindex.export.writer import TextWriter, batches, fill
 
 _BATCH = 4096
 
@@ -139,8 +139,4 @@ class CsvWriter(TextWriter):
 
 
 def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
-    sink = CsvWriter(ctx, group, number)
-    for batch, vectors in batches(group, ctx):
-        sink.take(batch, vectors)
-        ctx.tick(len(batch))
-    return sink.finish()
+    return fill(CsvWriter(ctx, group, number), group, ctx)

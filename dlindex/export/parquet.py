@@ -10,7 +10,7 @@ from typing import Any
 from dlindex.export.files import hash_file
 from dlindex.export.plan import EXTRA, FILE, HASH, ExportError, Group, sample_path
 from dlindex.export.shards import Context, ShardInfo, shown_path, text_prefixes, vector_list
-from dlindex.export.writer import ShardWriter, batches
+from dlindex.export.writer import ShardWriter, fill
 
 _Sample = tuple[Any, ...]  # a row (its feature vector, with --features, waits in ParquetWriter.vectors)
 ROW_GROUP = 1 << 20  # rows: pyarrow's default row group (write_table's row_group_size=None)
@@ -125,8 +125,4 @@ class ParquetWriter(ShardWriter[_Sample]):
 
 
 def write_parquet(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
-    sink = ParquetWriter(ctx, group, number)
-    for batch, vectors in batches(group, ctx):
-        sink.take(batch, vectors)
-        ctx.tick(len(batch))
-    return sink.finish()
+    return fill(ParquetWriter(ctx, group, number), group, ctx)

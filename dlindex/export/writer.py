@@ -41,6 +41,14 @@ def batches(group: Group, ctx: Context) -> Iterator[tuple[Sequence[tuple[Any, ..
         yield batch, vectors
 
 
+def fill(sink: ShardWriter[Any], group: Group, ctx: Context) -> list[ShardInfo]:
+    """A group's shards through its writer's ``take``, batch by batch (csv, parquet, jsonl)."""
+    for batch, vectors in batches(group, ctx):
+        sink.take(batch, vectors)
+        ctx.tick(len(batch))
+    return sink.finish()
+
+
 def _missing_message(group: Group, ctx: Context, missing: list[int], rest: Iterator[tuple[Any, ...]]) -> str:
     """The export stops here anyway: count every sample of the group that lacks a vector, not
     only those of the first batch that has one missing."""
