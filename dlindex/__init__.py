@@ -81,8 +81,8 @@ _EXPORTS = {
     "Probe": "scan.probe",
     "ProbeOptions": "scan.probe",
     "probe_file": "scan.probe",
-    "ScanOptions": "scan.run",
-    "ScanSummary": "scan.run",
+    "ScanOptions": "scan.options",
+    "ScanSummary": "scan.options",
     "scan_tree": "scan.run",
     "sniff_header": "scan.sniff",
     "CatalogStats": "stats",
@@ -112,7 +112,8 @@ if TYPE_CHECKING:
     from dlindex.query.rows import query_rows, sample_ids
     from dlindex.query.spec import QuerySpec
     from dlindex.querylog.views import clear_log, import_log, log_summary
+    from dlindex.scan.options import ScanOptions, ScanSummary
     from dlindex.scan.probe import Probe, ProbeOptions, probe_file
-    from dlindex.scan.run import ScanOptions, ScanSummary, scan_tree
+    from dlindex.scan.run import scan_tree
     from dlindex.scan.sniff import sniff_header
     from dlindex.stats import CatalogStats, catalog_stats

@@ -25,7 +25,7 @@ from dlindex.engines.parts import Part, balanced_parts, parse_part
 from dlindex.errors import CatalogError, DlindexError, InputError
 from dlindex.features.pipeline import ComputeOptions
 from dlindex.scan.listing import WalkOptions, WalkReport
-from dlindex.scan.run import ScanOptions
+from dlindex.scan.options import ScanOptions
 from dlindex.scan.units import part_units
 from tests.conftest import compute, make_jpeg, make_png, scan
 

@@ -10,7 +10,7 @@ import sqlite3
 import stat
 import sys
 from collections.abc import Iterator
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +244,74 @@ def test_a_find_that_is_not_gnu_find_is_not_used(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable))  # no find at all (a venv's bin)
     if shutil.which("find") is None:
         assert quick.gnu_find.__wrapped__() is None
+
+
+def _find_children() -> list[int]:
+    """This process's child processes that are find."""
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            with suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == "find":
+                    found.append(int(pid))
+    return found
+
+
+def test_a_rescan_starts_find_before_its_first_write_and_a_first_scan_not_at_all(
+    hostile: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """find runs while the first write waits for the catalog's check (dlindex.catalog.sqlite.check_ahead)."""
+    from dlindex.catalog.sqlite.backend import SqliteBackend
+
+    events: list[str] = []
+    check = SqliteBackend.check_before_first_write
+
+    class Finds(quick._Finds):
+        def __init__(self, *args: Any) -> None:
+            events.append("find")
+            super().__init__(*args)
+
+    def checked(self: SqliteBackend, conn: Any) -> list[int]:
+        events.append("check")
+        return check(self, conn)
+
+    monkeypatch.setattr(quick, "_Finds", Finds)
+    monkeypatch.setattr(SqliteBackend, "check_before_first_write", checked)
+    db = tmp_path / "catalog.db"
+    scan(db, hostile)
+    assert events == ["check"]  # a first scan: every file is new, no find
+    events.clear()
+    assert scan(db, hostile).unchanged > 0
+    assert events == ["find", "check"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads children from /proc")
+def test_a_rescan_refused_at_its_first_write_leaves_no_find_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlindex.catalog.sqlite.backend import SqliteBackend
+    from dlindex.errors import DamagedCatalogError
+
+    root = tmp_path / "images"
+    for i in range(300):
+        make_png(root / f"c{i % 30}" / f"{i}.png")
+    db = tmp_path / "catalog.db"
+    scan(db, root)
+    started: list[quick._Finds] = []
+
+    class Finds(quick._Finds):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            started.append(self)
+
+    def refused(self: SqliteBackend, conn: Any) -> list[int]:
+        raise DamagedCatalogError(f"catalog {self.path} is damaged (a test)")
+
+    monkeypatch.setattr(quick, "_Finds", Finds)
+    monkeypatch.setattr(SqliteBackend, "check_before_first_write", refused)
+    rows = dump(db)
+    with pytest.raises(DamagedCatalogError):
+        scan(db, root)
+    assert started and all(process.returncode is not None for process in started[0].processes)
+    assert not _find_children()
+    assert dump(db) == rows

@@ -177,6 +177,14 @@ class Backend(ABC):
         """Refuse to write into a damaged catalog (raise); the ids of scans marked running whose
         process died."""
 
+    def start_write_check(self) -> None:  # noqa: B027 - optional: most backends start nothing
+        """Start now, beside the caller's own work, what ``check_before_first_write`` will
+        check; nothing where the backend has nothing to start early (a server checks its own
+        pages)."""
+
+    def stop_write_check(self) -> None:  # noqa: B027 - optional, as above
+        """Stop a check started early that no write came to use (the catalog is closing)."""
+
     @abstractmethod
     def page_cache(self, conn: Connection, size: int) -> AbstractContextManager[None]:
         """A page cache sized for a write of ``size`` bytes, while the block runs."""

@@ -132,6 +132,7 @@ class Catalog:
         return self._db
 
     def close(self) -> None:
+        self.backend.stop_write_check()
         self.flush_log()
         self.conn.close()
         if self._log_skipped:
@@ -159,6 +160,12 @@ class Catalog:
         was told "nothing was written", and `dlindex check` must read the file as it was found."""
         if faults.is_damage(exc):
             self.querylog.enabled = False
+
+    def check_ahead(self) -> None:
+        """Start the check the first write runs, now and beside the caller's own start-up: a
+        command that will write calls this as soon as the catalog is open (``dlindex scan``)."""
+        if self.readonly_reason is None and not self._checked_for_write:
+            self.backend.start_write_check()
 
     def ensure_writable(self) -> None:
         """Raise now, before any long work, what the first write would raise: the catalog is

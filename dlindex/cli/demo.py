@@ -12,7 +12,8 @@ from dlindex.catalog.connection import open_catalog
 from dlindex.cli import scan as scan_command
 from dlindex.cli import stats as stats_command
 from dlindex.cli._shared import handle_errors, stderr_console, stdout_console
-from dlindex.scan.run import ScanOptions, scan_tree
+from dlindex.scan.options import ScanOptions
+from dlindex.scan.run import scan_tree
 from dlindex.stats import catalog_stats
 
 

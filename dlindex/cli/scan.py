@@ -29,7 +29,7 @@ from dlindex.cli._shared import (
 )
 from dlindex.errors import ExitCode
 from dlindex.scan.listing import DEFAULT_EXTENSIONS
-from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
+from dlindex.scan.options import ScanOptions, ScanSummary, check_root
 
 
 @handle_errors
@@ -134,11 +134,12 @@ def scan(
             raise typer.BadParameter(
                 "--address names a Ray cluster: give --engine ray with it", param_hint="'--address'"
             )
-        with (
-            Catalog(db, create=True, log=not no_log) as catalog,
-            progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update,
-        ):
-            summary = scan_tree(catalog, root, options, progress=update)
+        with Catalog(db, create=True, log=not no_log) as catalog:
+            catalog.check_ahead()  # runs while the scan's machinery is imported
+            from dlindex.scan.run import scan_tree
+
+            with progress_bar(quiet, unit="img", desc="scan", smoothing=0.1) as update:
+                summary = scan_tree(catalog, root, options, progress=update)
         data = summary.as_dict()
     if as_json:
         print_json(data)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 from contextlib import suppress
 
-from dlindex.catalog.backend import INTEGRITY_ERRORS, Connection
+from dlindex.catalog.backend import INTEGRITY_ERRORS, SQL_ERRORS, Connection
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.sqlite.migrations import path_hash
 from dlindex.errors import DlindexError
@@ -152,6 +152,16 @@ def register_root(catalog: Catalog, text: str, raw: bytes | None) -> int:
     with catalog.write_transaction() as conn:
         conn.execute(_INSERT_ROOT, (text, raw))
         return int(conn.execute(_ROOT_ID, (text,)).fetchone()[0])
+
+
+def known_root(catalog: Catalog, text: str) -> int | None:
+    """The root's id if it has been scanned before, else None; a read (None where it fails:
+    ``register_root`` then writes, after the catalog's check, and reports what is wrong)."""
+    try:
+        row = catalog.conn.execute(_ROOT_ID, (text,)).fetchone()
+    except SQL_ERRORS:
+        return None
+    return None if row is None else int(row[0])
 
 
 def start_scan(catalog: Catalog, root_id: int, options: Mapping[str, object]) -> int:

@@ -36,7 +36,8 @@ from dlindex.engines.runfolder import (
     remove_run_folder,
 )
 from dlindex.errors import InputError
-from dlindex.scan.run import ScanOptions, ScanSummary, check_root, scan_tree
+from dlindex.scan.options import ScanOptions, ScanSummary, check_root
+from dlindex.scan.run import scan_tree
 
 _RETRIES = 3  # reruns of a part whose worker or node died
 _CUT = "cut.db"  # the copy of the catalog every part starts from; the merge's base

@@ -19,6 +19,7 @@ from PIL import Image, ImageFile, UnidentifiedImageError
 from dlindex.engines.local import CStderrCapture
 from dlindex.orientation import UPRIGHT, pillow_orientation, sniff_orientation
 from dlindex.scan.listing import special_reason
+from dlindex.scan.options import MAX_PIXELS
 from dlindex.scan.sniff import Header, check_structure, jpeg_scan_start, sniff
 
 # Files above this are hashed in chunks and checked from their head and tail only.
@@ -32,7 +33,7 @@ class ProbeOptions(NamedTuple):
     """How a probe judges files: decode them (--verify), the pixel limit, following links."""
 
     verify: bool = False
-    max_pixels: int = 89_478_485  # Pillow's MAX_IMAGE_PIXELS; twice this is a bomb
+    max_pixels: int = MAX_PIXELS
     follow_symlinks: bool = True  # as scan does; False opens with O_NOFOLLOW
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterator, Sequence
 from itertools import repeat
 from typing import Any, NamedTuple
 
+from dlindex.catalog.backend import SQL_ERRORS
 from dlindex.catalog.classes import enter_folder
 from dlindex.catalog.connection import Catalog
 from dlindex.query.spec import LOADER_FAILURE
@@ -50,6 +51,8 @@ _LINES = (
 )
 _LINES_BETWEEN = _LINES + " AND file_path < :end"
 _ANY_ROW = "SELECT 1 FROM image_metadata WHERE root_id = :root LIMIT 1"
+# Units a rescan answered from memory (dlindex.scan.digests): two finds pay where most are.
+_REMEMBERED = "SELECT count(*) FROM scan_digests WHERE root_id = ? AND files >= 0"
 _LABELS = "SELECT name, id FROM labels"
 
 # What find prints: per regular file its line (unique: it holds the path), the extension is
@@ -89,25 +92,81 @@ def gnu_find() -> str | None:
     return path if version.startswith(b"find (GNU findutils)") else None
 
 
-def skip_unchanged(
+class Started:
+    """find running over the units that are whole folders (``start_finds``); closed once read."""
+
+    def __init__(self, folders: list[Unit], finds: _Finds, errors: Any) -> None:
+        self.folders, self.finds, self.errors = folders, finds, errors
+
+    def close(self) -> None:
+        """Stop the finds if they still run (a scan that failed before reading them)."""
+        self.finds.close()
+        self.errors.close()
+
+
+def start_finds(
     catalog: Catalog, root: bytes, root_id: int, units: Sequence[Unit], options: DiffOptions
-) -> Quick | None:
-    """The units that are not whole unchanged folders, and counts for those that are;
-    None where the fast path does not apply (then every unit is walked)."""
+) -> Started | None:
+    """Start find over the units that are whole folders, None where the fast path does not
+    apply. It only reads the catalog, so a rescan starts find before its first write, which
+    waits for the catalog's check: find's stat calls run meanwhile."""
     walk = options.walk
     if options.force or options.label_overrides or walk.exclude or catalog.backend.name != "sqlite":
         return None
     if not all(_EXTENSION.fullmatch(suffix) for suffix in walk.suffixes):
         return None  # an inner dot or non-ASCII: "ends with" would not be listing's last-dot rule
     find = gnu_find()
-    if find is None or catalog.conn.execute(_ANY_ROW, {"root": root_id}).fetchone() is None:
-        return None  # a first scan: every file is new
+    if find is None:
+        return None
+    try:
+        if catalog.conn.execute(_ANY_ROW, {"root": root_id}).fetchone() is None:
+            return None  # a first scan: every file is new
+        remembered = int(catalog.conn.execute(_REMEMBERED, (root_id,)).fetchone()[0])
+    except SQL_ERRORS:
+        return None  # the walk reads the catalog, and reports what it finds, after the check
     folders = [unit for unit in units if _label(unit) is not None]
     if not folders or sum(len(unit.raw_prefix) + len(unit.children[0][0]) + 3 for unit in folders) > _ARGV_LIMIT:
         return None
+    starts = [b"./" + unit.raw_prefix + unit.children[0][0] for unit in folders]
+    # Two finds halve find's time but leave the comparison of the second half to run alone:
+    # worth it where most units are answered from memory, not on a first rescan.
+    two_finds = _cpus() > 1 and 2 * remembered >= len(folders)
+    errors = tempfile.TemporaryFile()  # noqa: SIM115  # closed by Started.close()
+    finds = _Finds(find, root, starts, errors, two_finds)
+    if not finds.started:
+        finds.close()
+        errors.close()
+        return None
+    return Started(folders, finds, errors)
+
+
+def skip_unchanged(
+    catalog: Catalog,
+    root: bytes,
+    root_id: int,
+    units: Sequence[Unit],
+    options: DiffOptions,
+    started: Started | None = None,
+) -> Quick | None:
+    """The units that are not whole unchanged folders, and counts for those that are; None
+    where the fast path does not apply (then every unit is walked). ``started``: the finds
+    ``start_finds`` started over these units (else they are started here)."""
+    if started is None:
+        started = start_finds(catalog, root, root_id, units, options)
+        if started is None:
+            return None
+    try:
+        return _count_clean(catalog, root_id, units, options, started)
+    finally:
+        started.close()
+
+
+def _count_clean(
+    catalog: Catalog, root_id: int, units: Sequence[Unit], options: DiffOptions, started: Started
+) -> Quick | None:
+    walk, folders, finds = options.walk, started.folders, started.finds
     label_ids = dict(catalog.conn.execute(_LABELS).fetchall())
     suffixes = tuple(walk.suffixes)
-    starts = [b"./" + unit.raw_prefix + unit.children[0][0] for unit in folders]
     params = {"root": root_id, "limit": options.max_pixels, "bomb": 2 * options.max_pixels,
               "loader_failed": LOADER_FAILURE, "loader_length": len(LOADER_FAILURE)}  # fmt: skip
     clean: set[int] = set()
@@ -116,12 +175,7 @@ def skip_unchanged(
     recalled = 0
     digests = UnitDigests(os.fspath(catalog.path), root_id, [(unit.start, unit.end) for unit in folders])
     flags = {"hidden": walk.hidden, "follow_symlinks": walk.follow_symlinks, "suffixes": sorted(suffixes)}
-    # Two finds halve find's time but leave the comparison of the second half to run alone:
-    # worth it where most units are answered from memory, not on a first rescan.
-    two_finds = _cpus() > 1 and 2 * digests.remembered >= len(folders)
-    with digests, tempfile.TemporaryFile() as errors, _Finds(find, root, starts, errors, two_finds) as finds:
-        if not finds.started:
-            return None
+    with digests:
         try:
             pieces = finds.segments()  # one piece a folder, or _Surprise once a part's count is off
             for index, (unit, segment) in enumerate(zip(folders, pieces, strict=False)):
@@ -148,8 +202,8 @@ def skip_unchanged(
             return None
         if not finds.succeeded():
             return None
-        errors.seek(0)
-        if errors.read(1):
+        started.errors.seek(0)
+        if started.errors.read(1):
             return None  # an unreadable folder, a file gone meanwhile...: the walk reports them
         digests.commit()
     kept = {id(unit) for index, unit in enumerate(folders) if index in clean}
@@ -183,6 +237,8 @@ class _Finds:
                 self.processes.append(
                     subprocess.Popen([find, *part, *self._EXPRESSION], cwd=root, stdout=out, stderr=errors, env=env)
                 )
+                if at == 0 and self.processes[0].stdout is not None:
+                    _widen_pipe(self.processes[0].stdout.fileno())  # find runs ahead until it is read
         except OSError:
             self.close()
 
@@ -196,7 +252,6 @@ class _Finds:
             if at == 0:
                 stdout = self.processes[0].stdout
                 assert stdout is not None
-                _widen_pipe(stdout.fileno())
                 fd = stdout.fileno()
             else:
                 if self.processes[at].wait() != 0:

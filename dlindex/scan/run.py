@@ -13,22 +13,21 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import InitVar, asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.paths import display_name
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
 from dlindex.engines.local import sigterm_as_interrupt
-from dlindex.engines.parts import Part, renamed_shard
-from dlindex.errors import InputError, Interrupted
+from dlindex.errors import Interrupted
 from dlindex.scan import tasks as worker
 from dlindex.scan.batch_writer import (
     BatchWriter,
     abandon_scan,
     drop_unused_labels,
     finish_scan,
+    known_root,
     prune_missing,
     register_root,
     set_presplit,
@@ -37,9 +36,10 @@ from dlindex.scan.batch_writer import (
 from dlindex.scan.diff import DiffOptions, ToProbe, UnitDiff
 from dlindex.scan.labels import read_labels_file, write_attributes
 from dlindex.scan.links import LinkedFiles
-from dlindex.scan.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, WalkOptions, WalkReport
+from dlindex.scan.listing import SKIP_REASONS, WalkOptions, WalkReport
+from dlindex.scan.options import ScanOptions, ScanSummary, check_root
 from dlindex.scan.probe import Probe, ProbeOptions
-from dlindex.scan.quick import skip_unchanged
+from dlindex.scan.quick import skip_unchanged, start_finds
 from dlindex.scan.tasks import WorkerPool
 from dlindex.scan.units import PartPlan, Unit, part_units, plan_units
 
@@ -55,68 +55,6 @@ _QUEUED_PROBES = 8192  # walk no further ahead than this many files waiting to b
 # Units go several to a task up to about this many files: a task's result is held in memory
 # whole, and units of big folders sent 8 at once made a scan's peak RSS grow with the folders.
 _FILES_PER_TASK = 2048
-
-
-@dataclass(frozen=True)
-class ScanOptions:
-    """What ``scan_tree`` selects and how it judges files: the options of ``dlindex scan``."""
-
-    extensions: tuple[str, ...] = DEFAULT_EXTENSIONS
-    hidden: bool = False
-    exclude: tuple[str, ...] = ()
-    follow_symlinks: bool = True
-    split_folders: bool = True  # ROOT/train/<class>/...: class under the split, split in its column
-    labels_file: Path | None = None
-    verify: bool = False
-    max_pixels: int = ProbeOptions().max_pixels
-    workers: int = 0  # 0: one per CPU
-    io_threads: int = 16
-    prune: bool = False
-    force: bool = False
-    part: Part | None = None  # part I of N of the walk's units (docs/scale-out.md)
-    shard: InitVar[Part | None] = None  # deprecated: the old name of ``part``
-
-    def __post_init__(self, shard: Part | None) -> None:
-        if shard is not None:
-            object.__setattr__(self, "part", renamed_shard("ScanOptions", shard, self.part))
-        if self.part is not None and self.prune:
-            raise InputError(
-                "--prune cannot go with --part: a part does not know which rows other parts keep; "
-                "merge the parts, then run dlindex scan ROOT --prune on the merged catalog"
-            )
-
-
-@dataclass(frozen=True)
-class ScanSummary:
-    """What one scan did; ``corrupt`` counts corrupt files among those probed in this run."""
-
-    scan_id: int
-    root: str
-    seen: int
-    new: int
-    changed: int
-    unchanged: int
-    missing: int
-    corrupt: int
-    skipped: int  # entries that got no row in this scan, all reasons together
-    errors: int
-    relabeled: int
-    pruned: int
-    seconds: float
-    files_per_s: float
-    reread: int = 0  # known files read again (--force, a new inode or ctime...) and found the same
-    interrupted: bool = False
-    error_samples: tuple[tuple[str, str], ...] = field(default=())
-    skipped_by_reason: dict[str, int] = field(default_factory=dict)  # walk.SKIP_REASONS order
-    unknown_label_paths: int = 0  # paths in the --labels file matching no image under the root
-    unknown_label_examples: tuple[str, ...] = field(default=())
-
-    def as_dict(self) -> dict[str, Any]:
-        """The summary as ``--json`` prints it."""
-        data = asdict(self)
-        data["error_samples"] = [{"path": p, "error": e} for p, e in self.error_samples]
-        data["unknown_label_examples"] = list(self.unknown_label_examples)
-        return data
 
 
 @dataclass
@@ -147,18 +85,25 @@ def scan_tree(
     labels_file = read_labels_file(options.labels_file) if options.labels_file else None
     label_overrides = labels_file.labels if labels_file else None
     root_text, root_lossless = display_name(root_bytes)
-    root_id = register_root(catalog, root_text, None if root_lossless else root_bytes)
+    root_id = known_root(catalog, root_text)  # a rescan's root is read, not written
+    if root_id is None:
+        root_id = register_root(catalog, root_text, None if root_lossless else root_bytes)
     recorded = {k: (os.fspath(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()}
-    scan_id = start_scan(catalog, root_id, recorded)
     report = WalkReport()
     counts = _Counts()
     writer = BatchWriter(catalog, root_id)
+    # A rescan's find starts here and runs while the first write below waits for the catalog's check.
+    pipeline = _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
+    try:
+        scan_id = start_scan(catalog, root_id, recorded)
+    except BaseException:
+        pipeline.close()
+        raise
     interrupted = False
     pruned = 0
     shard_run: int | None = None
     restore = sigterm_as_interrupt()
     try:
-        pipeline = _Pipeline(catalog, root_bytes, root_id, options, label_overrides, report, counts, writer, progress)
         if options.part is not None and pipeline.part_plan is not None:
             shard_run = start_shard_run(
                 catalog, "scan", root_text, options.part.index, options.part.count, pipeline.part_plan.digest
@@ -179,6 +124,7 @@ def scan_tree(
         raise
     finally:
         restore()
+        pipeline.close()
     if shard_run is not None:
         finish_shard_run(catalog, shard_run, completed=not interrupted)
     listed = (labels_file.labels or labels_file.attributes) if labels_file else None
@@ -248,6 +194,13 @@ class _Pipeline:
         self.batches = 0
         self.walked = [0, 0]  # units diffed, files they held: how many units make a task
         self.linked = LinkedFiles()
+        self.started = start_finds(catalog, root, root_id, self.units, self.diff_options)
+
+    def close(self) -> None:
+        """Stop what was started and not read (a scan that failed before its walk)."""
+        started, self.started = self.started, None
+        if started is not None:
+            started.close()
 
     def run(self) -> None:
         """Walk, diff and probe the whole tree, handing results to the writer as they come."""
@@ -276,7 +229,10 @@ class _Pipeline:
 
     def _count_unchanged(self) -> None:
         """Count the units that find tells unchanged as a whole (dlindex.scan.quick): not walked."""
-        quick = skip_unchanged(self.catalog, self.root, self.root_id, self.units, self.diff_options)
+        started, self.started = self.started, None
+        if started is None:
+            return
+        quick = skip_unchanged(self.catalog, self.root, self.root_id, self.units, self.diff_options, started)
         if quick is not None:
             self.units = deque(quick.units)
             self.counts.seen += quick.files
@@ -370,18 +326,6 @@ class _Pipeline:
                     counts.corrupt += 1
                 writer.rows.append((probe, item))
         self.progress(len(results))
-
-
-def check_root(root: str | os.PathLike[str]) -> bytes:
-    """The real path of a scan root, in bytes; InputError if it is no readable folder."""
-    path = os.fsencode(root)
-    if not os.path.exists(path):
-        raise InputError(f"root {os.fsdecode(path)!r} does not exist")
-    if not os.path.isdir(path):
-        raise InputError(f"root {os.fsdecode(path)!r} is not a folder")
-    if not os.access(path, os.R_OK | os.X_OK):
-        raise InputError(f"root {os.fsdecode(path)!r} is not readable")
-    return os.path.realpath(path)
 
 
 def _unknown_label_paths(catalog: Catalog, root_id: int, listed: Mapping[str, object]) -> list[str]:

@@ -9,13 +9,16 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from dlindex import faults
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
 from dlindex.catalog.sqlite.connect import Writeback, connect, connect_readonly, readonly_reason
 from dlindex.catalog.sqlite.migrations import schema_version
 from dlindex.errors import CatalogBusyError
+
+if TYPE_CHECKING:
+    from dlindex.catalog.sqlite.check_ahead import CheckAhead
 
 _CACHE_KIB = "SELECT * FROM pragma_cache_size"
 _MAX_CACHE_KIB = 256 * 1024
@@ -32,6 +35,7 @@ class SqliteBackend(Backend):
     def __init__(self, location: str | os.PathLike[str]) -> None:
         self.path = Path(location)
         self.url = os.path.abspath(self.path)
+        self._ahead: CheckAhead | None = None
 
     @property
     def location(self) -> str:
@@ -101,13 +105,28 @@ class SqliteBackend(Backend):
         from dlindex.catalog.check import quick_check
         from dlindex.pids import pid_alive
 
-        problems = quick_check(cast(sqlite3.Connection, conn), budget_s=_QUICK_CHECK_BUDGET_S)
+        ahead, self._ahead = self._ahead, None
+        problems = ahead.verdict() if ahead is not None else None
+        if problems is None:
+            problems = quick_check(cast(sqlite3.Connection, conn), budget_s=_QUICK_CHECK_BUDGET_S)
         if problems:
             raise faults.damaged_error(self.path, problems[0])
         try:
             return [sid for sid, pid in conn.execute(_RUNNING_SCANS).fetchall() if not pid_alive(pid)]
         except sqlite3.Error as e:
             raise faults.translate_error(e, catalog=self.path) or e from None
+
+    def start_write_check(self) -> None:
+        """The same check, on a thread and a connection of its own (dlindex.catalog.sqlite.check_ahead)."""
+        from dlindex.catalog.sqlite.check_ahead import CheckAhead
+
+        if self._ahead is None:
+            self._ahead = CheckAhead(self.location, _QUICK_CHECK_BUDGET_S)
+
+    def stop_write_check(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            ahead.cancel()
 
     @contextmanager
     def page_cache(self, conn: Connection, size: int) -> Iterator[None]:
