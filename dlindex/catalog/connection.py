@@ -152,10 +152,10 @@ class Catalog:
         tb: TracebackType | None,
     ) -> None:
         if exc is not None:
-            self._found_damaged(exc)
+            self.found_damaged(exc)
         self.close()
 
-    def _found_damaged(self, exc: BaseException) -> None:
+    def found_damaged(self, exc: BaseException) -> None:
         """After an error that says the file is damaged, write nothing more into it: the user
         was told "nothing was written", and `dlindex check` must read the file as it was found."""
         if faults.is_damage(exc):
@@ -231,7 +231,7 @@ class Catalog:
         """dlindex's own log and cache writes keep the raw error: their callers skip a busy or
         read-only catalog quietly. The user's writes get the one-line DlindexError (a server
         catalog's errors already are one)."""
-        self._found_damaged(e)
+        self.found_damaged(e)
         if bookkeeping or isinstance(e, DlindexError):
             return e
         if faults.sqlite_error_name(e).startswith("SQLITE_BUSY"):
@@ -285,7 +285,7 @@ class Catalog:
             if on_done is not None:
                 on_done(seconds, rows)
         except SQL_ERRORS as e:
-            self._found_damaged(e)  # before the log below would record (and flush) this read
+            self.found_damaged(e)  # before the log below would record (and flush) this read
             raise
         finally:
             # Also runs when the reader stops early (a closed pipe), maybe after close().
@@ -294,6 +294,13 @@ class Catalog:
                 if logging and self.querylog.enabled:
                     self.querylog.record_read(self.conn, sql, params, seconds, rows)
                     self._maybe_flush_log()
+
+    def record_read(self, sql: str, params: Sequence[Any] | Mapping[str, Any], seconds: float, rows: int) -> None:
+        """Log a read made otherwise than through ``read`` (dlindex.query.fetch), as ``read`` logs one."""
+        if self.querylog.enabled:
+            with suppress(*CLOSED_ERRORS):
+                self.querylog.record_read(self.conn, sql, params, seconds, rows)
+                self._maybe_flush_log()
 
     def changes(self) -> int:
         """The catalog change counter: it moves with every committed dlindex write."""

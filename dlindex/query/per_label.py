@@ -73,13 +73,16 @@ _ARCS = _arcs(named=False)
 # no table row is read until the outer statement fetches the sample by id, in id order (a
 # join on image_metadata would read every sampled row once more first, in label and hash order:
 # at 10^8 rows, 32,000 random page reads before the fetch).
+_SEEK_HEAD = "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
+_SEEK_TAIL = "){order}{limit}"
 SEEK = (
-    "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
-    "SELECT picked.value FROM labels AS sample_labels, json_each((SELECT json_group_array(sample_id) FROM ("
+    _SEEK_HEAD
+    + "SELECT picked.value FROM labels AS sample_labels, json_each((SELECT json_group_array(sample_id) FROM ("
     + _ARCS.replace("{label}", "sample_rows.label_id = sample_labels.id")
     + "))) AS picked UNION ALL SELECT sample_id FROM ("
     + _ARCS.replace("{label}", "sample_rows.label_id IS NULL")
-    + ")){order}{limit}"
+    + ")"
+    + _SEEK_TAIL
 )
 
 
@@ -108,6 +111,15 @@ def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
     seek = _seek(" AND ".join(where), server)
     statement = seek.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
     return seek if (_server_served if server else _served)(catalog, statement, params) else window
+
+
+def picked(template: str) -> str | None:
+    """The ids of a file catalog's seek (``template``'s, ``{order}`` and ``{limit}`` still open)
+    alone, read from the index without a table row (dlindex.query.fetch then reads the rows);
+    None for any other statement."""
+    if template.startswith(_SEEK_HEAD) and template.endswith(_SEEK_TAIL) and "CROSS JOIN LATERAL" not in template:
+        return template[len(_SEEK_HEAD) : -len(_SEEK_TAIL)]
+    return None
 
 
 def _seek(where: str, server: bool = False) -> str:

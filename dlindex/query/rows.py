@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import CLASS_LISTS, SPLITS, canonical_splits, check_split_folders
 from dlindex.errors import InputError
-from dlindex.query import cache, per_label, windows
+from dlindex.query import cache, fetch, per_label, windows
 from dlindex.query.lookups import class_numbers, classes_of, label_ids, label_names, roots_by_id
 from dlindex.query.spec import (
     DERIVED,
@@ -95,6 +95,9 @@ class PreparedQuery:
     class_list: str | None = None  # "labels" (the --label names) or "catalog"
     class_index: dict[int, int] | None = None  # internal label row id -> label_id
     roots: dict[int, tuple[str, bytes]] | None = field(default=None, repr=False)
+    # A per-label sample's ids alone (a file catalog's seek, in id order): its rows are then
+    # read by id through several connections (dlindex.query.fetch). None: ``sql`` runs as one.
+    picked_sql: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,10 +173,12 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     if "label_id" in columns:
         classes, class_list = classes_of(catalog, spec)
         index = class_numbers(catalog, classes)
+    picked_sql = None
     if spec.per_label is not None:
         params["per_label"] = check_count("--per-label", spec.per_label, 1)
         params["pivot"] = per_label.pivot(spec.seed)
         template = per_label.template(catalog, where, params)
+        picked_sql = None if random_order else per_label.picked(template)
     else:
         where = windows.choose(catalog, where, params)
         template = _SELECT.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
@@ -191,6 +196,7 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         class_list=class_list,
         class_index=index,
         roots=roots_by_id(catalog) if "path" in columns or "root" in columns else None,
+        picked_sql=picked_sql,
     )
 
 
@@ -282,7 +288,7 @@ def _seed_params(seed: int) -> dict[str, int]:
 def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]:
     make = _row_maker(prepared)
     if not prepared.cache:
-        yield from map(make, catalog.read(prepared.sql, prepared.params))
+        yield from map(make, _read(catalog, prepared))
         return
     key = cache.cache_key(prepared.selection_sql, prepared.params)
     changes = catalog.changes()  # read first: a write after it can only make the entry unusable
@@ -292,7 +298,7 @@ def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]
         return
     found: list[int] = []
     spent: list[float] = []
-    rows = catalog.read(prepared.sql, prepared.params, on_done=lambda seconds, _: spent.append(seconds))
+    rows = _read(catalog, prepared, on_done=lambda seconds, _: spent.append(seconds))
     keep, complete = found.append, True
     for row in rows:
         keep(row[0])
@@ -303,6 +309,14 @@ def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]
             break
     if complete and spent and cache.worth_storing(spent[0], len(found)):
         cache.store(catalog, key, changes, found)
+
+
+def _read(catalog: Catalog, prepared: PreparedQuery, **on_done: Any) -> Iterator[tuple[Any, ...]]:
+    """The statement's rows; a sample's through several connections (dlindex.query.fetch)."""
+    if prepared.picked_sql is None:
+        return catalog.read(prepared.sql, prepared.params, **on_done)
+    columns = ", ".join(STORED[c] for c in prepared.base)
+    return fetch.sample_rows(catalog, prepared.sql, prepared.picked_sql, prepared.params, columns, **on_done)
 
 
 def _cached_rows(

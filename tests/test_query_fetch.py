@@ -1,0 +1,163 @@
+"""A per-label sample's rows read by id through several connections (dlindex.query.fetch):
+the same rows in the same order as the one statement, from one snapshot, logged as before."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dlindex import Catalog, QuerySpec, query_rows
+from dlindex.query import fetch, per_label
+from dlindex.query.rows import prepare
+
+from .synthetic import Row, make_catalog
+
+_INDEX = "CREATE INDEX per_label ON image_metadata (label_id, path_hash, id) WHERE status = 'ok' AND excluded = 0"
+
+
+@pytest.fixture
+def sampled(tmp_path: Path) -> Path:
+    """Twelve labels of uneven size, some rows without a hash or a class, and the per-label index."""
+    rows = [Row(f"l{i % 12}", width=i, processed=i % 3 == 0) for i in range(4000)]
+    rows += [Row("odd", status="corrupt") for _ in range(30)]
+    db = make_catalog(tmp_path / "c.db", rows)
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE image_metadata SET path_hash = NULL WHERE id % 89 = 0")
+    conn.execute("UPDATE image_metadata SET label_id = NULL WHERE id % 13 = 0")
+    conn.execute(_INDEX)
+    conn.commit()
+    conn.close()
+    return db
+
+
+@pytest.fixture
+def always_apart(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Small chunks, every row 'slow': the other connections read whatever they can; the chunks
+    they read are counted."""
+    monkeypatch.setattr(fetch, "CHUNK", 7)
+    monkeypatch.setattr(fetch, "_PROBE", 3)
+    monkeypatch.setattr(fetch, "_SLOW_ROW_S", -1.0)
+    read_apart: list[int] = []
+    real = fetch._read
+
+    def counted(conn: Any, sql: str, chunk: Any) -> list[tuple[Any, ...]]:
+        if threading.current_thread().name.startswith("dlindex-fetch"):
+            read_apart.append(len(chunk))
+        return real(conn, sql, chunk)
+
+    monkeypatch.setattr(fetch, "_read", counted)
+    return read_apart
+
+
+def _one_statement(db: Path, spec: QuerySpec, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The rows as the one statement gives them (the seek's ids never read apart)."""
+    with Catalog(db, log=False) as catalog:
+        assert prepare(catalog, spec).picked_sql is not None  # the seek: this test is about its rows
+    with monkeypatch.context() as patch:
+        patch.setattr(per_label, "picked", lambda template: None)
+        with Catalog(db, log=False) as catalog:
+            assert prepare(catalog, spec).picked_sql is None
+            return list(query_rows(catalog, spec))
+
+
+CASES = [
+    QuerySpec(per_label=5, seed=0, cache=False),
+    QuerySpec(per_label=40, seed=3, cache=False),  # wraps round the ring, then rows without a hash
+    QuerySpec(per_label=9, seed=1, processed=True, limit=50, offset=7, cache=False),
+    QuerySpec(per_label=9, seed=1, offset=10_000, cache=False),
+    QuerySpec(per_label=3, seed=2, labels=("l1", "l7"), columns=("id", "path", "label", "width"), cache=False),
+    QuerySpec(per_label=500, seed=4, limit=0, cache=False),
+]
+
+
+@pytest.mark.parametrize("spec", CASES, ids=range(len(CASES)))
+def test_the_rows_and_their_order_are_the_statements(
+    sampled: Path, spec: QuerySpec, always_apart: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    expected = _one_statement(sampled, spec, monkeypatch)
+    always_apart.clear()
+    with Catalog(sampled, log=False) as catalog:
+        assert list(query_rows(catalog, spec)) == expected
+    if len(expected) > 3 + 4 * 7:
+        assert sum(always_apart) > 0  # the other connections did read
+
+
+def test_a_sample_read_apart_is_cached_as_its_statement_would_be(
+    sampled: Path, always_apart: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlindex.query import cache
+
+    expected = _one_statement(sampled, QuerySpec(per_label=40, seed=3, cache=False), monkeypatch)
+    monkeypatch.setattr(cache, "worth_storing", lambda seconds, rows: True)
+    spec = QuerySpec(per_label=40, seed=3)
+    read: list[int] = []
+    for _ in range(2):  # read apart and stored, then answered from the cache
+        always_apart.clear()
+        with Catalog(sampled) as catalog:
+            assert list(query_rows(catalog, spec)) == expected
+        read.append(sum(always_apart))
+    assert read[0] > 0 and read[1] == 0  # the second time: the stored ids, no sample read
+
+
+def test_a_write_meanwhile_changes_nothing_read(sampled: Path, always_apart: list[int]) -> None:
+    """Rows read after another writer committed still come from the reader's snapshot."""
+    spec = QuerySpec(per_label=40, seed=3, columns=("id", "width"), cache=False)
+    with Catalog(sampled, log=False) as catalog:
+        rows = query_rows(catalog, spec)
+        first = [next(rows) for _ in range(5)]
+        with Catalog(sampled, log=False) as other, other.write_transaction() as conn:
+            conn.execute("UPDATE image_metadata SET width = -1")
+        rest = list(rows)
+    widths = {row["width"] for row in first + rest}
+    assert -1 not in widths and len(first + rest) > 100
+    with Catalog(sampled, log=False) as catalog:  # and a new query sees the write
+        assert {row["width"] for row in query_rows(catalog, spec)} == {-1}
+
+
+def test_without_other_connections_the_callers_reads_them_all(
+    sampled: Path, always_apart: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlindex.catalog.sqlite.backend import SqliteBackend
+
+    def refused(self: SqliteBackend, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("unable to open database file")
+
+    spec = QuerySpec(per_label=40, seed=3, cache=False)
+    expected = _one_statement(sampled, spec, monkeypatch)
+    always_apart.clear()
+    monkeypatch.setattr(SqliteBackend, "connect_reader", refused)
+    with Catalog(sampled, log=False) as catalog:
+        assert list(query_rows(catalog, spec)) == expected
+    assert always_apart == []
+
+
+def test_rows_in_memory_are_read_by_one_connection(sampled: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    opened: list[object] = []
+    from dlindex.catalog.sqlite.backend import SqliteBackend
+
+    real = SqliteBackend.connect_reader
+
+    def counted(self: SqliteBackend, **kwargs: Any) -> Any:
+        opened.append(kwargs)
+        return real(self, **kwargs)
+
+    monkeypatch.setattr(SqliteBackend, "connect_reader", counted)
+    monkeypatch.setattr(fetch, "_SLOW_ROW_S", 10.0)
+    with Catalog(sampled, log=False) as catalog:
+        assert len(list(query_rows(catalog, QuerySpec(per_label=40, seed=3, cache=False)))) > 100
+    assert opened == []
+
+
+def test_the_log_holds_the_statement_as_before(sampled: Path, always_apart: list[int]) -> None:
+    spec = QuerySpec(per_label=40, seed=3, cache=False)
+    with Catalog(sampled) as catalog:
+        rows = len(list(query_rows(catalog, spec)))
+        sql = prepare(catalog, spec).sql
+    conn = sqlite3.connect(sampled)
+    logged = conn.execute("SELECT sql, rows FROM query_log WHERE kind = 'read' AND sql = ?", (sql,)).fetchall()
+    conn.close()
+    assert logged == [(sql, rows)] and rows > 100
