@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from dlindex import Catalog, QuerySpec, query_rows
-from dlindex.query import fetch, per_label
+from dlindex.query import fetch, per_label, windows
 from dlindex.query.rows import prepare
 
 from .synthetic import Row, make_catalog
@@ -161,3 +161,62 @@ def test_the_log_holds_the_statement_as_before(sampled: Path, always_apart: list
     logged = conn.execute("SELECT sql, rows FROM query_log WHERE kind = 'read' AND sql = ?", (sql,)).fetchall()
     conn.close()
     assert logged == [(sql, rows)] and rows > 100
+
+
+_WINDOW_INDEX = "CREATE INDEX by_time ON image_metadata (created_at) WHERE excluded = 0 AND status = 'ok'"
+
+
+@pytest.fixture
+def timed(sampled: Path) -> Path:
+    """The sampled catalog with a row a second from 2026-01-01 on, and the time window's index."""
+    conn = sqlite3.connect(sampled)
+    conn.execute("UPDATE image_metadata SET created_at = datetime('2026-01-01', '+' || (id * 7 % 4030) || ' seconds')")
+    conn.execute(_WINDOW_INDEX)
+    conn.commit()
+    conn.close()
+    return sampled
+
+
+WINDOWS = [
+    QuerySpec(since="2026-01-01 00:10:00", until="2026-01-01 00:40:00", cache=False),
+    QuerySpec(until="2026-01-01 00:05:00", cache=False),  # closed on its other side by dlindex
+    QuerySpec(since="2026-01-01 01:00:00", limit=40, offset=9, cache=False),
+    QuerySpec(
+        since="2026-01-01 00:10:00", until="2026-01-01 00:40:00", columns=("id", "path", "created_at"), cache=False
+    ),
+]
+
+
+@pytest.mark.parametrize("spec", WINDOWS, ids=range(len(WINDOWS)))
+def test_a_narrow_windows_rows_read_apart_are_the_statements(
+    timed: Path, spec: QuerySpec, always_apart: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Catalog(timed, log=False) as catalog:
+        assert prepare(catalog, spec).picked_sql is not None
+    with monkeypatch.context() as patch:
+        patch.setattr(windows, "ids_from_index", lambda *args: None)
+        with Catalog(timed, log=False) as catalog:
+            expected = list(query_rows(catalog, spec))
+    always_apart.clear()
+    with Catalog(timed, log=False) as catalog:
+        assert list(query_rows(catalog, spec)) == expected
+    assert len(expected) > 30 and sum(always_apart) > 0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        QuerySpec(since="2026-01-01 00:10:00", until="2026-01-01 00:40:00", processed=True),  # a filter from the row
+        QuerySpec(since="2026-01-01 00:10:00", until="2026-01-01 00:40:00", order="random"),
+        QuerySpec(since="2026-01-01 00:10:00", status=("corrupt",)),  # not what the partial index holds
+    ],
+)
+def test_a_window_whose_ids_need_the_table_runs_as_one_statement(timed: Path, spec: QuerySpec) -> None:
+    with Catalog(timed, log=False) as catalog:
+        assert prepare(catalog, spec).picked_sql is None
+
+
+def test_a_wide_window_runs_as_one_statement(timed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(windows, "PROBE", 50)  # more rows than this: wide, walked in id order
+    with Catalog(timed, log=False) as catalog:
+        assert prepare(catalog, QuerySpec(since="2026-01-01 00:10:00", until="2026-01-01 00:40:00")).picked_sql is None

@@ -1,5 +1,8 @@
 """A sample's rows by id, read through several connections at once (a catalog file).
 
+Used where an index gives the ids alone and they are few: a per-label sample, a narrow time
+window (dlindex.query.rows, ``PreparedQuery.picked_sql``).
+
 A sample (``--per-label``) is a few rows of every label, spread over the whole table: at 10^8
 rows each lies on a page of its own, in a file larger than memory. One connection reads those
 pages one after another (32,000 pages, 3.4 s from a cold cache at 10^8 rows); eight keep eight
@@ -44,9 +47,10 @@ def sample_rows(
     catalog: Catalog, statement: str, picked_sql: str, params: Mapping[str, Any], columns_sql: str,
     on_done: Callable[[float, int], None] | None = None,
 ) -> Iterator[tuple[Any, ...]]:  # fmt: skip
-    """The rows ``statement`` gives (a per-label seek in id order, ``columns_sql`` selected):
-    the sample's ids from ``picked_sql`` (the index alone), then their rows by id through several
-    connections, all in one snapshot; logged as ``statement``, as ``Catalog.read`` logs it."""
+    """The rows ``statement`` gives (a per-label seek or a narrow time window, in id order,
+    ``columns_sql`` selected): the ids from ``picked_sql`` (the index alone, a bounded number),
+    then their rows by id through several connections, all in one snapshot; logged as
+    ``statement``, as ``Catalog.read`` logs it."""
     seconds, rows = 0.0, 0
     try:
         began = time.perf_counter()

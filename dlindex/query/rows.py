@@ -95,8 +95,9 @@ class PreparedQuery:
     class_list: str | None = None  # "labels" (the --label names) or "catalog"
     class_index: dict[int, int] | None = None  # internal label row id -> label_id
     roots: dict[int, tuple[str, bytes]] | None = field(default=None, repr=False)
-    # A per-label sample's ids alone (a file catalog's seek, in id order): its rows are then
-    # read by id through several connections (dlindex.query.fetch). None: ``sql`` runs as one.
+    # The ids alone, from an index (a file catalog's per-label seek or narrow time window, in
+    # id order): their rows are then read by id through several connections
+    # (dlindex.query.fetch). None: ``sql`` runs as one statement.
     picked_sql: str | None = None
 
 
@@ -180,8 +181,9 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         template = per_label.template(catalog, where, params)
         picked_sql = None if random_order else per_label.picked(template)
     else:
-        where = windows.choose(catalog, where, params)
+        where, narrow = windows.choose(catalog, where, params)
         template = _SELECT.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
+        picked_sql = windows.ids_from_index(catalog, where, params) if narrow and not random_order else None
     order = _ORDER_RANDOM if random_order else _ORDER_ID
     template = template.replace("{order}", order).replace("{limit}", limit)
     return PreparedQuery(

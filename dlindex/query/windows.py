@@ -33,6 +33,11 @@ UNTIL = "image_metadata.created_at < :until"
 END = "image_metadata.created_at <= :window_end"
 END_OF_TIME = "9999-12-31 23:59:59"  # after every created_at dlindex writes ('YYYY-MM-DD HH:MM:SS')
 _PROBE_SQL = "SELECT count(*) FROM (SELECT 1 FROM image_metadata WHERE {where} LIMIT {probe})"
+_IDS = "SELECT image_metadata.id FROM image_metadata WHERE {where}"
+_TABLE_ROOT = "SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = 'image_metadata'"
+# SQLite's opcodes that read a row through their cursor (P1): on the table's, a page per row.
+_ROW_READS = frozenset({"Column", "Rowid", "SeekRowid", "NotExists", "Found", "NotFound", "Rewind", "Next",
+                        "Prev", "Last", "SeekGE", "SeekGT", "SeekLE", "SeekLT", "RowData", "Offset"})  # fmt: skip
 
 
 def closed(where: Sequence[str]) -> list[str] | None:
@@ -51,14 +56,15 @@ def served(plan: Sequence[str]) -> bool:
     )
 
 
-def choose(catalog: Catalog, where: list[str], params: dict[str, Any]) -> list[str]:
-    """The filters to run for ``where`` (rows.py's list): as given, closed, or walked (module docstring).
+def choose(catalog: Catalog, where: list[str], params: dict[str, Any]) -> tuple[list[str], bool]:
+    """The filters to run for ``where`` (rows.py's list): as given, closed, or walked (module
+    docstring); and whether the window is narrow (closed: fewer than PROBE rows, counted).
 
     Adds ``window_end``/``since`` to ``params`` when it closes the window.
     """
     both = closed(where)
     if both is None or catalog.backend.is_server:
-        return where
+        return where, False
     extra = (
         {"window_end": END_OF_TIME} if END in both else {"since": "0000-01-01 00:00:00"} if SINCE not in where else {}
     )
@@ -67,14 +73,34 @@ def choose(catalog: Catalog, where: list[str], params: dict[str, Any]) -> list[s
     try:
         plan = [str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + probe, bound)]
         if not served(plan):
-            return where
+            return where, False
         (count,) = catalog.conn.execute(probe, bound).fetchone()
     except sqlite3.Error:
-        return where
+        return where, False
     if int(count) < PROBE:
         params.update(extra)
-        return both
-    return [("+" + w) if w in (SINCE, UNTIL) else w for w in where]
+        return both, True
+    return [("+" + w) if w in (SINCE, UNTIL) else w for w in where], False
+
+
+def ids_from_index(catalog: Catalog, where: Sequence[str], params: dict[str, Any]) -> str | None:
+    """A narrow window's ids, read from its ``created_at`` index alone (each entry holds its
+    rowid; the partial index implies the other filters), for dlindex.query.fetch to read their
+    rows by id; None where the plan would read table rows for them (another filter)."""
+    sql = _IDS.replace("{where}", " AND ".join(where))
+    try:
+        plan = [str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+        program = list(catalog.conn.execute("EXPLAIN " + sql, params))
+        (root,) = catalog.conn.execute(_TABLE_ROOT).fetchone()
+    except sqlite3.Error:
+        return None
+    if len(plan) != 1 or not served(plan):
+        return None
+    # The plan says "USING INDEX" where the partial index implies a filter it does not hold
+    # (status, excluded); the program shows whether a table row is read: the table's cursor
+    # is opened for a deferred seek that only a column of the row would make.
+    table = {op[2] for op in program if op[1] == "OpenRead" and op[3] == root}
+    return None if any(op[1] in _ROW_READS and op[2] in table for op in program) else sql
 
 
 def closed_of(sql: str, params: Any) -> tuple[str, dict[str, Any]] | None:
