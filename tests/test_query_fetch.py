@@ -14,17 +14,17 @@ from dlindex import Catalog, QuerySpec, query_rows
 from dlindex.query import fetch, per_label, windows
 from dlindex.query.rows import prepare
 
-from .synthetic import Row, make_catalog
+from .synthetic import Row, make_catalog, present_root
 
 _INDEX = "CREATE INDEX per_label ON image_metadata (label_id, path_hash, id) WHERE status = 'ok' AND excluded = 0"
 
 
-@pytest.fixture
-def sampled(tmp_path: Path) -> Path:
-    """Twelve labels of uneven size, some rows without a hash or a class, and the per-label index."""
+def _sampled(folder: Path, on_disk: bool = False) -> Path:
+    """Twelve labels of uneven size, some rows without a hash or a class, and the per-label
+    index (``on_disk``: an empty file at each row's path, for an export)."""
     rows = [Row(f"l{i % 12}", width=i, processed=i % 3 == 0) for i in range(4000)]
     rows += [Row("odd", status="corrupt") for _ in range(30)]
-    db = make_catalog(tmp_path / "c.db", rows)
+    db = make_catalog(folder / "c.db", rows, **({"root": present_root(folder / "tree", rows)} if on_disk else {}))
     conn = sqlite3.connect(db)
     conn.execute("UPDATE image_metadata SET path_hash = NULL WHERE id % 89 = 0")
     conn.execute("UPDATE image_metadata SET label_id = NULL WHERE id % 13 = 0")
@@ -32,6 +32,11 @@ def sampled(tmp_path: Path) -> Path:
     conn.commit()
     conn.close()
     return db
+
+
+@pytest.fixture
+def sampled(tmp_path: Path) -> Path:
+    return _sampled(tmp_path)
 
 
 @pytest.fixture
@@ -220,3 +225,28 @@ def test_a_wide_window_runs_as_one_statement(timed: Path, monkeypatch: pytest.Mo
     monkeypatch.setattr(windows, "PROBE", 50)  # more rows than this: wide, walked in id order
     with Catalog(timed, log=False) as catalog:
         assert prepare(catalog, QuerySpec(since="2026-01-01 00:10:00", until="2026-01-01 00:40:00")).picked_sql is None
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_export_of_a_sample_read_apart_writes_the_same_shards(
+    tmp_path: Path, fmt: str, always_apart: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dlindex export --per-label` reads its sample as `dlindex query` does (dlindex.export.plan.select_rows)."""
+    from typer.testing import CliRunner
+
+    sampled = _sampled(tmp_path, on_disk=True)
+
+    from dlindex.cli import app
+
+    def export(out: Path) -> dict[str, bytes]:
+        args = ["export", str(out), "--db", str(sampled), "--format", fmt, "--per-label", "40", "--seed", "3", "-q"]
+        result = CliRunner().invoke(app, [*args, "--no-log"])
+        assert result.exit_code == 0, result.output
+        return {p.name: p.read_bytes() for p in out.iterdir() if "index" not in p.name}
+
+    with monkeypatch.context() as patch:
+        patch.setattr(per_label, "picked", lambda template: None)
+        expected = export(tmp_path / "one")
+    always_apart.clear()
+    assert export(tmp_path / "apart") == expected
+    assert len(expected) == 1 and sum(always_apart) > 0

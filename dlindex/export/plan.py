@@ -22,7 +22,7 @@ from dlindex.catalog.classes import canonical_splits
 from dlindex.errors import InputError
 from dlindex.export.spill import DEFAULT_BUDGET, Spill, budget_rows, route
 from dlindex.exported import ExportError as ExportError  # the read side defines it; export modules import it here
-from dlindex.query.rows import prepare
+from dlindex.query.rows import prepare, read_rows
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -168,8 +168,7 @@ def select_rows(
     ``with_split`` or ``group_column``: each tuple carries, at ``EXTRA``, its tree split or its
     value of that attribute (None: not in a split folder, no value). ``wrap``: a statement
     around the query's (at ``{query}``, keeping its columns and order), and its parameters."""
-    spec = export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS)
-    prepared = prepare(catalog, spec)
+    prepared = prepare(catalog, export_spec(spec, shuffle, seed, (*_COLUMNS, "split") if with_split else _COLUMNS))
     base = prepared.base
     if group_column:
         sql, params = _WITH_VALUE.replace("{query}", prepared.sql), {**prepared.params, "group_column": group_column}
@@ -178,7 +177,8 @@ def select_rows(
         sql, params = prepared.sql, prepared.params
     if wrap is not None:
         sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
-    rows = catalog.read(sql, params)
+    plain = not group_column and wrap is None  # a sample or narrow window: rows by id (query.fetch)
+    rows = read_rows(catalog, prepared) if plain else catalog.read(sql, params)
     wanted = (*ROW, "split") if with_split else (*ROW, "value") if group_column else ROW
     if tuple(base) == wanted:
         return rows, prepared

@@ -79,8 +79,12 @@ def sample_rows(
 
 @contextmanager
 def snapshot(catalog: Catalog) -> Iterator[int]:
-    """A read transaction on the catalog's own connection, for the block: its change counter."""
+    """A read transaction on the catalog's own connection, for the block (or the one it is
+    already in): its change counter."""
     conn = catalog.conn
+    if conn.in_transaction:
+        yield int(conn.execute(_COUNTER).fetchone()[0])
+        return
     conn.execute("BEGIN")
     try:
         yield int(conn.execute(_COUNTER).fetchone()[0])

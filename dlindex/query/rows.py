@@ -290,7 +290,7 @@ def _seed_params(seed: int) -> dict[str, int]:
 def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]:
     make = _row_maker(prepared)
     if not prepared.cache:
-        yield from map(make, _read(catalog, prepared))
+        yield from map(make, read_rows(catalog, prepared))
         return
     key = cache.cache_key(prepared.selection_sql, prepared.params)
     changes = catalog.changes()  # read first: a write after it can only make the entry unusable
@@ -300,7 +300,7 @@ def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]
         return
     found: list[int] = []
     spent: list[float] = []
-    rows = _read(catalog, prepared, on_done=lambda seconds, _: spent.append(seconds))
+    rows = read_rows(catalog, prepared, on_done=lambda seconds, _: spent.append(seconds))
     keep, complete = found.append, True
     for row in rows:
         keep(row[0])
@@ -313,7 +313,7 @@ def _rows(catalog: Catalog, prepared: PreparedQuery) -> Iterator[dict[str, Any]]
         cache.store(catalog, key, changes, found)
 
 
-def _read(catalog: Catalog, prepared: PreparedQuery, **on_done: Any) -> Iterator[tuple[Any, ...]]:
+def read_rows(catalog: Catalog, prepared: PreparedQuery, **on_done: Any) -> Iterator[tuple[Any, ...]]:
     """The statement's rows; a sample's through several connections (dlindex.query.fetch)."""
     if prepared.picked_sql is None:
         return catalog.read(prepared.sql, prepared.params, **on_done)
