@@ -226,6 +226,35 @@ def test_a_full_disk_while_spilling_is_one_line_and_leaves_nothing(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_while_a_row_group_is_encoded_is_one_line_and_leaves_nothing(
+    bench_catalog: Path, tmp_path: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Row groups are encoded on a thread of their own (export/parquet.py): its error is the export's."""
+    import threading
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    from dlindex.export import parquet
+
+    monkeypatch.setattr(parquet, "ROW_GROUP", 500)
+    real, calls = pq.ParquetWriter.write_table, []
+
+    def filling(self: Any, table: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", filling)
+    out = tmp_path / "out"
+    result = invoke(runner, "export", str(out), "--db", str(bench_catalog), "--format", "parquet")
+    assert result.exit_code == 4, result.output  # ExitCode.DISK_FULL
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: disk full: no space left writing "), result.stderr
+    assert list(tmp_path.iterdir()) == []
+    assert calls and all(name.startswith("dlindex-parquet") for name in calls)
+    assert not [t for t in threading.enumerate() if t.name.startswith("dlindex-parquet")]
+
+
 def test_kill_9_mid_spill_leaves_no_export_and_no_spill(bench_catalog: Path, tmp_path: Path) -> None:
     code = f"""
 import os

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from operator import add
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ class ParquetWriter(ShardWriter[_Sample]):
         self.staged: list[Any] = []  # Arrow tables of the open shard not yet written
         self.staged_rows = 0
         self.file: Any = None  # the open shard's pq.ParquetWriter
+        self.encoding: _Encoding | None = None  # the row group being written on its thread
         self.vectors: dict[int, bytes] = {}  # the pending rows' vectors (--features)
         self.texts = text_prefixes(ctx)
         index, names = ctx.plan.label_index, ctx.plan.labels
@@ -65,16 +67,26 @@ class ParquetWriter(ShardWriter[_Sample]):
             self.write_rows(ROW_GROUP)
 
     def write_rows(self, n: int) -> None:
-        """Write the first ``n`` staged rows as one row group of the open shard."""
-        table = self.pa.concat_tables(self.staged).combine_chunks()  # contiguous, as one table: same pages
-        self.staged = []  # the chunks freed before the row group is encoded
-        if self.file is None:
-            path = self.ctx.out / self.shard_file(len(self.shards))
-            self.file = self.pq.ParquetWriter(path, table.schema, compression="zstd")
-        self.file.write_table(table.slice(0, n))
+        """Write the first ``n`` staged rows as one row group of the open shard: joined and
+        encoded on a thread (pyarrow does both without Python's lock) while this one builds
+        the next group's columns; one group at a time, in order."""
+        table = self.pa.concat_tables(self.staged)
         rest = table.slice(n)
         self.staged = [rest] if rest.num_rows else []
         self.staged_rows -= n
+        if self.file is None:
+            path = self.ctx.out / self.shard_file(len(self.shards))
+            self.file = self.pq.ParquetWriter(path, table.schema, compression="zstd")
+        self.wait()  # the group before, written (or its error raised here)
+        file, head = self.file, table.slice(0, n)
+        # contiguous, as one table: the same pages as the whole shard written at once
+        self.encoding = _Encoding(lambda: file.write_table(head.combine_chunks()))
+
+    def wait(self) -> None:
+        """Until the row group on its thread is written; its error, if any, raised here."""
+        encoding, self.encoding = self.encoding, None
+        if encoding is not None:
+            encoding.result()
 
     def seal_shard(self, path: Path, pending: list[_Sample]) -> tuple[int, str]:
         self.stage()
@@ -85,6 +97,7 @@ class ParquetWriter(ShardWriter[_Sample]):
         else:
             if self.staged_rows:
                 self.write_rows(self.staged_rows)
+            self.wait()
             self.file.close()
         self.file, self.staged, self.staged_rows = None, [], 0
         return hash_file(path)
@@ -122,6 +135,27 @@ class ParquetWriter(ShardWriter[_Sample]):
             flat = pa.array(values, pa.float64() if ctx.features.dtype == "<f8" else pa.float32())
             columns["feature"] = pa.FixedSizeListArray.from_arrays(flat, ctx.features.dim)
         return pa.table(columns)
+
+
+class _Encoding:
+    """One row group written on a thread of its own, which ends with the write whatever the
+    export does meanwhile (nothing is left running after a failure)."""
+
+    def __init__(self, write: Callable[[], object]) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(write,), name="dlindex-parquet", daemon=True)
+        self.thread.start()
+
+    def _run(self, write: Callable[[], object]) -> None:
+        try:
+            write()
+        except BaseException as e:  # raised in the export's thread, by result()
+            self.error = e
+
+    def result(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def write_parquet(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
