@@ -271,14 +271,37 @@ class Catalog:
         started = time.perf_counter()
         # bounded memory for any result: a server catalog streams, a file catalog's cursor already does
         cursor = self.conn.stream(sql, params)
+
+        def batches() -> Iterator[list[tuple[Any, ...]]]:
+            try:
+                while batch := cursor.fetchmany(256):
+                    yield batch
+            finally:
+                with suppress(*CLOSED_ERRORS):
+                    cursor.close()
+
         seconds = time.perf_counter() - started
+        yield from self.logged_read(sql, params, batches(), on_done=on_done, seconds=seconds, log=logging)
+
+    def logged_read(
+        self,
+        sql: str,
+        params: Sequence[Any] | Mapping[str, Any],
+        batches: Iterator[Sequence[tuple[Any, ...]]],
+        *,
+        on_done: Callable[[float, int], None] | None = None,
+        seconds: float = 0.0,
+        log: bool = True,
+    ) -> Iterator[tuple[Any, ...]]:
+        """The rows of ``batches`` (``sql``'s, however they are read: ``read``, or
+        dlindex.query.fetch), timed and logged as ``sql`` once they end or the reader stops."""
         rows = 0
         try:
             while True:
                 started = time.perf_counter()
-                batch = cursor.fetchmany(256)
+                batch = next(batches, None)
                 seconds += time.perf_counter() - started
-                if not batch:
+                if batch is None:
                     break
                 rows += len(batch)
                 yield from batch
@@ -290,17 +313,12 @@ class Catalog:
         finally:
             # Also runs when the reader stops early (a closed pipe), maybe after close().
             with suppress(*CLOSED_ERRORS):
-                cursor.close()
-                if logging and self.querylog.enabled:
+                close = getattr(batches, "close", None)
+                if close is not None:
+                    close()  # the cursor, or the other connections, first
+                if log and self.querylog.enabled:
                     self.querylog.record_read(self.conn, sql, params, seconds, rows)
                     self._maybe_flush_log()
-
-    def record_read(self, sql: str, params: Sequence[Any] | Mapping[str, Any], seconds: float, rows: int) -> None:
-        """Log a read made otherwise than through ``read`` (dlindex.query.fetch), as ``read`` logs one."""
-        if self.querylog.enabled:
-            with suppress(*CLOSED_ERRORS):
-                self.querylog.record_read(self.conn, sql, params, seconds, rows)
-                self._maybe_flush_log()
 
     def changes(self) -> int:
         """The catalog change counter: it moves with every committed dlindex write."""

@@ -51,30 +51,14 @@ def sample_rows(
     ``columns_sql`` selected): the ids from ``picked_sql`` (the index alone, a bounded number),
     then their rows by id through several connections, all in one snapshot; logged as
     ``statement``, as ``Catalog.read`` logs it."""
-    seconds, rows = 0.0, 0
-    try:
-        began = time.perf_counter()
-        with snapshot(catalog) as counter:
-            ids = sorted({row[0] for row in catalog.conn.execute(picked_sql, params)})
-            first = int(params.get("offset", 0))
-            ids = ids[first : first + int(params["limit"])] if "limit" in params else ids[first:]
-            chunks = rows_by_id(catalog, ids, columns_sql, counter)
-            seconds += time.perf_counter() - began
-            while True:
-                began = time.perf_counter()
-                batch = next(chunks, None)
-                seconds += time.perf_counter() - began
-                if batch is None:
-                    break
-                rows += len(batch)
-                yield from batch
-        if on_done is not None:
-            on_done(seconds, rows)
-    except SQL_ERRORS as e:
-        catalog.found_damaged(e)  # before the log below would record this read
-        raise
-    finally:
-        catalog.record_read(statement, params, seconds, rows)
+    began = time.perf_counter()
+    with snapshot(catalog) as counter:
+        ids = sorted({row[0] for row in catalog.conn.execute(picked_sql, params)})
+        first = int(params.get("offset", 0))
+        ids = ids[first : first + int(params["limit"])] if "limit" in params else ids[first:]
+        chunks = rows_by_id(catalog, ids, columns_sql, counter)
+        seconds = time.perf_counter() - began
+        yield from catalog.logged_read(statement, params, chunks, on_done=on_done, seconds=seconds)
 
 
 @contextmanager
