@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
@@ -262,17 +262,13 @@ class Catalog:
         *,
         on_done: Callable[[float, int], None] | None = None,
     ) -> Iterator[tuple[Any, ...]]:
-        """Run one read statement and yield its rows lazily, recording it in the query log.
-
-        Args:
-            on_done: called with (seconds spent in SQLite, rows) once the rows are exhausted.
-        """
-        logging = self.querylog.enabled
+        """Run one read statement and yield its rows lazily, recording it in the query log;
+        ``on_done`` is called with (seconds spent in SQLite, rows) once the rows are exhausted."""
         started = time.perf_counter()
         # bounded memory for any result: a server catalog streams, a file catalog's cursor already does
         cursor = self.conn.stream(sql, params)
 
-        def batches() -> Iterator[list[tuple[Any, ...]]]:
+        def batches() -> Generator[list[tuple[Any, ...]], None, None]:
             try:
                 while batch := cursor.fetchmany(256):
                     yield batch
@@ -281,13 +277,13 @@ class Catalog:
                     cursor.close()
 
         seconds = time.perf_counter() - started
-        yield from self.logged_read(sql, params, batches(), on_done=on_done, seconds=seconds, log=logging)
+        yield from self.logged_read(sql, params, batches(), on_done=on_done, seconds=seconds, log=self.querylog.enabled)
 
     def logged_read(
         self,
         sql: str,
         params: Sequence[Any] | Mapping[str, Any],
-        batches: Iterator[Sequence[tuple[Any, ...]]],
+        batches: Generator[Sequence[tuple[Any, ...]], None, None],
         *,
         on_done: Callable[[float, int], None] | None = None,
         seconds: float = 0.0,
@@ -313,9 +309,7 @@ class Catalog:
         finally:
             # Also runs when the reader stops early (a closed pipe), maybe after close().
             with suppress(*CLOSED_ERRORS):
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()  # the cursor, or the other connections, first
+                batches.close()  # the cursor, or the other connections, first
                 if log and self.querylog.enabled:
                     self.querylog.record_read(self.conn, sql, params, seconds, rows)
                     self._maybe_flush_log()

@@ -22,7 +22,7 @@ import json
 import queue
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
@@ -77,7 +77,9 @@ def snapshot(catalog: Catalog) -> Iterator[int]:
             conn.execute("COMMIT")
 
 
-def rows_by_id(catalog: Catalog, ids: Sequence[int], columns_sql: str, counter: int) -> Iterator[list[tuple[Any, ...]]]:
+def rows_by_id(
+    catalog: Catalog, ids: Sequence[int], columns_sql: str, counter: int
+) -> Generator[list[tuple[Any, ...]], None, None]:
     """The rows of ``ids`` (ascending, distinct), in that order and in chunks, as the catalog's
     connection sees them in its snapshot (``snapshot``, whose counter is ``counter``)."""
     sql = _FETCH.replace("{columns}", columns_sql)
