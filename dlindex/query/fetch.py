@@ -89,23 +89,15 @@ def rows_by_id(
     yield _read(catalog.conn, sql, ids[:_PROBE])
     slow = (time.perf_counter() - began) / min(len(ids), _PROBE) > _SLOW_ROW_S
     chunks = [ids[start : start + CHUNK] for start in range(_PROBE, len(ids), CHUNK)]
-    if len(chunks) < _MIN_CHUNKS or not slow:  # rows in memory: more connections only cost
-        for chunk in chunks:
-            yield _read(catalog.conn, sql, chunk)
-        return
-    readers: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    opened: list[Any] = []
-    try:
-        for _ in range(READERS):
-            conn = catalog.backend.connect_reader(timeout=catalog.wait_s, any_thread=True)
-            opened.append(conn)
-            readers.put(conn)
-    except SQL_ERRORS:
-        pass  # fewer readers (or none: the caller's connection reads every chunk)
+    # rows in memory: more connections only cost; none opened: the caller's reads every chunk
+    opened = _open_readers(catalog) if slow and len(chunks) >= _MIN_CHUNKS else []
     if not opened:
         for chunk in chunks:
             yield _read(catalog.conn, sql, chunk)
         return
+    readers: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    for conn in opened:
+        readers.put(conn)
 
     def read_elsewhere(chunk: Sequence[int]) -> list[tuple[Any, ...]] | None:
         conn = readers.get()
@@ -142,6 +134,15 @@ def rows_by_id(
         for conn in opened:
             with suppress(*SQL_ERRORS):
                 conn.close()
+
+
+def _open_readers(catalog: Catalog) -> list[Any]:
+    """Up to READERS read-only connections (fewer where the catalog refuses more)."""
+    opened: list[Any] = []
+    with suppress(*SQL_ERRORS):
+        for _ in range(READERS):
+            opened.append(catalog.backend.connect_reader(timeout=catalog.wait_s, any_thread=True))
+    return opened
 
 
 def _read(conn: Any, sql: str, chunk: Sequence[int]) -> list[tuple[Any, ...]]:
