@@ -250,3 +250,11 @@ def test_an_export_of_a_sample_read_apart_writes_the_same_shards(
     always_apart.clear()
     assert export(tmp_path / "apart") == expected
     assert len(expected) == 1 and sum(always_apart) > 0
+
+
+def test_a_sample_without_its_index_runs_as_one_statement(tmp_path: Path) -> None:
+    """The window shape reads every row anyway: its ids are not read apart, then its rows again."""
+    db = make_catalog(tmp_path / "c.db", [Row(f"l{i % 3}") for i in range(60)])
+    with Catalog(db, log=False) as catalog:
+        prepared = prepare(catalog, QuerySpec(per_label=4, seed=1))
+        assert "ROW_NUMBER()" in prepared.sql and prepared.picked_sql is None

@@ -141,20 +141,11 @@ def start_finds(
 
 
 def skip_unchanged(
-    catalog: Catalog,
-    root: bytes,
-    root_id: int,
-    units: Sequence[Unit],
-    options: DiffOptions,
-    started: Started | None = None,
+    catalog: Catalog, root_id: int, units: Sequence[Unit], options: DiffOptions, started: Started
 ) -> Quick | None:
-    """The units that are not whole unchanged folders, and counts for those that are; None
-    where the fast path does not apply (then every unit is walked). ``started``: the finds
-    ``start_finds`` started over these units (else they are started here)."""
-    if started is None:
-        started = start_finds(catalog, root, root_id, units, options)
-        if started is None:
-            return None
+    """The units that are not whole unchanged folders, and counts for those that are, from the
+    finds ``start_finds`` started over them; None where something surprised the fast path (then
+    every unit is walked). The finds are closed either way."""
     try:
         return _count_clean(catalog, root_id, units, options, started)
     finally:

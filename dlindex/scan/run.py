@@ -232,7 +232,7 @@ class _Pipeline:
         started, self.started = self.started, None
         if started is None:
             return
-        quick = skip_unchanged(self.catalog, self.root, self.root_id, self.units, self.diff_options, started)
+        quick = skip_unchanged(self.catalog, self.root_id, self.units, self.diff_options, started)
         if quick is not None:
             self.units = deque(quick.units)
             self.counts.seen += quick.files
