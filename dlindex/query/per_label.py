@@ -74,10 +74,11 @@ _ARCS = _arcs(named=False)
 # join on image_metadata would read every sampled row once more first, in label and hash order:
 # at 10^8 rows, 32,000 random page reads before the fetch).
 _SEEK_HEAD = "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
-_SEEK_IDS = "SELECT picked.value FROM labels AS sample_labels, json_each("  # this seek's alone
+_SEEK_IDS = "picked.value FROM labels AS sample_labels, json_each("  # what this seek's ids begin with
 _SEEK_TAIL = "){order}{limit}"
 SEEK = (
     _SEEK_HEAD
+    + "SELECT "
     + _SEEK_IDS
     + "(SELECT json_group_array(sample_id) FROM ("
     + _ARCS.replace("{label}", "sample_rows.label_id = sample_labels.id")
@@ -119,7 +120,9 @@ def picked(template: str) -> str | None:
     """The ids of a file catalog's seek (``template``'s, ``{order}`` and ``{limit}`` still open)
     alone, read from the index without a table row (dlindex.query.fetch then reads the rows);
     None for any other statement."""
-    if template.startswith(_SEEK_HEAD + _SEEK_IDS) and template.endswith(_SEEK_TAIL):  # not WINDOW's, not the server's
+    if template.startswith(_SEEK_HEAD + "SELECT " + _SEEK_IDS) and template.endswith(
+        _SEEK_TAIL
+    ):  # not WINDOW's, not the server's
         return template[len(_SEEK_HEAD) : -len(_SEEK_TAIL)]
     return None
 
