@@ -202,5 +202,12 @@ class Backend(ABC):
     def sqlite_utils(self, conn: Connection) -> Any:
         """The catalog as a ``sqlite_utils.Database`` (``Catalog.db``)."""
 
+    def read_arrow(
+        self, conn: Connection, sql: str, params: Mapping[str, Any], columns: Sequence[tuple[str, str]]
+    ) -> Iterator[Any] | None:
+        """``sql``'s rows as Arrow record batches of ``columns`` ((name, "int"|"text"|"blob"), in
+        the statement's order), read in C; None where this backend cannot (the caller reads tuples)."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.location}>"

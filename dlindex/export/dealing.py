@@ -11,13 +11,15 @@ came before them: one read of the catalog instead of three at 10^8 rows.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dlindex.export.arrow_rows import arrow_source, tally_batch
 from dlindex.export.hashsplit import batch_splits
-from dlindex.export.plan import EXTRA, ExportError, Group
+from dlindex.export.plan import EXTRA, ROW, ExportError, Group
 
 if TYPE_CHECKING:
     from dlindex.export.shards import Context, ShardInfo
@@ -70,6 +72,21 @@ def partition(rows: Sequence[T], splits: Sequence[str], names: Sequence[str]) ->
     return [(name, part) for name, part in parts.items() if part]
 
 
+def deal_batch(batch: Any, names: Sequence[str]) -> list[tuple[str, Any]]:
+    """``partition`` for a batch of Arrow rows (dlindex.export.arrow_rows): by its ``split``
+    column, in ``names`` order, each in the batch's order, the column dropped."""
+    import pyarrow.compute as pc
+
+    splits = batch.column("split")
+    rows = batch.select(list(ROW))
+    found = pc.unique(splits).to_pylist()
+    if splits.null_count or not set(names).issuperset(found):
+        raise OutsideSplit("a selected sample is in no split folder")
+    if len(found) == 1:
+        return [(found[0], rows)]
+    return [(name, rows.filter(pc.equal(splits, name))) for name in names if name in found]
+
+
 def write_dealt(
     ctx: Context, groups: Sequence[Group], rows: Iterable[tuple[Any, ...]], dealing: Dealing, sink: Any
 ) -> list[ShardInfo]:
@@ -80,6 +97,15 @@ def write_dealt(
     tally = groups[0].tally
     assert tally is not None and list(dealing.names) == names
     sinks = {g.split: sink(ctx, g, 0) for g in groups}
+    columnar = None if dealing.fractions else arrow_source(sinks[names[0]], rows)
+    if columnar is not None:  # Arrow batches, dealt by their split column (dlindex.export.arrow_rows)
+        with closing(columnar):  # the driver's statement ends here, whatever stops the loop
+            for batch in columnar:
+                for name, part in deal_batch(batch, names):
+                    tally_batch(tally, name, 0, part)
+                    sinks[name].take_arrow(part)
+                ctx.tick(batch.num_rows)
+        return [shard for name in names for shard in sinks[name].finish()]
     dealer = dealing.dealer(strip=not sink.positional)
     rest = iter(rows)
     while batch := list(islice(rest, _BATCH)):

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.classes import canonical_splits
 from dlindex.errors import InputError
+from dlindex.export.arrow_rows import statement_rows
 from dlindex.export.spill import DEFAULT_BUDGET, Spill, budget_rows, route
 from dlindex.exported import ExportError as ExportError  # the read side defines it; export modules import it here
-from dlindex.query.rows import prepare, read_rows
+from dlindex.query.rows import prepare
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ if TYPE_CHECKING:
 ROW = ("id", "root_id", "file_path", "file_path_bytes", "label_row", "width", "height", "format", "bytes", "xxh3_128")
 ID, ROOT, FILE, FILE_BYTES, LABEL, WIDTH, HEIGHT, FORMAT, BYTES, HASH = range(len(ROW))
 EXTRA = len(ROW)  # a row's one value after ROW, cut before it is written: tree split or --group-by value
-# Asking for "path" and "label" makes prepare() select root_id/file_path_bytes and load the
-# root and label maps; the rows themselves are read raw.
+# "path" and "label" make prepare() select root_id/file_path_bytes, load the root and label maps
 _COLUMNS = ("id", "path", "file_path", "label", "label_id", "width", "height", "format", "bytes", "xxh3_128")
 
 DEFAULT_SPLIT = "train"  # not "all": HF datasets reserves it for the union of all splits
@@ -178,8 +178,8 @@ def select_rows(
     if wrap is not None:
         sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
     plain = not group_column and wrap is None  # a sample or narrow window: rows by id (query.fetch)
-    rows = read_rows(catalog, prepared) if plain else catalog.read(sql, params)
     wanted = (*ROW, "split") if with_split else (*ROW, "value") if group_column else ROW
+    rows = statement_rows(catalog, prepared, wanted) if plain else catalog.read(sql, params)
     if tuple(base) == wanted:
         return rows, prepared
     return map(itemgetter(*(base.index(c) for c in wanted)), rows), prepared

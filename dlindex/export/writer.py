@@ -9,10 +9,12 @@ grows; the others (parquet, mds) build a whole shard from its samples in ``seal_
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from itertools import islice
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from dlindex.export.arrow_rows import arrow_source, tally_batch
 from dlindex.export.files import HashingFile
 from dlindex.export.plan import ID, ExportError, Group
 from dlindex.export.shards import Context, ShardInfo, shard_name
@@ -42,7 +44,17 @@ def batches(group: Group, ctx: Context) -> Iterator[tuple[Sequence[tuple[Any, ..
 
 
 def fill(sink: ShardWriter[Any], group: Group, ctx: Context) -> list[ShardInfo]:
-    """A group's shards through its writer's ``take``, batch by batch (csv, parquet, jsonl)."""
+    """A group's shards through its writer's ``take``, batch by batch (csv, parquet, jsonl);
+    as Arrow batches where the writer and the rows allow it (dlindex.export.arrow_rows)."""
+    columnar = arrow_source(sink, group.rows)
+    if columnar is not None:
+        with closing(columnar):  # the driver's statement ends here, whatever stops the loop
+            for rows in columnar:
+                if group.tally is not None:
+                    tally_batch(group.tally, group.split, group.rank, rows)
+                sink.take_arrow(rows)  # type: ignore[attr-defined]  # arrow_source checked it has one
+                ctx.tick(rows.num_rows)
+        return sink.finish()
     for batch, vectors in batches(group, ctx):
         sink.take(batch, vectors)
         ctx.tick(len(batch))

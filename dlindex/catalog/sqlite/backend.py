@@ -6,7 +6,7 @@ import hashlib
 import os
 import socket
 import sqlite3
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -172,6 +172,15 @@ class SqliteBackend(Backend):
                 with suppress(sqlite3.Error):
                     conn.execute("PRAGMA synchronous = NORMAL")
                     conn.execute("PRAGMA journal_mode = WAL")
+
+    def read_arrow(
+        self, conn: Connection, sql: str, params: Mapping[str, Any], columns: Sequence[tuple[str, str]]
+    ) -> Iterator[Any] | None:
+        from dlindex.catalog.sqlite.arrow_read import open_batches  # pyarrow and the driver: only here
+
+        if conn.in_transaction:  # its uncommitted rows: only this connection sees them
+            return None
+        return open_batches(conn, self.path, sql, params, columns)
 
     def sqlite_utils(self, conn: Connection) -> Any:
         # imported on first use: it pulls in pandas and numpy when they are installed

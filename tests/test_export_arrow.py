@@ -1,0 +1,245 @@
+"""Parquet manifests from rows read as Arrow (dlindex.export.arrow_rows, dlindex.catalog.sqlite.arrow_read):
+the same files, byte for byte, as from the tuples, and every failure of the driver one line."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from dlindex.catalog.connection import Catalog
+from dlindex.catalog.roots import move_root
+from dlindex.catalog.sqlite import arrow_read
+from dlindex.export import arrow_rows
+from dlindex.export.run import export_catalog
+
+from .conftest import export, invoke
+from .synthetic import generated_catalog
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("adbc_driver_sqlite")
+
+ROWS = 1_500
+
+
+@pytest.fixture(scope="module")
+def tree_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A pre-split tree's catalog with hostile names (some not UTF-8), corrupt and missing rows."""
+    db = tmp_path_factory.mktemp("arrow") / "tree.db"
+    return generated_catalog(db, chunk=500, rows=ROWS, labels=20, hostile=0.05, corrupt=0.02, missing=0.02, seed=3)
+
+
+@pytest.fixture(scope="module")
+def flat_db(tree_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same rows under a root that is no pre-split tree: one split, each group its own statement."""
+    db = tmp_path_factory.mktemp("arrow") / "flat.db"
+    with sqlite3.connect(tree_db) as source, sqlite3.connect(db) as copy:
+        source.backup(copy)
+        copy.execute("UPDATE roots SET presplit = 0")
+        copy.execute("UPDATE image_metadata SET split = NULL")
+    return db
+
+
+@pytest.fixture(autouse=True)
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches of 64 rows: the driver types a column from its first batch, so a column NULL in
+    the first and set in a later one is met, and every batch crosses shard and split cuts."""
+    monkeypatch.setattr(arrow_read, "_BATCH_ROWS", 64)
+
+
+class Spy:
+    """Counts the reads of the Arrow path that returned batches; ``off`` makes it say no."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, off: bool = False) -> None:
+        self.taken = 0
+        real = arrow_rows.StatementRows.arrow_batches
+
+        def arrow_batches(rows: arrow_rows.StatementRows) -> Any:
+            if off:
+                return None
+            batches = real(rows)
+            self.taken += batches is not None
+            return batches
+
+        monkeypatch.setattr(arrow_rows.StatementRows, "arrow_batches", arrow_batches)
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
+
+
+def both(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[dict[str, bytes], int]:
+    """The export's shards from tuples and from Arrow, and how many reads took Arrow."""
+    with monkeypatch.context() as m:
+        Spy(m, off=True)
+        export(db, tmp_path / "tuples", format="parquet", **options)
+    spy = Spy(monkeypatch)
+    export(db, tmp_path / "arrow", format="parquet", **options)
+    old, new = files(tmp_path / "tuples"), files(tmp_path / "arrow")
+    assert old and list(old) == list(new)
+    for name in old:
+        assert old[name] == new[name], name
+    return new, spy.taken
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"shuffle": True, "seed": 7},  # named parameters, bound by index
+        {"shard_size": 97},  # shard cuts inside batches
+        {"split": "train"},  # one folder asked for
+        {"absolute_paths": True},
+        {"query": {"labels": ("__pick__",)}},  # a class list of the --label names
+    ],
+    ids=["plain", "shuffle", "shard-size", "one-folder", "absolute", "labels"],
+)
+def test_tree_folders_dealt_from_arrow_are_the_tuples_bytes(
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    options = _with_labels(tree_db, options)
+    shards, taken = both(tree_db, tmp_path, monkeypatch, **options)
+    assert taken == 1  # the one pass over the folders
+    assert any(name.startswith("validation") for name in shards) or options.get("split") == "train"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"shuffle": True, "seed": 1}, {"shard_size": 200}],
+    ids=["plain", "shuffle", "shard-size"],
+)
+def test_one_split_from_arrow_is_the_tuples_bytes(
+    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    _, taken = both(flat_db, tmp_path, monkeypatch, **options)
+    assert taken == 1
+
+
+def test_a_part_reads_tuples_and_writes_the_same_bytes(
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A part's plan routes rows to its groups in Python: no Arrow there (yet), the same shards."""
+    _, taken = both(tree_db, tmp_path, monkeypatch, shard="0/1")
+    assert taken == 0
+
+
+def test_names_not_utf8_and_roots_without_text_keep_their_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A root whose path is not UTF-8 has no text prefix: every row takes the per-row path."""
+    db = generated_catalog(tmp_path / "odd.db", chunk=200, rows=400, labels=5, hostile=0.3, seed=5)
+    moved = os.fsencode(tmp_path) + b"/root-\xff"
+    os.rename(os.fsencode(db) + b"-root", moved)
+    with Catalog(db) as catalog:
+        move_root(catalog, "1", moved, check=0)
+    shards, taken = both(db, tmp_path, monkeypatch, absolute_paths=True)
+    assert taken == 1
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "arrow" / next(iter(shards)))
+    assert table.column("path_bytes").null_count == 0  # every path under the root kept as its bytes
+
+
+def test_without_the_driver_the_tuples_are_read(tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_adbc(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith("adbc_driver_sqlite"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_adbc)
+    called: list[int] = []
+    real = arrow_read.open_batches
+    monkeypatch.setattr(arrow_read, "open_batches", lambda *a: called.append(1) or real(*a))
+    summary = export(tree_db, tmp_path / "out", format="parquet")
+    assert summary.samples > 0 and called  # asked, answered None, read as tuples
+
+
+def test_inside_a_write_transaction_the_tuples_are_read(
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows this connection has not committed: another connection would not see them."""
+    spy = Spy(monkeypatch)
+    with Catalog(tree_db) as catalog:
+        catalog.conn.execute("BEGIN")
+        try:
+            from dlindex.export.options import ExportOptions
+
+            export_catalog(catalog, tmp_path / "out", ExportOptions(format="parquet"))
+        finally:
+            catalog.conn.execute("ROLLBACK")
+    assert spy.taken == 0
+
+
+def test_a_catalog_name_with_uri_characters(tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    odd = tmp_path / "a?b#c%20d" / "cat log.db"
+    odd.parent.mkdir()
+    with sqlite3.connect(tree_db) as source, sqlite3.connect(odd) as copy:
+        source.backup(copy)
+    _, taken = both(odd, tmp_path, monkeypatch)
+    assert taken == 1
+
+
+def test_the_statement_is_logged_once_with_its_rows(
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "logged.db"
+    with sqlite3.connect(tree_db) as source, sqlite3.connect(db) as copy:
+        source.backup(copy)
+        copy.execute("DELETE FROM query_log")  # the other tests' exports of tree_db
+    spy = Spy(monkeypatch)
+    summary = export(db, tmp_path / "out", format="parquet")
+    assert spy.taken == 1
+    with sqlite3.connect(db) as conn:
+        logged = conn.execute("SELECT rows FROM query_log WHERE sql LIKE '%image_metadata.split FROM%'").fetchall()
+    assert [n for (n,) in logged if n > 1] == [summary.samples]  # the others: a row each (is any in a folder?)
+
+
+@pytest.mark.parametrize(
+    ("tamper", "says"),
+    [
+        ("UPDATE image_metadata SET width = 'wide' WHERE id = (SELECT max(id) FROM image_metadata WHERE status = 'ok')",
+         "column 'width'"),
+        ("UPDATE image_metadata SET format = CAST(x'ff00' AS TEXT) WHERE id = (SELECT max(id) FROM image_metadata WHERE status = 'ok')",
+         "damaged"),
+    ],
+    ids=["text-in-an-integer-column", "text-not-utf8"],
+)  # fmt: skip
+def test_a_tampered_row_after_the_first_batch_is_one_line(
+    tree_db: Path, tmp_path: Path, runner: CliRunner, tamper: str, says: str
+) -> None:
+    db = tmp_path / "tampered.db"
+    with sqlite3.connect(tree_db) as source, sqlite3.connect(db) as copy:
+        source.backup(copy)
+        copy.execute(tamper)
+    out = tmp_path / "out"
+    result = invoke(runner, "export", str(out), "--db", str(db), "--format", "parquet")
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code != 0 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert says in lines[0]
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_positional_parameters_follow_sqlites_own_indexes(tree_db: Path) -> None:
+    conn = sqlite3.connect(tree_db)
+    sql = "SELECT id FROM image_metadata WHERE id > :b AND id < :a AND format != :b2 ORDER BY id % :a"
+    assert arrow_read._positional(conn, sql, {"a": 50, "b": 3, "b2": "x"}) == (3, 50, "x")
+    assert arrow_read._positional(conn, "SELECT ?1 + :a", {"a": 1}) is None  # an index with no name here
+    assert arrow_read._positional(conn, "SELECT :a", {"a": None}) is None  # NULL: the driver cannot type it
+
+
+def _with_labels(db: Path, options: dict[str, Any]) -> dict[str, Any]:
+    if "query" not in options:
+        return options
+    from dlindex.query.spec import QuerySpec
+
+    with sqlite3.connect(db) as conn:
+        names = tuple(n for (n,) in conn.execute("SELECT name FROM labels ORDER BY id LIMIT 3"))
+    return {**options, "query": QuerySpec(labels=names)}
