@@ -68,7 +68,7 @@ def open_batches(
         reader = pa.RecordBatchReader.from_stream(stream)
         handles.append(reader)
         first = next(reader, None)
-    except Exception:  # noqa: BLE001 - the driver's errors have no common base: read as tuples, whose errors are dlindex's
+    except Exception:  # the driver's errors have no common base: read as tuples, whose errors are dlindex's
         _close(*reversed(handles))
         return None
     return _batches(handles, reader, first, columns, pa, pc)
@@ -85,7 +85,7 @@ def _batches(
             yield _restored(batch, columns, pa, pc)
             try:
                 batch = next(reader, None)
-            except Exception as e:  # noqa: BLE001 - the driver's error, as one line
+            except Exception as e:  # the driver's error, as one line
                 raise ArrowReadError(_said(e, columns)) from None
     finally:
         _close(*reversed(handles))
