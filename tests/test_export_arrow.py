@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dlindex.catalog.connection import Catalog
@@ -243,3 +245,56 @@ def _with_labels(db: Path, options: dict[str, Any]) -> dict[str, Any]:
     with sqlite3.connect(db) as conn:
         names = tuple(n for (n,) in conn.execute("SELECT name FROM labels ORDER BY id LIMIT 3"))
     return {**options, "query": QuerySpec(labels=names)}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"split": "train=0.9,val=0.1"},
+        {"split": "a=0.5,b=0.3,c=0.2", "shuffle": True, "seed": 4},
+        {"split": "train=0.8,val=0.2", "shard_size": 150},
+    ],
+    ids=["two", "three-shuffled", "shard-size"],
+)
+def test_split_fractions_from_arrow_are_the_tuples_bytes(
+    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+) -> None:
+    """Each split its own statement (its hash range one wider at each end), the rows split_of
+    keeps chosen in Arrow; hashes that are not 16 lowercase hex digits first go row by row."""
+    db = tmp_path / "odd-hashes.db"
+    with sqlite3.connect(flat_db) as source, sqlite3.connect(db) as copy:
+        source.backup(copy)
+        copy.execute("UPDATE image_metadata SET xxh3_128 = upper(xxh3_128) WHERE id % 13 = 0")
+        copy.execute("UPDATE image_metadata SET xxh3_128 = ' ' || substr(xxh3_128, 1, 5) WHERE id % 17 = 0")
+        copy.execute("UPDATE image_metadata SET xxh3_128 = NULL WHERE id % 19 = 0")
+    _, taken = both(db, tmp_path, monkeypatch, **options)
+    assert taken == len(options["split"].split(","))
+
+
+_POINTS = st.one_of(
+    st.integers(0, (1 << 64) - 1),
+    st.sampled_from([0, 1, (1 << 64) - 1, int(0.9 * 2.0**64), int(0.9 * 2.0**64) + 1, int(0.5 * 2.0**64) - 1]),
+)
+_ODD = st.sampled_from([None, "", "zz", " 1f", "1_0", "ABCDEF0123456789ff", "0123456789abcde", "+1f"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cells=st.lists(st.one_of(_POINTS.map(lambda p: f"{p:016x}" + "0" * 16), _ODD), min_size=1, max_size=40),
+    fractions=st.sampled_from([{"a": 0.9, "b": 0.1}, {"a": 0.5, "b": 0.3, "c": 0.2}, {"a": 0.0, "b": 1.0},
+                               {"a": 1 / 3, "b": 1 / 3, "c": 1 / 3}]),
+)  # fmt: skip
+def test_split_mask_is_split_of(cells: list[str | None], fractions: dict[str, float]) -> None:
+    import pyarrow as pa
+
+    from dlindex.export.hashsplit import split_mask
+    from dlindex.export.plan import ROW, split_of
+
+    n = len(cells)
+    columns = {name: pa.array([1 + k for k in range(n)], pa.int64()) for name in ROW}
+    columns["xxh3_128"] = pa.array(cells, pa.string())
+    batch = pa.RecordBatch.from_pydict(columns)
+    assign = split_of(fractions)
+    rows = list(zip(*(c.to_pylist() for c in batch.columns), strict=True))
+    for name in fractions:
+        assert split_mask(batch, fractions, name, assign).to_pylist() == [assign(row) == name for row in rows]

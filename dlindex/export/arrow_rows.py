@@ -31,10 +31,15 @@ _KINDS = {
 }  # fmt: skip
 
 
-def statement_rows(catalog: Catalog, prepared: PreparedQuery, names: Sequence[str]) -> Iterator[tuple[Any, ...]]:
-    """The rows of a prepared selection read as they are (``read_rows``): a StatementRows
-    where they are its one statement with exactly the columns ``names``."""
-    if prepared.picked_sql is None and tuple(prepared.base) == tuple(names):
+def statement_rows(
+    catalog: Catalog, prepared: PreparedQuery, names: Sequence[str], statement: tuple[str, Mapping[str, Any]] | None
+) -> Iterator[tuple[Any, ...]]:
+    """The rows of a prepared selection (columns ``names``), or of ``statement`` (sql, params)
+    wrapped around it: a StatementRows where they are one statement, else ``read_rows``'s
+    (a sample or a narrow window: rows by id, dlindex.query.fetch)."""
+    if statement is not None:
+        return StatementRows(catalog, statement[0], statement[1], names)
+    if prepared.picked_sql is None:
         return StatementRows(catalog, prepared.sql, prepared.params, names)
     return read_rows(catalog, prepared)
 

@@ -13,7 +13,8 @@ going through Python, a spill file and back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import math
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from dlindex.export.plan import (
     UpperHalf,
     export_spec,
     select_rows,
+    split_bounds,
     split_of,
 )
 from dlindex.query.rows import prepare
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from dlindex.query.spec import QuerySpec
 
 _HEX16 = "[0-9a-f]" * 16 + "*"
+_HEX16_START = "^[0-9a-f]{16}"  # the same test as a regular expression, for Arrow's kernel
 # The whole hash against 16-digit bounds is its prefix against them (a range one wider than
 # split_of's at each end: a superset, which split_of then decides); a NULL or odd hash always
 # passes. The range comes first: the pattern is only tried on the rows out of range.
@@ -83,7 +86,6 @@ def split_streams(
     """Per split of ``fractions``: its rows, lazily, each split its own statement (nothing is
     read before the rows are iterated); with ``halves``, the upper half of each large split
     for a second process (see halved)."""
-    assign = split_of(fractions)
     streams: dict[str, Iterator[tuple[Any, ...]]] = {}
     uppers: dict[str, UpperHalf] = {}
     prepared = None
@@ -91,7 +93,7 @@ def split_streams(
     for name, (low, high) in hash_ranges(fractions).items():
         wrap = (_IN_RANGE, {"hex16": _HEX16, "low": low, "high": high})
         rows, prepared, upper = halved(catalog, spec, shuffle, seed, wrap, (keep, name), halves, fractions[name])
-        streams[name] = _only(rows, assign, name)
+        streams[name] = OneSplit(rows, fractions, name)
         if upper is not None:
             uppers[name] = upper
     return streams, prepared, uppers
@@ -139,7 +141,66 @@ def halved(
     return lower, prepared, UpperHalf(catalog.url, _UPPER.replace("{query}", sql), params, keep)
 
 
-def _only(rows: Iterator[tuple[Any, ...]], assign: Any, name: str) -> Iterator[tuple[Any, ...]]:
-    for row in rows:
-        if assign(row) == name:
-            yield row
+class OneSplit:
+    """The rows of one split's statement that ``split_of`` puts in that split (the statement's
+    hash range is one wider at each end), as tuples or, where the statement's rows can be
+    read as Arrow (dlindex.export.arrow_rows), as Arrow batches, the same rows."""
+
+    def __init__(self, rows: Iterator[tuple[Any, ...]], fractions: Mapping[str, float], name: str) -> None:
+        self.rows, self.fractions, self.name = rows, dict(fractions), name
+        self.assign = split_of(fractions)
+        self._kept: Iterator[tuple[Any, ...]] | None = None
+
+    def __iter__(self) -> OneSplit:
+        return self
+
+    def __next__(self) -> tuple[Any, ...]:
+        if self._kept is None:
+            assign, name = self.assign, self.name
+            self._kept = (row for row in self.rows if assign(row) == name)
+        return next(self._kept)
+
+    def close(self) -> None:
+        close = getattr(self.rows, "close", None)
+        if close is not None:
+            close()
+
+    def arrow_batches(self) -> Generator[Any, None, None] | None:
+        source = getattr(self.rows, "arrow_batches", None)
+        batches = source() if source is not None and self._kept is None else None
+        return None if batches is None else self._filtered(batches)
+
+    def _filtered(self, batches: Generator[Any, None, None]) -> Generator[Any, None, None]:
+        try:
+            for batch in batches:
+                yield batch.filter(split_mask(batch, self.fractions, self.name, self.assign))
+        finally:
+            batches.close()
+
+
+def split_mask(batch: Any, fractions: Mapping[str, float], name: str, assign: Callable[..., str]) -> Any:
+    """Which rows of an Arrow batch (ROW's columns) ``split_of`` puts in split ``name``: a hash
+    that starts with 16 lowercase hex digits by comparing those digits as text with the split's
+    bounds (the smallest whole point at or above each, in 16 digits: the same as the number
+    against the float bound); any other row by ``assign`` itself, row by row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names, bounds = list(fractions), split_bounds(fractions)
+    k = names.index(name)
+    hashes = batch.column("xxh3_128")
+    hexed = pc.fill_null(pc.match_substring_regex(hashes, _HEX16_START), False)
+    prefix = pc.utf8_slice_codeunits(hashes, 0, 16)
+    keep = hexed
+    if k > 0:  # not below the split before's bound (a bound of 2^64 or more: no point is)
+        low = math.ceil(bounds[k - 1])
+        keep = pc.and_(keep, pc.greater_equal(prefix, f"{low:016x}") if low < 1 << 64 else False)
+    if k < len(names) - 1 and math.ceil(bounds[k]) < 1 << 64:  # below its own (2^64: every point is)
+        keep = pc.and_(keep, pc.less(prefix, f"{math.ceil(bounds[k]):016x}"))
+    keep = pc.fill_null(keep, False)
+    odd = pc.invert(hexed)
+    if pc.any(odd).as_py():
+        picked = batch.filter(odd)
+        mine = [assign(row) == name for row in zip(*(c.to_pylist() for c in picked.columns), strict=True)]
+        keep = pc.replace_with_mask(keep, odd, pa.array(mine, pa.bool_()))
+    return keep

@@ -1,9 +1,8 @@
 """Which samples an export holds and where each goes: selection, stable splits, order, ranks.
 
 The selection is ``dlindex query``'s (the same ``QuerySpec`` and SQL, run through
-``dlindex.query.rows.prepare``); rows stay plain tuples (``ROW`` order below) because an export
-handles millions of them and a dict per row would cost more than the rest of the work.
-"""
+``dlindex.query.rows.prepare``); rows stay plain tuples (``ROW`` order below), never a dict per
+row (an export handles millions), or come as Arrow batches (dlindex.export.arrow_rows)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
+from itertools import accumulate
 from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,7 +179,7 @@ def select_rows(
         sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
     plain = not group_column and wrap is None  # a sample or narrow window: rows by id (query.fetch)
     wanted = (*ROW, "split") if with_split else (*ROW, "value") if group_column else ROW
-    rows = statement_rows(catalog, prepared, wanted) if plain else catalog.read(sql, params)
+    rows = statement_rows(catalog, prepared, base, None if plain else (sql, params))
     if tuple(base) == wanted:
         return rows, prepared
     return map(itemgetter(*(base.index(c) for c in wanted)), rows), prepared
@@ -230,13 +230,7 @@ def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | Callabl
         points if callable(points) else partial(_grouped_point, points) if points else content_point
     )
 
-    names = list(fractions)
-    bounds: list[float] = []
-    total = 0.0
-    for name in names:
-        total += fractions[name]
-        bounds.append(total * _UNIT)
-    bounds[-1] = _UNIT  # rounding never leaves a sample without a split
+    names, bounds = list(fractions), split_bounds(fractions)
     if len(names) == 2:
         first, second = names
         cut = bounds[0]
@@ -255,6 +249,12 @@ def split_of(fractions: Mapping[str, float], points: Mapping[int, int] | Callabl
 def _grouped_point(points: Mapping[int, int], row: tuple[Any, ...]) -> int:
     found = points.get(row[ID])
     return content_point(row) if found is None else found
+
+
+def split_bounds(fractions: Mapping[str, float]) -> list[float]:
+    """Each split's upper bound of points, in order: a point goes to the first it is below."""
+    bounds = [total * _UNIT for total in accumulate(0.0 + fractions[name] for name in fractions)]
+    return [*bounds[:-1], _UNIT]  # rounding never leaves a sample without a split
 
 
 def content_point(row: tuple[Any, ...]) -> int:
