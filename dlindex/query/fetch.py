@@ -18,6 +18,7 @@ moves it), and a chunk it cannot vouch for is read by the caller's connection, i
 
 from __future__ import annotations
 
+import array
 import json
 import queue
 import time
@@ -25,9 +26,11 @@ from collections import deque
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.backend import SQL_ERRORS
+from dlindex.query import cache
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -59,6 +62,18 @@ def sample_rows(
         chunks = rows_by_id(catalog, ids, columns_sql, counter)
         seconds = time.perf_counter() - began
         yield from catalog.logged_read(statement, params, chunks, on_done=on_done, seconds=seconds)
+
+
+def cached_rows(catalog: Catalog, ids: array.array[int], columns_sql: str) -> Iterator[list[tuple[Any, ...]]]:
+    """A cached result's rows (dlindex.query.cache: ``ids`` in the result's order), in chunks:
+    where the ids ascend (a per-label sample, a window: results in id order) by id as
+    ``sample_rows`` reads them, several connections when they come from disk, in one snapshot;
+    else by the catalog's connection in their own order."""
+    if all(map(int.__lt__, ids, islice(ids, 1, None))):
+        with snapshot(catalog) as counter:
+            yield from rows_by_id(catalog, ids, columns_sql, counter)
+        return
+    yield from cache.fetch(catalog, ids, columns_sql)
 
 
 @contextmanager

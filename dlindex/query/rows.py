@@ -332,7 +332,7 @@ def _cached_rows(
                 rows += 1
                 yield {"id": id_}
             return
-        batches = cache.fetch(catalog, ids, ", ".join(STORED[c] for c in prepared.base))
+        batches = fetch.cached_rows(catalog, ids, ", ".join(STORED[c] for c in prepared.base))
         while True:
             began = time.perf_counter()
             batch = next(batches, None)
