@@ -1,8 +1,9 @@
-"""Parquet manifests from rows read as Arrow (dlindex.export.arrow_rows, dlindex.catalog.sqlite.arrow_read):
+"""Parquet and csv manifests from rows read as Arrow (dlindex.export.arrow_rows, dlindex.catalog.sqlite.arrow_read):
 the same files, byte for byte, as from the tuples, and every failure of the driver one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -71,16 +72,18 @@ class Spy:
 
 
 def files(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*.parquet"))}
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.suffix in (".parquet", ".csv")}
 
 
-def both(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[dict[str, bytes], int]:
+def both(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str = "parquet", **options: Any
+) -> tuple[dict[str, bytes], int]:
     """The export's shards from tuples and from Arrow, and how many reads took Arrow."""
     with monkeypatch.context() as m:
         Spy(m, off=True)
-        export(db, tmp_path / "tuples", format="parquet", **options)
+        export(db, tmp_path / "tuples", format=fmt, **options)
     spy = Spy(monkeypatch)
-    export(db, tmp_path / "arrow", format="parquet", **options)
+    export(db, tmp_path / "arrow", format=fmt, **options)
     old, new = files(tmp_path / "tuples"), files(tmp_path / "arrow")
     assert old and list(old) == list(new)
     for name in old:
@@ -100,11 +103,12 @@ def both(db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **options: A
     ],
     ids=["plain", "shuffle", "shard-size", "one-folder", "absolute", "labels"],
 )
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_tree_folders_dealt_from_arrow_are_the_tuples_bytes(
-    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, options: dict[str, Any]
 ) -> None:
     options = _with_labels(tree_db, options)
-    shards, taken = both(tree_db, tmp_path, monkeypatch, **options)
+    shards, taken = both(tree_db, tmp_path, monkeypatch, fmt, **options)
     assert taken == 1  # the one pass over the folders
     assert any(name.startswith("validation") for name in shards) or options.get("split") == "train"
 
@@ -114,10 +118,11 @@ def test_tree_folders_dealt_from_arrow_are_the_tuples_bytes(
     [{}, {"shuffle": True, "seed": 1}, {"shard_size": 200}],
     ids=["plain", "shuffle", "shard-size"],
 )
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_one_split_from_arrow_is_the_tuples_bytes(
-    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, options: dict[str, Any]
 ) -> None:
-    _, taken = both(flat_db, tmp_path, monkeypatch, **options)
+    _, taken = both(flat_db, tmp_path, monkeypatch, fmt, **options)
     assert taken == 1
 
 
@@ -129,8 +134,9 @@ def test_a_part_reads_tuples_and_writes_the_same_bytes(
     assert taken == 0
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_names_not_utf8_and_roots_without_text_keep_their_bytes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
 ) -> None:
     """A root whose path is not UTF-8 has no text prefix: every row takes the per-row path."""
     db = generated_catalog(tmp_path / "odd.db", chunk=200, rows=400, labels=5, hostile=0.3, seed=5)
@@ -138,12 +144,13 @@ def test_names_not_utf8_and_roots_without_text_keep_their_bytes(
     os.rename(os.fsencode(db) + b"-root", moved)
     with Catalog(db) as catalog:
         move_root(catalog, "1", moved, check=0)
-    shards, taken = both(db, tmp_path, monkeypatch, absolute_paths=True)
+    shards, taken = both(db, tmp_path, monkeypatch, fmt, absolute_paths=True)
     assert taken == 1
-    import pyarrow.parquet as pq
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
 
-    table = pq.read_table(tmp_path / "arrow" / next(iter(shards)))
-    assert table.column("path_bytes").null_count == 0  # every path under the root kept as its bytes
+        table = pq.read_table(tmp_path / "arrow" / next(iter(shards)))
+        assert table.column("path_bytes").null_count == 0  # every path under the root kept as its bytes
 
 
 def test_without_the_driver_the_tuples_are_read(tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,12 +187,15 @@ def test_inside_a_write_transaction_the_tuples_are_read(
     assert spy.taken == 0
 
 
-def test_a_catalog_name_with_uri_characters(tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_catalog_name_with_uri_characters(
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
     odd = tmp_path / "a?b#c%20d" / "cat log.db"
     odd.parent.mkdir()
     with sqlite3.connect(tree_db) as source, sqlite3.connect(odd) as copy:
         source.backup(copy)
-    _, taken = both(odd, tmp_path, monkeypatch)
+    _, taken = both(odd, tmp_path, monkeypatch, fmt)
     assert taken == 1
 
 
@@ -256,8 +266,9 @@ def _with_labels(db: Path, options: dict[str, Any]) -> dict[str, Any]:
     ],
     ids=["two", "three-shuffled", "shard-size"],
 )
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_split_fractions_from_arrow_are_the_tuples_bytes(
-    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]
+    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, options: dict[str, Any]
 ) -> None:
     """Each split its own statement (its hash range one wider at each end), the rows split_of
     keeps chosen in Arrow; hashes that are not 16 lowercase hex digits first go row by row."""
@@ -267,7 +278,7 @@ def test_split_fractions_from_arrow_are_the_tuples_bytes(
         copy.execute("UPDATE image_metadata SET xxh3_128 = upper(xxh3_128) WHERE id % 13 = 0")
         copy.execute("UPDATE image_metadata SET xxh3_128 = ' ' || substr(xxh3_128, 1, 5) WHERE id % 17 = 0")
         copy.execute("UPDATE image_metadata SET xxh3_128 = NULL WHERE id % 19 = 0")
-    _, taken = both(db, tmp_path, monkeypatch, **options)
+    _, taken = both(db, tmp_path, monkeypatch, fmt, **options)
     assert taken == len(options["split"].split(","))
 
 
@@ -298,3 +309,36 @@ def test_split_mask_is_split_of(cells: list[str | None], fractions: dict[str, fl
     rows = list(zip(*(c.to_pylist() for c in batch.columns), strict=True))
     for name in fractions:
         assert split_mask(batch, fractions, name, assign).to_pylist() == [assign(row) == name for row in rows]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_names_csv_must_quote_are_written_as_csv_writes_them(
+    flat_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Commas, quotes, line breaks and other control characters in names, labels and formats:
+    those rows' lines come from csv.writer itself, the others from Arrow, in their places."""
+    db = tmp_path / "quoted.db"
+    with sqlite3.connect(flat_db) as source, sqlite3.connect(db) as copy:
+        source.backup(copy)
+        present = [
+            i
+            for (i,) in copy.execute(
+                "SELECT id FROM image_metadata WHERE file_path IN (SELECT file_path FROM "
+                "image_metadata ORDER BY file_path LIMIT 3) OR file_path IN (SELECT "
+                "file_path FROM image_metadata ORDER BY file_path DESC LIMIT 3)"
+            )
+        ]
+        for k, odd in enumerate([",", '"', "\n", "\r", "\t", "\x01", " ", "é", "\\"]):
+            copy.execute(  # not the files at the tree's ends, which the export looks for
+                "UPDATE image_metadata SET file_path = file_path || ? WHERE id % 11 = ? AND id NOT IN "
+                "(SELECT value FROM json_each(?))", (f"x{odd}y", k, json.dumps(present)),
+            )  # fmt: skip
+        copy.execute(
+            """UPDATE labels SET name = name || ',"q"' WHERE id IN (SELECT id FROM labels ORDER BY id LIMIT 2)"""
+        )
+        copy.execute("UPDATE image_metadata SET format = 'JP,EG' WHERE id % 23 = 0")
+    shards, taken = both(db, tmp_path, monkeypatch, fmt)
+    assert taken == 1
+    if fmt == "csv":
+        text = b"".join(shards.values())
+        assert b'"' in text and b"\r" in text  # quoted fields were written

@@ -129,3 +129,29 @@ def tally_batch(tally: Any, split: str, rank: int, batch: Any) -> None:
     tally.samples[(split, rank)] += batch.num_rows
     for entry in pc.value_counts(batch.column("label_row")).to_pylist():
         tally.labels[(split, entry["values"])] += entry["counts"]
+
+
+class ArrowPaths:
+    """Each Arrow row's path as text, as ``shown_path(sample_path(row))`` gives it: the root's
+    text prefix joined to the name in C; NULL, and ``odd``, where the per-row code must make it
+    (a name that is not UTF-8, a root without a text prefix: ``odd_rows`` hands those over)."""
+
+    def __init__(self, texts: Mapping[int, str]) -> None:
+        import pyarrow as pa
+
+        self.root_ids = pa.array(list(texts), pa.int64())
+        self.root_texts = pa.array(list(texts.values()), pa.string())
+
+    def joined(self, rows: Any) -> tuple[Any, Any]:
+        """(the paths, NULL where odd; the odd rows' mask)."""
+        import pyarrow.compute as pc
+
+        prefix = pc.take(self.root_texts, pc.index_in(rows.column("root_id"), value_set=self.root_ids))
+        path = pc.binary_join_element_wise(prefix, rows.column("file_path"), "")
+        return path, pc.or_(pc.is_null(path), pc.is_valid(rows.column("file_path_bytes")))
+
+
+def odd_rows(rows: Any, odd: Any) -> list[tuple[Any, ...]]:
+    """The rows of an Arrow batch where ``odd`` is true, as tuples (the per-row code's input)."""
+    picked = rows.filter(odd)
+    return list(zip(*(column.to_pylist() for column in picked.columns), strict=True))

@@ -12,10 +12,23 @@ from itertools import islice
 from typing import Any
 
 from dlindex.export import halves
+from dlindex.export.arrow_rows import ArrowPaths, odd_rows
 from dlindex.export.dealing import Dealing
 from dlindex.export.jsonl import JsonlWriter, deal, jsonl_lines, text_sizes
-from dlindex.export.plan import BYTES, FORMAT, HASH, HEIGHT, ID, LABEL, WIDTH, Group, UpperHalf, sample_path
-from dlindex.export.shards import TEXT_KEYS, Context, ShardInfo, shown_path, vector_list
+from dlindex.export.plan import (
+    BYTES,
+    FORMAT,
+    HASH,
+    HEIGHT,
+    ID,
+    LABEL,
+    WIDTH,
+    ExportError,
+    Group,
+    UpperHalf,
+    sample_path,
+)
+from dlindex.export.shards import TEXT_KEYS, Context, ShardInfo, shown_path, text_prefixes, vector_list
 from dlindex.export.writer import TextWriter, batches, fill
 
 _BATCH = 4096
@@ -117,18 +130,22 @@ class CsvWriter(TextWriter):
         super().__init__(ctx, group, number)
         self.line = csv.writer(_Line(), lineterminator="\n").writerow
         self.header = self.line([*TEXT_KEYS, *(["feature"] if ctx.features is not None else [])])
+        self.columnar: _CsvColumnar | None = None  # the lookups of take_arrow, made on its first batch
+
+    def values(self, row: tuple[Any, ...]) -> list[Any]:
+        """A row's fields in TEXT_KEYS order (without --features' vector)."""
+        k = self.ctx.plan.label_index[row[LABEL]]
+        path, b64 = shown_path(sample_path(row, self.ctx.prefixes))
+        name = self.ctx.plan.labels[k]
+        return [row[ID], path, name, k, row[WIDTH], row[HEIGHT], row[FORMAT], row[BYTES], row[HASH], b64]
 
     def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
-        ctx, line = self.ctx, self.line
-        index, names = ctx.plan.label_index, ctx.plan.labels
-        feature = ctx.features
-        by_bytes = ctx.shard_bytes is not None
+        line, feature = self.line, self.ctx.features
+        by_bytes = self.ctx.shard_bytes is not None
         text: list[str] = []
         sizes: list[int] = []
         for row in batch:
-            k = index[row[LABEL]]
-            path, b64 = shown_path(sample_path(row, ctx.prefixes))
-            values = [row[ID], path, names[k], k, row[WIDTH], row[HEIGHT], row[FORMAT], row[BYTES], row[HASH], b64]
+            values = self.values(row)
             if feature is not None:
                 values.append(json.dumps(vector_list(vectors[row[ID]], feature.dtype)))
             if by_bytes:  # an estimate, as --shard-bytes has always counted a csv row
@@ -136,6 +153,78 @@ class CsvWriter(TextWriter):
             text.append(line(["" if v is None else v for v in values]))
         self.add_batch(text, sizes)
         self.flush()
+
+    def arrow_ready(self) -> bool:
+        """Whether ``take_arrow`` can take this export's rows (no vectors, no byte limit)."""
+        return self.ctx.features is None and self.max_bytes is None
+
+    def take_arrow(self, rows: Any) -> None:
+        """A batch of rows as Arrow (ROW's columns: dlindex.export.arrow_rows): the same lines
+        ``take`` writes, made by Arrow's kernels, cut into shards by count."""
+        if self.columnar is None:
+            self.columnar = _CsvColumnar(self)
+        lines = self.columnar.lines(rows)
+        start, n = 0, len(lines)
+        while start < n:
+            room = n - start
+            if self.max_samples is not None:
+                if self.count >= self.max_samples:
+                    self.close_shard()
+                room = min(room, self.max_samples - self.count)
+            self.opened().write(self.columnar.joined(lines.slice(start, room)))
+            self.count += room
+            start += room
+
+
+class _CsvColumnar:
+    """``CsvWriter.take``'s lines from Arrow rows: each field as text, joined by commas in C.
+    A row with a field ``csv`` would quote (a comma, a quote, a control character: a line
+    break among them) or a path the per-row code must make goes through ``take``'s own
+    ``csv.writer`` and is put in its place, so every line is the one ``take`` writes."""
+
+    _QUOTED = '[,"\\x00-\\x1f]'  # more than csv.writer quotes (QUOTE_MINIMAL, lines ending in a newline)
+
+    def __init__(self, writer: CsvWriter) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        self.pa, self.pc, self.writer = pa, pc, writer
+        ctx = writer.ctx
+        self.paths = ArrowPaths(text_prefixes(ctx))
+        index, names = ctx.plan.label_index, ctx.plan.labels
+        self.label_rows = pa.array(list(index), pa.int64())
+        self.label_names = pa.array([names[k] for k in index.values()], pa.string())
+        self.label_ids = pa.array([str(k) for k in index.values()], pa.string())
+
+    def lines(self, rows: Any) -> Any:
+        pa, pc = self.pa, self.pc
+        path, odd = self.paths.joined(rows)
+        label = pc.index_in(rows.column("label_row"), value_set=self.label_rows)
+        if label.null_count:
+            raise ExportError("a selected sample's label is not in the export's class list; nothing was exported")
+        name = pc.take(self.label_names, label)
+        texts = [pc.fill_null(column, "") for column in (path, name, rows.column("format"), rows.column("xxh3_128"))]
+        for text in texts:
+            odd = pc.or_(odd, pc.match_substring_regex(text, self._QUOTED))
+
+        def number(column: str) -> Any:
+            return pc.fill_null(pc.cast(rows.column(column), pa.string()), "")
+
+        fields = [number("id"), texts[0], texts[1], pc.take(self.label_ids, label), number("width"), number("height"),
+                  texts[2], number("bytes"), texts[3], ""]  # fmt: skip
+        lines = pc.binary_join_element_wise(pc.binary_join_element_wise(*fields, ","), "\n", "")
+        if pc.any(odd).as_py():
+            writer = self.writer
+            kept = [writer.line(["" if v is None else v for v in writer.values(row)]) for row in odd_rows(rows, odd)]
+            lines = pc.replace_with_mask(lines, odd, pa.array(kept, pa.string()))
+        return lines
+
+    def joined(self, lines: Any) -> bytes:
+        """The lines as one piece of UTF-8, joined in C."""
+        pa, pc = self.pa, self.pc
+        whole = pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines.cast(pa.binary()))
+        data: bytes = pc.binary_join(whole, b"")[0].as_py()
+        return data
 
 
 def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:

@@ -8,6 +8,7 @@ from operator import add
 from pathlib import Path
 from typing import Any
 
+from dlindex.export.arrow_rows import ArrowPaths, odd_rows
 from dlindex.export.files import hash_file
 from dlindex.export.plan import EXTRA, FILE, HASH, ExportError, Group, sample_path
 from dlindex.export.shards import Context, ShardInfo, shown_path, text_prefixes, vector_list
@@ -173,8 +174,7 @@ class _Columnar:
 
         pa, ctx = writer.pa, writer.ctx
         self.pa, self.pc, self.ctx = pa, pc, ctx
-        self.root_ids = pa.array(list(writer.texts), pa.int64())
-        self.root_texts = pa.array(list(writer.texts.values()), pa.string())
+        self.paths = ArrowPaths(writer.texts)
         index = ctx.plan.label_index
         self.label_rows = pa.array(list(index), pa.int64())
         self.label_names = pa.array([writer.label_names[row] for row in index], pa.string())
@@ -182,16 +182,10 @@ class _Columnar:
 
     def table(self, rows: Any) -> Any:
         pa, pc = self.pa, self.pc
-        prefix = pc.take(self.root_texts, pc.index_in(rows.column("root_id"), value_set=self.root_ids))
-        path = pc.binary_join_element_wise(prefix, rows.column("file_path"), "")  # NULL without a prefix
-        odd = pc.or_(pc.is_null(path), pc.is_valid(rows.column("file_path_bytes")))
+        path, odd = self.paths.joined(rows)
         exact = pa.nulls(rows.num_rows, pa.binary())
         if pc.any(odd).as_py():
-            picked = rows.filter(odd)
-            raws = [
-                sample_path(row, self.ctx.prefixes)
-                for row in zip(*(c.to_pylist() for c in picked.columns), strict=True)
-            ]
+            raws = [sample_path(row, self.ctx.prefixes) for row in odd_rows(rows, odd)]
             shown = [shown_path(raw) for raw in raws]
             path = pc.replace_with_mask(path, odd, pa.array([text for text, _ in shown], pa.string()))
             kept = [None if b64 is None else raw for raw, (_, b64) in zip(raws, shown, strict=True)]
