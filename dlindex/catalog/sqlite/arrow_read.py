@@ -21,6 +21,7 @@ import re
 import sqlite3
 import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -77,17 +78,31 @@ def open_batches(
 def _batches(
     handles: list[Any], reader: Any, first: Any, columns: Sequence[tuple[str, str]], pa: Any, pc: Any
 ) -> Iterator[Any]:
-    """The batches, then ``handles`` (the driver's database, connection, statement and the
-    stream's reader) closed, last first."""
+    """The batches, each read (and its NULLs put back) on a thread of its own while the caller
+    works on the one before (the driver and Arrow's kernels run without Python's lock); then
+    ``handles`` (the driver's database, connection, statement and the stream's reader) closed,
+    last first, once no read is in flight."""
+
+    def read() -> Any:
+        try:
+            batch = next(reader, None)
+        except Exception as e:  # the driver's error, as one line
+            raise ArrowReadError(_said(e, columns)) from None
+        return None if batch is None else _restored(batch, columns, pa, pc)
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="dlindex-arrow")
+    ahead: Future[Any] | None = None
     try:
-        batch = first
+        batch = _restored(first, columns, pa, pc) if first is not None else None
         while batch is not None:
-            yield _restored(batch, columns, pa, pc)
-            try:
-                batch = next(reader, None)
-            except Exception as e:  # the driver's error, as one line
-                raise ArrowReadError(_said(e, columns)) from None
+            ahead = pool.submit(read)
+            yield batch
+            batch, ahead = ahead.result(), None
     finally:
+        if ahead is not None:
+            with suppress(Exception):
+                ahead.result()  # the reader is the thread's until its read ends
+        pool.shutdown()
         _close(*reversed(handles))
 
 
