@@ -153,22 +153,29 @@ def test_names_not_utf8_and_roots_without_text_keep_their_bytes(
         assert table.column("path_bytes").null_count == 0  # every path under the root kept as its bytes
 
 
-def test_without_the_driver_the_tuples_are_read(tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("fmt", "missing"), [("parquet", "adbc_driver_sqlite"), ("csv", "adbc_driver_sqlite"), ("csv", "pyarrow")]
+)
+def test_without_the_driver_the_tuples_are_read(
+    tree_db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fmt: str, missing: str
+) -> None:
+    """The driver (or, for csv, pyarrow itself) not installed: the same export from tuples."""
     import builtins
 
+    expected = files(export(tree_db, tmp_path / "with", format=fmt) and tmp_path / "with")
     real_import = builtins.__import__
 
-    def no_adbc(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name.startswith("adbc_driver_sqlite"):
+    def without(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name.startswith(missing):
             raise ImportError(name)
         return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", no_adbc)
+    monkeypatch.setattr(builtins, "__import__", without)
     called: list[int] = []
     real = arrow_read.open_batches
     monkeypatch.setattr(arrow_read, "open_batches", lambda *a: called.append(1) or real(*a))
-    summary = export(tree_db, tmp_path / "out", format="parquet")
-    assert summary.samples > 0 and called  # asked, answered None, read as tuples
+    export(tree_db, tmp_path / "out", format=fmt)
+    assert called and files(tmp_path / "out") == expected  # asked, answered None, read as tuples
 
 
 def test_inside_a_write_transaction_the_tuples_are_read(
