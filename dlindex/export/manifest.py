@@ -164,16 +164,8 @@ class CsvWriter(TextWriter):
         if self.columnar is None:
             self.columnar = _CsvColumnar(self)
         lines = self.columnar.lines(rows)
-        start, n = 0, len(lines)
-        while start < n:
-            room = n - start
-            if self.max_samples is not None:
-                if self.count >= self.max_samples:
-                    self.close_shard()
-                room = min(room, self.max_samples - self.count)
+        for start, room in self.slices(len(lines)):
             self.opened().write(self.columnar.joined(lines.slice(start, room)))
-            self.count += room
-            start += room
 
 
 class _CsvColumnar:

@@ -68,17 +68,9 @@ class ParquetWriter(ShardWriter[_Sample]):
         if self.columnar is None:
             self.columnar = _Columnar(self)
         table = self.columnar.table(rows)
-        start, n = 0, table.num_rows
-        while start < n:
-            room = n - start
-            if self.max_samples is not None:
-                if self.count >= self.max_samples:
-                    self.close_shard()
-                room = min(room, self.max_samples - self.count)
+        for start, room in self.slices(table.num_rows):
             self.staged.append(table.slice(start, room))
             self.staged_rows += room
-            self.count += room
-            start += room
             while self.staged_rows >= ROW_GROUP:
                 self.write_rows(ROW_GROUP)
 

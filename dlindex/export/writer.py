@@ -135,6 +135,21 @@ class ShardWriter(Generic[P]):
             self.count += room
             start += room
 
+    def slices(self, n: int) -> Iterator[tuple[int, int]]:
+        """``n`` samples cut by count as ``add_batch`` cuts them (for writers that take a batch
+        whole, ``take_arrow``): (start, count) of each run for the open shard, the shard before
+        finished first where it is full; the run is counted once the caller has taken it."""
+        start = 0
+        while start < n:
+            room = n - start
+            if self.max_samples is not None:
+                if self.count >= self.max_samples:
+                    self.close_shard()
+                room = min(room, self.max_samples - self.count)
+            yield start, room
+            self.count += room
+            start += room
+
     def close_shard(self) -> None:
         """Finish the open shard: write it out, hash it, record it."""
         k = len(self.shards)
