@@ -425,6 +425,12 @@ def _export_parquet(s: Size) -> dict[str, Any]:
     return _export(s, "export-parquet", ["--format", "parquet"], 60)
 
 
+@case("export-csv", writes=True)
+def _export_csv(s: Size) -> dict[str, Any]:
+    # ~120 B a row of csv (12 GB at 10^8 measured)
+    return _export(s, "export-csv", ["--format", "csv"], 125)
+
+
 def evict(db: Path) -> None:
     """Drop the catalog's pages (file and WAL) from the page cache, without root: the next read is cold."""
     for suffix in ("", "-wal"):

@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import Any
 
 START, END = "<!-- bench_size:start -->", "<!-- bench_size:end -->"
-ORDER = ("export-jsonl", "export-jsonl-split", "export-parquet", "loader-plan", "loader-workers", "stats", "stats-exact",
+ORDER = ("export-jsonl", "export-jsonl-split", "export-parquet", "export-csv", "loader-plan", "loader-workers", "stats", "stats-exact",
          "per-label", "time-window", "status-filter", "status-filter-id", "index-suggest",
          "query-jsonl", "check", "mark", "mark-contiguous", "mark-spread", "dups", "leaks", "similar", "merge")  # fmt: skip
 TITLES = {
     "export-jsonl": "`export --format jsonl` (the tree's train/ and val/ folders)",
     "export-jsonl-split": "`export --format jsonl --split train=0.9,val=0.1`",
     "export-parquet": "`export --format parquet`",
+    "export-csv": "`export --format csv`",
     "loader-plan": "loader epoch plan, `CatalogDataset(world_size=8, rank=3)`",
     "loader-workers": "the same plan and a DataLoader of 2 forked workers (process tree)",
     "stats": "`stats`",
@@ -40,6 +41,7 @@ GOALS = {  # issue #34's "what it should be"
     "export-jsonl": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "export-jsonl-split": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "export-parquet": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
+    "export-csv": "peak RSS flat, under 1 GB at 10^8; manifests >= 500k rows/s",
     "loader-plan": "~16 bytes a sample, shared by workers",
     "loader-workers": "one copy of the plan, shared by the workers",
     "stats": "about a second at 10^8",
