@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,7 @@ def test_a_tampered_row_after_the_first_batch_is_one_line(
     assert result.exit_code != 0 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
     assert says in lines[0]
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+    assert not [t for t in threading.enumerate() if t.name.startswith("dlindex-arrow")]  # the read-ahead ended
 
 
 def test_positional_parameters_follow_sqlites_own_indexes(tree_db: Path) -> None:
