@@ -19,6 +19,7 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from dlindex.export import plan
+from dlindex.export.arrow_rows import odd_rows
 from dlindex.export.plan import (
     _COLUMNS,
     _ID_RANGE,
@@ -200,7 +201,6 @@ def split_mask(batch: Any, fractions: Mapping[str, float], name: str, assign: Ca
     keep = pc.fill_null(keep, False)
     odd = pc.invert(hexed)
     if pc.any(odd).as_py():
-        picked = batch.filter(odd)
-        mine = [assign(row) == name for row in zip(*(c.to_pylist() for c in picked.columns), strict=True)]
+        mine = [assign(row) == name for row in odd_rows(batch, odd)]
         keep = pc.replace_with_mask(keep, odd, pa.array(mine, pa.bool_()))
     return keep
