@@ -213,6 +213,8 @@ def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
         for statement in () if server else SCAN_DIGESTS[1:]:
             conn.execute(f"DROP TRIGGER IF EXISTS {statement.split()[2]}")
         conn.execute("DROP TABLE IF EXISTS scan_digests")
+    if version < 17:  # m017_extractor_versions
+        conn.execute("DROP TABLE IF EXISTS extractor_versions")
 
 
 def columns_added_after(version: int) -> list[tuple[str, str]]:

@@ -25,9 +25,11 @@ _TEMP_TABLES = (
     """CREATE TEMP TABLE m_roots (src INTEGER, path TEXT, path_bytes BLOB, presplit INTEGER, added_at TEXT)""",
     f"""CREATE TEMP TABLE m_rows (src INTEGER, root_path TEXT, file_path TEXT, {", ".join(CONTENT)},
         created_at TEXT, updated_at TEXT)""",
-    """CREATE TEMP TABLE m_types (src INTEGER, name TEXT, dim INTEGER, dtype TEXT, extractor TEXT)""",
+    """CREATE TEMP TABLE m_types (src INTEGER, name TEXT, dim INTEGER, dtype TEXT, extractor TEXT,
+        extractor_version INTEGER)""",
+    """CREATE TEMP TABLE m_versions (src INTEGER, feature_type TEXT, id INTEGER, version TEXT, first_used TEXT)""",
     """CREATE TEMP TABLE m_vectors (src INTEGER, root_path TEXT, file_path TEXT, xxh3_128 TEXT,
-        feature_type TEXT, vector BLOB, created_at TEXT, updated_at TEXT)""",
+        feature_type TEXT, vector BLOB, created_at TEXT, updated_at TEXT, extractor_version INTEGER)""",
     """CREATE TEMP TABLE m_state (src INTEGER, root_path TEXT, file_path TEXT, xxh3_128 TEXT,
         feature_type TEXT, state TEXT, error TEXT, updated_at TEXT)""",
     """CREATE TEMP TABLE m_attrs (src INTEGER, root_path TEXT, file_path TEXT, name TEXT, value TEXT)""",
@@ -41,9 +43,10 @@ _COPY_FROM_PART = (
     f"""INSERT INTO temp.m_rows SELECT :part, r.path, i.file_path,
             {", ".join("l.name" if c == "label" else "i." + c for c in CONTENT)}, i.created_at, i.updated_at
         FROM part.image_metadata i JOIN part.roots r ON r.id = i.root_id LEFT JOIN part.labels l ON l.id = i.label_id""",
-    """INSERT INTO temp.m_types SELECT :part, name, dim, dtype, extractor FROM part.feature_types""",
+    """INSERT INTO temp.m_types SELECT :part, name, dim, dtype, extractor, extractor_version FROM part.feature_types""",
+    """INSERT INTO temp.m_versions SELECT :part, feature_type, id, version, first_used FROM part.extractor_versions""",
     """INSERT INTO temp.m_vectors SELECT :part, r.path, i.file_path, i.xxh3_128, f.feature_type, f.vector,
-            f.created_at, f.updated_at
+            f.created_at, f.updated_at, f.extractor_version
         FROM part.image_features f JOIN part.image_metadata i ON i.id = f.image_id JOIN part.roots r ON r.id = i.root_id""",
     """INSERT INTO temp.m_state SELECT :part, r.path, i.file_path, i.xxh3_128, s.feature_type, s.state, s.error,
             s.updated_at
@@ -111,6 +114,13 @@ _TYPE_CONFLICT = """SELECT m.name, m.src, m.dim, m.dtype, m.extractor, o.dim, o.
     WHERE m.dtype != o.dtype OR m.extractor != o.extractor OR m.dim != o.dim LIMIT 1"""
 _ADD_TYPES = """INSERT OR IGNORE INTO main.feature_types (name, dim, dtype, extractor)
     SELECT name, max(dim), dtype, extractor FROM temp.m_types GROUP BY name ORDER BY name"""
+# Extractor versions keep their ids (digests of their texts) from catalog to catalog. A type
+# whose latest compute the target does not record takes the first part's that does.
+_ADD_VERSIONS = """INSERT OR IGNORE INTO main.extractor_versions (feature_type, id, version, first_used)
+    SELECT feature_type, id, version, min(first_used) FROM temp.m_versions GROUP BY feature_type, id ORDER BY 1, 2"""
+_TYPE_VERSIONS = """UPDATE main.feature_types SET extractor_version = (SELECT m.extractor_version
+    FROM temp.m_types m WHERE m.name = feature_types.name AND m.extractor_version IS NOT NULL ORDER BY m.src LIMIT 1)
+    WHERE extractor_version IS NULL"""
 _TYPE_DIMS = """UPDATE main.feature_types SET dim = m.dim
     FROM (SELECT name, max(dim) AS dim FROM temp.m_types GROUP BY name) AS m
     WHERE feature_types.name = m.name AND feature_types.dim IS NULL AND m.dim IS NOT NULL"""
@@ -124,11 +134,13 @@ _STALE = """DELETE FROM temp.{table} WHERE NOT EXISTS (SELECT 1 FROM main.image_
     AND t.xxh3_128 IS {table}.xxh3_128)"""
 _SAME_VECTOR = f"""DELETE FROM temp.m_vectors WHERE EXISTS (SELECT 1 FROM main.image_features f
     WHERE f.image_id = ({_TARGET_ROW.format(m="m_vectors")}) AND f.feature_type = m_vectors.feature_type
-    AND f.vector = m_vectors.vector)"""
-_UPSERT_VECTORS = f"""INSERT INTO main.image_features (image_id, feature_type, vector, created_at, updated_at)
-    SELECT ({_TARGET_ROW.format(m="m")}), m.feature_type, m.vector, m.created_at, m.updated_at
+    AND f.vector = m_vectors.vector AND f.extractor_version IS m_vectors.extractor_version)"""
+_UPSERT_VECTORS = f"""INSERT INTO main.image_features
+        (image_id, feature_type, vector, created_at, updated_at, extractor_version)
+    SELECT ({_TARGET_ROW.format(m="m")}), m.feature_type, m.vector, m.created_at, m.updated_at, m.extractor_version
     FROM temp.m_vectors m WHERE true ORDER BY 1, 2
-    ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = excluded.updated_at"""
+    ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = excluded.updated_at,
+        extractor_version = excluded.extractor_version"""
 _BUMP_TYPES = """UPDATE main.feature_types SET version = version + 1
     WHERE name IN (SELECT DISTINCT feature_type FROM temp.m_vectors)"""
 _SAME_STATE = f"""DELETE FROM temp.m_state WHERE EXISTS (SELECT 1 FROM main.feature_state s
@@ -230,6 +242,8 @@ def apply(conn: sqlite3.Connection, paths: list[Path]) -> dict[str, int]:
         )
     conn.execute(_ADD_TYPES)
     conn.execute(_TYPE_DIMS)
+    conn.execute(_ADD_VERSIONS)
+    conn.execute(_TYPE_VERSIONS)
     bad = conn.execute(_BAD_VECTORS).fetchone()
     if bad is not None:
         raise InputError(

@@ -6,8 +6,9 @@ import csv
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import StrEnum
+from itertools import chain
 from typing import Annotated, Any, TextIO
 
 import typer
@@ -72,16 +73,34 @@ def emit_rows(
 def _emit(
     rows: Iterable[dict[str, Any]], fmt: OutputFormat, columns: Sequence[str], null: bool, max_rows: int | None
 ) -> int:
-    if fmt is OutputFormat.table:
-        return _table(rows, columns, max_rows)
     if fmt is OutputFormat.paths:
         return _paths(rows, b"\0" if null else b"\n")
+    if fmt is not OutputFormat.jsonl:
+        rows = _projected(rows, columns)
+    if fmt is OutputFormat.table:
+        return _table(rows, columns, max_rows)
     # File names that are not UTF-8 come back from the library as surrogate escapes: written
     # as their original bytes in csv/tsv, as \udcXX escapes in JSON (valid JSON either way).
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:
         reconfigure(errors="surrogateescape")
     return WRITERS[fmt](rows, sys.stdout, columns)
+
+
+def _projected(rows: Iterable[dict[str, Any]], columns: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """The rows as the columns name them, for the writers that take a row's values in order
+    (a table, csv, tsv): as they are where the first row's keys are the columns (a command's
+    rows all have one shape), else each cut to the columns (jsonl keeps every key)."""
+    it = iter(rows)
+    first = next(it, None)
+    if first is None:
+        return
+    if list(first) == list(columns):
+        yield first
+        yield from it
+        return
+    for row in chain((first,), it):
+        yield {column: row.get(column) for column in columns}
 
 
 def _jsonl(rows: Iterable[dict[str, Any]], out: TextIO, columns: Sequence[str]) -> int:

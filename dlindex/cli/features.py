@@ -101,7 +101,8 @@ def compute(
     db: DbOption = None,
     wait: WaitOption = None,  # applied by the option itself to every catalog opened
 ) -> None:
-    """Compute vectors for the selected samples that have none yet (resumable, parallel).
+    """Compute vectors for the selected samples that have none yet, or a stale one (made by
+    another version of the extractor); resumable, parallel.
 
     dlindex features compute --type colorhist --label cat --workers 4
     """
@@ -124,7 +125,8 @@ def compute(
             f"[bold]{s.feature_type}[/] ({s.extractor}, dim {s.dim or '-'}, {s.dtype})\n"
             f"  selected {s.selected:,}  computed {s.computed:,}  failed {s.failed:,}\n"
             f"  already done {s.already_done:,}  failed before {s.skipped_failed:,}\n"
-            f"  {s.seconds:.2f} s, {s.images_per_s:,.0f} images/s", highlight=False,
+            + (f"  stale {s.stale:,} (made by another version of the extractor: made again)\n" if s.stale else "")
+            + f"  {s.seconds:.2f} s, {s.images_per_s:,.0f} images/s", highlight=False,
         )  # fmt: skip
     if not quiet:
         for image_id, error in s.error_samples[:10]:
@@ -240,7 +242,7 @@ def list_(fmt: FormatOption = None, db: DbOption = None) -> None:
 
     with Catalog(db) as catalog:
         infos = [info.as_dict() for info in list_feature_types(catalog)]
-    columns = ("name", "dim", "dtype", "extractor", "vectors", "failed", "queued", "version", "created_at")
+    columns = ("name", "dim", "dtype", "extractor", "vectors", "stale", "failed", "queued", "version", "created_at")
     emit_rows(infos, resolve_format(fmt), columns)
 
 

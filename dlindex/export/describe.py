@@ -74,7 +74,10 @@ def describe_export(
         "classes": list(plan.labels),
         "class_list": plan.class_list,
         "labels": {str(k): name for k, name in enumerate(plan.labels)},
-        "features": None if features is None else {"name": features.name, "dtype": features.dtype, "dim": features.dim},
+        "features": None if features is None else {
+            "name": features.name, "dtype": features.dtype, "dim": features.dim,
+            "extractor_version": features.extractor_version,
+        },
         "counts": {
             "samples": None, "selected": selected,
             "dropped": plan.dropped, "padded": plan.padded, "splits": None,

@@ -271,7 +271,10 @@ def _features(value: Any) -> Features | None:
     """The feature type's shape as index.json records it (merge fetches no vectors)."""
     if value is None:
         return None
-    return Features(value["name"], value["dtype"], value["dim"], _no_fetch)
+    version = value.get("extractor_version")
+    return Features(
+        value["name"], value["dtype"], value["dim"], _no_fetch, version if isinstance(version, str) else None
+    )
 
 
 def _no_fetch(ids: list[int]) -> dict[int, bytes]:

@@ -41,6 +41,7 @@ from dlindex.export.vectors import feature_source
 from dlindex.exported.formats import FORMATS as _REGISTRY
 from dlindex.exported.formats import NAMES, Format, load
 from dlindex.exported.index import PART_INDEX
+from dlindex.features.extractor_versions import stale_warning
 from dlindex.query.rows import any_in_split_folder, prepare, split_counts
 from dlindex.query.spec import QuerySpec
 
@@ -103,12 +104,14 @@ def export_catalog(
     restore = sigterm_as_interrupt()  # a SIGTERM removes the temporary folder, as Ctrl-C does
     try:
         features = feature_source(catalog, options.features) if options.features else None
+        say = warn or note
+        if features is not None and features.stale and say is not None:
+            say(stale_warning(features.name, features.stale))  # exported as they are, said once
         points = None
         if grouping is not None:
             ensure_hashes(catalog, grouping, note or (lambda line: None))
             points = group_points(catalog, grouping)
             large = large_group_note(catalog, points)
-            say = warn or note
             if large is not None and say is not None:
                 say(large)
         changes = catalog.changes()

@@ -43,6 +43,8 @@ class Features:
     dtype: str  # numpy-style, e.g. "<f4"
     dim: int
     fetch: Callable[[list[int]], dict[int, bytes]]
+    extractor_version: str | None = None  # the type's latest compute's (None: imported, or not recorded)
+    stale: int = 0  # vectors another version of the extractor made
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from dlindex.export.plan import ExportError
 from dlindex.export.shards import Features
+from dlindex.features.extractor_versions import stale_count, version_text
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -49,4 +50,6 @@ def feature_source(catalog: Catalog, name: str) -> Features:
     if not dim:
         sample = conn.execute(_ONE_VECTOR, {"type": name}).fetchone()
         dim = len(sample[0]) // int(dtype[-1]) if sample else 0
-    return Features(name, dtype, int(dim or 0), fetch)
+    current = info.get("extractor_version")
+    version = version_text(catalog, name, current)
+    return Features(name, dtype, int(dim or 0), fetch, version, stale_count(catalog, name, current))

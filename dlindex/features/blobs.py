@@ -23,8 +23,9 @@ if TYPE_CHECKING:
     from dlindex.catalog.backend import Connection
     from dlindex.catalog.connection import Catalog
 
-_UPSERT_VECTOR = """INSERT INTO image_features (image_id, feature_type, vector) VALUES (?, ?, ?)
-    ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector, updated_at = CURRENT_TIMESTAMP"""
+_UPSERT_VECTOR = """INSERT INTO image_features (image_id, feature_type, vector, extractor_version) VALUES (?, ?, ?, ?)
+    ON CONFLICT (image_id, feature_type) DO UPDATE SET vector = excluded.vector,
+    extractor_version = excluded.extractor_version, updated_at = CURRENT_TIMESTAMP"""
 _BUMP_VERSION = "UPDATE feature_types SET version = version + 1 WHERE name = ?"
 COUNT_VECTORS = "SELECT count(*) FROM image_features WHERE feature_type = ?"
 _VECTORS = "SELECT image_id, vector FROM image_features WHERE feature_type = ? ORDER BY image_id"
@@ -55,18 +56,24 @@ def encode(value: object, dtype: np.dtype[np.floating[Any]], *, allow_integers: 
     return cast
 
 
-def write_vectors(conn: Connection, ftype: FeatureType, rows: Iterable[tuple[int, bytes | memoryview]]) -> None:
-    """Upsert vectors inside the caller's write transaction; bumps the type's version once."""
+def write_vectors(
+    conn: Connection,
+    ftype: FeatureType,
+    rows: Iterable[tuple[int, bytes | memoryview]],
+    extractor_version: int | None = None,
+) -> None:
+    """Upsert vectors inside the caller's write transaction; bumps the type's version once.
+    ``extractor_version``: the id of the extractor version that made them (None: imported)."""
     name, width = ftype.name, ftype.vector_bytes
     assert width is not None, "set the type's dim before storing vectors"
     count = [0]
 
-    def params() -> Iterator[tuple[int, str, bytes | memoryview]]:
+    def params() -> Iterator[tuple[int, str, bytes | memoryview, int | None]]:
         for image_id, blob in rows:
             if len(blob) != width:  # the one check every stored vector passes
                 raise InputError(f"vector of sample {image_id} has {len(blob)} bytes; {name!r} stores {width}")
             count[0] += 1
-            yield image_id, name, blob
+            yield image_id, name, blob, extractor_version
 
     # The query log counts statements through a Python wrapper, a call per row (6% of a
     # million-vector import): run the statement directly and report it once.

@@ -27,6 +27,7 @@ from PIL import Image, ImageFilter
 
 from dlindex.errors import InputError
 from dlindex.features import jpeg, visible
+from dlindex.features.extractor_versions import file_digest
 
 Vector = npt.NDArray[np.float32]  # what the built-ins return
 
@@ -52,6 +53,9 @@ class Extractor:
     dim: int | None = None  # known in advance for built-ins
     from_file: FileExtractFn | None = None  # the same vector from a path, faster
     gpu: bool = False  # a torch model: --engine ray gives each actor a GPU where the cluster has them
+    # What makes its vectors (dlindex.features.extractor_versions): set for built-ins and model
+    # files; None: worked out from the function.
+    version: str | None = None
 
 
 def colorhist(image: Image.Image) -> Vector:
@@ -129,11 +133,12 @@ def dhash(image: Image.Image) -> Vector:
     return (small[:, 1:] > small[:, :-1]).astype(np.float32).reshape(-1)
 
 
+# A built-in's version: raise its number whenever its vectors change (stored ones become stale).
 BUILTINS: dict[str, Extractor] = {
-    "colorhist": Extractor("colorhist", colorhist, 96, colorhist_file),
-    "thumb": Extractor("thumb", thumb, 256),
-    "colorthumb": Extractor("colorthumb", colorthumb, 3 * COLORTHUMB_SIDE**2),
-    "dhash": Extractor("dhash", dhash, 64),
+    "colorhist": Extractor("colorhist", colorhist, 96, colorhist_file, version="colorhist/1"),
+    "thumb": Extractor("thumb", thumb, 256, version="thumb/1"),
+    "colorthumb": Extractor("colorthumb", colorthumb, 3 * COLORTHUMB_SIDE**2, version="colorthumb/1"),
+    "dhash": Extractor("dhash", dhash, 64, version="dhash/1"),
 }
 _SPEC_HELP = (
     "expected a built-in (colorhist, thumb, colorthumb, dhash), module:function, path/to/file.py:function, "
@@ -213,7 +218,8 @@ def _torchvision(spec: str) -> Extractor:
     if model_name not in torchvision.models.list_models():
         raise InputError(f"torchvision has no model {model_name!r}")
     _check_weights(weights)
-    return Extractor(spec, _TorchModel(lambda: _torchvision_model(model_name, weights)), gpu=True)
+    version = f"torchvision:{model_name}:{_weights_digest(weights)}"
+    return Extractor(spec, _TorchModel(lambda: _torchvision_model(model_name, weights)), gpu=True, version=version)
 
 
 def _torch_file(spec: str) -> Extractor:
@@ -233,7 +239,7 @@ def _torch_file(spec: str) -> Extractor:
             return torch.export.load(path).module()
         return torch.jit.load(path, map_location="cpu").eval()
 
-    return Extractor(spec, _TorchModel(build), gpu=True)
+    return Extractor(spec, _TorchModel(build), gpu=True, version="torch:" + _weights_digest(path))
 
 
 def _import_optional(name: str, spec: str) -> Any:
@@ -248,6 +254,14 @@ def _import_optional(name: str, spec: str) -> Any:
 def _check_weights(path: str) -> None:
     if not os.path.isfile(path):
         raise InputError(f"no model file {path}; dlindex never downloads weights, give a local file")
+
+
+def _weights_digest(path: str) -> str:
+    """A model file's version: new weights, new vectors."""
+    try:
+        return file_digest(path)
+    except OSError as e:
+        raise InputError(f"cannot read model file {path}: {e.strerror or e}") from None
 
 
 def use_gpu(extractor: Extractor) -> None:

@@ -3,8 +3,10 @@
 The vectors of a feature type are copied once into ``<catalog>-features/<type>.matrix``
 (ids, norms, float32 rows) and memory-mapped by every later call, so a ``similar`` call
 or a ``feature_vectors`` lookup reads no BLOBs. The file is keyed by the type's
-``version`` (bumped by every write to its vectors, and by a trigger on every deletion)
-and ``created_at``; a stale file is rebuilt.
+``version`` (bumped by every write to its vectors, and by a trigger on every deletion),
+``created_at`` and the extractor version of its latest compute; an out-of-date file is rebuilt.
+The header also holds how many vectors an older extractor version made: a search over them
+says so (one warning), once per command.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import mmap
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,9 +24,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from dlindex.errors import InputError
+from dlindex.errors import DlindexWarning, InputError
 from dlindex.faults import disk_full_error, is_disk_full
 from dlindex.features.blobs import COUNT_VECTORS, Ids, read_all, read_batches
+from dlindex.features.extractor_versions import stale_count, stale_warning
 from dlindex.features.types import FeatureType, get_type
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ class Matrix:
     # what searches derived from this matrix (row masks, labels), by what they depend on
     masks: dict[tuple[Any, ...], npt.NDArray[Any] | None] = field(default_factory=dict)
     mapped: mmap.mmap | None = None  # the file's mapping, when the arrays are views of one
+    stale: int = 0  # rows made by another extractor version than the type's latest compute ran
 
     def release(self) -> None:
         """Drop the pages of the file read so far from this process (they stay in the page
@@ -77,7 +82,7 @@ def matrix_path(catalog: Catalog, name: str) -> Path:
 def _key(ftype: FeatureType) -> dict[str, Any]:
     return {
         "format": _FORMAT, "name": ftype.name, "version": ftype.version, "created_at": ftype.created_at,
-        "dim": ftype.dim, "dtype": ftype.dtype,
+        "dim": ftype.dim, "dtype": ftype.dtype, "extractor_version": ftype.extractor_version,
     }  # fmt: skip
 
 
@@ -103,7 +108,7 @@ def load_matrix(catalog: Catalog, feature_type: str) -> Matrix:
     ftype = get_type(catalog, feature_type)
     matrix = cached_matrix(catalog, ftype, populate=True) if ftype.dim is not None else None
     if matrix is not None:
-        return matrix
+        return _said_stale(ftype, matrix)
     conn = catalog.conn
     conn.execute("BEGIN")  # one snapshot: the version read is the version of the rows read
     try:
@@ -116,10 +121,19 @@ def load_matrix(catalog: Catalog, feature_type: str) -> Matrix:
         if matrix is None:  # a read-only folder: this process keeps the matrix in memory
             ids, vectors = read_all(catalog, ftype)
             vectors32 = vectors.astype(np.float32, copy=False)
-            matrix = Matrix(key, ids, _norms(vectors32), vectors32)
+            matrix = Matrix(
+                key, ids, _norms(vectors32), vectors32, stale=stale_count(catalog, ftype.name, ftype.extractor_version)
+            )
     finally:
         conn.execute("COMMIT")
     _memo[os.fspath(path)] = matrix
+    return _said_stale(ftype, matrix)
+
+
+def _said_stale(ftype: FeatureType, matrix: Matrix) -> Matrix:
+    """The matrix, after a warning if some of its rows are stale (a search compares them anyway)."""
+    if matrix.stale:
+        warnings.warn(stale_warning(ftype.name, matrix.stale, int(matrix.ids.size)), DlindexWarning, stacklevel=3)
     return matrix
 
 
@@ -151,7 +165,10 @@ def _write(catalog: Catalog, ftype: FeatureType, path: Path, key: dict[str, Any]
     n = int(catalog.conn.execute(COUNT_VECTORS, (ftype.name,)).fetchone()[0])
     dim = int(key["dim"])
     ids_at, norms_at, vectors_at, end = _layout(n, dim)
-    header = _MAGIC + json.dumps({**key, "n": n}).encode()
+    header = (
+        _MAGIC
+        + json.dumps({**key, "n": n, "stale": stale_count(catalog, ftype.name, ftype.extractor_version)}).encode()
+    )
     assert len(header) <= _HEADER
     try:
         path.parent.mkdir(parents=True, exist_ok=True)  # a server catalog's: ~/.cache/dlindex/<identity>/features
@@ -191,6 +208,7 @@ def _open(path: Path, key: dict[str, Any], *, populate: bool = True) -> Matrix |
                 return None
             stored = json.loads(header[len(_MAGIC) :].decode())
             n = int(stored.pop("n"))
+            stale = int(stored.pop("stale", 0))
             if stored != key:
                 return None
             dim = int(key["dim"])
@@ -205,4 +223,4 @@ def _open(path: Path, key: dict[str, Any], *, populate: bool = True) -> Matrix |
     ids = np.frombuffer(mapped, dtype=np.dtype("<i8"), count=n, offset=ids_at)
     norms = np.frombuffer(mapped, dtype=np.dtype("<f8"), count=n, offset=norms_at)
     vectors = np.frombuffer(mapped, dtype=np.dtype("<f4"), count=n * dim, offset=vectors_at).reshape(n, dim)
-    return Matrix(key, ids, norms, vectors, mapped=mapped)
+    return Matrix(key, ids, norms, vectors, mapped=mapped, stale=stale)

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import InitVar, asdict, dataclass, field, replace
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part, id_parts, renamed_shard
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
-from dlindex.features import compute_state
+from dlindex.features import compute_state, extractor_versions
 from dlindex.features.blobs import Ids, write_vectors
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
 from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
@@ -40,8 +41,11 @@ from dlindex.query.spec import QuerySpec
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-_DONE = "SELECT image_id FROM image_features WHERE feature_type = ?"
 _EXISTS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
+
+# A sample the current extractor version fails on keeps no vector an older version made.
+_DROP_STALE = """DELETE FROM image_features WHERE feature_type = ? AND extractor_version IS NOT ?
+    AND image_id IN (SELECT value FROM json_each(?))"""
 
 _FLUSH_ROWS = 1000
 _FLUSH_SECONDS = 0.5
@@ -82,6 +86,8 @@ class ComputeSummary:
     images_per_s: float
     interrupted: bool = False
     error_samples: tuple[tuple[int, str], ...] = field(default=())
+    extractor_version: str = ""  # the version that made this run's vectors
+    stale: int = 0  # selected samples whose vector another version made: made again
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,10 +129,14 @@ def _compute(
     started: float,
 ) -> ComputeSummary:
     rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
-    done = _ids(catalog, _DONE, ftype)
+    version = extractor_versions.version_of(extractor)
+    vid = extractor_versions.version_id(version)
+    # Vectors stored before versions were recorded are taken as this version's (the module's note).
+    claim = ftype is not None and ftype.extractor_version is None
+    done, stale = _vector_ids(catalog, ftype, vid, claim)
     failed = _ids(catalog, compute_state.FAILED_IDS, ftype if not options.retry_failed else None)
     todo: list[tuple[int, bytes]] = []
-    selected = already = 0
+    selected = already = outdated = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
         ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
         if options.part is not None:
@@ -136,22 +146,24 @@ def _compute(
         have, skip = _member(ids, done), _member(ids, failed)
         selected += len(chunk)
         already += int(have.sum())
+        outdated += int((_member(ids, stale) & ~skip).sum())
         todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip, strict=True) if not leave)
-    if ftype is None or todo:
+    if ftype is None or todo or ftype.extractor_version != vid:
         with catalog.write_transaction() as conn:
             if ftype is None:
                 create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
+            extractor_versions.record(conn, feature_type, version, claim=claim)
             for start in range(0, len(todo), _QUEUE_CHUNK):
                 compute_state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
     if ftype is None:  # made just now, by this process or by another one running at once
         _prepare_type(catalog, feature_type, replace(options, extractor=extractor.spec))
     ftype = find_type(catalog, feature_type)
     assert ftype is not None
-    writer = _Writer(catalog, ftype)
+    writer = _Writer(catalog, ftype, vid)
     interrupted = False
     shard_run = None
     if options.part is not None:
-        part, plan = options.part, _part_plan(ftype, spec, options)
+        part, plan = options.part, _part_plan(ftype, spec, options, version)
         shard_run = start_shard_run(catalog, "features", ftype.name, part.index, part.count, plan)
     restore = sigterm_as_interrupt()
     try:
@@ -172,7 +184,7 @@ def _compute(
         selected=selected, already_done=already, skipped_failed=selected - already - len(todo),
         computed=writer.computed, failed=writer.failed, seconds=round(seconds, 3),
         images_per_s=round((writer.computed + writer.failed) / seconds, 1) if seconds > 0 else 0.0,
-        interrupted=interrupted, error_samples=tuple(writer.errors),
+        interrupted=interrupted, error_samples=tuple(writer.errors), extractor_version=version, stale=outdated,
     )  # fmt: skip
     if interrupted:
         raise Interrupted(
@@ -182,13 +194,26 @@ def _compute(
     return summary
 
 
-def _part_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions) -> str:
-    """What every part of one compute in parts shares: the type, the selection, N."""
+def _part_plan(ftype: FeatureType, spec: QuerySpec | None, options: ComputeOptions, version: str) -> str:
+    """What every part of one compute in parts shares: the type, its extractor's version, the
+    selection, N."""
     assert options.part is not None
     described = json.dumps(
-        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.part.count]
+        [ftype.name, ftype.extractor, repr(spec or QuerySpec()), options.retry_failed, options.part.count, version]
     )
     return xxhash.xxh3_128_hexdigest(described.encode())
+
+
+def _vector_ids(catalog: Catalog, ftype: FeatureType | None, vid: int, claim: bool) -> tuple[Ids, Ids]:
+    """Sorted ids of the type's vectors that version ``vid`` made (with ``claim``, also those
+    without a recorded version), and of those another version made (stale)."""
+    if ftype is None:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    # (id, version) pairs flattened in C: 8 bytes a value, no Python int kept; -1 is "none" (ids are >= 0)
+    pairs = np.fromiter(chain.from_iterable(catalog.read(extractor_versions.VECTOR_VERSIONS, (ftype.name,))), np.int64)
+    ids, made_by = pairs[0::2], pairs[1::2]
+    mine = (made_by == vid) | (made_by == -1) if claim else made_by == vid
+    return np.sort(ids[mine]), np.sort(ids[~mine])
 
 
 def _ids(catalog: Catalog, sql: str, ftype: FeatureType | None) -> Ids:
@@ -281,9 +306,10 @@ def _run(
 class _Writer:
     """The single writer: checks every vector against the type, commits batches of results."""
 
-    def __init__(self, catalog: Catalog, ftype: FeatureType) -> None:
+    def __init__(self, catalog: Catalog, ftype: FeatureType, extractor_version: int) -> None:
         self.catalog = catalog
         self.ftype = ftype
+        self.extractor_version = extractor_version
         self.pending: Results = []
         self.computed = 0
         self.failed = 0
@@ -325,7 +351,9 @@ class _Writer:
                 else:
                     bad.append((image_id, error or "no vector"))
             if ok:
-                write_vectors(conn, replace(self.ftype, dim=dim), ok)
+                write_vectors(conn, replace(self.ftype, dim=dim), ok, self.extractor_version)
+            if bad:
+                conn.execute(_DROP_STALE, (name, self.extractor_version, json.dumps([i for i, _ in bad])))
             compute_state.record(conn, name, [i for i, _ in ok], bad)
         self.ftype = replace(self.ftype, dim=dim)
         self.pending.clear()

@@ -22,7 +22,7 @@ from numpy.lib import format as npy_format
 
 from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.errors import InputError, Interrupted
-from dlindex.features import compute_state, tempfiles
+from dlindex.features import compute_state, extractor_versions, tempfiles
 from dlindex.features.blobs import CHUNK, COUNT_VECTORS, Ids, Vectors, decode_rows, read_all
 from dlindex.features.matrix import cached_matrix, remove_cached_matrix
 from dlindex.features.types import TYPES, FeatureType, all_types, get_type
@@ -37,7 +37,8 @@ _VECTORS_OF = (
 )
 _IDS_WITH_VECTORS = "SELECT image_id FROM image_features WHERE feature_type = :type ORDER BY image_id"
 _IMAGE_FEATURES = (
-    "SELECT feature_type, vector, created_at, updated_at FROM image_features WHERE image_id = ? ORDER BY feature_type"
+    "SELECT feature_type, vector, created_at, updated_at, extractor_version FROM image_features WHERE image_id = ? "
+    "ORDER BY feature_type"
 )
 _IMAGE = (
     "SELECT image_metadata.id, labels.name, image_metadata.status, image_metadata.processing_status "
@@ -60,6 +61,8 @@ class FeatureTypeInfo:
     queued: int
     version: int
     created_at: str
+    extractor_version: str | None = None  # the latest compute's (None: none recorded)
+    stale: int = 0  # vectors another version of the extractor made
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,6 +175,8 @@ def list_feature_types(catalog: Catalog) -> list[FeatureTypeInfo]:
                 states["queued"],
                 ftype.version,
                 ftype.created_at,
+                extractor_versions.version_text(catalog, ftype.name, ftype.extractor_version),
+                extractor_versions.stale_count(catalog, ftype.name, ftype.extractor_version),
             )
         )
     return infos
@@ -186,7 +191,7 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
         get_type(catalog, feature_type)
     types = {row[0]: FeatureType(*row) for row in catalog.conn.execute(TYPES)}
     vectors: dict[str, dict[str, Any]] = {}
-    for name, blob, created_at, updated_at in catalog.read(_IMAGE_FEATURES, (image_id,)):
+    for name, blob, created_at, updated_at, made_by in catalog.read(_IMAGE_FEATURES, (image_id,)):
         if feature_type is not None and name != feature_type:
             continue
         ftype = types[name]
@@ -194,6 +199,8 @@ def show_features(catalog: Catalog, image_id: int, feature_type: str | None = No
         vectors[name] = {
             "dim": ftype.dim, "dtype": ftype.dtype, "vector": values.astype(np.float64).tolist(),
             "created_at": created_at, "updated_at": updated_at,
+            # made by another version of the type's extractor than its latest compute ran
+            "stale": ftype.extractor_version is not None and made_by != ftype.extractor_version,
         }  # fmt: skip
     failures: dict[str, dict[str, Any]] = {}
     queued: list[str] = []

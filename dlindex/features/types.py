@@ -34,8 +34,9 @@ _SQL_KEYWORDS = """ABORT ACTION ADD AFTER ALL ALTER ALWAYS ANALYZE AND AS ASC AT
     VIRTUAL WHEN WHERE WINDOW WITH WITHOUT"""
 _KEYWORDS = frozenset(_SQL_KEYWORDS.split())
 
-_TYPE = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types WHERE name = ?"
-TYPES = "SELECT name, dim, dtype, extractor, version, created_at FROM feature_types ORDER BY name"
+_COLUMNS = "name, dim, dtype, extractor, version, created_at, extractor_version"
+_TYPE = f"SELECT {_COLUMNS} FROM feature_types WHERE name = ?"
+TYPES = f"SELECT {_COLUMNS} FROM feature_types ORDER BY name"
 # Two computes of one new type at once (many writers on a server catalog) both create it:
 # the second finds it made, and checks it is the same type (features/pipeline.py).
 _CREATE_TYPE = (
@@ -52,8 +53,11 @@ class FeatureType:
     dim: int | None
     dtype: str
     extractor: str
-    version: int
+    version: int  # bumped by every write to the type's vectors (dlindex.features.blobs)
     created_at: str
+    # The id of the extractor version the latest compute ran (dlindex.features.extractor_versions);
+    # None until a compute records one (an imported type never does).
+    extractor_version: int | None = None
 
     @property
     def np_dtype(self) -> np.dtype[np.floating[Any]]:

@@ -240,8 +240,18 @@ SCHEMA_V16 = (
         skips {_T} NOT NULL, PRIMARY KEY (root_id, start)
     )""",
 )
+# 17: SQLite's m017_extractor_versions.
+SCHEMA_V17 = (
+    f"""CREATE TABLE extractor_versions (
+        feature_type {_T} NOT NULL REFERENCES feature_types(name) ON DELETE CASCADE, id BIGINT NOT NULL,
+        version {_T} NOT NULL, first_used {_T} NOT NULL DEFAULT {_NOW}, PRIMARY KEY (feature_type, id)
+    )""",
+    "ALTER TABLE feature_types ADD COLUMN extractor_version BIGINT",
+    "ALTER TABLE image_features ADD COLUMN extractor_version BIGINT",
+)
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15), (16, SCHEMA_V16),
+    (17, SCHEMA_V17),
 )  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
@@ -252,6 +262,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "query_cache": ("key",), "feature_types": ("name",), "image_features": ("image_id", "feature_type"),
     "index_changes": ("id",), "feature_state": ("image_id", "feature_type"), "exports": ("path",),
     "sample_attributes": ("image_id", "name"), "shard_runs": ("id",), "scan_digests": ("root_id", "start"),
+    "extractor_versions": ("feature_type", "id"),
 }  # fmt: skip
 
 

@@ -147,6 +147,29 @@ def m016_scan_digests(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m017_extractor_versions(conn: sqlite3.Connection) -> None:
+    # Which extractor made each vector (dlindex.features.versions): a type's vectors made by
+    # another version of its extractor than the current one are stale, and `features compute`
+    # makes them again. Vectors stored before keep NULL (not recorded) until a compute claims them.
+    for statement in EXTRACTOR_VERSIONS:
+        conn.execute(statement)
+
+
+# A version's id is a digest of its text (dlindex.features.versions.version_id): the same in
+# every catalog, so parts computed apart merge without renumbering.
+EXTRACTOR_VERSIONS = (
+    """CREATE TABLE extractor_versions (
+        feature_type TEXT NOT NULL REFERENCES feature_types(name) ON DELETE CASCADE,
+        id INTEGER NOT NULL,
+        version TEXT NOT NULL,
+        first_used TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+        PRIMARY KEY (feature_type, id)
+    )""",
+    "ALTER TABLE feature_types ADD COLUMN extractor_version INTEGER",
+    "ALTER TABLE image_features ADD COLUMN extractor_version INTEGER",
+)
+
+
 # The unit whose range holds a path: the digests of one root never overlap (a rescan replaces
 # them all), so it is the one starting last at or before the path, if it ends after it.
 _FORGET = """DELETE FROM scan_digests WHERE root_id = {row}.root_id
@@ -196,7 +219,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
     m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
-    m016_scan_digests,
+    m016_scan_digests, m017_extractor_versions,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -241,6 +264,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (10, None, ("sample_attributes",)),
     (11, None, ("shard_runs",)),
     (16, None, ("scan_digests",)),
+    (17, None, ("extractor_versions",)),
 )
 
 
