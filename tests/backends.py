@@ -215,6 +215,15 @@ def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
         conn.execute("DROP TABLE IF EXISTS scan_digests")
     if version < 17:  # m017_extractor_versions
         conn.execute("DROP TABLE IF EXISTS extractor_versions")
+    if version < 18 and server:  # m018_auto_features (the stale function is replaced, not made)
+        conn.execute("DROP TRIGGER IF EXISTS feature_auto_inserted ON image_metadata")
+        conn.execute("DROP FUNCTION IF EXISTS dlindex_features_auto()")
+    if version < 18 and not server:  # m018_auto_features: its trigger, and the stale trigger as it was
+        from dlindex.catalog.sqlite.early_migrations import _M007
+
+        conn.execute("DROP TRIGGER IF EXISTS feature_auto_inserted")
+        conn.execute("DROP TRIGGER IF EXISTS image_features_stale")
+        conn.execute(_M007[-1])  # m007's image_features_stale
 
 
 def columns_added_after(version: int) -> list[tuple[str, str]]:

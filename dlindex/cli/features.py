@@ -1,4 +1,5 @@
-"""`dlindex features compute|import|export|list|show|drop`: the feature cache."""
+"""`dlindex features compute|auto|import|export|list|show|failures|drop`: the feature cache
+(compute and auto in dlindex.cli.features_compute)."""
 
 from __future__ import annotations
 
@@ -9,134 +10,28 @@ from typing import Annotated
 import typer
 
 from dlindex.catalog.connection import Catalog
+from dlindex.cli._feature_options import DtypeOption, TypeOption
 from dlindex.cli._output import FormatOption, emit_rows, resolve_format
-from dlindex.cli._selection import PerLabelOption, Selection, selection_options
 from dlindex.cli._shared import (  # fmt: skip
-    AddressOption,
     DbOption,
-    Engine,
-    EngineOption,
     JsonFlag,
     NoLogFlag,
-    OldShardOption,
-    PartOption,
     QuietFlag,
     WaitOption,
     handle_errors,
     human_bytes,
-    part_option,
     print_json,
-    progress_bar,
-    stderr_console,
     stdout_console,
 )
-from dlindex.errors import ExitCode
+from dlindex.cli.features_compute import auto, compute
 
 app = typer.Typer(
     name="features",
     help="Compute, import, export, list, show and drop per-image feature vectors; list failures.",
     no_args_is_help=True,
 )
-
-
-class Dtype(StrEnum):
-    float32 = "float32"
-    float16 = "float16"
-
-
-TypeOption = Annotated[
-    str,
-    typer.Option("--type", "-t", metavar="NAME", help="Feature type name (letters, digits, _).", show_default=False),
-]
-DtypeOption = Annotated[
-    Dtype | None,
-    typer.Option(
-        "--dtype",
-        help="Storage of a new type: float32, or float16 (half the size).",
-        show_default="float32",
-    ),
-]
-
-
-@app.command("compute")
-@handle_errors
-@selection_options
-def compute(
-    feature_type: TypeOption,
-    extractor: Annotated[
-        str | None,
-        typer.Option(
-            "--extractor",
-            "-e",
-            metavar="SPEC",
-            help="colorhist, thumb, colorthumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).",
-            show_default=False,
-        ),
-    ] = None,
-    dtype: DtypeOption = None,
-    workers: Annotated[
-        int,
-        typer.Option(
-            "--workers", "-w", min=0, help="Extractor processes (Ray actors with --engine ray); 0 means one per CPU."
-        ),
-    ] = 0,
-    retry_failed: Annotated[
-        bool, typer.Option("--retry-failed", help="Also retry samples whose extraction failed before.")
-    ] = False,
-    engine: EngineOption = Engine.local,
-    address: AddressOption = None,
-    part: PartOption = None,
-    shard: OldShardOption = None,
-    *,
-    select: Selection,
-    per_label: PerLabelOption = None,
-    limit: Annotated[
-        int | None, typer.Option("--limit", min=0, help="At most N samples selected.", show_default=False)
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of --per-label.")] = 0,
-    strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any sample failed.")] = False,
-    as_json: JsonFlag = False,
-    quiet: QuietFlag = False,
-    no_log: NoLogFlag = False,
-    db: DbOption = None,
-    wait: WaitOption = None,  # applied by the option itself to every catalog opened
-) -> None:
-    """Compute vectors for the selected samples that have none yet, or a stale one (made by
-    another version of the extractor); resumable, parallel.
-
-    dlindex features compute --type colorhist --label cat --workers 4
-    """
-    from dlindex.features import ComputeOptions, compute_features
-
-    spec = select.spec(per_label=per_label, limit=limit, seed=seed)
-    options = ComputeOptions(
-        extractor=extractor, dtype=dtype.value if dtype else None, workers=workers, retry_failed=retry_failed,
-        part=part_option(part, shard), engine=engine.value, address=address,
-    )  # fmt: skip
-    with (
-        Catalog(db, log=not no_log) as catalog,
-        progress_bar(quiet, unit="img", desc=feature_type, smoothing=0.1) as update,
-    ):
-        s = compute_features(catalog, feature_type, spec, options, progress=update)
-    if as_json:
-        print_json(s.as_dict())
-    elif not quiet:
-        stdout_console.print(
-            f"[bold]{s.feature_type}[/] ({s.extractor}, dim {s.dim or '-'}, {s.dtype})\n"
-            f"  selected {s.selected:,}  computed {s.computed:,}  failed {s.failed:,}\n"
-            f"  already done {s.already_done:,}  failed before {s.skipped_failed:,}\n"
-            + (f"  stale {s.stale:,} (made by another version of the extractor: made again)\n" if s.stale else "")
-            + f"  {s.seconds:.2f} s, {s.images_per_s:,.0f} images/s", highlight=False,
-        )  # fmt: skip
-    if not quiet:
-        for image_id, error in s.error_samples[:10]:
-            stderr_console.print(f"failed: id {image_id}: {error}", markup=False, highlight=False)
-        if s.failed > 10:
-            stderr_console.print(
-                f"... and {s.failed - 10} more (dlindex features failures --type {s.feature_type})", markup=False
-            )
-    if strict and s.failed:
-        raise typer.Exit(ExitCode.PARTIAL)
+app.command("compute")(compute)
+app.command("auto")(auto)
 
 
 @app.command("import")
@@ -242,7 +137,19 @@ def list_(fmt: FormatOption = None, db: DbOption = None) -> None:
 
     with Catalog(db) as catalog:
         infos = [info.as_dict() for info in list_feature_types(catalog)]
-    columns = ("name", "dim", "dtype", "extractor", "vectors", "stale", "failed", "queued", "version", "created_at")
+    columns = (
+        "name",
+        "dim",
+        "dtype",
+        "extractor",
+        "auto",
+        "vectors",
+        "stale",
+        "failed",
+        "queued",
+        "version",
+        "created_at",
+    )
     emit_rows(infos, resolve_format(fmt), columns)
 
 

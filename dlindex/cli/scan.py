@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -95,6 +97,23 @@ def scan(
         ),
     ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Then keep the catalog current: rescan on every change (and every --interval), "
+            "computing automatic feature types; one line a batch; Ctrl-C stops.",
+        ),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0.001, help="With --watch: rescan at least every this many seconds.")
+    ] = 300.0,
+    events: Annotated[
+        bool,
+        typer.Option(
+            "--events/--no-events", help="With --watch: file-system events (--no-events: timed rescans only, e.g. NFS)."
+        ),
+    ] = True,
     part: PartOption = None,
     shard: OldShardOption = None,
     engine: EngineOption = Engine.local,
@@ -124,6 +143,13 @@ def scan(
         part=part_option(part, shard),
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
+    if watch:
+        if engine is Engine.ray or options.part is not None:
+            raise typer.BadParameter(
+                "--watch scans here, whole: not with --engine ray or --part", param_hint="'--watch'"
+            )
+        _watch(db, root, options, WatchChoice(interval, events, as_json), no_log)
+        return
     if engine is Engine.ray:
         from dlindex.scan.onray import scan_on_ray
 
@@ -157,6 +183,40 @@ def scan(
                              markup=False, highlight=False, soft_wrap=True)  # fmt: skip
     if strict and summary.errors:
         raise typer.Exit(ExitCode.PARTIAL)
+
+
+@dataclass(frozen=True)
+class WatchChoice:
+    interval: float
+    events: bool
+    as_json: bool
+
+
+def _watch(db: str | None, root: Path, options: ScanOptions, choice: WatchChoice, no_log: bool) -> None:
+    """The watcher in the foreground: a line per batch; Ctrl-C (or SIGTERM) ends it with 130."""
+    from dlindex.engines.local import sigterm_as_interrupt
+    from dlindex.errors import Interrupted
+    from dlindex.scan.watch import WatchOptions, watch_tree
+
+    watching = WatchOptions(interval_s=choice.interval, events=choice.events)
+    restore = sigterm_as_interrupt()
+    batches = [0]
+
+    def said(batch: Any) -> None:
+        batches[0] += 1
+        if choice.as_json:  # every batch, as a JSON line
+            print(json.dumps(batch.as_dict()), flush=True)
+        elif batch.number == 0 or batch.changed:  # a line per batch that changed something
+            stdout_console.print(batch.describe(), markup=False, highlight=False)
+
+    try:
+        with Catalog(db, create=True, log=not no_log) as catalog:
+            watch_tree(catalog, root, options, watching, on_batch=said)
+    except (KeyboardInterrupt, Interrupted):
+        stderr_console.print(f"watch stopped after {batches[0]} batch(es); the catalog is consistent", markup=False)
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
+    finally:
+        restore()
 
 
 def print_summary(s: ScanSummary) -> None:

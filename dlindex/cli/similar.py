@@ -10,10 +10,10 @@ from typing import Annotated
 import typer
 
 from dlindex.catalog.connection import Catalog
+from dlindex.cli._feature_options import TypeOption
 from dlindex.cli._output import FormatOption, NullFlag, OutputFormat, emit_rows, resolve_format
 from dlindex.cli._selection import Selection, selection_options
 from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
-from dlindex.cli.features import TypeOption
 from dlindex.errors import InputError
 
 COLUMNS = ("query", "rank", "id", "distance", "label", "path")

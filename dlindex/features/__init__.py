@@ -31,6 +31,7 @@ _EXPORTS = {
     "ComputeOptions": "pipeline",
     "ComputeSummary": "pipeline",
     "compute_features": "pipeline",
+    "compute_queued": "pipeline",
     "DropResult": "storage",
     "ExportResult": "storage",
     "FeatureTypeInfo": "storage",
@@ -43,6 +44,7 @@ _EXPORTS = {
     "FeatureType": "types",
     "check_name": "types",
     "get_type": "types",
+    "set_auto": "types",
 }
 
 __all__ = [
@@ -60,6 +62,7 @@ __all__ = [
     "Neighbour",
     "check_name",
     "compute_features",
+    "compute_queued",
     "drop_feature_type",
     "export_features",
     "feature_vectors",
@@ -69,6 +72,7 @@ __all__ = [
     "load_extractor",
     "load_matrix",
     "nearest",
+    "set_auto",
     "show_features",
 ]
 
@@ -80,7 +84,7 @@ if TYPE_CHECKING:
     from dlindex.features.extractors import BUILTINS, Extractor, load_extractor
     from dlindex.features.matrix import load_matrix
     from dlindex.features.neighbours import METRICS, Neighbour, nearest
-    from dlindex.features.pipeline import ComputeOptions, ComputeSummary, compute_features
+    from dlindex.features.pipeline import ComputeOptions, ComputeSummary, compute_features, compute_queued
     from dlindex.features.storage import (
         DropResult,
         ExportResult,
@@ -92,5 +96,5 @@ if TYPE_CHECKING:
         list_feature_types,
         show_features,
     )
-    from dlindex.features.types import FeatureType, check_name, get_type
+    from dlindex.features.types import FeatureType, check_name, get_type, set_auto
     from dlindex.features.vector_import import ImportSummary, import_features

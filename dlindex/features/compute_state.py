@@ -2,8 +2,9 @@
 
 A sample is *done* for a type when it has a vector (``image_features``); otherwise
 ``feature_state`` says ``queued`` (selected by a run that has not finished it: an
-interrupted run leaves these) or ``failed`` (with the error), and no row means never
-selected. compute writes only here and in ``image_features``: ``image_metadata``'s
+interrupted run leaves these; or, for an automatic type, queued by the catalog's triggers when
+the row was written: migrations.m018_auto_features) or ``failed`` (with the error), and no row
+means never selected. compute writes only here and in ``image_features``: ``image_metadata``'s
 ``processed``, ``processing_status`` and ``error`` belong to ``dlindex mark`` and the scan.
 Every write is set-based, one statement per batch of ids (a JSON array).
 """
@@ -33,6 +34,10 @@ _FAIL = """INSERT INTO feature_state (image_id, feature_type, state, error) VALU
     updated_at = CURRENT_TIMESTAMP"""
 _COUNTS = "SELECT state, count(*) FROM feature_state WHERE feature_type = ? GROUP BY state"
 _OF_IMAGE = "SELECT feature_type, state, error, updated_at FROM feature_state WHERE image_id = ? ORDER BY feature_type"
+# The queue of a type as a compute reads it (--queued): ok, not set aside, in id order.
+_QUEUED = """SELECT s.image_id, m.root_id, m.file_path, m.file_path_bytes FROM feature_state s
+    JOIN image_metadata m ON m.id = s.image_id
+    WHERE s.feature_type = ? AND s.state = 'queued' AND m.status = 'ok' AND m.excluded = 0 ORDER BY s.image_id"""
 _ROWS = (
     "SELECT image_id, state, error, updated_at FROM feature_state "
     "WHERE feature_type = :type AND state IN (SELECT value FROM json_each(:states)) ORDER BY image_id"
@@ -48,6 +53,16 @@ def record(conn: Connection, name: str, done: Sequence[int], failed: Iterable[tu
     if done:
         conn.execute(_DONE, {"type": name, "ids": json.dumps(list(done))})
     conn.executemany(_FAIL, ((image_id, name, error) for image_id, error in failed))
+
+
+def queued_samples(catalog: Catalog, name: str) -> Iterator[dict[str, Any]]:
+    """The samples queued for type ``name`` as ``features compute`` takes them: ``id`` and the
+    exact ``path`` (bytes), read from the queue alone (its cost follows the queue, not the catalog)."""
+    from dlindex.query.lookups import roots_by_id
+
+    roots = roots_by_id(catalog)
+    for image_id, root_id, file_path, raw in catalog.read(_QUEUED, (name,)):
+        yield {"id": image_id, "path": roots[root_id][1] + (bytes(raw) if raw is not None else file_path.encode())}
 
 
 def counts(conn: Connection, name: str) -> dict[str, int]:

@@ -33,7 +33,16 @@ from dlindex.errors import InputError, Interrupted
 from dlindex.features import compute_state, extractor_versions
 from dlindex.features.blobs import Ids, write_vectors
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
-from dlindex.features.types import FeatureType, check_dtype, check_name, create_type, find_type, set_dim
+from dlindex.features.types import (
+    FeatureType,
+    all_types,
+    check_dtype,
+    check_name,
+    create_type,
+    find_type,
+    get_type,
+    set_dim,
+)
 from dlindex.features.workers import Pool, Results
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
@@ -64,6 +73,7 @@ class ComputeOptions:
     engine: str = "local"  # or "ray": batches on a Ray cluster (dlindex.features.onray)
     address: str | None = None  # the Ray cluster's; None: $RAY_ADDRESS, else a local one
     part: Part | None = None  # part I of N of the selected samples, by id (docs/scale-out.md)
+    queued: bool = False  # the type's queued samples only (an automatic type's new ones), no selection
     shard: InitVar[Part | None] = None  # deprecated: the old name of ``part``
 
     def __post_init__(self, shard: Part | None) -> None:
@@ -113,9 +123,21 @@ def compute_features(
     check_engine(options.engine)
     if options.address is not None and options.engine != "ray":
         raise InputError("--address names a Ray cluster: give --engine ray with it")
+    if options.queued:
+        if spec is not None:
+            raise InputError("--queued computes the samples queued for the type; give no filters with it")
+        get_type(catalog, check_name(feature_type))  # an unknown type has no queue
     ftype, extractor = _prepare_type(catalog, check_name(feature_type), options)
     with connected(options.address) if options.engine == "ray" else nullcontext():
         return _compute(catalog, feature_type, ftype, extractor, spec, options, progress, started)
+
+
+def compute_queued(
+    catalog: Catalog, options: ComputeOptions = ComputeOptions(), progress: Callable[[int], None] | None = None
+) -> list[ComputeSummary]:
+    """``compute_features`` of every automatic type's queue (``features compute --queued``), by name."""
+    automatic = [ftype.name for ftype in all_types(catalog) if ftype.auto and ftype.extractor != "import"]
+    return [compute_features(catalog, name, None, replace(options, queued=True), progress) for name in automatic]
 
 
 def _compute(
@@ -128,7 +150,10 @@ def _compute(
     progress: Callable[[int], None] | None,
     started: float,
 ) -> ComputeSummary:
-    rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
+    if options.queued:
+        rows = compute_state.queued_samples(catalog, feature_type)
+    else:
+        rows = query_rows(catalog, replace(spec or QuerySpec(), columns=("id", "path")))
     version = extractor_versions.version_of(extractor)
     vid = extractor_versions.version_id(version)
     # Vectors stored before versions were recorded are taken as this version's (the module's note).

@@ -63,6 +63,7 @@ class FeatureTypeInfo:
     created_at: str
     extractor_version: str | None = None  # the latest compute's (None: none recorded)
     stale: int = 0  # vectors another version of the extractor made
+    auto: bool = False  # new and changed ok samples are queued for it (`features auto`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,6 +178,7 @@ def list_feature_types(catalog: Catalog) -> list[FeatureTypeInfo]:
                 ftype.created_at,
                 extractor_versions.version_text(catalog, ftype.name, ftype.extractor_version),
                 extractor_versions.stale_count(catalog, ftype.name, ftype.extractor_version),
+                bool(ftype.auto),
             )
         )
     return infos

@@ -34,7 +34,7 @@ _SQL_KEYWORDS = """ABORT ACTION ADD AFTER ALL ALTER ALWAYS ANALYZE AND AS ASC AT
     VIRTUAL WHEN WHERE WINDOW WITH WITHOUT"""
 _KEYWORDS = frozenset(_SQL_KEYWORDS.split())
 
-_COLUMNS = "name, dim, dtype, extractor, version, created_at, extractor_version"
+_COLUMNS = "name, dim, dtype, extractor, version, created_at, extractor_version, auto"
 _TYPE = f"SELECT {_COLUMNS} FROM feature_types WHERE name = ?"
 TYPES = f"SELECT {_COLUMNS} FROM feature_types ORDER BY name"
 # Two computes of one new type at once (many writers on a server catalog) both create it:
@@ -43,6 +43,7 @@ _CREATE_TYPE = (
     "INSERT INTO feature_types (name, dim, dtype, extractor) VALUES (?, ?, ?, ?) ON CONFLICT (name) DO NOTHING"
 )
 _SET_DIM = "UPDATE feature_types SET dim = ? WHERE name = ? AND dim IS NULL"
+_SET_AUTO = "UPDATE feature_types SET auto = ? WHERE name = ?"
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ class FeatureType:
     # The id of the extractor version the latest compute ran (dlindex.features.extractor_versions);
     # None until a compute records one (an imported type never does).
     extractor_version: int | None = None
+    # `features auto`: the catalog queues new and changed ok samples for the type (m018)
+    auto: bool = False
 
     @property
     def np_dtype(self) -> np.dtype[np.floating[Any]]:
@@ -123,3 +126,16 @@ def create_type(conn: Connection, name: str, dtype: str, extractor: str, dim: in
 
 def set_dim(conn: Connection, name: str, dim: int) -> None:
     conn.execute(_SET_DIM, (dim, name))
+
+
+def set_auto(catalog: Catalog, name: str, on: bool = True) -> FeatureType:
+    """Make a type automatic (``on``: from now on the catalog queues every new or changed ok
+    sample for it, whoever writes the row) or not; InputError for an unknown or imported type."""
+    ftype = get_type(catalog, name)
+    if on and ftype.extractor == "import":
+        raise InputError(f"feature type {name!r} was imported; it has no extractor to compute new samples with")
+    with catalog.write_transaction() as conn:
+        conn.execute(_SET_AUTO, (int(on), ftype.name))
+    found = find_type(catalog, ftype.name)
+    assert found is not None
+    return found

@@ -249,9 +249,39 @@ SCHEMA_V17 = (
     "ALTER TABLE feature_types ADD COLUMN extractor_version BIGINT",
     "ALTER TABLE image_features ADD COLUMN extractor_version BIGINT",
 )
+# 18: SQLite's m018_auto_features. Inserts are queued per statement from its transition table
+# (a scan's COPY or multi-row INSERT is one set-based statement, not a function call per row).
+# The functions keep the catalog's search_path: a data-only restore runs under an empty one
+# (pg_dump's preamble) and fires the insert trigger.
+_QUEUE_AUTO = """INSERT INTO feature_state (image_id, feature_type, state) SELECT {rows}.id, t.name, 'queued'
+                FROM {source} CROSS JOIN feature_types AS t
+                WHERE t.auto = 1 AND t.extractor != 'import' AND {rows}.status = 'ok'
+                ON CONFLICT (image_id, feature_type) DO NOTHING;"""
+SCHEMA_V18 = (
+    "ALTER TABLE feature_types ADD COLUMN auto INTEGER NOT NULL DEFAULT 0",
+    f"""CREATE OR REPLACE FUNCTION dlindex_features_stale() RETURNS trigger LANGUAGE plpgsql
+        SET search_path FROM CURRENT AS $$
+        BEGIN
+            IF OLD.xxh3_128 IS DISTINCT FROM NEW.xxh3_128 THEN
+                DELETE FROM image_features WHERE image_id = NEW.id;
+                DELETE FROM feature_state WHERE image_id = NEW.id;
+                {_QUEUE_AUTO.format(rows="n", source="(SELECT NEW.id AS id, NEW.status AS status) AS n")}
+            END IF;
+            RETURN NULL;
+        END $$""",
+    f"""CREATE OR REPLACE FUNCTION dlindex_features_auto() RETURNS trigger LANGUAGE plpgsql
+        SET search_path FROM CURRENT AS $$
+        BEGIN
+            {_QUEUE_AUTO.format(rows="n", source="inserted AS n")}
+            RETURN NULL;
+        END $$""",
+    "DROP TRIGGER IF EXISTS feature_auto_inserted ON image_metadata",  # a step never half made, never twice
+    """CREATE TRIGGER feature_auto_inserted AFTER INSERT ON image_metadata
+        REFERENCING NEW TABLE AS inserted FOR EACH STATEMENT EXECUTE FUNCTION dlindex_features_auto()""",
+)
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15), (16, SCHEMA_V16),
-    (17, SCHEMA_V17),
+    (17, SCHEMA_V17), (18, SCHEMA_V18),
 )  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 

@@ -155,6 +155,37 @@ def m017_extractor_versions(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m018_auto_features(conn: sqlite3.Connection) -> None:
+    # `features auto --type T`: the catalog queues every new or changed ok sample for T
+    # (feature_state 'queued'), whoever writes the row (scan, merge, another program), and
+    # `features compute --queued` computes the queue without reading the whole selection.
+    for statement in AUTO_FEATURES:
+        conn.execute(statement)
+
+
+# What queues a sample for the automatic types: an ok row inserted, or new content in an ok
+# row (after the vectors and states of the old content are deleted, in the same trigger, so
+# the order of the two is fixed).
+_QUEUE_AUTO = """INSERT INTO feature_state (image_id, feature_type, state) SELECT NEW.id, name, 'queued'
+            FROM feature_types WHERE auto = 1 AND extractor != 'import' AND NEW.status = 'ok'
+            ON CONFLICT (image_id, feature_type) DO NOTHING;"""
+AUTO_FEATURES = (
+    "ALTER TABLE feature_types ADD COLUMN auto INTEGER NOT NULL DEFAULT 0",
+    "DROP TRIGGER IF EXISTS image_features_stale",
+    f"""CREATE TRIGGER image_features_stale AFTER UPDATE OF xxh3_128 ON image_metadata
+        WHEN OLD.xxh3_128 IS NOT NEW.xxh3_128
+        BEGIN
+            DELETE FROM image_features WHERE image_id = NEW.id;
+            DELETE FROM feature_state WHERE image_id = NEW.id;
+            {_QUEUE_AUTO}
+        END""",
+    f"""CREATE TRIGGER feature_auto_inserted AFTER INSERT ON image_metadata WHEN NEW.status = 'ok'
+        BEGIN
+            {_QUEUE_AUTO}
+        END""",
+)
+
+
 # A version's id is a digest of its text (dlindex.features.versions.version_id): the same in
 # every catalog, so parts computed apart merge without renumbering.
 EXTRACTOR_VERSIONS = (
@@ -219,7 +250,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
     m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
-    m016_scan_digests, m017_extractor_versions,
+    m016_scan_digests, m017_extractor_versions, m018_auto_features,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
