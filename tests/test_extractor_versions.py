@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dlindex import Catalog, QuerySpec
+from dlindex import Catalog, InputError, QuerySpec
 from dlindex.catalog.merge import merge_catalogs
 from dlindex.cli import app
 from dlindex.engines.parts import Part
@@ -167,6 +167,14 @@ def test_function_versions(tmp_path: Path) -> None:
     declared.dlindex_version = 3  # type: ignore[attr-defined]
     assert function_version(declared) == "declared:3"
     assert function_version(len) == UNVERSIONED  # a builtin: no source, no __version__
+
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    declared.dlindex_version = Unprintable()  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match="dlindex_version cannot be read as text"):
+        function_version(declared)
     assert function_version(json.dumps) == "source:" + file_digest(json.__file__)
     assert {e.version for e in BUILTINS.values()} == {"colorhist/1", "thumb/1", "colorthumb/1", "dhash/1"}
     assert version_id("dhash/1") == version_id("dhash/1") != version_id("dhash/2")

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
 
+from dlindex.errors import InputError
+
 if TYPE_CHECKING:
     from dlindex.catalog.backend import Connection
     from dlindex.catalog.connection import Catalog
@@ -70,7 +72,10 @@ def function_version(fn: Any) -> str:
     ``__version__``, else ``unversioned``."""
     declared = getattr(fn, "dlindex_version", None)
     if declared is not None:
-        return "declared:" + str(declared)[:_DECLARED_MAX]
+        try:
+            return "declared:" + str(declared)[:_DECLARED_MAX]
+        except Exception as e:  # the user's object: its __str__ may raise anything
+            raise InputError(f"the extractor's dlindex_version cannot be read as text: {type(e).__name__}") from None
     module = sys.modules.get(str(getattr(fn, "__module__", None) or ""))
     source = getattr(module, "__file__", None)
     if isinstance(source, str) and source.endswith(".py") and os.path.isfile(source):
