@@ -167,6 +167,9 @@ def main() -> None:
                           check=True, capture_output=True, text=True)  # fmt: skip
     results["flood_first_scan_s"] = time.perf_counter() - t
     results["flood_first_scan_mb"] = int(proc.stderr.strip().splitlines()[-1]) / 1024
+    proc = subprocess.run(["/usr/bin/time", "-f", "%M", *DLINDEX, "scan", str(root), "--db", str(db), "-q"],
+                          check=True, capture_output=True, text=True)  # fmt: skip
+    results["rescan_mb"] = int(proc.stderr.strip().splitlines()[-1]) / 1024  # the same tree, unchanged
     results["stopped_130"] = watcher_stopped
     print(results)
     write_section(a.docs, START, END, render(results, a))
@@ -199,7 +202,8 @@ def render(r: dict[str, object], a: argparse.Namespace) -> str:
             f"| {a.flood:,} new files written at once ({float(r['flood_written_s']):.1f} s to write, the watcher "  # type: ignore[arg-type]
             "rescanning meanwhile): all catalogued, after the last was written, in "
             f"| {float(r['flood_caught_s']) - float(r['flood_written_s']):.1f} s; watcher peak RSS "  # type: ignore[arg-type]
-            f"{float(r['watch_peak_mb']):.0f} MB (idle before: {float(r['idle_rss_mb']):.0f} MB) | a first "  # type: ignore[arg-type]
+            f"{float(r['watch_peak_mb']):.0f} MB (idle before: {float(r['idle_rss_mb']):.0f} MB) | a plain rescan of "  # type: ignore[arg-type]
+            f"the tree after it (unchanged): peak RSS {float(r['rescan_mb']):.0f} MB; a first "  # type: ignore[arg-type]
             f"`dlindex scan` of the same files: {float(r['flood_first_scan_s']):.1f} s, "  # type: ignore[arg-type]
             f"peak RSS {float(r['flood_first_scan_mb']):.0f} MB | nothing dropped, bounded memory |",  # type: ignore[arg-type]
             "",

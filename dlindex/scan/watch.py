@@ -7,13 +7,13 @@ answers each batch of events with an ordinary rescan of ROOT: the same increment
 are automatic, ``features compute --queued``. So nothing depends on an event arriving: a lost or
 overflowed event queue, a file system that sends none (NFS, a FUSE mount), or a change made
 while a batch was being scanned is caught by the next rescan, and a rescan runs at least every
-``interval_s`` whatever the events (the safety net). A flood of events is one batch; the
-watcher keeps no path of its own, only the library's set of changed paths while it debounces.
+``interval_s`` whatever the events (the safety net). A flood of events is one batch.
 
-One watcher per catalog on a machine: a second one is refused (a lock file under the user's
-cache folder, keyed by the catalog's identity). Each batch is restart-safe, as every scan is:
-a watcher killed at any moment leaves whole transactions, and the next run (or the next batch)
-finishes the work.
+The events are drained on a thread of their own as they come and only counted (``_Events``):
+a flood holds at most one debounce window's paths. One watcher per catalog on a machine: a
+second one is refused (a lock file under the user's cache folder, keyed by the catalog's
+identity). Each batch is restart-safe, as every scan is: a watcher killed at any moment leaves
+whole transactions, and the next run (or the next batch) finishes the work.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
     from dlindex.features.pipeline import ComputeSummary
 
-_WAKE_S = 1.0  # the watcher wakes at least this often (to count the interval and see Ctrl-C)
+_WAKE_S = 1.0  # the event thread wakes at least this often (its first wake: the library watches)
+_READY_S = 10.0  # the longest wait for the library to watch, and for its thread to end
 
 
 @dataclass(frozen=True)
@@ -120,41 +121,101 @@ def watch_tree(
 
 
 def _triggers(root: Path, watching: WatchOptions, stop: threading.Event) -> Iterator[tuple[str, int]]:
-    """("start", 0) once; then ("events", n) for each batch of changes, and ("timer", 0) after
-    each interval without any. The file system is watched from after the first scan on, so the
-    first word from the watcher (whatever it is) is answered by a rescan ("catch-up"): what
-    changed while the first scan ran, before anything watched, is caught there."""
-    yield "start", 0
+    """("start", 0) once; then ("catch-up", 0) once the file system is watched (what changed
+    before that, during the first scan, is caught there), ("events", n) for each batch of
+    changes, and ("timer", 0) after each interval without any."""
     if not watching.events:
+        yield "start", 0
         while not stop.wait(watching.interval_s):
             yield "timer", 0
         return
+    events = _Events(root, watching, stop)  # watching from before the first scan, where it can
     try:
-        import watchfiles
-    except ImportError:
-        raise InputError(
-            "scan --watch needs the watchfiles package for file-system events: pip install 'dlindex[watch]' "
-            "(or give --no-events for timed rescans only)"
-        ) from None
-    # Woken at least every second (nothing to do then but look at the clock): the first wake
-    # says the watcher is in place; the interval is counted here, not by the library.
-    changes = watchfiles.watch(
-        root, watch_filter=None, debounce=watching.debounce_ms, stop_event=stop,
-        rust_timeout=int(min(watching.interval_s, _WAKE_S) * 1000), yield_on_timeout=True, raise_interrupt=True,
-        ignore_permission_denied=True,
-    )  # fmt: skip
-    last = time.monotonic()
-    first = True
-    try:
-        for batch in changes:
-            now = time.monotonic()
-            if first or batch or now - last >= watching.interval_s:
-                yield ("events", len(batch)) if batch else ("catch-up" if first else "timer", 0)
-                first, last = False, time.monotonic()
-    except (OSError, RuntimeError) as e:  # the watched folder deleted or unmounted under the library
-        if not root.is_dir():
-            raise InputError(f"{root} is gone: the watch stopped (the catalog keeps what it had)") from None
-        raise InputError(f"cannot watch {root}: {e}") from None
+        yield "start", 0
+        if events.ready.wait(_READY_S) or events.failed():
+            events.check()
+            yield "catch-up", 0
+        while not stop.is_set():
+            changed = events.dirty.wait(watching.interval_s)
+            events.check()
+            yield ("events", events.take()) if changed else ("timer", 0)
+    finally:
+        events.close()
+
+
+class _Events:
+    """The file system's change events under ``root``, drained on a thread of their own as they
+    come (``watchfiles``): a count and a flag, no path kept, so a flood of changes holds at most
+    one debounce window's paths, whatever the rescans' pace. A Python thread is fine here: it
+    waits inside the library (no lock of Python's held) and never touches the catalog."""
+
+    def __init__(self, root: Path, watching: WatchOptions, stop: threading.Event) -> None:
+        try:
+            import watchfiles
+        except ImportError:
+            raise InputError(
+                "scan --watch needs the watchfiles package for file-system events: pip install 'dlindex[watch]' "
+                "(or give --no-events for timed rescans only)"
+            ) from None
+        self.root = root
+        self.ready = threading.Event()  # the library watches
+        self.dirty = threading.Event()  # something changed since the last take()
+        self.count = 0
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.changes = watchfiles.watch(
+            root, watch_filter=None, debounce=watching.debounce_ms, stop_event=_Either(stop, self.done),
+            rust_timeout=int(_WAKE_S * 1000), yield_on_timeout=True, raise_interrupt=False,
+            ignore_permission_denied=True,
+        )  # fmt: skip
+        self.thread = threading.Thread(target=self._drain, name="dlindex-watch-events", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        try:
+            for batch in self.changes:
+                self.ready.set()
+                if batch:
+                    with self.lock:
+                        self.count += len(batch)
+                    self.dirty.set()
+        except BaseException as e:  # handed to the scanning thread by check()
+            self.error = e
+            self.dirty.set()
+            self.ready.set()
+
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def check(self) -> None:
+        """InputError if the watching failed (the folder deleted or unmounted under it)."""
+        if self.error is None:
+            return
+        if not self.root.is_dir():
+            raise InputError(f"{self.root} is gone: the watch stopped (the catalog keeps what it had)")
+        raise InputError(f"cannot watch {self.root}: {self.error}")
+
+    def take(self) -> int:
+        """The changes counted since the last call."""
+        with self.lock:
+            count, self.count = self.count, 0
+            self.dirty.clear()
+        return count
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join(_READY_S)
+
+
+class _Either:
+    """Set when either event is: the library's stop event for the caller's stop and our close."""
+
+    def __init__(self, first: threading.Event, second: threading.Event) -> None:
+        self.first, self.second = first, second
+
+    def is_set(self) -> bool:
+        return self.first.is_set() or self.second.is_set()
 
 
 def _compute_automatic(catalog: Catalog, watching: WatchOptions) -> tuple[ComputeSummary, ...]:
