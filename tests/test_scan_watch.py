@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dlindex import Catalog, InputError
+from dlindex import Catalog, InputError, ScanOptions
 from dlindex.features import set_auto
 from dlindex.scan.watch import WatchOptions, watch_tree
 
@@ -207,3 +208,27 @@ def test_the_cli_prints_a_line_a_batch_and_stops_cleanly(image_tree: Path, tmp_p
     assert "batch 0 (start): new 7" in lines[0] and any("new 1" in line for line in lines[1:]), out
     assert err.strip().splitlines()[-1].startswith("watch stopped after "), err
     assert err.strip().splitlines()[-1].endswith(" batch(es); the catalog is consistent"), err
+
+
+def test_a_library_caller_stops_the_watch_within_a_second_or_two(image_tree: Path, tmp_path: Path) -> None:
+    """watch_tree on a thread, stopped by its event: seen at the next wake, not after --interval.
+    (This thread only waits meanwhile: it touches no catalog while the watcher forks its workers.)"""
+    first = threading.Event()
+    stop = threading.Event()
+    done: list[int] = []
+
+    def run() -> None:
+        with Catalog(tmp_path / "w.db", create=True) as catalog:
+            done.append(
+                watch_tree(catalog, image_tree, ScanOptions(workers=1), WatchOptions(), lambda b: first.set(), stop)
+            )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert first.wait(DEADLINE_S)
+    time.sleep(1.5)  # past the catch-up rescan: now waiting on events, with --interval at 300 s
+    began = time.monotonic()
+    stop.set()
+    thread.join(DEADLINE_S)
+    assert not thread.is_alive() and done and done[0] >= 1
+    assert time.monotonic() - began < 5.0

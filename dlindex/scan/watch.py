@@ -135,10 +135,13 @@ def _triggers(root: Path, watching: WatchOptions, stop: threading.Event) -> Iter
         if events.ready.wait(_READY_S) or events.failed():
             events.check()
             yield "catch-up", 0
-        while not stop.is_set():
-            changed = events.dirty.wait(watching.interval_s)
+        due = time.monotonic() + watching.interval_s
+        while not stop.is_set():  # woken each second at most: a caller's stop is seen soon
+            changed = events.dirty.wait(min(_WAKE_S, max(0.0, due - time.monotonic())))
             events.check()
-            yield ("events", events.take()) if changed else ("timer", 0)
+            if changed or time.monotonic() >= due:
+                yield ("events", events.take()) if changed else ("timer", 0)
+                due = time.monotonic() + watching.interval_s
     finally:
         events.close()
 
