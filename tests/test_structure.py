@@ -204,6 +204,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "dlindex.version",
         "dlindex.orientation",
         "dlindex.pids",
+        "dlindex.cache_dir",
         "dlindex.demo",
     ),
     ("dlindex.exported",),  # an export on disk read back, without the catalog

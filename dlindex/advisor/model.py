@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dlindex.advisor.workload import Skipped
+from dlindex.cache_dir import cache_dir
 from dlindex.catalog.sandbox import guarded
 from dlindex.querylog.importer import LineSource, iter_lines
 
@@ -288,8 +289,7 @@ def memo_dir() -> Path:
     base = os.environ.get("DLINDEX_CACHE_DIR")
     if base:
         return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "dlindex"
+    return cache_dir()
 
 
 def _file(path: str | os.PathLike[str]) -> Path:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlindex.cache_dir import cache_dir
 from dlindex.errors import InputError
 from dlindex.scan.options import ScanOptions, ScanSummary, check_root
 
@@ -232,7 +233,7 @@ class _WatchLock:
 
     def __init__(self, catalog: Catalog) -> None:
         key = hashlib.sha256(catalog.identity().encode("utf-8", "surrogateescape")).hexdigest()[:32]
-        self.path = _lock_dir() / f"{key}.lock"
+        self.path = cache_dir() / "watch" / f"{key}.lock"
         self.shown = catalog.location
         self.fd: int | None = None
 
@@ -263,8 +264,3 @@ class _WatchLock:
                 os.ftruncate(self.fd, 0)
             os.close(self.fd)  # the lock goes with the descriptor; the file stays (ours, tiny)
             self.fd = None
-
-
-def _lock_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dlindex" / "watch"

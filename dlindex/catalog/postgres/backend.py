@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
@@ -12,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
+from dlindex.cache_dir import cache_dir
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
 from dlindex.catalog.postgres.connect import PgConnection, busy_message, connect, connect_readonly, redact
 from dlindex.errors import CatalogBusyError, CatalogError
@@ -59,8 +59,7 @@ class PostgresBackend(Backend):
     def features_dir(self, conn: Connection) -> Path:
         """This machine's cache folder, ``$XDG_CACHE_HOME/dlindex/<identity>/features``, so a
         dropped and remade catalog never meets an old cache."""
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        return Path(base) / "dlindex" / self.identity(conn) / "features"
+        return cache_dir() / self.identity(conn) / "features"
 
     def files(self) -> list[str]:
         return []  # a server catalog has no files here

@@ -19,6 +19,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from dlindex.cache_dir import cache_dir
 from dlindex.catalog.postgres.statement import JsonParam, Translated
 
 MAX_ENTRIES = 4096  # logged statements the index advisor replays must not grow it without bound
@@ -35,8 +36,7 @@ def _path() -> Path:
     except metadata.PackageNotFoundError:
         version = "?"
     key = hashlib.sha256(rules + version.encode()).hexdigest()[:16]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dlindex" / f"pg-sql-{key}.json"
+    return cache_dir() / f"pg-sql-{key}.json"
 
 
 def _read(path: Path) -> dict[str, Any]:
