@@ -22,8 +22,10 @@ first compute that records a version takes them as its own, since nothing says o
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 import xxhash
@@ -48,6 +50,7 @@ class Versioned(Protocol):
 UNVERSIONED = "unversioned"
 _DECLARED_MAX = 200  # characters of a declared version kept
 _READ = 1 << 20
+_SETTLED_NS = 2_000_000_000  # a file older than this is digested once per process
 
 _ADD_VERSION = """INSERT INTO extractor_versions (feature_type, id, version) VALUES (?, ?, ?)
     ON CONFLICT (feature_type, id) DO NOTHING"""
@@ -90,7 +93,18 @@ def function_version(fn: Any) -> str:
 
 
 def file_digest(path: str) -> str:
-    """xxh3-128 of a file's bytes, read a MiB at a time (model files are large)."""
+    """xxh3-128 of a file's bytes, read a MiB at a time (model files are large); a file read
+    before in this process, unchanged since (same inode, size and mtime), is not read again.
+    A file written in the last seconds is always read: a rewrite within the clock's tick keeps
+    its mtime (git's "racily clean" entries)."""
+    st = os.stat(path)
+    if time.time_ns() - st.st_mtime_ns < _SETTLED_NS:
+        return _digest.__wrapped__(path, st.st_ino, st.st_size, st.st_mtime_ns)
+    return _digest(os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, inode: int, size: int, mtime_ns: int) -> str:
     digest = xxhash.xxh3_128()
     with open(path, "rb") as f:
         while chunk := f.read(_READ):

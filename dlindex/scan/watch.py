@@ -111,7 +111,7 @@ def watch_tree(
                 break
             began = time.perf_counter()
             if not os.path.isdir(root):
-                raise InputError(f"{os.fspath(root)} is gone: the watch stopped (the catalog keeps what it had)")
+                raise _gone(Path(root))
             summary = scan_tree(catalog, root, options)
             features = _compute_automatic(catalog, watching) if watching.compute else ()
             batch = WatchBatch(batches, reason, events, summary, features, round(time.perf_counter() - began, 3))
@@ -197,7 +197,7 @@ class _Events:
         if self.error is None:
             return
         if not self.root.is_dir():
-            raise InputError(f"{self.root} is gone: the watch stopped (the catalog keeps what it had)")
+            raise _gone(self.root)
         raise InputError(f"cannot watch {self.root}: {self.error}")
 
     def take(self) -> int:
@@ -220,6 +220,10 @@ class _Either:
 
     def is_set(self) -> bool:
         return self.first.is_set() or self.second.is_set()
+
+
+def _gone(root: Path) -> InputError:
+    return InputError(f"{root} is gone: the watch stopped (the catalog keeps what it had)")
 
 
 def _compute_automatic(catalog: Catalog, watching: WatchOptions) -> tuple[ComputeSummary, ...]:
