@@ -11,6 +11,7 @@ from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.postgres.dialect import postgres_form
 from dlindex.catalog.reachable import unreachable_roots
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEX_LIST
 
 # Above this many rows (the id range) stats estimates the row figures from a sample of
 # SAMPLE_ROWS rows, read as runs of _RUN neighbours: ~0.1 s at any size, within ~1% of the
@@ -36,12 +37,13 @@ _ID_SPAN = "SELECT (SELECT min(id) FROM image_metadata), (SELECT max(id) FROM im
 _LABEL_NAMES = "SELECT id, name FROM labels"
 _INDEXES = postgres_form(
     "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
-    "AND name NOT LIKE 'sqlite_%' ORDER BY tbl_name, name",
+    f"AND name NOT LIKE 'sqlite_%' AND name NOT IN {SCHEMA_INDEX_LIST} ORDER BY tbl_name, name",
     # the same list on PostgreSQL: indexes of the catalog's schema that back no constraint
     "SELECT i.relname, t.relname, pg_get_indexdef(i.oid) FROM pg_index x "
     "JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid "
     "WHERE t.relnamespace = current_schema()::regnamespace "
     "AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = x.indexrelid) "
+    f"AND i.relname NOT IN {SCHEMA_INDEX_LIST} "
     "ORDER BY t.relname, i.relname",
 )
 _ROOTS = "SELECT id, path, added_at FROM roots ORDER BY id"

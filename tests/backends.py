@@ -209,6 +209,17 @@ def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
     a step made a table of its own; before the columns go (a trigger names its columns)."""
     from dlindex.catalog.sqlite.migrations import SCAN_DIGESTS
 
+    if version < 19:  # m019_versions: its triggers, tables and index (before the columns go)
+        for trigger, table in (
+            ("image_history_inserted", "image_metadata"), ("image_history_updated", "image_metadata"),
+            ("image_history_deleted", "image_metadata"), ("label_history_inserted", "labels"),
+            ("label_history_deleted", "labels"), ("label_history_renamed", "labels"),
+            ("label_history_changed", "labels"),
+        ):  # fmt: skip
+            conn.execute(f"DROP TRIGGER IF EXISTS {trigger}" + (f" ON {table}" if server else ""))
+        for table in ("image_history", "label_history", "version_tags", "versions"):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute("DROP INDEX IF EXISTS image_metadata_valid_from")
     if version < 16:  # m016_scan_digests (the server's has no triggers)
         for statement in () if server else SCAN_DIGESTS[1:]:
             conn.execute(f"DROP TRIGGER IF EXISTS {statement.split()[2]}")
@@ -234,4 +245,9 @@ def columns_added_after(version: int) -> list[tuple[str, str]]:
     from dlindex.catalog.postgres.migrations import MIGRATIONS as PG_MIGRATIONS
 
     added = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)")
-    return [m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := added.match(s))]  # type: ignore[misc]
+    made = re.compile(r"CREATE TABLE (\w+)")  # a table a step made goes whole (drop_made_after)
+    tables = {m.group(1) for v, steps in PG_MIGRATIONS if v > version for s in steps if (m := made.match(s))}
+    return [
+        m.groups() for v, steps in PG_MIGRATIONS if v > version for s in steps
+        if (m := added.match(s)) and m.group(1) not in tables
+    ]  # type: ignore[misc]  # fmt: skip

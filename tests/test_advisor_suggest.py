@@ -26,6 +26,7 @@ from dlindex.advisor.model import advice_from_dict
 from dlindex.advisor.scratch import Scratch
 from dlindex.catalog.fingerprint import fingerprint
 from dlindex.catalog.sandbox import guarded
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEXES
 from dlindex.stats import slow_queries
 
 from .advisor_workload import (
@@ -166,7 +167,9 @@ def test_apply_is_idempotent_and_revert_undoes_exactly_it(advice: Advice, catalo
         nothing = revert_indexes(catalog)
     assert set(undone.dropped) == names and nothing.run is None
     remaining = {
-        r[0] for r in rows(catalog_copy, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+        r[0]
+        for r in rows(catalog_copy, "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL")
+        if r[0] not in SCHEMA_INDEXES  # the schema's own
     }
     assert remaining == {"planted_wh"}
 

@@ -342,7 +342,8 @@ def test_a_server_catalog_restored_from_a_dump_never_meets_the_lost_states_entri
     with psycopg.connect(pg_url, autocommit=True) as conn:
         tables = [t for (t,) in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
         conn.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY")  # names from the catalog
-    subprocess.run([bins / "psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", dump, pg_url], check=True, capture_output=True)
+    done = subprocess.run([bins / "psql", "-q", "-v", "ON_ERROR_STOP=1", "-f", dump, pg_url], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
     with Catalog(pg_url) as catalog:
         restore_test_marks(catalog, "bee", 8)
         assert catalog.changes() == lost

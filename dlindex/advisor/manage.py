@@ -27,6 +27,7 @@ from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.workload import on_server
 from dlindex.catalog.backend import SQL_ERRORS, Connection
 from dlindex.catalog.sandbox import guarded
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEX_LIST, SCHEMA_INDEXES
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource, iter_lines
 
@@ -147,7 +148,13 @@ def list_indexes(catalog: Catalog) -> list[IndexUsage]:
             if since is not None:
                 uses = [(s, *_since(plain, s, since)) for s, _, _ in uses]
                 uses = [u for u in uses if u[1]]
-            origin = "constraint" if sql is None else "dlindex" if name.startswith(PREFIX) else "manual"
+            origin = (
+                "constraint"
+                if sql is None or name in SCHEMA_INDEXES
+                else "dlindex"
+                if name.startswith(PREFIX)
+                else "manual"
+            )
             lasts = [u[2] for u in uses if u[2]]
             result.append(IndexUsage(
                 name=name, table=table, sql=sql, origin=origin, fingerprints=len(uses),
@@ -203,8 +210,9 @@ def advice_state(
 
 _PG_INDEX = """SELECT pg_get_indexdef(c.oid), t.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
     JOIN pg_class t ON t.oid = i.indrelid WHERE c.oid = to_regclass(%s)"""
-_PG_LIST = """SELECT s.indexrelname, s.relname, pg_get_indexdef(s.indexrelid), s.idx_scan,
+_PG_LIST = f"""SELECT s.indexrelname, s.relname, pg_get_indexdef(s.indexrelid), s.idx_scan,
         pg_relation_size(s.indexrelid), EXISTS (SELECT 1 FROM pg_constraint WHERE conindid = s.indexrelid)
+        OR s.indexrelname IN {SCHEMA_INDEX_LIST}
     FROM pg_stat_user_indexes s WHERE s.schemaname = current_schema() ORDER BY s.relname, s.indexrelname"""
 _PG_PLANS = "SELECT sql, plan_detail FROM query_log_templates WHERE plan_detail IS NOT NULL"
 _PG_LOGGED = "SELECT sql, sum(calls), max(logged_at) FROM query_log WHERE kind = 'read' GROUP BY sql"

@@ -35,6 +35,7 @@ from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, Value, index_where, quote_identifier
 from dlindex.catalog.sandbox import guarded
 from dlindex.catalog.sqlite.connect import readonly_uri
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEXES
 from dlindex.pids import pid_alive, process_start
 
 SAMPLE_ROWS = 250_000  # a table larger than this is sampled on the scratch copy (to about this many rows)
@@ -151,7 +152,8 @@ class Scratch:
                 r[2] for r in self.admin.execute(f"PRAGMA index_xinfo({quote_identifier(name)})") if r[5] and r[2]
             )
             where, partial = index_where(sql)
-            found.append(IndexDef(name, table, sql, cols, where, partial))
+            # the schema's own index is the catalog's, like a key: never advice's to judge or drop
+            found.append(IndexDef(name, table, None if name in SCHEMA_INDEXES else sql, cols, where, partial))
         return found
 
     # --- building -------------------------------------------------------------------------

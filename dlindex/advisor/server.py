@@ -50,6 +50,7 @@ from dlindex.advisor.shapes import Access, analyze
 from dlindex.advisor.sqltext import quote_identifier
 from dlindex.advisor.workload import Skipped
 from dlindex.catalog.backend import SQL_ERRORS
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEX_LIST
 from dlindex.errors import InputError
 from dlindex.querylog.importer import LineSource
 
@@ -63,8 +64,8 @@ MIN_WEIGHT_MS = 1.0
 MIN_CALLS = 2  # as on SQLite: a statement seen once earns no index
 RUNS = 5
 SLOWER = (1.25, 0.1)  # a read is slower with more buffers and a time past 1.25x + 0.1 ms
-_UNUSED = """SELECT s.indexrelname, s.relname, pg_get_indexdef(s.indexrelid), s.idx_scan,
-        EXISTS (SELECT 1 FROM pg_constraint WHERE conindid = s.indexrelid)
+_UNUSED = f"""SELECT s.indexrelname, s.relname, pg_get_indexdef(s.indexrelid), s.idx_scan,
+        EXISTS (SELECT 1 FROM pg_constraint WHERE conindid = s.indexrelid) OR s.indexrelname IN {SCHEMA_INDEX_LIST}
     FROM pg_stat_user_indexes s WHERE s.schemaname = current_schema() ORDER BY s.relname, s.indexrelname"""
 _SIZE = "SELECT pg_relation_size(to_regclass(%s))"
 

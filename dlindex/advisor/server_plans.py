@@ -23,6 +23,7 @@ from dlindex.advisor.scratch import IndexDef
 from dlindex.advisor.server_workload import OWN
 from dlindex.advisor.shapes import TableInfo
 from dlindex.advisor.sqltext import Constant, index_where, quote_identifier
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEX_LIST
 from dlindex.query import per_label
 
 if TYPE_CHECKING:
@@ -31,10 +32,11 @@ if TYPE_CHECKING:
 
 _COLUMNS = """SELECT table_name, column_name FROM information_schema.columns
     WHERE table_schema = current_schema() ORDER BY table_name, ordinal_position"""
-_INDEXES = """SELECT c.relname, t.relname, pg_get_indexdef(i.indexrelid),
+_INDEXES = f"""SELECT c.relname, t.relname, pg_get_indexdef(i.indexrelid),
         ARRAY(SELECT a.attname::text FROM unnest(i.indkey[:i.indnatts - 1]) WITH ORDINALITY k(n, o)
               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n ORDER BY k.o),
         pg_get_expr(i.indpred, i.indrelid), EXISTS (SELECT 1 FROM pg_constraint WHERE conindid = i.indexrelid)
+        OR c.relname IN {SCHEMA_INDEX_LIST}
     FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid
     JOIN pg_namespace n ON n.oid = t.relnamespace WHERE n.nspname = current_schema() ORDER BY t.relname, c.relname"""
 _ROWS = "SELECT reltuples::float8 FROM pg_class WHERE oid = to_regclass(%s)"

@@ -169,6 +169,10 @@ class Backend(ABC):
         (a file catalog's write transaction already holds the whole file)."""
 
     @abstractmethod
+    def pin_state(self, conn: ReadConnection, state: int) -> None:
+        """Make ``conn`` read the catalog as it stood at ``state`` (dlindex.catalog.as_of)."""
+
+    @abstractmethod
     def end_temp_table(self, conn: Connection, table: str) -> None:
         """Be done with this connection's temp table ``table`` (a name from dlindex's code)."""
 

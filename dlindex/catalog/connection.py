@@ -6,28 +6,27 @@ import os
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from dlindex import faults
+from dlindex.catalog.as_of import Pinned, resolve
 from dlindex.catalog.backend import (
     CLOSED_ERRORS,
-    INTEGRITY_ERRORS,
-    OPERATIONAL_ERRORS,
     SQL_ERRORS,
     Backend,
     Connection,
     ReadConnection,
     is_server_url,
 )
-from dlindex.catalog.recorder import FLUSH_ENTRIES, QueryLog
+from dlindex.catalog.recorder import QueryLog, flush_catalog_log
 from dlindex.catalog.sqlite.backend import SqliteBackend
 from dlindex.catalog.sqlite.connect import DEFAULT_DB, default_wait, is_write_command, rollback
 from dlindex.catalog.state import BUMP, CatalogState, new_token, read_state
+from dlindex.catalog.versions import OpenVersion, versioned
 from dlindex.errors import (
-    CatalogConnectionLost,
     DamagedCatalogError,
     DlindexError,
     DlindexWarning,
@@ -61,16 +60,13 @@ class Catalog:
     """
 
     def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        create: bool = False,
-        log: bool | None = None,
-        wait: float | None = None,
-    ) -> None:
+        self, path: str | os.PathLike[str] | None = None, *, create: bool = False, log: bool | None = None,
+        wait: float | None = None, at: str | None = None,
+    ) -> None:  # fmt: skip
         """Args:
         log: record reads and writes in the query log; default: on unless ``$DLINDEX_NO_LOG``.
         wait: seconds to wait for another process's write lock (default ``$DLINDEX_WAIT``, 30).
+        at: read the catalog as it stood at this version, tag or export (dlindex.catalog.as_of).
 
         A catalog dlindex cannot write (a read-only file, folder or mount) opens read-only:
         reads work, the query log is skipped with one DlindexWarning, and a write raises
@@ -107,6 +103,28 @@ class Catalog:
         self.querylog = QueryLog(log)
         # Small lookup tables (labels, roots) with the change counter they were read at.
         self.lookup_cache: dict[str, tuple[int, Any]] = {}
+        self.open_version: OpenVersion | None = None  # the running command's (Catalog.versioned)
+        #: the state every read answers for (``at``), or None: the catalog as it is now
+        self.pinned: Pinned | None = None
+        if at is not None:
+            try:
+                self.pinned = resolve(self.conn, at)
+                self.backend.pin_state(self.conn, self.pinned.state)
+            except BaseException:
+                self.conn.close()
+                raise
+
+    def connect_reader(self, *, any_thread: bool = False) -> ReadConnection:
+        """Another read-only connection to this catalog, at the same state (``at``)."""
+        reader = self.backend.connect_reader(timeout=self.wait_s, any_thread=any_thread)
+        if self.pinned is not None:
+            self.backend.pin_state(reader, self.pinned.state)
+        return reader
+
+    def versioned(self, command: str) -> AbstractContextManager[OpenVersion]:
+        """The writes inside the block are one numbered version (dlindex.catalog.versions):
+        opened by its first write, closed at the end (or dropped where nothing changed)."""
+        return versioned(self, command)
 
     @property
     def location(self) -> str:
@@ -197,6 +215,12 @@ class Catalog:
             conn.execute("BEGIN IMMEDIATE")
         except SQL_ERRORS as e:
             raise self._translate(e, bookkeeping) from None
+        try:  # first: the rows this transaction writes carry the state it makes (history_schema)
+            if not bookkeeping:
+                conn.execute(BUMP, {"token": new_token()})
+        except SQL_ERRORS as e:
+            rollback(conn)
+            raise self._translate(e, bookkeeping) from None
         log = self.querylog
         if log.enabled and not bookkeeping:
             log.record_lock_wait(time.perf_counter() - started)  # busy retries happen inside BEGIN
@@ -207,7 +231,8 @@ class Catalog:
             yield conn
             conn.on_write = None
             if not bookkeeping:
-                conn.execute(BUMP, {"token": new_token()})  # one row per transaction: scan speed is unaffected
+                if self.open_version is not None:
+                    self.open_version.touch(conn)
                 if log.due():
                     log.flush_into(conn)  # rides along: no transaction of its own
                     flushed = True
@@ -325,28 +350,7 @@ class Catalog:
 
     def flush_log(self, timeout_ms: int | None = None) -> None:
         """Write buffered query-log entries now (``close()`` does this)."""
-        log = self.querylog
-        if not log.enabled or not log.has_entries():
-            return
-        try:
-            with self.busy_timeout(timeout_ms), self.write_transaction(bookkeeping=True) as conn:
-                log.flush_into(conn)
-            log.flushed()
-        except OPERATIONAL_ERRORS:
-            # Busy or read-only: the log is evidence, not data; never fail the user's work.
-            # A mid-run flush keeps its entries for the next try, up to a bound.
-            if timeout_ms is None or len(log.entries) > 10 * FLUSH_ENTRIES:
-                log.flushed()
-        except (*CLOSED_ERRORS, CatalogConnectionLost):  # type: ignore[misc]
-            log.flushed()  # the connection is already closed (by the server: the next command says so)
-        except (*INTEGRITY_ERRORS, DamagedCatalogError) as e:  # type: ignore[misc]
-            # dlindex writes only entries its own schema accepts: this schema's text was damaged.
-            # The user's work is committed already; say so once rather than fail it.
-            log.flushed()
-            warnings.warn(
-                f"the query log was not written: the catalog's schema refused it ({e}); run dlindex check",
-                DlindexWarning, stacklevel=2,
-            )  # fmt: skip
+        flush_catalog_log(self, timeout_ms)
 
     @contextmanager
     def busy_timeout(self, timeout_ms: int | None) -> Iterator[None]:
@@ -366,11 +370,8 @@ class Catalog:
         """A rollback journal instead of WAL inside the block, if no other connection has the
         catalog open; yields whether it switched.
 
-        For bulk appends: a rollback journal saves only pages that existed before the write
-        transaction (an append adds new ones), where WAL writes every page twice, to the log
-        and again at the checkpoint. A 2 GB feature import took 15.9 s instead of 41.6 s.
-        The price: a process that opens the catalog meanwhile waits (busy timeout) until the
-        block ends. ``synchronous = FULL`` keeps a rollback journal safe from power loss.
+        For bulk appends (a 2 GB feature import: 15.9 s instead of 41.6 s); the backend says
+        why and what it costs (``Backend.rollback_journal``).
         """
         with self.backend.rollback_journal(self.conn, self.wait_s) as switched:
             yield switched
@@ -390,10 +391,6 @@ def connect_reader(location: str, *, timeout: float, any_thread: bool = False) -
 
 
 def open_catalog(path: str | os.PathLike[str] | None = None, *, create: bool = False) -> Catalog:
-    """Open (or, with ``create``, make) a catalog; raise CatalogError before changing anything.
-
-    Args:
-        path: the database file; default ``$DLINDEX_DB`` or ``./dlindex.db``.
-        create: allow a new file (only ``scan`` does this).
-    """
+    """Open (or, with ``create``: make, as only ``scan`` does) the catalog at ``path`` (default
+    ``$DLINDEX_DB`` or ``./dlindex.db``); raise CatalogError before changing anything."""
     return Catalog(path, create=create)

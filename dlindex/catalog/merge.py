@@ -31,6 +31,7 @@ from dlindex.catalog.connection import Catalog
 from dlindex.catalog.shard_runs import RUN_COLUMNS, ShardRun
 from dlindex.catalog.sqlite.connect import connect_readonly
 from dlindex.catalog.sqlite.migrations import APPLICATION_ID, LATEST_VERSION
+from dlindex.catalog.versions import command_text, summary_of
 from dlindex.errors import CatalogError, InputError
 
 _TARGET_RUNS = f"SELECT {RUN_COLUMNS} FROM shard_runs"
@@ -90,9 +91,11 @@ def merge_catalogs(
                 merge_rows.stage(conn, paths)
                 if cut is not None:
                     merge_cut.drop_copies(conn, Path(cut), merge_rows.CONTENT)
-                with catalog.write_transaction():
-                    kept = merge_cut.drop_overtaken(conn, merge_rows.CONTENT) if cut is not None else 0
-                    counts = merge_rows.apply(conn, paths)
+                with catalog.versioned(command_text("merge", *map(os.fspath, paths))) as version:
+                    with catalog.write_transaction():
+                        kept = merge_cut.drop_overtaken(conn, merge_rows.CONTENT) if cut is not None else 0
+                        counts = merge_rows.apply(conn, paths)
+                    version.summary = summary_of(counts)
             except sqlite3.IntegrityError as e:
                 raise InputError(f"a part holds rows this catalog refuses ({e}); nothing was merged") from None
             finally:

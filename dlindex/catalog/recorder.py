@@ -12,14 +12,24 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from dlindex.catalog.backend import SQL_ERRORS, Connection, ReadConnection
+from dlindex.catalog.backend import (
+    CLOSED_ERRORS,
+    INTEGRITY_ERRORS,
+    OPERATIONAL_ERRORS,
+    SQL_ERRORS,
+    Connection,
+    ReadConnection,
+)
 from dlindex.catalog.fingerprint import fingerprint, table_of
+from dlindex.errors import CatalogConnectionLost, DamagedCatalogError, DlindexWarning
 
 if TYPE_CHECKING:
     import random
+    from contextlib import AbstractContextManager
 
 
 _INSERT_ENTRY = """INSERT INTO query_log (kind, source, sql, fingerprint, table_name, calls, rows,
@@ -234,3 +244,39 @@ def classify_plan(lines: Iterable[str]) -> str:
         elif words and words[0] == "SEARCH" and "USING" in line:
             searched = True
     return "scan" if scanned else "index" if searched else "none"
+
+
+class _Logging(Protocol):
+    """What the flush uses of a dlindex.catalog.connection.Catalog (which imports this module)."""
+
+    querylog: QueryLog
+
+    def busy_timeout(self, timeout_ms: int | None) -> AbstractContextManager[None]: ...
+    def write_transaction(self, *, bookkeeping: bool = False) -> AbstractContextManager[Connection]: ...
+
+
+def flush_catalog_log(catalog: _Logging, timeout_ms: int | None) -> None:
+    """``Catalog.flush_log``: the buffered entries in one bookkeeping transaction; a busy,
+    read-only or closed catalog never fails the user's work over its log."""
+    log = catalog.querylog
+    if not log.enabled or not log.has_entries():
+        return
+    try:
+        with catalog.busy_timeout(timeout_ms), catalog.write_transaction(bookkeeping=True) as conn:
+            log.flush_into(conn)
+        log.flushed()
+    except OPERATIONAL_ERRORS:
+        # Busy or read-only: the log is evidence, not data. A mid-run flush keeps its entries
+        # for the next try, up to a bound.
+        if timeout_ms is None or len(log.entries) > 10 * FLUSH_ENTRIES:
+            log.flushed()
+    except (*CLOSED_ERRORS, CatalogConnectionLost):  # type: ignore[misc]
+        log.flushed()  # the connection is already closed (by the server: the next command says so)
+    except (*INTEGRITY_ERRORS, DamagedCatalogError) as e:  # type: ignore[misc]
+        # dlindex writes only entries its own schema accepts: this schema's text was damaged.
+        # The user's work is committed already; say so once rather than fail it.
+        log.flushed()
+        warnings.warn(
+            f"the query log was not written: the catalog's schema refused it ({e}); run dlindex check",
+            DlindexWarning, stacklevel=4,
+        )  # fmt: skip

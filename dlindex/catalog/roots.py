@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import display_name, root_path
+from dlindex.catalog.versions import command_text
 from dlindex.errors import InputError
 
 if TYPE_CHECKING:
@@ -113,9 +114,11 @@ def move_root(
         if size is not None and found != size:
             raise InputError(f"{os.fsdecode(path)!r} has {found} bytes, the catalog says {size}: not the same tree")
         checked += 1
-    with catalog.write_transaction() as conn:
-        conn.execute(_MOVE, {"path": text, "raw": None if lossless else new_raw, "root": root_id})
-        conn.execute(_FORGET_IDENTITY, {"root": root_id})
+    with catalog.versioned(command_text("roots move", display_name(old_raw)[0], text)) as version:
+        version.keep, version.summary = True, {"root": root_id}  # roots have no history: kept by name
+        with catalog.write_transaction() as conn:
+            conn.execute(_MOVE, {"path": text, "raw": None if lossless else new_raw, "root": root_id})
+            conn.execute(_FORGET_IDENTITY, {"root": root_id})
     return MovedRoot(root_id, display_name(old_raw)[0], text, checked)
 
 

@@ -32,6 +32,9 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "leaks": ("leaks", "leaks", False),
     "merge": ("merge", "merge", False),
     "postgres": ("postgres", "app", True),
+    "versions": ("versions", "versions", False),
+    "tag": ("versions", "tag", False),
+    "diff": ("versions", "diff", False),
 }
 
 

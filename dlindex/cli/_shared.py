@@ -33,6 +33,14 @@ DbOption = Annotated[
         show_default="./dlindex.db",
     ),
 ]
+AtOption = Annotated[
+    str | None,
+    typer.Option(
+        "--at",
+        help="Read the catalog as it stood at this version, tag or export folder (dlindex versions lists them).",
+        show_default=False,
+    ),
+]
 PartOption = Annotated[
     str | None,
     typer.Option(

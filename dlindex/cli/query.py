@@ -11,7 +11,7 @@ import typer
 from dlindex.catalog.connection import Catalog
 from dlindex.cli._output import FormatOption, NullFlag, OutputFormat, at_terminal, emit_rows, resolve_format
 from dlindex.cli._selection import ClassesOption, ClassList, PerLabelOption, Selection, selection_options
-from dlindex.cli._shared import DbOption, NoLogFlag, handle_errors
+from dlindex.cli._shared import AtOption, DbOption, NoLogFlag, handle_errors
 from dlindex.query.rows import explain, query_rows
 
 DEFAULT_MAX_ROWS = 100
@@ -74,6 +74,7 @@ def query(
         bool, typer.Option("--no-cache", help="Run the query even if an unchanged catalog has its result cached.")
     ] = False,
     no_log: NoLogFlag = False,
+    at: AtOption = None,
     db: DbOption = None,
 ) -> None:
     """Select samples by label, status, flags, time and size; sample per label; rows on stdout.
@@ -94,7 +95,7 @@ def query(
         columns=("path",) if out is OutputFormat.paths else columns,
         cache=not no_cache,
     )
-    with Catalog(db, log=not no_log) as catalog:
+    with Catalog(db, log=not no_log and at is None, at=at) as catalog:
         if show_plan:
             explained = explain(catalog, spec)
             typer.echo(explained.sql + ";")

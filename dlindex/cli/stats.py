@@ -7,7 +7,16 @@ from typing import Annotated
 import typer
 
 from dlindex.catalog.connection import Catalog
-from dlindex.cli._shared import DbOption, JsonFlag, NoLogFlag, handle_errors, human_bytes, print_json, stdout_console
+from dlindex.cli._shared import (
+    AtOption,
+    DbOption,
+    JsonFlag,
+    NoLogFlag,
+    handle_errors,
+    human_bytes,
+    print_json,
+    stdout_console,
+)
 from dlindex.stats import CatalogStats, SlowReport, catalog_stats, slow_queries
 
 
@@ -31,12 +40,15 @@ def stats(
     ] = False,
     as_json: JsonFlag = False,
     no_log: NoLogFlag = False,
+    at: AtOption = None,
 ) -> None:
     """Show totals by status, label balance, sizes, indexes and recent scans.
 
     dlindex stats --json | jq .by_status
     """
     if slow:
+        if at is not None:
+            raise typer.BadParameter("--slow reads the query log, which has no versions", param_hint="'--at'")
         with Catalog(db, log=False) as catalog:
             report = slow_queries(catalog, top=top)
         if as_json:
@@ -44,7 +56,7 @@ def stats(
         else:
             _print_slow(report)
         return
-    with Catalog(db, log=not no_log) as catalog:
+    with Catalog(db, log=not no_log and at is None, at=at) as catalog:
         result = catalog_stats(catalog, top=top, exact=True if exact else None)
     for problem in result.root_problems:  # the totals describe files that are not there
         typer.echo(f"warning: {problem}", err=True)

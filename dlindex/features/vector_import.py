@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from dlindex.catalog.backend import INTEGRITY_ERRORS
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, path_key, resolve_paths, root_prefixes
+from dlindex.catalog.versions import command_text
 from dlindex.errors import CatalogError, InputError
 from dlindex.features.blobs import Ids, write_vectors
 from dlindex.features.readers import DEFAULT_MAX_BYTES, read_import_file
@@ -123,6 +124,8 @@ def import_features(
         rollback = False
         if size >= _ROLLBACK_MIN_BYTES and not concurrent:
             rollback = stack.enter_context(catalog.rollback_journal())
+        version = stack.enter_context(catalog.versioned(command_text("features import", name, os.fspath(path))))
+        version.keep, version.summary = True, {"vectors": n}  # vectors have no history: kept by name
         conn = stack.enter_context(catalog.write_transaction())
         if existing is None:
             create_type(conn, name, target.name, "import", dim)

@@ -156,7 +156,7 @@ def _open_readers(catalog: Catalog) -> list[Any]:
     opened: list[Any] = []
     with suppress(*SQL_ERRORS):
         for _ in range(READERS):
-            opened.append(catalog.backend.connect_reader(timeout=catalog.wait_s, any_thread=True))
+            opened.append(catalog.connect_reader(any_thread=True))
     return opened
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from dlindex.catalog.paths import path_key, root_prefixes
 from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN, rollback
+from dlindex.catalog.versions import command_text, summary_of
 from dlindex.errors import InputError, UsageError, did_you_mean
 from dlindex.query.mark_apply import BATCH_SAMPLES, apply_marks
 from dlindex.query.spec import PROCESSING_FILTERS, STATUSES
@@ -133,7 +134,9 @@ def mark_samples(
         inputs = _stage(catalog, records, by)
         set_sql = ", ".join(_SET[k] for k in values)
         changed_sql = " OR ".join(_CHANGED[k] for k in values)
-        done = apply_marks(catalog, values, set_sql, changed_sql, batch=max(1, batch or BATCH_SAMPLES))
+        with catalog.versioned(command_text("mark", *(f"{k}={values[k]}" for k in sorted(values)))) as version:
+            done = apply_marks(catalog, values, set_sql, changed_sql, batch=max(1, batch or BATCH_SAMPLES))
+            version.summary = summary_of({"updated": done.updated})
     finally:
         catalog.backend.end_temp_table(conn, "mark_ids")
         catalog.backend.end_temp_table(conn, "mark_paths")

@@ -19,6 +19,7 @@ from pathlib import Path
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.paths import display_name
 from dlindex.catalog.shard_runs import finish_shard_run, start_shard_run
+from dlindex.catalog.versions import command_text, summary_of
 from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.errors import Interrupted
 from dlindex.scan import tasks as worker
@@ -76,10 +77,22 @@ def scan_tree(
     progress: Callable[[int], object] | None = None,
 ) -> ScanSummary:
     """Bring the catalog in line with the tree under ``root``; see docs/commands/scan.md.
+    What it changes is one catalog version (docs/versions.md).
 
     Args:
         progress: called with the number of files finished since the last call.
     """
+    with catalog.versioned(command_text("scan", os.path.abspath(os.fsdecode(root)))) as version:
+        summary = _scan_tree(catalog, root, options, progress)
+        version.summary = summary_of(
+            {k: getattr(summary, k) for k in ("new", "changed", "missing", "corrupt", "relabeled", "pruned")}
+        )
+        return summary
+
+
+def _scan_tree(
+    catalog: Catalog, root: str | os.PathLike[str], options: ScanOptions, progress: Callable[[int], object] | None
+) -> ScanSummary:
     started = time.perf_counter()
     root_bytes = check_root(root)
     labels_file = read_labels_file(options.labels_file) if options.labels_file else None

@@ -32,8 +32,9 @@ _END = "COMMIT"  # of a failed transaction, PostgreSQL rolls it back
 class ReadsAside:
     """The second connection of one ``PgConnection`` and the reads open on it."""
 
-    def __init__(self, open_connection: Callable[[], PgConnection]) -> None:
+    def __init__(self, open_connection: Callable[[], PgConnection], owner: PgConnection) -> None:
         self._open_connection = open_connection
+        self._owner = owner  # whose pinned views (a past state) the second connection needs too
         self._conn: PgConnection | None = None
         self._pid = 0
         self._reads: set[int] = set()
@@ -60,6 +61,8 @@ class ReadsAside:
         # a forked child never touches its parent's socket: it opens its own
         if self._conn is None or self._pid != os.getpid() or self._conn.raw.closed:
             self._conn, self._pid, self._reads = self._open_connection(), os.getpid(), set()
+            if self._owner.pinned:
+                self._conn.pin(self._owner.pinned)
         return self._conn
 
     def _done(self, slot: int) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from dlindex.cache_dir import cache_dir
+from dlindex.catalog.as_of import view_statements
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
 from dlindex.catalog.postgres.connect import PgConnection, busy_message, connect, connect_readonly, redact
 from dlindex.errors import CatalogBusyError, CatalogError
@@ -91,6 +92,11 @@ class PostgresBackend(Backend):
     def lock_rows(self, conn: Connection, selects: Sequence[str]) -> None:
         for select in selects:
             conn.execute(select).fetchall()
+
+    def pin_state(self, conn: ReadConnection, state: int) -> None:
+        server = cast(PgConnection, conn)
+        (schema,) = server.execute_raw("SELECT current_schema()").fetchone() or ("public",)
+        server.pin(view_statements(state, qualify='"' + str(schema).replace('"', '""') + '"'))
 
     def end_temp_table(self, conn: Connection, table: str) -> None:
         """Emptied, not dropped: a new temp table each call is a new statement to the server's

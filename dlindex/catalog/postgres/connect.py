@@ -3,10 +3,10 @@
 The URL, the checks before any write, the schema under an advisory lock, and the connection.
 ``PgConnection`` speaks ``dlindex.catalog.backend.Connection`` (execute, executemany, stream,
 fetch, rowcount, lastrowid, in_transaction) and raises dlindex's own exceptions for what fails
-(``dlindex_error``: CatalogLockTimeout for a lock wait that ran out or a deadlock,
-CatalogFullError, CatalogReadOnlySQLError, CatalogIntegrityError, else CatalogOperationalError). Statements are rewritten by
-``dialect.translate``. Bulk inserts use COPY (``copy_rows``). psycopg 3 is imported only
-when a ``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``).
+(``dlindex_error``: CatalogLockTimeout for a lock wait that ran out or a deadlock, CatalogFullError,
+CatalogReadOnlySQLError, CatalogIntegrityError, else CatalogOperationalError). Statements are rewritten
+by ``dialect.translate``; bulk inserts use COPY (``copy_rows``); psycopg 3 is imported only when a
+``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``).
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ class PgConnection:
     def __init__(self, raw: Any, shown: str, aside: Callable[[], PgConnection] | None = None) -> None:
         self.raw = raw
         self.shown = shown
-        self._aside = ReadsAside(aside) if aside is not None else None  # streamed reads outside a transaction
+        self._aside = ReadsAside(aside, self) if aside is not None else None  # streamed reads outside a transaction
+        self.pinned: tuple[str, ...] = ()  # the views of a past state (pin), made again on the second connection
         self._open_reads: set[int] = set()  # slots of streamed reads not yet closed
         self._lost_because = "the server closed the connection"
         self._psycopg = _psycopg()
@@ -209,6 +210,12 @@ class PgConnection:
             self._open_reads.discard(slot)
             raise
         return Streamed(cursor, lambda: self._open_reads.discard(slot), self._statement)
+
+    def pin(self, statements: Sequence[str]) -> None:
+        """A past state's temporary views (catalog.as_of), here and on the second connection."""
+        for statement in ("BEGIN READ WRITE", *statements, "COMMIT"):
+            self.execute_raw(statement)
+        self.pinned = tuple(statements)
 
     def execute_raw(self, sql: str, parameters: Sequence[Any] | Mapping[str, Any] | None = None) -> PgCursor:
         """Run PostgreSQL SQL as it is (psycopg parameters)."""
@@ -378,8 +385,8 @@ class PgConnection:
             with suppress(self._psycopg.Error):
                 self.raw.execute("ROLLBACK")
 
-    def commit(self) -> None:
-        """Nothing to do: like dlindex's SQLite connections, this one is in autocommit mode."""
+    def commit(self) -> None:  # nothing to do: as dlindex's SQLite connections, in autocommit mode
+        pass
 
     def close(self) -> None:
         if self._aside is not None:

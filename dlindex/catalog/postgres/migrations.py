@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from dlindex.catalog.postgres.history_schema import SCHEMA_V19
 from dlindex.errors import CatalogError, DamagedCatalogError
 
 
@@ -281,7 +282,7 @@ SCHEMA_V18 = (
 )
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15), (16, SCHEMA_V16),
-    (17, SCHEMA_V17), (18, SCHEMA_V18),
+    (17, SCHEMA_V17), (18, SCHEMA_V18), (19, SCHEMA_V19),
 )  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
@@ -292,7 +293,8 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "query_cache": ("key",), "feature_types": ("name",), "image_features": ("image_id", "feature_type"),
     "index_changes": ("id",), "feature_state": ("image_id", "feature_type"), "exports": ("path",),
     "sample_attributes": ("image_id", "name"), "shard_runs": ("id",), "scan_digests": ("root_id", "start"),
-    "extractor_versions": ("feature_type", "id"),
+    "extractor_versions": ("feature_type", "id"), "versions": ("id",), "version_tags": ("name",),
+    "image_history": ("valid_to", "id"),
 }  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from dlindex import faults
+from dlindex.catalog.as_of import view_statements
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
 from dlindex.catalog.sqlite.connect import Writeback, connect, connect_readonly, readonly_reason
 from dlindex.catalog.sqlite.migrations import schema_version
@@ -92,6 +93,10 @@ class SqliteBackend(Backend):
 
     def lock_rows(self, conn: Connection, selects: Sequence[str]) -> None:
         """Nothing: BEGIN IMMEDIATE already holds the file's write lock."""
+
+    def pin_state(self, conn: ReadConnection, state: int) -> None:
+        for statement in view_statements(state, qualify="main"):
+            conn.execute(statement)
 
     def end_temp_table(self, conn: Connection, table: str) -> None:
         if not table.isidentifier():

@@ -24,6 +24,7 @@ from dlindex.catalog.sqlite.early_migrations import (
     m006_classes,
     m007_feature_state,
 )
+from dlindex.catalog.sqlite.history_schema import HISTORY
 
 # "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
 APPLICATION_ID = 0x646C6978
@@ -163,6 +164,14 @@ def m018_auto_features(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m019_versions(conn: sqlite3.Connection) -> None:
+    # Catalog versions (dlindex.catalog.versions): every row's old values when it changes or
+    # goes, labels' too, and the numbered versions with their tags; the catalog at any past
+    # state is then answered from the rows and their history (dlindex.catalog.as_of).
+    for statement in HISTORY:
+        conn.execute(statement)
+
+
 # What queues a sample for the automatic types: an ok row inserted, or new content in an ok
 # row (after the vectors and states of the old content are deleted, in the same trigger, so
 # the order of the two is fixed).
@@ -250,7 +259,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
     m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
-    m016_scan_digests, m017_extractor_versions, m018_auto_features,
+    m016_scan_digests, m017_extractor_versions, m018_auto_features, m019_versions,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -296,6 +305,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (11, None, ("shard_runs",)),
     (16, None, ("scan_digests",)),
     (17, None, ("extractor_versions",)),
+    (19, None, ("image_history", "label_history", "versions", "version_tags")),
 )
 
 

@@ -1,0 +1,120 @@
+"""Reading the catalog as it stood at an earlier state: ``--at VERSION|TAG|EXPORT``.
+
+A connection *pinned* to state S gets two temporary views named like the tables they stand
+for, ``image_metadata`` and ``labels``, holding the rows and labels of state S (the live rows
+written by then, and the history rows that held then: dlindex.catalog.sqlite.history_schema).
+A name without a schema finds the temporary view first, in SQLite and in PostgreSQL, so every
+read dlindex makes (query, sampling, stats, export, the loader) answers as of S unchanged, and
+a write of rows through a pinned connection fails instead of writing into the past.
+
+Paths are read through today's ``roots``: ``roots move`` moved the files, so an old state's
+rows are found where the files are now.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dlindex.catalog.sqlite.history_schema import ROW_COLUMNS
+from dlindex.errors import InputError
+
+if TYPE_CHECKING:
+    from dlindex.catalog.backend import ReadConnection
+
+_COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
+_VERSION = "SELECT id, last_change, finished_at FROM versions WHERE id = :id"
+_TAG = "SELECT v.id, v.last_change, v.finished_at FROM version_tags t JOIN versions v ON v.id = t.version WHERE t.name = :name"
+_LATEST = "SELECT id, last_change, finished_at FROM versions ORDER BY id DESC LIMIT 1"
+_OLDEST = "SELECT min(first_change) FROM versions"
+_VERSION_AT = "SELECT max(id) FROM versions WHERE last_change <= :state"
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A state the catalog had, and how the user named it."""
+
+    state: int  # the change counter's value
+    version: int | None  # the numbered version it is the end of, where it is one
+    named: str  # as given: "7", "v7", a tag, an export's folder
+
+    def as_dict(self) -> dict[str, object]:
+        return {"state": self.state, "version": self.version, "at": self.named}
+
+
+def view_statements(state: int, *, qualify: str) -> tuple[str, ...]:
+    """The two views of state ``state``; ``qualify`` names the schema holding the tables
+    ("main" in SQLite; the catalog's schema, already quoted, in PostgreSQL)."""
+    s = int(state)  # an integer made here, never text a user typed: safe inside the view's text
+    return (
+        f"CREATE TEMP VIEW image_metadata AS SELECT {_COLUMNS} FROM {qualify}.image_metadata "
+        f"WHERE valid_from IS NULL OR valid_from <= {s} "
+        f"UNION ALL SELECT {_COLUMNS} FROM {qualify}.image_history WHERE valid_from <= {s} AND valid_to > {s}",
+        f"CREATE TEMP VIEW labels AS SELECT id, name, valid_from FROM {qualify}.labels "
+        f"WHERE valid_from IS NULL OR valid_from <= {s} "
+        f"UNION ALL SELECT id, name, valid_from FROM {qualify}.label_history WHERE valid_from <= {s} AND valid_to > {s}",
+    )
+
+
+def resolve(conn: ReadConnection, at: str) -> Pinned:
+    """The state ``at`` names: a version number (``7`` or ``v7``), a tag, ``latest``, or an
+    export's folder (the state its index.json recorded). Refused in one line when it names none."""
+    text = at.strip()
+    if not text:
+        raise InputError("--at needs a version number, a tag or an export folder; dlindex versions lists them")
+    number = text[1:] if text[:1] in "vV" and text[1:].isdigit() else text
+    if number.isdigit():
+        row = _one(conn, _VERSION, {"id": int(number)})
+        if row is None:
+            raise InputError(f"no version {int(number)} in this catalog{_known(conn)}")
+        return _pinned(row, text)
+    if text == "latest":
+        row = _one(conn, _LATEST, {})
+        if row is None:
+            raise InputError("this catalog has no versions yet: nothing has been written to it")
+        return _pinned(row, text)
+    row = _one(conn, _TAG, {"name": text})
+    if row is not None:
+        return _pinned(row, text)
+    if os.path.isdir(text):
+        return _from_export(conn, Path(text))
+    raise InputError(
+        f"no version or tag {text[:80]!r} in this catalog, and no export folder by that name{_known(conn)}"
+    )
+
+
+def _pinned(row: tuple[object, ...], named: str) -> Pinned:
+    version, last_change, finished = int(row[0]), int(row[1]), row[2]  # type: ignore[call-overload]
+    if finished is None:
+        raise InputError(
+            f"version {version} is still being written (or its command was killed before it could finish); "
+            "give a finished version: dlindex versions lists them"
+        )
+    return Pinned(last_change, version, named)
+
+
+def _from_export(conn: ReadConnection, folder: Path) -> Pinned:
+    from dlindex.exported.reader import load_index  # on use: only an --at of an export reads one
+
+    recorded = load_index(folder).get("catalog")
+    state = recorded.get("changes") if isinstance(recorded, dict) else None
+    if not isinstance(state, int) or isinstance(state, bool) or state < 0:
+        raise InputError(f"export {folder} does not record the catalog state it read")
+    oldest = _one(conn, _OLDEST, {})
+    if oldest is None or oldest[0] is None or state < int(oldest[0]):  # type: ignore[call-overload]
+        raise InputError(f"export {folder} read a state this catalog no longer keeps (state {state})")
+    row = _one(conn, _VERSION_AT, {"state": state})
+    return Pinned(state, int(row[0]) if row and row[0] is not None else None, os.fspath(folder))  # type: ignore[call-overload]
+
+
+def _known(conn: ReadConnection) -> str:
+    row = _one(conn, "SELECT min(id), max(id) FROM versions", {})
+    if row is None or row[0] is None:
+        return " (it has none yet)"
+    return f" (it has {row[0]}..{row[1]}: dlindex versions)"
+
+
+def _one(conn: ReadConnection, sql: str, params: dict[str, object]) -> tuple[object, ...] | None:
+    return conn.execute(sql, params).fetchone()  # type: ignore[no-any-return]

@@ -1,0 +1,232 @@
+"""Catalog versions: every changing command is a numbered version, `--at` reads any of them as
+it stood, tags name them, `diff` says what changed; on both backends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from dlindex import Catalog, InputError, mark_samples, query_rows
+from dlindex.catalog.as_of import resolve
+from dlindex.catalog.diff import diff_states
+from dlindex.catalog.sqlite.migrations import m019_versions
+from dlindex.catalog.versions import list_versions, tag
+from dlindex.cli import app
+
+from .backends import ON_BOTH_BACKENDS, is_server, raw, schema_before
+from .conftest import export, make_png, rows, scan
+
+pytestmark = ON_BOTH_BACKENDS
+
+
+def versions(db: Path) -> list[tuple[int, str, dict[str, object] | None]]:
+    """(number, command word, summary) of each version; numbers only grow (a dropped one leaves a gap)."""
+    with Catalog(db) as catalog:
+        return [(v.id, v.command.split()[0], v.summary) for v in list_versions(catalog)]
+
+
+def numbers(db: Path) -> list[str]:
+    return [str(v[0]) for v in versions(db)]
+
+
+def paths_at(db: Path, at: str | None, **spec: object) -> list[str]:
+    with Catalog(db, at=at) as catalog:
+        return [str(r["path"]).rsplit("/", 2)[-2] + "/" + str(r["path"]).rsplit("/", 1)[-1]
+                for r in query_rows(catalog, columns=("path",), **spec)]  # fmt: skip
+
+
+def mark(db: Path, ids: list[int], **values: object) -> None:
+    with Catalog(db) as catalog:
+        mark_samples(catalog, [str(i) for i in ids], **values)  # type: ignore[arg-type]
+
+
+def test_each_changing_command_is_a_version_and_at_reads_it_as_it_stood(scanned_db: Path, image_tree: Path) -> None:
+    assert versions(scanned_db) == [(1, "scan", {"corrupt": 1, "new": 7})]
+    scan(scanned_db, image_tree)  # nothing changed: no version
+    assert len(versions(scanned_db)) == 1
+    mark(scanned_db, [1, 2], excluded=True)
+    make_png(image_tree / "bird" / "new.png", (9, 9), (1, 2, 3))
+    (image_tree / "dog" / "002.png").unlink()
+    scan(scanned_db, image_tree, prune=True)
+    assert [v[1] for v in versions(scanned_db)] == ["scan", "mark", "scan"]
+    assert versions(scanned_db)[2][2] == {"missing": 1, "new": 1, "pruned": 1}
+    first, marked, last = numbers(scanned_db)
+    v1 = ["cat/000.png", "cat/001.png", "cat/002.png", "dog/000.png", "dog/001.png", "dog/002.png"]
+    assert paths_at(scanned_db, first) == v1
+    assert paths_at(scanned_db, "v" + marked) == v1[2:]  # excluded from selections from then on
+    assert paths_at(scanned_db, last) == ["cat/002.png", "dog/000.png", "dog/001.png", "bird/new.png"]
+    assert paths_at(scanned_db, None) == paths_at(scanned_db, "latest")
+    # label_id numbers each state's own class list: "bird" came with the last version
+    columns = ("label", "label_id")
+    with Catalog(scanned_db, at=marked) as catalog:
+        assert {r["label"]: r["label_id"] for r in query_rows(catalog, columns=columns)} == {"cat": 0, "dog": 1}
+    with Catalog(scanned_db) as catalog:
+        got = {r["label"]: r["label_id"] for r in query_rows(catalog, columns=columns)}
+    assert got == {"bird": 0, "cat": 1, "dog": 2}
+
+
+def test_a_class_that_went_away_keeps_its_name_at_the_old_state(scanned_db: Path, image_tree: Path) -> None:
+    for f in (image_tree / "cat").iterdir():
+        f.unlink()
+    scan(scanned_db, image_tree, prune=True)
+    assert rows(scanned_db, "SELECT name FROM labels ORDER BY name") == [("dog",)]
+    with Catalog(scanned_db, at="1") as catalog:
+        got = {(r["label"], r["label_id"]) for r in query_rows(catalog, columns=("label", "label_id"))}
+    assert got == {("cat", 0), ("dog", 1)}
+    assert paths_at(scanned_db, "1", labels=("cat",)) == ["cat/000.png", "cat/001.png", "cat/002.png"]
+
+
+def test_diff_names_each_kind_of_change_reading_only_what_changed(scanned_db: Path, image_tree: Path) -> None:
+    mark(scanned_db, [1], processed=True)
+    make_png(image_tree / "cat" / "001.png", (40, 40), (9, 9, 9))  # new content
+    make_png(image_tree / "bird" / "b.png", (9, 9), (1, 2, 3))
+    (image_tree / "dog" / "000.png").unlink()
+    scan(scanned_db, image_tree)
+    with Catalog(scanned_db) as catalog:
+        changes = {c.path.rsplit("/", 2)[-2] + "/" + c.path.rsplit("/", 1)[-1]: c for c in diff_states(
+            catalog, resolve(catalog.conn, "1").state, catalog.changes())}  # fmt: skip
+        back = {c.id: c.kinds for c in diff_states(catalog, catalog.changes(), resolve(catalog.conn, "1").state)}
+    assert {p: c.kinds for p, c in changes.items()} == {
+        "cat/000.png": ("flags",), "cat/001.png": ("content",), "dog/000.png": ("status",), "bird/b.png": ("added",),
+    }  # fmt: skip
+    assert changes["cat/000.png"].changed == {"processed": [0, 1]}
+    assert changes["dog/000.png"].changed["status"] == ["ok", "missing"]
+    assert changes["cat/001.png"].changed["width"] == [17, 40]
+    assert sorted(back.values()) == sorted([("flags",), ("content",), ("status",), ("removed",)])
+
+
+def test_diff_rows_pipe_into_mark_and_counts_print_at_a_terminal(
+    scanned_db: Path, image_tree: Path, runner: CliRunner
+) -> None:
+    make_png(image_tree / "bird" / "b.png", (9, 9), (1, 2, 3))
+    scan(scanned_db, image_tree)
+    db = ["--db", str(scanned_db)]
+    lines = runner.invoke(app, ["diff", "1", *db, "--format", "jsonl"]).stdout.splitlines()
+    assert [json.loads(line)["changes"] for line in lines] == [["added"]]
+    marked = runner.invoke(app, ["mark", "--processed", "-", *db], input="\n".join(lines))
+    assert marked.exit_code == 0, marked.output
+    first, added, marked = numbers(scanned_db)
+    counts = runner.invoke(app, ["diff", first, added, *db, "--json"])
+    assert json.loads(counts.stdout)["added"] == 1
+    assert json.loads(runner.invoke(app, ["diff", added, marked, *db, "--json"]).stdout)["flags"] == 1
+
+
+def test_tags_name_versions_move_and_go(scanned_db: Path, runner: CliRunner) -> None:
+    mark(scanned_db, [1], processed=True)
+    db = ["--db", str(scanned_db)]
+    assert runner.invoke(app, ["tag", "release-1", "1", *db]).exit_code == 0
+    assert (
+        runner.invoke(app, ["tag", "nightly", *db]).stdout.strip() == f"tag nightly -> version {numbers(scanned_db)[1]}"
+    )
+    assert paths_at(scanned_db, "release-1", processed=True) == []
+    assert len(paths_at(scanned_db, "nightly", processed=True)) == 1
+    assert runner.invoke(app, ["tag", "release-1", "nightly", *db]).exit_code == 0  # moved
+    with Catalog(scanned_db) as catalog:
+        assert [v.tags for v in list_versions(catalog)] == [(), ("nightly", "release-1")]
+    assert runner.invoke(app, ["tag", "nightly", "--delete", *db]).exit_code == 0
+    for bad in ("7up", "latest", "a b", "", "x" * 101, "-rf"):
+        result = runner.invoke(app, ["tag", bad, *db] if bad != "-rf" else ["tag", "--", bad, *db])
+        assert result.exit_code != 0 and "Traceback" not in result.output, bad
+
+
+@pytest.mark.parametrize("at", ["9", "v0", "nope", "latest-1", "/no/such/export"])
+def test_at_a_version_that_is_not_there_is_one_line(scanned_db: Path, runner: CliRunner, at: str) -> None:
+    result = runner.invoke(app, ["query", "--at", at, "--db", str(scanned_db)])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_at_an_export_reads_the_state_it_was_written_from(scanned_db: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    export(scanned_db, out, format="jsonl")
+    mark(scanned_db, [1, 2, 3], excluded=True)
+    assert len(paths_at(scanned_db, str(out))) == 6
+    assert len(paths_at(scanned_db, None)) == 3
+
+
+def test_a_pinned_catalog_writes_no_rows(scanned_db: Path) -> None:
+    with Catalog(scanned_db, at="1") as catalog, pytest.raises(Exception, match=r"(?i)view|cannot|read-only"):
+        mark_samples(catalog, ["1"], processed=True)
+    assert rows(scanned_db, "SELECT count(*) FROM image_metadata WHERE processed = 1") == [(0,)]
+
+
+def test_a_killed_command_keeps_its_version_and_the_next_one_closes_it(scanned_db: Path) -> None:
+    program = textwrap.dedent(f"""
+        import os, signal
+        from dlindex import Catalog
+        with Catalog({str(scanned_db)!r}) as catalog, catalog.versioned("mark killed"):
+            with catalog.write_transaction() as conn:
+                conn.execute("UPDATE image_metadata SET processed = 1 WHERE id = 1")
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", program], check=False, env={**os.environ, "DLINDEX_NO_LOG": "1"})
+    assert done.returncode == -signal.SIGKILL
+    mark(scanned_db, [2], processed=True)
+    with Catalog(scanned_db) as catalog:
+        listed = list(list_versions(catalog))
+    assert [(v.command, (v.summary or {}).get("interrupted")) for v in listed] == [
+        (listed[0].command, None), ("mark killed", "killed"), (listed[2].command, None),
+    ]  # fmt: skip
+    assert len(paths_at(scanned_db, str(listed[1].id), processed=True)) == 1  # what it committed stays, readable
+
+
+def test_a_catalog_from_before_versions_starts_at_version_1(scanned_db: Path) -> None:
+    mark(scanned_db, [1], processed=True)
+    schema_before(scanned_db, m019_versions)
+    mark(scanned_db, [2], processed=True)  # migrates, then writes version 2
+    assert [v[1] for v in versions(scanned_db)] == ["catalog", "mark"]
+    before, after = numbers(scanned_db)
+    assert len(paths_at(scanned_db, before, processed=True)) == 1
+    assert len(paths_at(scanned_db, after, processed=True)) == 2
+
+
+def test_history_grows_with_the_changes_not_the_catalog(scanned_db: Path, image_tree: Path) -> None:
+    scan(scanned_db, image_tree, force=True)  # every file read again, nothing changed
+    assert rows(scanned_db, "SELECT count(*) FROM image_history") == [(0,)]
+    for value in (True, False, True):
+        mark(scanned_db, [1], processed=value)
+    assert rows(scanned_db, "SELECT count(*) FROM image_history") == [(3,)]
+    assert [len(paths_at(scanned_db, v, processed=True)) for v in numbers(scanned_db)] == [0, 1, 0, 1]
+
+
+def test_another_programs_writes_are_kept_too(scanned_db: Path) -> None:
+    with raw(scanned_db) as conn:
+        conn.execute("UPDATE image_metadata SET split = 'train' WHERE id = 1")
+    assert rows(scanned_db, "SELECT id, split FROM image_history") == [(1, None)]
+
+
+def test_a_server_catalog_gives_writers_states_in_commit_order(scanned_db: Path) -> None:
+    if not is_server(scanned_db):
+        pytest.skip("SQLite has one writer at a time")
+    with Catalog(scanned_db) as first, Catalog(scanned_db) as second:
+        with first.write_transaction() as conn:
+            conn.execute("UPDATE image_metadata SET processed = 1 WHERE id = 1")
+        with second.write_transaction() as conn:
+            conn.execute("UPDATE image_metadata SET processed = 1 WHERE id = 2")
+    states = rows(scanned_db, "SELECT valid_from FROM image_metadata WHERE id IN (1, 2) ORDER BY id")
+    assert states[0][0] < states[1][0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text(max_size=40))
+def test_at_takes_any_text_and_answers_or_refuses_in_one_line(scanned_db: Path, text: str) -> None:
+    if is_server(scanned_db):
+        pytest.skip("the resolver is the same code on both backends; fuzzed once")
+    with Catalog(scanned_db) as catalog:
+        tag(catalog, "t1", 1)
+        try:
+            pinned = resolve(catalog.conn, text)
+        except InputError as e:
+            assert "\n" not in str(e)
+        else:
+            assert pinned.version == 1  # the only version: by number, v-number, tag or latest
