@@ -12,6 +12,7 @@ from dlindex.catalog.connection import Catalog
 from dlindex.catalog.postgres.dialect import postgres_form
 from dlindex.catalog.reachable import unreachable_roots
 from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEX_LIST
+from dlindex.query.spec import ID_SPAN
 
 # Above this many rows (the id range) stats estimates the row figures from a sample of
 # SAMPLE_ROWS rows, read as runs of _RUN neighbours: ~0.1 s at any size, within ~1% of the
@@ -31,9 +32,10 @@ _PASS = """SELECT label_id, split, count(*) FILTER (WHERE status = 'ok'), count(
     count(*) FILTER (WHERE status != 'missing' AND processing_status = 'failed'),
     count(*) FILTER (WHERE status != 'missing' AND processing_status = 'queued'),
     count(*) FILTER (WHERE status != 'missing' AND excluded = 1)
-    FROM image_metadata{sample} GROUP BY label_id, split"""
+    FROM (SELECT * FROM image_metadata{sample}) AS image_metadata GROUP BY label_id, split"""
+# (The rows in a subquery of their own: SQLite then reads a sample by id through a past state's
+# view too, dlindex.catalog.as_of, where an aggregate over the view would read every row.)
 _SAMPLED = " WHERE image_metadata.id IN (SELECT value FROM json_each(:ids))"
-_ID_SPAN = "SELECT (SELECT min(id) FROM image_metadata), (SELECT max(id) FROM image_metadata)"
 _LABEL_NAMES = "SELECT id, name FROM labels"
 _INDEXES = postgres_form(
     "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
@@ -104,7 +106,7 @@ def catalog_stats(
     samples, ``exact=True`` never.
     """
     read = catalog.read  # recorded in the query log, like every read dlindex runs for a user
-    lo, hi = next(iter(read(_ID_SPAN)))
+    lo, hi = next(iter(read(ID_SPAN)))
     span = 0 if lo is None else int(hi) - int(lo) + 1
     estimate = span > ESTIMATE_ABOVE if exact is None else not exact
     size = sample or SAMPLE_ROWS

@@ -108,6 +108,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]  # torch is
             "version": _STATE_VERSION, "epoch": dataset.epoch, "seed": dataset.options.seed, "digest": plan.digest,
             "source": plan.export.out_dir if plan.export is not None else "files",
             "generations": [g.as_dict() for g in (*dataset.history, now)],
+            "catalog_state": plan.selection.changes,  # a resume reads the catalog as it stood then
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -128,6 +129,9 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[misc]  # torch is
             dataset.source = source  # the same bytes source as before: the same order
             dataset.options = _with_source(dataset.options, source)
         dataset.history, dataset.digest = generations, str(state.get("digest") or "") or None
+        read = state.get("catalog_state")
+        if dataset.at is None and isinstance(read, int) and not isinstance(read, bool) and read >= 0:
+            dataset.resume_at = f"state:{read}"  # the rest of this epoch as planned; the next one reads what is new
         self._offsets = []
 
     def stats(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from dlindex import Catalog, QuerySpec, ScanOptions, scan_tree  # noqa: E402
+from dlindex import Catalog, QuerySpec, ScanOptions, mark_samples, scan_tree  # noqa: E402
 from dlindex.errors import DlindexError, InputError  # noqa: E402
 from dlindex.torch import CatalogDataset, DataLoader  # noqa: E402
 
@@ -140,10 +140,42 @@ def test_resume_from_two_ranks_onto_one(db: Path) -> None:
     assert again.state_dict()["generations"][0]["world"] == 2
 
 
-def test_a_state_of_another_selection_is_refused(db: Path, tree: Path) -> None:
+def test_a_resume_across_an_append_reads_exactly_the_rest_then_the_next_epoch_the_new(db: Path, tree: Path) -> None:
+    """Two ranks save mid-epoch; files are added and the catalog rescanned; three ranks resume:
+    they read exactly what the two had not (the catalog as the epoch planned it, by its saved
+    state), and the next epoch reads the new files too."""
+    seen: list[int] = []
+    states = []
+    for r in range(2):
+        loader = DataLoader(database_path=db, batch_size=2, num_workers=2, image_size=8, rank=r, world_size=2, seed=4)
+        seen += ids_of(read(loader, 3))
+        states.append(loader.state_dict())
+    before = all_ids(db)
+    for i in range(5):
+        make_jpeg(tree / "ant" / f"new{i}.jpg", (30, 30), (i, 200, 3))
+    with Catalog(db) as catalog:
+        scan_tree(catalog, tree, ScanOptions(workers=1))
+    added = all_ids(db) - before
+    assert len(added) == 5
+    rest: list[int] = []
+    for r in range(3):
+        again = DataLoader(database_path=db, batch_size=3, num_workers=1, image_size=8, rank=r, world_size=3, seed=4)
+        again.load_state_dict(states[0])
+        rest += ids_of(read(again))
+    assert not set(seen) & set(rest) and set(seen) | set(rest) == before  # nothing new, nothing twice
+    everything = DataLoader(database_path=db, batch_size=4, image_size=8, seed=4)
+    everything.set_epoch(1)
+    assert added <= set(ids_of(read(everything)))
+    with pytest.raises(InputError, match="seed"):
+        DataLoader(database_path=db, batch_size=4, seed=9).load_state_dict(states[0])
+
+
+def test_a_state_without_the_catalogs_state_is_checked_against_the_selection(db: Path, tree: Path) -> None:
+    """A state saved before versions were kept: resume is exact only over the same samples."""
     loader = DataLoader(database_path=db, batch_size=4, image_size=8)
     read(loader, 2)
     state = loader.state_dict()
+    del state["catalog_state"]
     make_jpeg(tree / "ant" / "new.jpg")
     with Catalog(db) as catalog:
         scan_tree(catalog, tree, ScanOptions(workers=1))
@@ -151,8 +183,14 @@ def test_a_state_of_another_selection_is_refused(db: Path, tree: Path) -> None:
     again.load_state_dict(state)
     with pytest.raises(DlindexError, match="differs"):
         read(again)
-    with pytest.raises(InputError, match="seed"):
-        DataLoader(database_path=db, batch_size=4, seed=9).load_state_dict(state)
+
+
+def test_a_loader_at_a_version_reads_that_version(db: Path) -> None:
+    with Catalog(db) as catalog:
+        mark_samples(catalog, [str(i) for i in sorted(all_ids(db))[:10]], excluded=True)
+    now = ids_of(read(DataLoader(database_path=db, batch_size=4, image_size=8)))
+    then = ids_of(read(DataLoader(database_path=db, batch_size=4, image_size=8, at="1")))
+    assert len(now) == N - 10 and sorted(then) == sorted(all_ids(db))
 
 
 @pytest.mark.parametrize("on_error", ["skip", "replace"])

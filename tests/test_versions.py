@@ -230,3 +230,42 @@ def test_at_takes_any_text_and_answers_or_refuses_in_one_line(scanned_db: Path, 
             assert "\n" not in str(e)
         else:
             assert pinned.version == 1  # the only version: by number, v-number, tag or latest
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "wds", "csv"])
+def test_export_at_a_version_writes_that_selection_and_can_be_written_again(
+    scanned_db: Path, tmp_path: Path, runner: CliRunner, fmt: str
+) -> None:
+    db = ["--db", str(scanned_db)]
+    before = tmp_path / "before"
+    assert runner.invoke(app, ["export", str(before), "--format", fmt, "--quiet", *db]).exit_code == 0
+    mark(scanned_db, [1, 2, 3], excluded=True)
+    again, now = tmp_path / "again", tmp_path / "now"
+    done = runner.invoke(app, ["export", str(again), "--format", fmt, "--at", str(before), "--quiet", *db])
+    assert done.exit_code == 0, done.output
+    assert runner.invoke(app, ["export", str(now), "--format", fmt, "--quiet", *db]).exit_code == 0
+    index = "_index.json" if fmt == "parquet" else "index.json"
+    first, second, third = (json.loads((p / index).read_text()) for p in (before, again, now))
+    assert first["counts"] == second["counts"] and third["counts"]["samples"] == first["counts"]["samples"] - 3
+    assert second["catalog"]["changes"] == first["catalog"]["changes"]  # the state it read: the same one
+    verified = runner.invoke(app, ["export", "--verify", str(before), *db])
+    assert verified.exit_code == 0 and "has moved on" in verified.stderr
+    assert "moved on" not in runner.invoke(app, ["export", "--verify", str(now), *db]).stderr
+
+
+def test_export_at_is_refused_with_features_and_ray(scanned_db: Path, tmp_path: Path, runner: CliRunner) -> None:
+    for extra in (["--features", "dhash"], ["--engine", "ray"]):
+        result = runner.invoke(app, ["export", str(tmp_path / "o"), "--at", "1", *extra, "--db", str(scanned_db)])
+        assert result.exit_code == 2 and "--at" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_state_by_its_counter(scanned_db: Path) -> None:
+    mark(scanned_db, [1], processed=True)
+    with Catalog(scanned_db) as catalog:
+        first = next(iter(list_versions(catalog)))
+        now = catalog.changes()
+    assert paths_at(scanned_db, f"state:{first.last_change}") == paths_at(scanned_db, "1")
+    for bad in (f"state:{now + 5}",):
+        with pytest.raises(InputError, match="not reached"):
+            paths_at(scanned_db, bad)

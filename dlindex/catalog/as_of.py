@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dlindex.catalog.sqlite.history_schema import ROW_COLUMNS
+from dlindex.catalog.state import CatalogState
 from dlindex.errors import InputError
 
 if TYPE_CHECKING:
@@ -28,7 +29,10 @@ _COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
 _VERSION = "SELECT id, last_change, finished_at FROM versions WHERE id = :id"
 _TAG = "SELECT v.id, v.last_change, v.finished_at FROM version_tags t JOIN versions v ON v.id = t.version WHERE t.name = :name"
 _LATEST = "SELECT id, last_change, finished_at FROM versions ORDER BY id DESC LIMIT 1"
-_OLDEST = "SELECT min(first_change) FROM versions"
+# The oldest state history can rebuild: the state a catalog from before versions had when it
+# began keeping them (its version 1, written by the migration: no pid), else 0.
+_OLDEST = "SELECT coalesce((SELECT last_change FROM versions WHERE first_change = 0 AND pid IS NULL), 0)"
+_NOW = "SELECT counter FROM catalog_changes WHERE id = 1"
 _VERSION_AT = "SELECT max(id) FROM versions WHERE last_change <= :state"
 
 
@@ -42,6 +46,17 @@ class Pinned:
 
     def as_dict(self) -> dict[str, object]:
         return {"state": self.state, "version": self.version, "at": self.named}
+
+
+def state_of(pinned: Pinned | None) -> int | None:
+    """The state a pinned catalog reads (``Catalog.pinned``), or None: the catalog as it is."""
+    return pinned.state if pinned is not None else None
+
+
+def pinned_state(pinned: Pinned) -> CatalogState:
+    """The state key of a pinned read: its counter, and a token no write transaction draws (those
+    are 32 hex digits), so a cache never mixes a past state's rows with the current one's."""
+    return CatalogState(pinned.state, f"at-{pinned.state}")
 
 
 def view_statements(state: int, *, qualify: str) -> tuple[str, ...]:
@@ -59,8 +74,9 @@ def view_statements(state: int, *, qualify: str) -> tuple[str, ...]:
 
 
 def resolve(conn: ReadConnection, at: str) -> Pinned:
-    """The state ``at`` names: a version number (``7`` or ``v7``), a tag, ``latest``, or an
-    export's folder (the state its index.json recorded). Refused in one line when it names none."""
+    """The state ``at`` names: a version number (``7`` or ``v7``), a tag, ``latest``, an
+    export's folder (the state its index.json recorded), or ``state:N`` (a change counter value,
+    as a loader's saved state records it). Refused in one line when it names none."""
     text = at.strip()
     if not text:
         raise InputError("--at needs a version number, a tag or an export folder; dlindex versions lists them")
@@ -70,6 +86,8 @@ def resolve(conn: ReadConnection, at: str) -> Pinned:
         if row is None:
             raise InputError(f"no version {int(number)} in this catalog{_known(conn)}")
         return _pinned(row, text)
+    if text.startswith("state:") and text[6:].isdigit():
+        return _state(conn, int(text[6:]), text)
     if text == "latest":
         row = _one(conn, _LATEST, {})
         if row is None:
@@ -102,11 +120,18 @@ def _from_export(conn: ReadConnection, folder: Path) -> Pinned:
     state = recorded.get("changes") if isinstance(recorded, dict) else None
     if not isinstance(state, int) or isinstance(state, bool) or state < 0:
         raise InputError(f"export {folder} does not record the catalog state it read")
-    oldest = _one(conn, _OLDEST, {})
-    if oldest is None or oldest[0] is None or state < int(oldest[0]):  # type: ignore[call-overload]
-        raise InputError(f"export {folder} read a state this catalog no longer keeps (state {state})")
+    return _state(conn, state, os.fspath(folder))
+
+
+def _state(conn: ReadConnection, state: int, named: str) -> Pinned:
+    """A state by its counter, if history can rebuild it: not before versions were kept, not ahead."""
+    (oldest,) = _one(conn, _OLDEST, {}) or (0,)
+    (now,) = _one(conn, _NOW, {}) or (0,)
+    if state < int(oldest) or state > int(now):  # type: ignore[call-overload]
+        when = "before this catalog kept versions" if state < int(oldest) else "that this catalog has not reached"  # type: ignore[call-overload]
+        raise InputError(f"{named}: state {state} is {when} (it keeps states {oldest}..{now})")
     row = _one(conn, _VERSION_AT, {"state": state})
-    return Pinned(state, int(row[0]) if row and row[0] is not None else None, os.fspath(folder))  # type: ignore[call-overload]
+    return Pinned(state, int(row[0]) if row and row[0] is not None else None, named)  # type: ignore[call-overload]
 
 
 def _known(conn: ReadConnection) -> str:

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 from dlindex import faults
-from dlindex.catalog.as_of import Pinned, resolve
+from dlindex.catalog.as_of import Pinned, pinned_state, resolve
 from dlindex.catalog.backend import (
     CLOSED_ERRORS,
     SQL_ERRORS,
@@ -340,13 +340,14 @@ class Catalog:
                     self._maybe_flush_log()
 
     def changes(self) -> int:
-        """The catalog change counter: it moves with every committed dlindex write."""
-        return int(self.conn.execute(_CHANGES).fetchone()[0])
+        """The catalog change counter: it moves with every committed dlindex write (pinned: its ``at``)."""
+        return self.pinned.state if self.pinned else int(self.conn.execute(_CHANGES).fetchone()[0])
 
     def state(self) -> CatalogState:
         """The counter with the token of the last write: names this content even across a
-        restore from a backup (dlindex.catalog.state), as caches outside the catalog need."""
-        return read_state(self.conn)
+        restore from a backup (dlindex.catalog.state), as caches outside the catalog need.
+        Pinned: the state read, whose content never changes, under a token of its own."""
+        return pinned_state(self.pinned) if self.pinned else read_state(self.conn)
 
     def flush_log(self, timeout_ms: int | None = None) -> None:
         """Write buffered query-log entries now (``close()`` does this)."""

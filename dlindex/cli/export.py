@@ -13,6 +13,7 @@ from dlindex.catalog.connection import Catalog
 from dlindex.cli._selection import ClassesOption, ClassList, PerLabelOption, Selection, selection_options
 from dlindex.cli._shared import (
     AddressOption,
+    AtOption,
     DbOption,
     Engine,
     EngineOption,
@@ -35,6 +36,24 @@ if TYPE_CHECKING:
     ExportFormat = str
 else:  # the registry's formats, as typer offers an Enum's values
     ExportFormat = StrEnum("ExportFormat", {name: name for name in NAMES})
+
+
+def _moved_on(out_dir: Path, db: str | None) -> str | None:
+    """--verify's note on the catalog the export came from (--db, else index.json's), where it can be opened."""
+    from dlindex.catalog.backend import is_server_url
+    from dlindex.errors import DlindexError
+    from dlindex.export.registry import moved_on
+    from dlindex.exported.reader import load_index
+
+    index = load_index(out_dir)
+    source = db or str(index["catalog"]["path"])
+    if not is_server_url(source) and not Path(source).is_file():
+        return None  # a catalog moved away, or an export read elsewhere: nothing to compare
+    try:
+        with Catalog(source, log=False) as catalog:
+            return moved_on(catalog, index)
+    except DlindexError:
+        return None
 
 
 def _format_help() -> str:
@@ -199,6 +218,7 @@ def export(
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
+    at: AtOption = None,
     db: DbOption = None,
 ) -> None:
     """Write manifests or packed shards (WebDataset, MDS, DALI lists) for training, with index.json.
@@ -216,6 +236,9 @@ def export(
             stdout_console.print(f"[bold]checked[/] {out_dir}: {result.summary}")
         for line in result.problems:
             typer.echo(line, err=True)
+        note = _moved_on(out_dir, db)
+        if note is not None and not quiet:
+            typer.echo(f"note: {note}", err=True)
         if not result.ok:
             typer.echo(f"Error: {result.problem_count} problem(s) in {out_dir}", err=True)
             raise typer.Exit(1)
@@ -249,6 +272,10 @@ def export(
             shown.append(line)
             typer.echo(f"warning: {line}", err=True)
 
+    if at is not None and (engine is Engine.ray or features is not None):
+        what = "--engine ray" if engine is Engine.ray else "--features (vectors are kept only as they are now)"
+        raise typer.BadParameter(f"--at exports the rows of a past version on this machine, not with {what}",
+                                 param_hint="'--at'")  # fmt: skip
     if engine is Engine.ray:
         from dlindex.export.onray import export_on_ray
 
@@ -260,7 +287,7 @@ def export(
         return
     if address is not None:
         raise typer.BadParameter("--address names a Ray cluster: give --engine ray with it", param_hint="'--address'")
-    with Catalog(db, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
+    with Catalog(db, log=not no_log and at is None, at=at) as catalog, progress_bar(quiet, unit="img") as update:
         summary = export_catalog(
             catalog, out_dir, options, progress=update, warn=warn, note=lambda line: typer.echo(line, err=True)
         )

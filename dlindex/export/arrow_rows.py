@@ -72,6 +72,8 @@ class StatementRows:
         cannot be read so (then the tuples are still all there)."""
         if self._rows is not None or any(name not in _KINDS for name in self.names):
             return None
+        if self.catalog.pinned is not None:  # the driver's own connection has no views of a past state
+            return None
         catalog = self.catalog
         columns = [(name, _KINDS[name]) for name in self.names]
         batches = catalog.backend.read_arrow(catalog.conn, self.sql, self.params, columns)

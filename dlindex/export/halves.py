@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from dlindex.catalog.connection import connect_reader  # read-only: mode=ro (or immutable=1), or a server
 from dlindex.export.dealing import Dealing, OutsideSplit
 from dlindex.export.gcpause import paused_gc
 from dlindex.export.jsonl import deal, jsonl_lines
@@ -103,9 +102,19 @@ def _main(
     conn.close()
 
 
+def _reader(upper: UpperHalf) -> Any:
+    """The second process's read-only connection, reading the same state as the first (``--at``)."""
+    from dlindex.catalog.connection import backend_for, connect_reader
+
+    db = connect_reader(upper.db, timeout=30)
+    if upper.at is not None:
+        backend_for(upper.db).pin_state(db, upper.at)
+    return db
+
+
 def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) -> dict[str, Any]:
     lines = jsonl_lines(ctx)
-    db = connect_reader(upper.db, timeout=30)
+    db = _reader(upper)
     tally = Tally()
     try:
         cursor = db.execute(upper.sql, dict(upper.params))
@@ -129,7 +138,7 @@ def _deal(ctx: Context, upper: UpperHalf, part: Path, dealing: Dealing) -> dict[
     lines, dealer, names = jsonl_lines(ctx), dealing.dealer(), list(dealing.names)
     samples = dict.fromkeys(names, 0)
     labels: Counter[tuple[str, Any]] = Counter()
-    db = connect_reader(upper.db, timeout=30)
+    db = _reader(upper)
     files = {name: open(part.with_name(f"{part.name}.{name}"), "wb") for name in names}  # noqa: SIM115
     try:
         cursor = db.execute(upper.sql, dict(upper.params))

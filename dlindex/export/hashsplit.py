@@ -18,11 +18,11 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.as_of import state_of
 from dlindex.export import plan
 from dlindex.export.arrow_rows import odd_rows
 from dlindex.export.plan import (
     _COLUMNS,
-    _ID_RANGE,
     _LOWER,
     _UPPER,
     HASH,
@@ -35,6 +35,7 @@ from dlindex.export.plan import (
     split_of,
 )
 from dlindex.query.rows import prepare
+from dlindex.query.spec import ID_SPAN
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -110,7 +111,7 @@ def dealt_rows(
     rows, prepared, upper = halved(catalog, spec, shuffle, seed, halves=halves, with_split=not fractions)
     cut: set[str] = set()
     if upper is not None:
-        low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+        low, high = catalog.conn.execute(ID_SPAN).fetchone()
         cut = {name for name, share in fractions.items() if share * (high - low) >= plan.HALVES_MIN_IDS}
     return rows, prepared, upper, cut
 
@@ -126,7 +127,7 @@ def halved(
     ``with_split``: each row carries its tree split at EXTRA (select_rows')."""
     cut = halves and not shuffle and spec.per_label is None and spec.limit is None
     if cut:
-        low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+        low, high = catalog.conn.execute(ID_SPAN).fetchone()
         cut = low is not None and share * (high - low) >= plan.HALVES_MIN_IDS
     if not cut:
         rows, prepared = select_rows(catalog, spec, shuffle, seed, with_split, wrap=wrap)
@@ -139,7 +140,17 @@ def halved(
     if wrap is not None:
         sql, params = wrap[0].replace("{query}", sql), {**params, **wrap[1]}
     lower = catalog.read(_LOWER.replace("{query}", sql), params)
-    return lower, prepared, UpperHalf(catalog.url, _UPPER.replace("{query}", sql), params, keep)
+    return (
+        lower,
+        prepared,
+        UpperHalf(
+            catalog.url,
+            _UPPER.replace("{query}", sql),
+            params,
+            keep,
+            state_of(catalog.pinned),
+        ),
+    )
 
 
 class OneSplit:

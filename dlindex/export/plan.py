@@ -1,8 +1,7 @@
 """Which samples an export holds and where each goes: selection, stable splits, order, ranks.
 
-The selection is ``dlindex query``'s (the same ``QuerySpec`` and SQL, run through
-``dlindex.query.rows.prepare``); rows stay plain tuples (``ROW`` order below), never a dict per
-row (an export handles millions), or come as Arrow batches (dlindex.export.arrow_rows)."""
+The selection is ``dlindex query``'s (its ``QuerySpec`` and SQL, through ``query.rows.prepare``); rows stay
+plain tuples (``ROW`` order below), never a dict per row, or come as Arrow batches (``arrow_rows``)."""
 
 from __future__ import annotations
 
@@ -18,13 +17,14 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.as_of import state_of
 from dlindex.catalog.classes import canonical_splits
 from dlindex.errors import InputError
 from dlindex.export.arrow_rows import statement_rows
 from dlindex.export.spill import DEFAULT_BUDGET, Spill, budget_rows, route
 from dlindex.exported import ExportError as ExportError  # the read side defines it; export modules import it here
 from dlindex.query.rows import prepare
-from dlindex.query.spec import QuerySpec
+from dlindex.query.spec import ID_SPAN, QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -43,7 +43,6 @@ _RESERVED_SPLITS = {"all"}
 # statement, cut at an id. SQLite flattens the subquery into a rowid range search.
 _LOWER = "SELECT * FROM ({query}) AS selected WHERE id <= :split_id"
 _UPPER = "SELECT * FROM ({query}) AS selected WHERE id > :split_id"
-_ID_RANGE = "SELECT (SELECT min(id) FROM image_metadata), (SELECT max(id) FROM image_metadata)"  # 2 seeks, no scan
 # A row's --group-by value, looked up by primary key as the row is read: no map of every sample.
 _WITH_VALUE = """SELECT selected.*, (SELECT value FROM sample_attributes AS a
     WHERE a.image_id = selected.id AND a.name = :group_column) FROM ({query}) AS selected"""
@@ -198,6 +197,7 @@ class UpperHalf:
     sql: str
     params: Mapping[str, Any]
     keep: tuple[tuple[tuple[str, float], ...], str] | None = None  # (fractions, split): keep its rows only
+    at: int | None = None  # the state the export reads (``--at``), or None: the catalog as it is
 
 
 def select_halves(
@@ -208,13 +208,13 @@ def select_halves(
     rows, prepared = select_rows(catalog, spec, shuffle, seed)
     if shuffle or spec.per_label is not None or spec.limit is not None or tuple(prepared.base) != ROW:
         return rows, prepared, None
-    low, high = catalog.conn.execute(_ID_RANGE).fetchone()
+    low, high = catalog.conn.execute(ID_SPAN).fetchone()
     if low is None or high - low < HALVES_MIN_IDS:
         return rows, prepared, None
     rows.close()  # type: ignore[attr-defined]  # never started: nothing was read
     params = {**prepared.params, "split_id": (low + high) // 2}
     lower = catalog.read(_LOWER.replace("{query}", prepared.sql), params)
-    upper = UpperHalf(catalog.url, _UPPER.replace("{query}", prepared.sql), params)
+    upper = UpperHalf(catalog.url, _UPPER.replace("{query}", prepared.sql), params, at=state_of(catalog.pinned))
     return lower, prepared, upper
 
 

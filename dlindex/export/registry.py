@@ -60,3 +60,19 @@ def recorded_exports(catalog: Catalog, fmt: str | None = None) -> list[RecordedE
         if index_path(path).is_file():
             found.append(RecordedExport(str(path), str(format_), int(samples), str(created), int(changes)))
     return found
+
+
+def moved_on(catalog: Catalog, index: dict[str, object]) -> str | None:
+    """A line saying the catalog changed since the export read it (index.json's ``catalog.changes``),
+    with the commands that show and undo the difference; None when it has not."""
+    recorded = index.get("catalog")
+    state = recorded.get("changes") if isinstance(recorded, dict) else None
+    if not isinstance(state, int) or isinstance(state, bool):
+        return None
+    now = catalog.changes()
+    if now == state:
+        return None
+    return (
+        f"the catalog has moved on since this export was written (state {state} -> {now}): "
+        "`dlindex diff OUT_DIR` shows what changed, `dlindex export NEW --at OUT_DIR` writes it again exactly"
+    )

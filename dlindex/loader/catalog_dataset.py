@@ -51,7 +51,7 @@ class CatalogDataset(TorchOptionalIterable):
         batch_size: int | None = None, drop_last: bool = False, shuffle: bool = True, shuffle_buffer: int = 512,
         seed: int = 0, rank: int | None = None, world_size: int | None = None, missing_features: str = "skip",
         on_error: str = "skip", row_cache_size: int = DEFAULT_SIZE, l2: str = "auto", l2_url: str | None = None,
-        exif_orient: bool = False, **filters: Any,
+        exif_orient: bool = False, at: str | None = None, **filters: Any,
     ) -> None:  # fmt: skip
         unknown = sorted(set(filters) - _FILTERS)
         if unknown:
@@ -87,6 +87,8 @@ class CatalogDataset(TorchOptionalIterable):
             export_split=export_split, l2_url=wanted(l2, l2_url, self.database_path),
         )  # fmt: skip
         self.rank, self.world_size = rank, world_size
+        self.at = None if at is None else str(at)  # a version, tag or export: the catalog as it stood then
+        self.resume_at: str | None = None  # a resumed epoch's state (DataLoader.load_state_dict), this epoch only
         self.on_error = on_error
         self.row_cache_size = int(row_cache_size)
         self.epoch = 0
@@ -98,10 +100,14 @@ class CatalogDataset(TorchOptionalIterable):
         if not 0 <= rank_now < world_now:
             raise InputError(f"rank {rank_now} is not in a world of size {world_now}")
 
+    def reading_at(self) -> str | None:
+        """The catalog state this epoch reads: ``at``, a resumed epoch's saved state, or None (now)."""
+        return self.at if self.at is not None else self.resume_at
+
     def set_epoch(self, epoch: int) -> None:
         """Read epoch ``epoch`` next (a new per-label draw, a new order)."""
         if int(epoch) != self.epoch:
-            self.history, self.digest = (), None
+            self.history, self.digest, self.resume_at = (), None, None
         self.epoch = int(epoch)
 
     def plan(self, workers: int = 1) -> EpochPlan:
@@ -112,7 +118,9 @@ class CatalogDataset(TorchOptionalIterable):
         if self._plan is None or self._plan[0] != key:
             from dlindex.catalog.connection import Catalog
 
-            with Catalog(self.database_path) as catalog:  # logged: the query log sees training's queries
+            # logged (the query log sees training's queries), unless it reads a past version
+            at = self.reading_at()
+            with Catalog(self.database_path, log=None if at is None else False, at=at) as catalog:
                 plan = make_plan(catalog, self.options, self.epoch, self.history, now, self.digest,
                                  private=_in_worker(), rank=rank)  # fmt: skip
             self._plan = (key, plan)
@@ -129,7 +137,7 @@ class CatalogDataset(TorchOptionalIterable):
         job = WorkerJob(plan=plan, rank=rank, worker=worker, database_path=self.database_path, images=self.images,
                         spec=self.spec, transform=self.transform, feature_type=self.feature_type,
                         on_error=self.on_error, batch_size=self.batch_size, row_cache_size=self.row_cache_size,
-                        l2_url=self.options.l2_url, track=self.track)  # fmt: skip
+                        l2_url=self.options.l2_url, track=self.track, at=self.reading_at())  # fmt: skip
         return run_worker(job)
 
     def __reduce__(self) -> tuple[Any, ...]:

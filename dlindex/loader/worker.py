@@ -65,6 +65,7 @@ class WorkerJob:
     row_cache_size: int
     l2_url: str | None  # the L2 cache, when on
     track: bool  # add the "_dlindex" entry the dlindex DataLoader follows for resume
+    at: str | None = None  # the catalog version the plan read (``at=``): rows are read as of it too
 
 
 def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
@@ -75,7 +76,7 @@ def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
     stream = layout.stream(job.rank, job.worker)
     step = layout.batch_size
     stats = WorkerStats()
-    catalog = Catalog(job.database_path, log=False)
+    catalog = Catalog(job.database_path, log=False, at=job.at)
     try:
         windows = _read_ahead(job, stream, stats) if job.images else _no_reads(stream, layout.window)
         done = 0

@@ -111,9 +111,21 @@ def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
     """The per-label statement for these filters (``{columns}``, ``{order}``, ``{limit}`` left open)."""
     window = WINDOW.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
     server = catalog.backend.is_server
+    if catalog.pinned is not None and not server:
+        return _materialized(window)
     seek = _seek(" AND ".join(where), server)
     statement = seek.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
     return seek if (_server_served if server else _served)(catalog, statement, params) else window
+
+
+# A past state's rows are a view of two parts (dlindex.catalog.as_of); SQLite reads the outer
+# statement part by part and would number every row once for each: numbered once, here.
+_OUTER = "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
+
+
+def _materialized(window: str) -> str:
+    inner, rest = window[len(_OUTER) :].rsplit("){order}", 1)
+    return f"WITH sampled AS MATERIALIZED ({inner}) {_OUTER}SELECT sample_id FROM sampled){{order}}{rest}"
 
 
 def picked(template: str) -> str | None:

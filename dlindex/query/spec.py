@@ -58,6 +58,12 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+# The catalog's id span: two primary-key seeks, no scan; ORDER BY ... LIMIT 1, not min()/max(),
+# so that through a past state's view (dlindex.catalog.as_of) SQLite merges its two ordered parts
+# instead of reading every row.
+ID_SPAN = "SELECT (SELECT id FROM image_metadata ORDER BY id LIMIT 1), (SELECT id FROM image_metadata ORDER BY id DESC LIMIT 1)"
+
+
 @dataclass(frozen=True)
 class QuerySpec:
     """What to select: the options of ``dlindex query``, with the same names and defaults.
