@@ -32,10 +32,13 @@ _PASS = """SELECT label_id, split, count(*) FILTER (WHERE status = 'ok'), count(
     count(*) FILTER (WHERE status != 'missing' AND processing_status = 'failed'),
     count(*) FILTER (WHERE status != 'missing' AND processing_status = 'queued'),
     count(*) FILTER (WHERE status != 'missing' AND excluded = 1)
-    FROM (SELECT * FROM image_metadata{sample}) AS image_metadata GROUP BY label_id, split"""
-# (The rows in a subquery of their own: SQLite then reads a sample by id through a past state's
-# view too, dlindex.catalog.as_of, where an aggregate over the view would read every row.)
-_SAMPLED = " WHERE image_metadata.id IN (SELECT value FROM json_each(:ids))"
+    FROM {rows} GROUP BY label_id, split"""
+# A sample's rows by id, gathered first: an aggregate over a past state's view (dlindex.catalog.as_of)
+# would read every row of it, where the rows alone are read by primary key.
+_SAMPLED = (
+    "WITH sampled AS MATERIALIZED (SELECT * FROM image_metadata WHERE image_metadata.id IN "
+    "(SELECT value FROM json_each(:ids))) "
+)
 _LABEL_NAMES = "SELECT id, name FROM labels"
 _INDEXES = postgres_form(
     "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
@@ -116,7 +119,10 @@ def catalog_stats(
     labels: dict[int | None, int] = {}
     splits: dict[str, int] = {}
     params = {"ids": json.dumps(ids)} if ids is not None else {}
-    for label_id, split, *counts in read(_PASS.replace("{sample}", _SAMPLED if ids is not None else ""), params):
+    for label_id, split, *counts in read(
+        _SAMPLED + _PASS.replace("{rows}", "sampled") if ids is not None else _PASS.replace("{rows}", "image_metadata"),
+        params,
+    ):
         sums = [a + int(b) for a, b in zip(sums, counts, strict=True)]
         ok = int(counts[0])
         if ok:

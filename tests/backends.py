@@ -217,7 +217,7 @@ def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
             ("label_history_changed", "labels"),
         ):  # fmt: skip
             conn.execute(f"DROP TRIGGER IF EXISTS {trigger}" + (f" ON {table}" if server else ""))
-        for table in ("image_history", "label_history", "version_tags", "versions"):
+        for table in ("image_history", "label_history", "version_tags", "versions", "version_floor"):
             conn.execute(f"DROP TABLE IF EXISTS {table}")
         conn.execute("DROP INDEX IF EXISTS image_metadata_valid_from")
     if version < 16:  # m016_scan_digests (the server's has no triggers)

@@ -185,12 +185,18 @@ def test_a_state_without_the_catalogs_state_is_checked_against_the_selection(db:
         read(again)
 
 
-def test_a_loader_at_a_version_reads_that_version(db: Path) -> None:
+def test_a_loader_at_a_version_reads_that_version(db: Path, tree: Path) -> None:
     with Catalog(db) as catalog:
         mark_samples(catalog, [str(i) for i in sorted(all_ids(db))[:10]], excluded=True)
     now = ids_of(read(DataLoader(database_path=db, batch_size=4, image_size=8)))
     then = ids_of(read(DataLoader(database_path=db, batch_size=4, image_size=8, at="1")))
     assert len(now) == N - 10 and sorted(then) == sorted(all_ids(db))
+    # a file deleted since: skipped and recorded in today's catalog, as any read failure
+    (tree / "ant" / "000.jpg").unlink()
+    loader = DataLoader(database_path=db, batch_size=4, image_size=8, at="1")
+    assert len(ids_of(read(loader))) == N - 1 and loader.stats()["failed"] == 1
+    with raw(db) as conn:
+        assert conn.execute("SELECT count(*) FROM image_metadata WHERE processing_status = 'failed'").fetchone()[0] == 1
 
 
 @pytest.mark.parametrize("on_error", ["skip", "replace"])

@@ -29,9 +29,8 @@ _COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
 _VERSION = "SELECT id, last_change, finished_at FROM versions WHERE id = :id"
 _TAG = "SELECT v.id, v.last_change, v.finished_at FROM version_tags t JOIN versions v ON v.id = t.version WHERE t.name = :name"
 _LATEST = "SELECT id, last_change, finished_at FROM versions ORDER BY id DESC LIMIT 1"
-# The oldest state history can rebuild: the state a catalog from before versions had when it
-# began keeping them (its version 1, written by the migration: no pid), else 0.
-_OLDEST = "SELECT coalesce((SELECT last_change FROM versions WHERE first_change = 0 AND pid IS NULL), 0)"
+# The oldest state history can rebuild (history_schema: where it began, or was pruned).
+_OLDEST = "SELECT state FROM version_floor WHERE id = 1"
 _NOW = "SELECT counter FROM catalog_changes WHERE id = 1"
 _VERSION_AT = "SELECT max(id) FROM versions WHERE last_change <= :state"
 
@@ -81,10 +80,14 @@ def resolve(conn: ReadConnection, at: str) -> Pinned:
     if not text:
         raise InputError("--at needs a version number, a tag or an export folder; dlindex versions lists them")
     number = text[1:] if text[:1] in "vV" and text[1:].isdigit() else text
+    if number.isdigit() and len(number) > 18:  # past any 64-bit id or counter
+        raise InputError(f"no version {number[:40]} in this catalog{_known(conn)}")
+    if text.startswith("state:") and text[6:].isdigit() and len(text) > 24:
+        raise InputError(f"{text[:40]}: no such state in this catalog")
     if number.isdigit():
         row = _one(conn, _VERSION, {"id": int(number)})
         if row is None:
-            raise InputError(f"no version {int(number)} in this catalog{_known(conn)}")
+            raise InputError(f"no version {int(number)} in this catalog{_known(conn, int(number))}")
         return _pinned(row, text)
     if text.startswith("state:") and text[6:].isdigit():
         return _state(conn, int(text[6:]), text)
@@ -128,17 +131,18 @@ def _state(conn: ReadConnection, state: int, named: str) -> Pinned:
     (oldest,) = _one(conn, _OLDEST, {}) or (0,)
     (now,) = _one(conn, _NOW, {}) or (0,)
     if state < int(oldest) or state > int(now):  # type: ignore[call-overload]
-        when = "before this catalog kept versions" if state < int(oldest) else "that this catalog has not reached"  # type: ignore[call-overload]
+        when = "older than this catalog's history" if state < int(oldest) else "one this catalog has not reached"  # type: ignore[call-overload]
         raise InputError(f"{named}: state {state} is {when} (it keeps states {oldest}..{now})")
     row = _one(conn, _VERSION_AT, {"state": state})
     return Pinned(state, int(row[0]) if row and row[0] is not None else None, named)  # type: ignore[call-overload]
 
 
-def _known(conn: ReadConnection) -> str:
+def _known(conn: ReadConnection, number: int | None = None) -> str:
     row = _one(conn, "SELECT min(id), max(id) FROM versions", {})
     if row is None or row[0] is None:
         return " (it has none yet)"
-    return f" (it has {row[0]}..{row[1]}: dlindex versions)"
+    pruned = " (pruned, or never made)" if number is not None and number < int(row[0]) else ""  # type: ignore[call-overload]
+    return f"{pruned}: it has {row[0]}..{row[1]} (dlindex versions)"
 
 
 def _one(conn: ReadConnection, sql: str, params: dict[str, object]) -> tuple[object, ...] | None:

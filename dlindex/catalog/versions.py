@@ -55,6 +55,7 @@ _LIST = """SELECT v.id, v.command, v.started_at, v.finished_at, v.first_change, 
         (SELECT group_concat(name, ',') FROM version_tags t WHERE t.version = v.id) AS tags
     FROM versions v WHERE v.id > :after ORDER BY v.id"""
 _EXISTS = "SELECT finished_at FROM versions WHERE id = :id"
+_EXISTS_SPAN = "SELECT finished_at, last_change FROM versions WHERE id = :id"
 _LATEST_FINISHED = "SELECT max(id) FROM versions WHERE finished_at IS NOT NULL"
 _TAG = """INSERT INTO version_tags (name, version, tagged_at) VALUES (:name, :version, :now)
     ON CONFLICT (name) DO UPDATE SET version = excluded.version, tagged_at = excluded.tagged_at"""
@@ -202,6 +203,62 @@ def check_tag_name(name: str) -> None:
 def summary_of(counts: Mapping[str, Any]) -> dict[str, Any]:
     """The numbers a command reports, without the zeros: what ``versions`` shows."""
     return {k: v for k, v in counts.items() if isinstance(v, int | float | str) and v and not isinstance(v, bool)}
+
+
+_FLOOR = "UPDATE version_floor SET state = :state WHERE id = 1 AND state < :state"
+_TAGGED_BEFORE = "SELECT name, version FROM version_tags WHERE version < :id ORDER BY version, name"
+_DROP_BEFORE = "DELETE FROM versions WHERE id < :id"
+_HISTORY_BATCH = """DELETE FROM image_history WHERE valid_to <= :floor AND (valid_to, id) IN
+    (SELECT valid_to, id FROM image_history WHERE valid_to <= :floor LIMIT :batch)"""
+_LABEL_HISTORY = "DELETE FROM label_history WHERE valid_to <= :floor"
+PRUNE_BATCH = 100_000  # history rows a transaction deletes: the write lock is held briefly, the log stays small
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What ``prune_before`` removed."""
+
+    version: int  # the oldest version kept
+    state: int  # the oldest state --at can read now
+    versions: int
+    history_rows: int
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "version": self.version,
+            "state": self.state,
+            "versions": self.versions,
+            "history_rows": self.history_rows,
+        }
+
+
+def prune_before(catalog: Catalog, version: int) -> Pruned:
+    """Forget the versions before ``version`` and the history only they need: ``--at`` reads
+    ``version`` and later as before, earlier ones are refused. Refused (nothing written) while a
+    tag names an earlier version. The floor moves first, then the history goes in batches, so a
+    stop part way leaves every kept state whole, and running it again finishes it."""
+    with catalog.write_transaction(bookkeeping=True) as conn:
+        row = conn.execute(_EXISTS_SPAN, {"id": int(version)}).fetchone()
+        if row is None:
+            raise InputError(f"no version {version} in this catalog: dlindex versions lists them")
+        if row[0] is None:
+            raise InputError(f"version {version} is still being written: prune when its command has finished")
+        tagged = conn.execute(_TAGGED_BEFORE, {"id": int(version)}).fetchall()
+        if tagged:
+            names = ", ".join(f"{n} (version {v})" for n, v in tagged[:5])
+            raise InputError(f"tags name versions before {version}: {names}; move or delete them first (dlindex tag)")
+        floor = int(row[1])
+        conn.execute(_FLOOR, {"state": floor})
+        dropped = conn.execute(_DROP_BEFORE, {"id": int(version)}).rowcount
+    removed = 0
+    while True:
+        with catalog.write_transaction(bookkeeping=True) as conn:
+            n = conn.execute(_HISTORY_BATCH, {"floor": floor, "batch": PRUNE_BATCH}).rowcount
+            if n < PRUNE_BATCH:
+                conn.execute(_LABEL_HISTORY, {"floor": floor})
+        removed += max(n, 0)
+        if n < PRUNE_BATCH:
+            return Pruned(int(version), floor, max(int(dropped), 0), removed)
 
 
 def command_text(*words: str) -> str:

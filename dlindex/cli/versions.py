@@ -11,6 +11,7 @@ from dlindex.catalog.as_of import resolve
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.diff import ORDER, DiffCounts, diff_states
 from dlindex.catalog.versions import list_versions, untag
+from dlindex.catalog.versions import prune_before as prune
 from dlindex.catalog.versions import tag as tag_version
 from dlindex.cli._output import FormatOption, OutputFormat, emit_rows, resolve_format
 from dlindex.cli._shared import DbOption, JsonFlag, handle_errors, print_json, stdout_console
@@ -22,13 +23,39 @@ DIFF_COLUMNS = ("id", "path", "changes")
 @handle_errors
 def versions(
     after: Annotated[int, typer.Option("--after", min=0, help="Only versions numbered above N.")] = 0,
+    prune_before: Annotated[
+        str | None,
+        typer.Option(
+            "--prune-before",
+            metavar="VERSION",
+            help="Forget the versions before VERSION (a number or tag) and the history only they need.",
+        ),
+    ] = None,
     fmt: FormatOption = None,
+    as_json: JsonFlag = False,
     db: DbOption = None,
 ) -> None:
     """The catalog's numbered versions: one per command that changed it, with its tags.
 
     dlindex versions --format jsonl | jq -r 'select(.tags | index("release")) | .version'
     """
+    if prune_before is not None:
+        with Catalog(db, log=False) as catalog:
+            number = resolve(catalog.conn, prune_before).version
+            if number is None:
+                raise typer.BadParameter("give a version or a tag", param_hint="'--prune-before'")
+            pruned = prune(catalog, number)
+        if as_json:
+            print_json(pruned.as_dict())
+        else:
+            stdout_console.print(
+                f"pruned {pruned.versions} version(s) and {pruned.history_rows:,} history row(s); "
+                f"the oldest version is {pruned.version} (state {pruned.state})",
+                highlight=False, markup=False,
+            )  # fmt: skip
+        return
+    if as_json:
+        raise typer.BadParameter("goes with --prune-before; the list is --format jsonl", param_hint="'--json'")
     out = resolve_format(fmt)
     with Catalog(db, log=False) as catalog:
         rows = (_shown(v.as_dict(), out) for v in list_versions(catalog, after=after))

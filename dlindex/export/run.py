@@ -74,7 +74,21 @@ def export_catalog(
         note: called with one line before long work the export does first (computing the
             dhash that ``group="near-dups"`` needs).
     """
-    options = options or ExportOptions()
+    try:
+        return _export(catalog, out_dir, options or ExportOptions(), progress, warn, note)
+    except ExportError as e:
+        if catalog.pinned is None or "run dlindex scan" not in str(e):
+            raise
+        # A past version's rows name the files as they are now: a rescan would not bring one back.
+        raise ExportError(
+            str(e).split("; run dlindex scan")[0]
+            + f": it was deleted or changed after version {catalog.pinned.named}, "
+            "and an export --at packs the files as they are now (a manifest format lists it instead)"
+        ) from None
+
+
+def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOptions, progress: Any, warn: Any,
+            note: Any) -> ExportSummary:  # fmt: skip
     started = time.perf_counter()
     fmt = options.format
     shard = parse_shard(options.shard)

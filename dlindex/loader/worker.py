@@ -321,12 +321,19 @@ def _record_failures(catalog: Any, job: WorkerJob, samples: list[_Sample]) -> No
     failures = {int(job.plan.selection.ids[s.position]): s.error for s in samples if s.error is not None}
     if not failures:
         return
+    from dlindex.catalog.connection import Catalog
     from dlindex.query.mark import mark_samples
 
     try:
-        for sample_id, error in failures.items():
-            text = LOADER_FAILURE + (error or "")  # the prefix a rescan knows: it re-checks the file
-            mark_samples(catalog, [str(sample_id)], processing_status="failed", error=text[:500])
+        # A loader reading a past version (at=) records today's failures in today's catalog.
+        writer = catalog if catalog.pinned is None else Catalog(job.database_path, log=False)
+        try:
+            for sample_id, error in failures.items():
+                text = LOADER_FAILURE + (error or "")  # the prefix a rescan knows: it re-checks the file
+                mark_samples(writer, [str(sample_id)], processing_status="failed", error=text[:500])
+        finally:
+            if writer is not catalog:
+                writer.close()
     except DlindexError as e:
         if not _warned_read_only:
             _warned_read_only = True

@@ -83,6 +83,9 @@ SCHEMA_V19 = (
     f"""CREATE TABLE version_tags (
         name {_T} PRIMARY KEY, version BIGINT NOT NULL REFERENCES versions(id), tagged_at {_T} NOT NULL
     )""",
+    """CREATE TABLE version_floor (id BIGINT PRIMARY KEY CHECK (id = 1), state BIGINT NOT NULL)""",
+    "INSERT INTO version_floor (id, state) SELECT 1, CASE WHEN EXISTS (SELECT 1 FROM image_metadata) "
+    "THEN counter ELSE 0 END FROM catalog_changes WHERE id = 1",
     """INSERT INTO versions (command, started_at, finished_at, first_change, last_change)
         SELECT 'catalog before versions were kept', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'),
             to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"'), 0, counter

@@ -293,7 +293,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "query_cache": ("key",), "feature_types": ("name",), "image_features": ("image_id", "feature_type"),
     "index_changes": ("id",), "feature_state": ("image_id", "feature_type"), "exports": ("path",),
     "sample_attributes": ("image_id", "name"), "shard_runs": ("id",), "scan_digests": ("root_id", "start"),
-    "extractor_versions": ("feature_type", "id"), "versions": ("id",), "version_tags": ("name",),
+    "extractor_versions": ("feature_type", "id"), "versions": ("id",), "version_tags": ("name",), "version_floor": ("id",),
     "image_history": ("valid_to", "id"),
 }  # fmt: skip
 

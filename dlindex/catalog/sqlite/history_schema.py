@@ -142,6 +142,14 @@ HISTORY = (
         version INTEGER NOT NULL REFERENCES versions(id),
         tagged_at TEXT NOT NULL
     )""",
+    # The oldest state history can rebuild: where an older catalog began keeping it (the states
+    # before were never recorded), or where `versions --prune-before` cut it; 0 for a new catalog.
+    """CREATE TABLE version_floor (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        state INTEGER NOT NULL
+    )""",
+    "INSERT INTO version_floor (id, state) SELECT 1, CASE WHEN EXISTS (SELECT 1 FROM image_metadata) "
+    "THEN counter ELSE 0 END FROM catalog_changes WHERE id = 1",
     # A catalog that already has rows starts with version 1: the catalog as it was when versions began.
     """INSERT INTO versions (command, started_at, finished_at, first_change, last_change, summary)
         SELECT 'catalog before versions were kept', strftime('%Y-%m-%dT%H:%M:%SZ', 'now'),

@@ -305,7 +305,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (11, None, ("shard_runs",)),
     (16, None, ("scan_digests",)),
     (17, None, ("extractor_versions",)),
-    (19, None, ("image_history", "label_history", "versions", "version_tags")),
+    (19, None, ("image_history", "label_history", "versions", "version_tags", "version_floor")),
 )
 
 
