@@ -36,7 +36,7 @@ _PASS = """SELECT label_id, split, count(*) FILTER (WHERE status = 'ok'), count(
 # A sample's rows by id, gathered first: an aggregate over a past state's view (dlindex.catalog.as_of)
 # would read every row of it, where the rows alone are read by primary key.
 _SAMPLED = (
-    "WITH sampled AS MATERIALIZED (SELECT * FROM image_metadata WHERE image_metadata.id IN "
+    "sampled AS MATERIALIZED (SELECT * FROM image_metadata WHERE image_metadata.id IN "
     "(SELECT value FROM json_each(:ids))) "
 )
 _LABEL_NAMES = "SELECT id, name FROM labels"
@@ -120,7 +120,9 @@ def catalog_stats(
     splits: dict[str, int] = {}
     params = {"ids": json.dumps(ids)} if ids is not None else {}
     for label_id, split, *counts in read(
-        _SAMPLED + _PASS.replace("{rows}", "sampled") if ids is not None else _PASS.replace("{rows}", "image_metadata"),
+        "WITH " + _SAMPLED + _PASS.replace("{rows}", "sampled")
+        if ids is not None
+        else _PASS.replace("{rows}", "image_metadata"),
         params,
     ):
         sums = [a + int(b) for a, b in zip(sums, counts, strict=True)]

@@ -72,6 +72,11 @@ def view_statements(state: int, *, qualify: str) -> tuple[str, ...]:
     )
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes "²", which int() refuses."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
 def resolve(conn: ReadConnection, at: str) -> Pinned:
     """The state ``at`` names: a version number (``7`` or ``v7``), a tag, ``latest``, an
     export's folder (the state its index.json recorded), or ``state:N`` (a change counter value,
@@ -79,17 +84,17 @@ def resolve(conn: ReadConnection, at: str) -> Pinned:
     text = at.strip()
     if not text:
         raise InputError("--at needs a version number, a tag or an export folder; dlindex versions lists them")
-    number = text[1:] if text[:1] in "vV" and text[1:].isdigit() else text
-    if number.isdigit() and len(number) > 18:  # past any 64-bit id or counter
+    number = text[1:] if text[:1] in "vV" and _digits(text[1:]) else text
+    if _digits(number) and len(number) > 18:  # past any 64-bit id or counter
         raise InputError(f"no version {number[:40]} in this catalog{_known(conn)}")
-    if text.startswith("state:") and text[6:].isdigit() and len(text) > 24:
+    if text.startswith("state:") and _digits(text[6:]) and len(text) > 24:
         raise InputError(f"{text[:40]}: no such state in this catalog")
-    if number.isdigit():
+    if _digits(number):
         row = _one(conn, _VERSION, {"id": int(number)})
         if row is None:
             raise InputError(f"no version {int(number)} in this catalog{_known(conn, int(number))}")
         return _pinned(row, text)
-    if text.startswith("state:") and text[6:].isdigit():
+    if text.startswith("state:") and _digits(text[6:]):
         return _state(conn, int(text[6:]), text)
     if text == "latest":
         row = _one(conn, _LATEST, {})
