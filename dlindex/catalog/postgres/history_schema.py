@@ -28,6 +28,7 @@ SCHEMA_V19 = (
     "ALTER TABLE image_history ALTER COLUMN valid_from SET NOT NULL",
     "ALTER TABLE image_history ADD COLUMN valid_to BIGINT NOT NULL",
     "ALTER TABLE image_history ADD PRIMARY KEY (valid_to, id)",
+    f"CREATE INDEX {SCHEMA_INDEXES[1]} ON image_history (id, valid_to)",
     f"""CREATE OR REPLACE FUNCTION dlindex_history_updated() RETURNS trigger LANGUAGE plpgsql
         SET search_path FROM CURRENT AS $$
         DECLARE state BIGINT := {_STATE};

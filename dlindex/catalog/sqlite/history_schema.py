@@ -29,7 +29,7 @@ ROW_COLUMNS = (
     "updated_at", "split", "pixel_limit", "orientation", "excluded", "inode", "ctime_ns", "path_hash",
 )  # fmt: skip
 # Indexes the schema makes (every other index is the user's or `dlindex index`'s).
-SCHEMA_INDEXES = ("image_metadata_valid_from",)
+SCHEMA_INDEXES = ("image_metadata_valid_from", "image_history_id")
 SCHEMA_INDEX_LIST = "(" + ", ".join(f"'{n}'" for n in SCHEMA_INDEXES) + ")"  # for SQL: names from this module
 # The state the running write transaction makes: the counter, already moved at its start.
 CURRENT = "(SELECT counter FROM catalog_changes WHERE id = 1)"
@@ -81,6 +81,9 @@ HISTORY = (
     ) WITHOUT ROWID""",
     # Keyed in state order, so it grows at its end, and a state's rows, a diff's and an
     # append's all start from "ended after S".
+    # A past state's rows by id (a sample, a loader's fetch, an id span): without it each such
+    # read would go through every history row that ended after the state.
+    f"CREATE INDEX {SCHEMA_INDEXES[1]} ON image_history (id)",
     # A row inserted gets the state of its transaction (no program need know the column).
     f"""CREATE TRIGGER image_history_inserted AFTER INSERT ON image_metadata WHEN NEW.valid_from IS NULL
         BEGIN
