@@ -35,8 +35,11 @@ _ROW = (*(c for c in _SHOWN if c != "label"), "label_id", "file_path_bytes")
 # history row that ended or began then (by its key: those that ended after lo).
 _CANDIDATES = """SELECT id FROM image_metadata WHERE valid_from > :lo AND valid_from <= :hi
     UNION SELECT id FROM image_history WHERE valid_to > :lo AND (valid_to <= :hi OR valid_from > :lo AND valid_from <= :hi)"""
-_STATE = """SELECT {cols} FROM image_metadata WHERE id IN (SELECT id FROM cand) AND (valid_from IS NULL OR valid_from <= :{s})
-    UNION ALL SELECT {cols} FROM image_history WHERE valid_to > :lo AND id IN (SELECT id FROM cand)
+# Each candidate as it stood at state :a (side 0) and at :b (side 1), one stream in id order: at
+# most one row per side. (A join of the two states on id is what SQLite runs as a nested scan.)
+_STATE = """SELECT {side}, {cols} FROM image_metadata WHERE id IN (SELECT id FROM cand)
+        AND (valid_from IS NULL OR valid_from <= :{s})
+    UNION ALL SELECT {side}, {cols} FROM image_history WHERE id IN (SELECT id FROM cand)
         AND valid_from <= :{s} AND valid_to > :{s}"""
 _LABELS = """SELECT id, name FROM labels WHERE valid_from IS NULL OR valid_from <= :{s}
     UNION ALL SELECT id, name FROM label_history WHERE valid_from <= :{s} AND valid_to > :{s}"""
@@ -45,15 +48,9 @@ _ROOTS = "SELECT id, path, path_bytes FROM roots"
 
 def _diff_sql() -> str:
     cols = ", ".join(("id", *_ROW))
-    a_cols = ", ".join(f"a.{c} AS a_{c}" for c in _ROW)
-    b_cols = ", ".join(f"b.{c} AS b_{c}" for c in _ROW)
     return (
-        f"WITH cand AS ({_CANDIDATES}), sa AS ({_STATE.format(cols=cols, s='a')}), "
-        f"sb AS ({_STATE.format(cols=cols, s='b')}), "
-        f"la AS ({_LABELS.format(s='a')}), lb AS ({_LABELS.format(s='b')}) "
-        f"SELECT cand.id, a.id IS NOT NULL, b.id IS NOT NULL, {a_cols}, {b_cols}, la.name, lb.name "
-        "FROM cand LEFT JOIN sa AS a ON a.id = cand.id LEFT JOIN sb AS b ON b.id = cand.id "
-        "LEFT JOIN la ON la.id = a.label_id LEFT JOIN lb ON lb.id = b.label_id ORDER BY cand.id"
+        f"WITH cand AS MATERIALIZED ({_CANDIDATES}) {_STATE.format(side=0, cols=cols, s='a')} "
+        f"UNION ALL {_STATE.format(side=1, cols=cols, s='b')} ORDER BY 2, 1"
     )
 
 
@@ -93,26 +90,35 @@ def diff_states(catalog: Catalog, before: int, after: int) -> Iterator[RowChange
     an unchanged sample is never read (bounded by the changes, not the catalog)."""
     roots = {int(i): root_path(p, b) for i, p, b in catalog.read(_ROOTS)}
     params = {"lo": min(before, after), "hi": max(before, after), "a": before, "b": after}
-    width = len(_ROW)
+    names = [dict(catalog.read(_LABELS.format(s=side), params)) for side in ("a", "b")]
+    current: int | None = None
+    sides: list[dict[str, Any] | None] = [None, None]
     for row in catalog.read(_diff_sql(), params):
-        was, now = bool(row[1]), bool(row[2])
-        a = dict(zip(_ROW, row[3 : 3 + width], strict=True))
-        b = dict(zip(_ROW, row[3 + width : 3 + 2 * width], strict=True))
-        a["label"], b["label"] = row[-2], row[-1]
-        shown = b if now else a
-        path = _path(roots, shown)
-        if was and now:
-            changed = {c: [a[c], b[c]] for c in _SHOWN if a[c] != b[c]}
-            kinds = tuple(k for k, cols in KINDS.items() if any(c in changed for c in cols))
-            if not kinds:
-                continue  # changed and changed back between the two states
-        elif now:
-            changed, kinds = {}, ("added",)
-        elif was:
-            changed, kinds = {}, ("removed",)
-        else:
-            continue  # added and removed again between the two states
-        yield RowChange(int(row[0]), path, kinds, changed)
+        side, sample = int(row[0]), int(row[1])
+        if sample != current:
+            if current is not None:
+                yield from _compared(current, sides, roots)
+            current, sides = sample, [None, None]
+        values = dict(zip(_ROW, row[2:], strict=True))
+        values["label"] = names[side].get(values["label_id"])
+        sides[side] = values
+    if current is not None:
+        yield from _compared(current, sides, roots)
+
+
+def _compared(sample: int, sides: list[dict[str, Any] | None], roots: dict[int, bytes]) -> Iterator[RowChange]:
+    """The change of one sample between its two states, if it changed (and did not change back)."""
+    a, b = sides
+    if a is not None and b is not None:
+        changed = {c: [a[c], b[c]] for c in _SHOWN if a[c] != b[c]}
+        kinds = tuple(k for k, cols in KINDS.items() if any(c in changed for c in cols))
+        if kinds:
+            yield RowChange(sample, _path(roots, b), kinds, changed)
+    elif b is not None:
+        yield RowChange(sample, _path(roots, b), ("added",), {})
+    elif a is not None:
+        yield RowChange(sample, _path(roots, a), ("removed",), {})
+    # neither: added and removed again between the two states
 
 
 def _path(roots: dict[int, bytes], row: dict[str, Any]) -> str:
