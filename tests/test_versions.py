@@ -3,6 +3,7 @@ it stood, tags name them, `diff` says what changed; on both backends."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -332,6 +333,16 @@ def test_every_version_reads_back_as_it_was_after_any_writes(scanned_db: Path, o
     for version, rows_then in snapshots.items():
         with Catalog(scanned_db, at=version) as catalog:
             assert [tuple(r) for r in catalog.conn.execute(_SNAPSHOT)] == rows_then, version
+    # and diff names exactly the samples whose snapshot rows differ, between any two versions
+    with Catalog(scanned_db) as catalog:
+        states = {str(v.id): v.last_change for v in list_versions(catalog)}
+        made = [v for v in snapshots if v in states]
+        for older, newer in itertools.combinations(made, 2):
+            before = {r[0]: r for r in snapshots[older]}
+            after = {r[0]: r for r in snapshots[newer]}
+            expected = {i for i in before.keys() | after.keys() if before.get(i) != after.get(i)}
+            found = {c.id for c in diff_states(catalog, states[older], states[newer])}
+            assert found == expected, (older, newer)
 
 
 def test_pruning_forgets_old_versions_and_only_the_history_they_need(scanned_db: Path, runner: CliRunner) -> None:
