@@ -16,6 +16,7 @@ from contextlib import suppress
 from dlindex.catalog.backend import INTEGRITY_ERRORS, SQL_ERRORS, Connection
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.sqlite.migrations import path_hash
+from dlindex.catalog.state import read_state
 from dlindex.errors import DlindexError
 from dlindex.pids import pid_alive
 from dlindex.query.spec import LOADER_FAILURE
@@ -25,12 +26,14 @@ from dlindex.scan.probe import Probe
 _COLUMNS = (
     "root_id", "file_path", "file_path_bytes", "label_id", "width", "height", "format", "mode", "bytes",
     "mtime_ns", "xxh3_128", "status", "error", "warning", "split", "pixel_limit", "orientation", "inode",
-    "ctime_ns", "path_hash",
+    "ctime_ns", "path_hash", "valid_from",
 )  # fmt: skip
+# valid_from given: the state of this transaction, read once per batch (catalog.state.READ), so
+# the history trigger that fills it for other writers' inserts (history_schema) does nothing.
 _INSERT = """INSERT INTO image_metadata (root_id, file_path, file_path_bytes, label_id, width, height,
         format, mode, bytes, mtime_ns, xxh3_128, status, error, warning, split, pixel_limit, orientation, inode,
-        ctime_ns, path_hash)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
+        ctime_ns, path_hash, valid_from)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"""
 _UPSERT = (
     _INSERT
     + """
@@ -122,11 +125,12 @@ class BatchWriter:
             with self.catalog.write_transaction() as conn:
                 names = {item.label for _, item in self.rows} | {name for _, name, _ in self.relabel}
                 label_id = self._label_ids(conn, names)
+                state = read_state(conn).changes  # moved at the transaction's start: the state it makes
                 for p, item in self.rows:
                     row = (
                         self.root_id, p.key, item.raw, label_id[item.label], p.width, p.height,
                         p.format, p.mode, p.bytes, p.mtime_ns, p.xxh3_128, p.kind, p.error, p.warning, item.split,
-                        p.pixel_limit, p.orientation, p.inode, p.ctime_ns, path_hash(p.key),
+                        p.pixel_limit, p.orientation, p.inode, p.ctime_ns, path_hash(p.key), state,
                     )  # fmt: skip
                     (new if item.known_id is None else changed).append(row)
                 relabels = [(label_id[name], split, row_id) for row_id, name, split in self.relabel]
