@@ -56,6 +56,23 @@ def _moved_on(out_dir: Path, db: str | None) -> str | None:
         return None
 
 
+def _append(out_dir: Path, db: str | None, *, read_threads: int, as_json: bool, quiet: bool, no_log: bool) -> None:
+    """``export OUT_DIR --append``: the catalog named by --db, else the one index.json names."""
+    from dlindex.export.append import append_export
+    from dlindex.exported.reader import load_index
+
+    source = db if db is not None else str(load_index(out_dir)["catalog"]["path"])
+    with Catalog(source, log=not no_log) as catalog, progress_bar(quiet, unit="img") as update:
+        summary = append_export(
+            catalog, out_dir, read_threads=read_threads, progress=update,
+            warn=lambda line: typer.echo(f"warning: {line}", err=True), note=lambda line: typer.echo(line, err=True),
+        )  # fmt: skip
+    if as_json:
+        print_json(summary.as_dict())
+    elif not quiet:
+        stdout_console.print(summary.describe(), markup=False, highlight=False)
+
+
 def _format_help() -> str:
     """``jsonl, csv, parquet (manifests); dali (file lists); ...``: the registry's formats by kind."""
     kinds = groupby(FORMATS.values(), key=lambda f: f.kind)
@@ -215,6 +232,14 @@ def export(
     verify: Annotated[
         bool, typer.Option("--verify", help="Check OUT_DIR against its index.json and the source files; write nothing.")
     ] = False,
+    append: Annotated[
+        bool,
+        typer.Option(
+            "--append",
+            help="Add to the export in OUT_DIR what changed in the catalog since it was written (its own "
+            "format, filters and options; its files untouched); --db defaults to its catalog.",
+        ),
+    ] = False,
     as_json: JsonFlag = False,
     quiet: QuietFlag = False,
     no_log: NoLogFlag = False,
@@ -242,6 +267,12 @@ def export(
         if not result.ok:
             typer.echo(f"Error: {result.problem_count} problem(s) in {out_dir}", err=True)
             raise typer.Exit(1)
+        return
+    if append:
+        if at is not None or engine is Engine.ray or overwrite or part is not None or shard is not None:
+            raise typer.BadParameter("--append extends OUT_DIR on this machine, up to now: give it alone",
+                                     param_hint="'--append'")  # fmt: skip
+        _append(out_dir, db, read_threads=read_threads, as_json=as_json, quiet=quiet, no_log=no_log)
         return
     if (group is not None or group_by is not None) and (split is None or "=" not in split):
         option = "--group" if group is not None else "--group-by"

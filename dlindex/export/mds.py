@@ -118,6 +118,24 @@ def finish_mds(
     return list(shards), files
 
 
+def extend_mds(
+    staging: Path, staged: str, files: list[dict[str, Any]], delta: dict[str, Any] | None,
+    shards: Sequence[ShardInfo], splits: Sequence[str], generation: int, *, features: Features | None,
+    shard_bytes: int | None,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[tuple[str, str]]]:  # fmt: skip
+    """An append's streaming indexes: each split folder's index.json for all its shards, written
+    in ``staging`` to replace the export's (streaming reads a split's shards from it)."""
+    kept = [f for f in files if not f["file"].endswith("/index.json")]
+    written, replaced = [], []
+    for name, data in split_index(splits, features, shard_bytes, shards).items():
+        path = staging / "mds" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        written.append({"file": name, "bytes": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)})
+        replaced.append((f"{staged}/mds/{name}", name))
+    return [*kept, *written], [], replaced
+
+
 def streaming_keys(
     shards: Sequence[ShardInfo], splits: Sequence[str], seen: Any, features: Features | None, shard_bytes: int | None
 ) -> tuple[int, list[dict[str, Any]]]:

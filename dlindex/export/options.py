@@ -23,6 +23,10 @@ MAX_WORKERS = 1024  # shards per rank: a DataLoader has far fewer workers
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)\s*$", re.I)
 
 
+class NothingSelected(ExportError):
+    """No sample is left to export (none matched, or every one was skipped)."""
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     """What ``dlindex export`` takes besides OUT_DIR; ``query`` holds the filters of ``dlindex query``.
@@ -69,6 +73,7 @@ class ExportOptions:
     group_threshold: float | None = None
     shard: Shard | str | None = None
     memory_budget: int | str | None = None
+    appending: tuple[str, ...] | None = None  # export --append's rows: its export's class list (not recorded)
 
 
 @dataclass(frozen=True)
@@ -139,3 +144,11 @@ def check_bounds(options: ExportOptions, shard_bytes: int | None) -> None:
         if not low <= value <= high:
             unit = " byte" if name == "--shard-bytes" else ""
             raise ExportError(f"{name} must be at least {low}{unit} and at most {high}, not {value}")
+
+
+def check_selected(selected: int, skipped: Mapping[str, int]) -> None:
+    """NothingSelected when an export would have no sample (none matched, or all were skipped)."""
+    if not selected:
+        if skipped:
+            raise NothingSelected(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
+        raise NothingSelected("no samples match the filters; nothing exported")

@@ -15,13 +15,14 @@ from dlindex.catalog.reachable import unreachable_roots
 from dlindex.engines.local import sigterm_as_interrupt
 from dlindex.engines.parts import Part as Shard  # export/ says Shard for a part until its restructuring settles
 from dlindex.engines.parts import parse_part as parse_shard
+from dlindex.export.classes import kept_classes
 from dlindex.export.dealing import Dealing, OutsideSplit, write_dealt
 from dlindex.export.describe import build_index, client_keys, describe_export, label_counts, written_per_split
 from dlindex.export.files import packable
 from dlindex.export.gcpause import paused_gc
 from dlindex.export.groups import check_grouping, ensure_hashes, group_points, large_group_note
 from dlindex.export.hashsplit import dealt_rows, halved, split_streams
-from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, memory_budget, parse_size
+from dlindex.export.options import ExportOptions, ExportSummary, check_bounds, check_selected, memory_budget, parse_size
 from dlindex.export.outdir import OutputDir
 from dlindex.export.part import owners, part_manifest, plan_digest, write_groups
 from dlindex.export.plan import (
@@ -113,7 +114,8 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
             raise ExportError(f"{problem}; a {fmt} export names the files there, so nothing was written")
     target = Path(out_dir)
     # Before anything is read: OUT_DIR must be safe to write (and to replace, with --overwrite).
-    output = OutputDir(target, options.overwrite, protected_files(catalog), [r for (r,) in catalog.read(_ROOTS, {})])
+    # The catalog file and its journals (a server catalog has none here) and the roots are never replaced.
+    output = OutputDir(target, options.overwrite, catalog.backend.files(), [r for (r,) in catalog.read(_ROOTS, {})])
     skipped: Counter[str] = Counter()
     restore = sigterm_as_interrupt()  # a SIGTERM removes the temporary folder, as Ctrl-C does
     try:
@@ -206,7 +208,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
             if record.packed:  # these read every source: only regular files of their catalogued size
                 rows = packable(rows, {k: v[1] for k, v in (prepared.roots or {}).items()}, skipped, warn)
         plan = make_plan(
-            rows, prepared.classes or (), prepared.class_index or {}, prepared.roots or {},
+            rows, *kept_classes(catalog, options.appending, prepared), prepared.roots or {},
             class_list=prepared.class_list or "catalog", split=None if by_hash else split,
             points=None if points is None else points.points, tree_splits=tree_rows,
             tree_names=tree_names if routed else None,
@@ -246,10 +248,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
             numbers[group.split] += len(written) // record.files_per_shard
             shards.extend(written)
         selected = plan.selected if plan.selected is not None else plan.samples
-        if not selected:
-            if skipped:
-                raise ExportError(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
-            raise ExportError("no samples match the filters; nothing exported")
+        check_selected(selected, skipped)
         extra: list[dict[str, Any]] = []
         if record.finish is not None:
             shards, extra = load(record.finish)(
@@ -264,7 +263,8 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         )  # fmt: skip
         (output.tmp / record.index).write_bytes(index)
         output.commit()
-        record_export(catalog, target, fmt, plan.samples, changes)  # best effort: the export is done
+        if options.appending is None:  # an append's rows are recorded with the export they join
+            record_export(catalog, target, fmt, plan.samples, changes)  # best effort: the export is done
     except BaseException:
         output.abort()  # never leave a half export that looks whole
         raise
@@ -287,10 +287,7 @@ def _write_part(
     (``merge_exports`` writes that); not recorded in the catalog, being no export yet."""
     plan = ctx.plan
     selected = plan.selected if plan.selected is not None else plan.samples
-    if not selected:
-        if skipped:
-            raise ExportError(f"no samples left to export: {sum(skipped.values())} skipped (see the warnings)")
-        raise ExportError("no samples match the filters; nothing exported")
+    check_selected(selected, skipped)
     owner = owners(plan, shard.count)
     if shard.index not in owner and note is not None:
         note(f"part {shard} has nothing to write: the export has {len(plan.groups)} (split, rank) group(s) "
@@ -339,10 +336,10 @@ def _tree_splits(
         return None  # no need to count the selection's splits: there are none
     if tree is not None:
         check_split_folders(catalog, tree or ("tree",))  # --split tree or NAME on a tree without them
-    if query.limit is not None:  # only the samples the limit keeps: a limit of 20 reads ~20 rows
-        counts = limited_split_counts(catalog, query, shuffle, seed)
-    else:
-        counts = split_counts(catalog, query)
+    # With --limit, only the samples the limit keeps: a limit of 20 reads ~20 rows.
+    counts = (
+        limited_split_counts(catalog, query, shuffle, seed) if query.limit is not None else split_counts(catalog, query)
+    )
     named = _named_splits(counts, tree)
     if named is not None:
         total = sum(counts[s] for s in named)
@@ -392,8 +389,3 @@ def limited_split_counts(catalog: Catalog, spec: QuerySpec, shuffle: bool, seed:
     prepared = prepare(catalog, export_spec(spec, shuffle, seed, ("id",)))
     sql = _LIMITED_SPLIT_COUNTS.replace("{selection}", prepared.selection_sql)
     return {split: int(n) for split, n in catalog.read(sql, prepared.params)}
-
-
-def protected_files(catalog: Catalog) -> list[str]:
-    """The catalog file and its journals: no export may replace a folder that holds them."""
-    return catalog.backend.files()  # a server catalog has none here

@@ -25,7 +25,7 @@ from dlindex.export.files import RawShard, read_sources
 from dlindex.export.plan import FORMAT, ID, LABEL, ExportError, Group, absolute_path
 from dlindex.export.shards import Context, ShardInfo, json_maker, sample_key, shard_name
 from dlindex.export.writer import StreamWriter, batches
-from dlindex.exported.ids import write_wds_ids
+from dlindex.exported.ids import IDS_FILE, ids_name, write_wds_ids
 
 BLOCK = 512
 _ZEROS = bytes(BLOCK * 2)
@@ -165,6 +165,19 @@ def finish_wds(
     """Once every group is written: the shards arranged for ``split_by_node``, and ids.i64."""
     arranged = arrange(out, shards, splits, world_size, workers)
     return arranged, [write_wds_ids(out, arranged)]
+
+
+def extend_wds(
+    staging: Path, staged: str, files: list[dict[str, Any]], delta: dict[str, Any] | None,
+    shards: Sequence[ShardInfo], splits: Sequence[str], generation: int, **_: Any,
+) -> tuple[list[dict[str, Any]], list[tuple[str, str]], list[tuple[str, str]]]:  # fmt: skip
+    """An append's ids: the added shards' ids.i64 becomes ``ids-{generation:06d}.i64`` after the
+    export's own (readers join them in order); no file of the export is rewritten."""
+    if delta is None:
+        return files, [], []
+    entry = next(f for f in delta["files"] if f["file"] == IDS_FILE)
+    name = ids_name(generation)
+    return [*files, {**entry, "file": name}], [(f"{staged}/delta/{IDS_FILE}", name)], []
 
 
 def recipe_keys(

@@ -48,6 +48,11 @@ class Format:
       a loaded index.json are not what the client may read (``listed``: the files it lists).
     - ``verify(root, index, skip, problem) -> int``: ``--verify``'s reading of the shards
       (samples found), besides sizes and hashes.
+    - ``extend(staging, staged, files, delta, shards, splits, generation, *, features,
+      shard_bytes) -> (files, renames, replaced)``: ``export --append``'s own files: index.json's
+      ``files`` for the export with the appended ``shards`` (all of them), the appended files to
+      rename from ``staged/delta`` (the added samples' own export) into the export, and the index
+      files it wrote in ``staging`` to replace the export's. None: the format has no such files.
     - ``sink``: the writer's class, ``(ctx, group, number)`` with ``take(batch, vectors)``
       and ``finish() -> list[ShardInfo]``, so that one pass over a pre-split tree can feed
       every split folder's shards at once (dlindex.export.dealing); None: a group at a time.
@@ -76,6 +81,7 @@ class Format:
     verify: Ref | None = None
     verified: str = "{files} files, {samples} source images"  # --verify's summary
     sink: Ref | None = None
+    extend: Ref | None = None
 
     @property
     def files_per_shard(self) -> int:
@@ -108,6 +114,7 @@ WDS = Format(
     names="dlindex.export.wds:part_names", finish="dlindex.export.wds:finish_wds",
     clients="dlindex.export.wds:recipe_keys", check_clients="dlindex.exported.validate:check_wds_keys",
     verify="dlindex.exported.packed:check_wds", verified="{files} files, {samples} samples in the shards",
+    extend="dlindex.export.wds:extend_wds",
 )  # fmt: skip
 MDS = Format(
     # streaming's own default shard size; its StreamingDataset reads "version" and "shards"
@@ -115,7 +122,7 @@ MDS = Format(
     client_keys=("version", "shards"), names="dlindex.export.mds:shard_files",
     finish="dlindex.export.mds:finish_mds", clients="dlindex.export.mds:streaming_keys",
     check_clients="dlindex.exported.validate:check_streaming_keys",
-    verified="{files} files (mds shards: size and checksum only)",
+    verified="{files} files (mds shards: size and checksum only)", extend="dlindex.export.mds:extend_mds",
 )  # fmt: skip
 
 # By name, in the order the CLI lists them; the first is the default.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +18,7 @@ from dlindex.exported.index import ShardInfo, listed_shards
 from dlindex.exported.tar import iter_members
 
 IDS_FILE = "ids.i64"  # int64 little-endian, one per sample (pad repeats included)
+_APPENDED_IDS = re.compile(r"ids-\d{6}\.i64")  # export --append's, one per generation
 
 
 def write_wds_ids(out: Path, shards: Sequence[ShardInfo]) -> dict[str, Any]:
@@ -36,28 +38,42 @@ def write_wds_ids(out: Path, shards: Sequence[ShardInfo]) -> dict[str, Any]:
     return {"file": IDS_FILE, "bytes": len(data), "xxh3_128": xxhash.xxh3_128_hexdigest(data)}
 
 
+def ids_name(generation: int) -> str:
+    """The ids file of an append's shards (generation 0: the export's own, ids.i64)."""
+    return IDS_FILE if generation == 0 else f"ids-{generation:06d}.i64"
+
+
 def wds_ids(out_dir: str | os.PathLike[str], index: Mapping[str, Any]) -> array.array[int] | None:
-    """The ids of a wds export's samples in shard order, checked against index.json (its size,
-    one per listed sample, and its hash); None for an export written before ids.i64."""
-    entry = next((f for f in index.get("files", []) if isinstance(f, dict) and f.get("file") == IDS_FILE), None)
-    if entry is None:
+    """The ids of a wds export's samples in shard order (ids.i64, then each append's
+    ids-NNNNNN.i64), checked against index.json (together one per listed sample, each its
+    hash); None for an export written before ids.i64."""
+    entries = [f for f in index.get("files", []) if isinstance(f, dict) and _is_ids(f.get("file"))]
+    if not entries or entries[0].get("file") != IDS_FILE:
         return None
-    shown = os.path.join(os.fsdecode(out_dir), IDS_FILE)
     samples = sum(int(s["samples"]) for s in listed_shards(index))
-    if entry.get("bytes") != 8 * samples:
-        raise ExportError(f"{shown}: index.json lists {repr(entry.get('bytes'))[:40]} bytes for {samples} samples; "
+    listed = sum(int(e["bytes"]) if isinstance(e.get("bytes"), int) else -1 for e in entries)
+    if listed != 8 * samples:
+        shown = os.path.join(os.fsdecode(out_dir), IDS_FILE)
+        raise ExportError(f"{shown}: index.json lists {listed} bytes of ids for {samples} samples; "
                           "the export was altered (see dlindex export --verify)")  # fmt: skip
-    try:
-        path = resolve_inside(os.fsencode(out_dir), IDS_FILE, what="ids file")
-        data = read_regular(path, 8 * samples, exact=True)
-    except ConfineError as e:
-        raise ExportError(f"{shown}: {e}") from None
-    except OSError as e:
-        raise ExportError(f"{shown}: {e.strerror}") from None
-    if xxhash.xxh3_128_hexdigest(data) != entry.get("xxh3_128"):
-        raise ExportError(f"{shown} does not match its hash in index.json; the export was altered")
     ids = array.array("q")
-    ids.frombytes(data)
+    for entry in entries:
+        name = entry["file"]
+        shown = os.path.join(os.fsdecode(out_dir), name)
+        try:
+            path = resolve_inside(os.fsencode(out_dir), name, what="ids file")
+            data = read_regular(path, entry["bytes"], exact=True)
+        except ConfineError as e:
+            raise ExportError(f"{shown}: {e}") from None
+        except OSError as e:
+            raise ExportError(f"{shown}: {e.strerror}") from None
+        if xxhash.xxh3_128_hexdigest(data) != entry.get("xxh3_128"):
+            raise ExportError(f"{shown} does not match its hash in index.json; the export was altered")
+        ids.frombytes(data)
     if sys.byteorder != "little":
         ids.byteswap()
     return ids
+
+
+def _is_ids(name: object) -> bool:
+    return isinstance(name, str) and (name == IDS_FILE or _APPENDED_IDS.fullmatch(name) is not None)

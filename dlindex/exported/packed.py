@@ -12,14 +12,13 @@ from __future__ import annotations
 import array
 import os
 import re
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from dlindex.exported import ExportError
-from dlindex.exported.confine import ConfineError, check_relative, read_regular, resolve_inside
-from dlindex.exported.ids import IDS_FILE
+from dlindex.exported.confine import ConfineError, check_relative, resolve_inside
+from dlindex.exported.ids import IDS_FILE, wds_ids
 from dlindex.exported.index import listed_shards
 from dlindex.exported.tar import is_regular, iter_headers
 
@@ -107,22 +106,15 @@ def _sample_done(key: bytes | None, has_image: bool, has_cls: bool, shown: str) 
 
 
 def _check_ids(root: Path, index: Mapping[str, Any], found: array.array[int], problem: Callable[[str], None]) -> None:
-    """ids.i64 must hold the shards' sample ids in shard order (readers seek by it)."""
-    entry = next((f for f in index.get("files", []) if f["file"] == IDS_FILE), None)
-    if entry is None:
-        return  # written before ids.i64 existed
-    if entry["bytes"] != 8 * len(found):
-        problem(f"{IDS_FILE}: {entry['bytes']} bytes for the {len(found)} samples the shards hold (8 bytes each)")
-        return
+    """ids.i64 (and each append's ids file after it) must hold the shards' sample ids in shard
+    order (readers seek by it)."""
     try:
-        data = read_regular(resolve_inside(os.fsencode(root), IDS_FILE, what="ids file"), entry["bytes"])
-    except (ExportError, OSError) as e:
-        problem(f"{IDS_FILE}: {getattr(e, 'strerror', None) or e}")
+        ids = wds_ids(root, index)
+    except ExportError as e:
+        problem(str(e).removeprefix(os.fsdecode(root) + "/"))
         return
-    ids = array.array("q")
-    ids.frombytes(data[: 8 * len(found)])
-    if sys.byteorder != "little":
-        ids.byteswap()
+    if ids is None:
+        return  # written before ids.i64 existed
     if ids != found:
         k = next(i for i, (a, b) in enumerate(zip(ids, found, strict=True)) if a != b)
         problem(f"{IDS_FILE}: sample {k} is id {ids[k]}, the shards hold id {found[k]} there")

@@ -18,6 +18,7 @@ from typing import Any
 import xxhash
 
 from dlindex.exported import ExportError
+from dlindex.exported.appended import generation, keeps, removed_ids
 from dlindex.exported.confine import hash_regular, read_regular, real_inside, resolve_inside
 from dlindex.exported.formats import FORMATS, JSONL, load
 from dlindex.exported.index import listed_shards
@@ -82,6 +83,12 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
     tree_gone = bool(manifest_files(index)) and not os.path.isdir(file_root)
     if tree_gone:  # one line, not a `missing` line for each of its images
         problem(f"source root {index['file_root']} is missing (moved or unmounted?): its images were not checked")
+    try:
+        removed = removed_ids(root, index)  # copies an export --append replaced: their sources may be gone
+    except ExportError as e:
+        problem(str(e))
+        removed = {}
+    generations = {entry["file"]: generation(entry) for entry in listed_shards(index)}
     for name in manifest_files(index):
         if not (root / name).is_file():
             continue  # already reported
@@ -90,6 +97,8 @@ def verify_export(out_dir: str | os.PathLike[str], progress: Callable[[int], Non
         try:
             for row in manifest_rows(root, name, max_bytes=sizes.get(name), classes=classes, absolute_paths=absolute):
                 rows += 1
+                if removed and not keeps(removed, generations.get(name, 0), row["id"]):
+                    continue
                 try:
                     path = source_path(index, row["path"])
                 except ExportError as e:

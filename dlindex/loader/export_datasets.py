@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from dlindex.errors import DlindexError
+from dlindex.exported.appended import generation, keeps, removed_ids
 from dlindex.exported.confine import read_regular, real_inside, resolve_inside
 from dlindex.exported.formats import WDS
 from dlindex.exported.index import listed_shards
@@ -141,6 +142,8 @@ class ManifestDataset:
         self.ids = array.array("q")
         self.sizes = array.array("q")  # -1: the manifest records no size
         sizes = listed_bytes(listed_shards(self.index), [])
+        generations = {s["file"]: generation(s) for s in listed_shards(self.index)}
+        removed = removed_ids(self.out_dir, self.index)  # copies an export --append replaced or removed
         for name in files:
             for row in manifest_rows(
                 self.out_dir,
@@ -149,6 +152,8 @@ class ManifestDataset:
                 classes=len(self.classes),
                 absolute_paths=absolute_paths(self.index),
             ):
+                if removed and not keeps(removed, generations.get(name, 0), row["id"]):
+                    continue
                 self.paths.append(source_path(self.index, row["path"], self.root))
                 self.labels.append(row["label_id"])
                 self.ids.append(row["id"])
@@ -220,6 +225,7 @@ class WdsDataset(TorchOptionalIterable):
             raise DlindexError(f"{out_dir} is a {self.index.get('format')} export; WdsDataset reads wds exports")
         self.classes = [self.index["labels"][str(k)] for k in range(len(self.index["labels"]))]
         self.shards = [s for s in listed_shards(self.index) if split is None or s["split"] == split]
+        self.removed = removed_ids(self.out_dir, self.index)  # copies an export --append replaced or removed
         if not self.shards:
             raise DlindexError(f"{out_dir}: no shards for split {split!r}")
         self.rank, self.world_size = rank, world_size
@@ -243,6 +249,11 @@ class WdsDataset(TorchOptionalIterable):
         return (_rebuild, (self._args, self.epoch))
 
     def set_epoch(self, epoch: int) -> None:
+        """The epoch to shuffle shards for; an export appended to since is read from this epoch on."""
+        if load_index(self.out_dir) != self.index:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # said once, when the dataset was made
+                self.__init__(**self._args)  # type: ignore[misc]
         self.epoch = epoch
 
     def rank_shards(self) -> list[dict[str, Any]]:
@@ -285,7 +296,10 @@ class WdsDataset(TorchOptionalIterable):
                 return first <= n < end and (stride is None or (n - first) % stride == worker)
 
             path = resolve_inside(os.fsencode(self.out_dir), shard["file"], what="shard")
+            made = generation(shard)
             for sample in iter_tar(path, keep, stop=end, max_bytes=shard["bytes"]):
+                if self.removed and not keeps(self.removed, made, _key_id(sample.get("__key__"))):
+                    continue
                 yield self._item(sample)
 
     def _item(self, sample: dict[str, Any]) -> Any:
@@ -317,6 +331,12 @@ class WdsDataset(TorchOptionalIterable):
                 info["file"] = os.fsdecode(source_path(self.index, exact, self.root))
             return image, label, info
         return image, label
+
+
+def _key_id(key: Any) -> int:
+    text = key.decode() if isinstance(key, bytes) else str(key)
+    digits = text.partition("_")[0]  # a --pad repeat's key is ID_POSITION
+    return int(digits) if digits.isdigit() else -1
 
 
 def _share(total: int, world: int, drop_last: bool) -> tuple[int, str]:

@@ -77,6 +77,7 @@ _WHERE_MIN_TURNED_WIDTH = (
 )
 _WHERE_MIN_TURNED_HEIGHT = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.width ELSE image_metadata.height END) >= :min_height"
 _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
+_WHERE_IDS = "image_metadata.id IN (SELECT value FROM json_each(:only_ids))"
 _WHERE_EXCLUDED = {True: "image_metadata.excluded = 1", False: "image_metadata.excluded = 0"}
 
 
@@ -225,6 +226,9 @@ def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, An
         where.append(_processing_status(spec.processing_status))
     if spec.excluded is not None:
         where.append(_WHERE_EXCLUDED[bool(spec.excluded)])
+    if spec.ids is not None:
+        where.append(_WHERE_IDS)
+        params["only_ids"] = json.dumps([int(i) for i in spec.ids])
     since = parse_when(spec.since, "--since") if spec.since is not None else None
     until = parse_when(spec.until, "--until") if spec.until is not None else None
     if since is not None and until is not None and since >= until:

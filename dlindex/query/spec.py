@@ -102,6 +102,7 @@ class QuerySpec:
     seed: int = 0
     columns: Sequence[str] | str | None = DEFAULT_COLUMNS
     cache: bool = True
+    ids: Sequence[int] | None = None  # only these samples (export --append's rows that changed)
 
     def __post_init__(self) -> None:
         for name in ("labels", "split", "status", "processing_status"):

@@ -1,0 +1,232 @@
+"""``dlindex export OUT --append``: add what changed in the catalog since OUT was written.
+
+The rows to add and remove come from the catalog's history (dlindex.catalog.diff), never from
+a scan of the catalog or of the export: only samples whose row changed between the export's
+recorded state and now are read, each at both states, through the export's own filters.
+
+- **added**: selected now and not then, or selected at both with a value the export carries
+  changed (content, label, path, tree split): their shards are written by the export code
+  itself (same format, options, splits, ranks, groups) into a folder inside OUT, then renamed
+  in after the export's last shard of each split.
+- **removed**: selected then and not now, or re-added above: their ids go to
+  ``_removed-{generation:06d}.json``; a copy in a shard of an earlier generation is skipped by
+  dlindex's readers (dlindex.exported.appended), and the clients' recipes do the same.
+
+Nothing already in OUT is rewritten except its index files (index.json, wds's none, mds's
+split indexes), each replaced by a rename. A journal makes the last step restartable: a killed
+append leaves the old export whole, and the next ``--append`` completes it (dlindex.export.graft).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dlindex.catalog.diff import diff_states
+from dlindex.errors import InputError
+from dlindex.export.graft import STAGING, Journal, apply_journal, clear_staging, held_export, stage
+from dlindex.export.options import ExportOptions, NothingSelected
+from dlindex.export.outdir import check_old_export
+from dlindex.export.plan import ExportError
+from dlindex.export.registry import record_export
+from dlindex.exported.formats import get
+from dlindex.exported.reader import load_index
+from dlindex.query.rows import sample_ids
+from dlindex.query.spec import QuerySpec
+
+if TYPE_CHECKING:
+    from dlindex.catalog.connection import Catalog
+
+# A change to one of these makes the exported copy wrong: it is removed and written again.
+REWRITTEN = frozenset({"content", "relabelled", "moved", "split"})
+_BATCH = 50_000  # ids per membership query (one JSON parameter each)
+
+
+@dataclass(frozen=True)
+class AppendSummary:
+    out_dir: str
+    format: str
+    generation: int  # 1 for the first append; 0: nothing had changed, nothing written
+    from_state: int
+    to_state: int
+    added: int  # samples written (repeats included)
+    removed: int  # exported copies now skipped
+    shards: int  # files added
+    bytes: int
+    skipped: dict[str, int]
+    seconds: float
+    completed: int | None = None  # the generation an interrupted append left, completed first
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def describe(self) -> str:
+        done = f"completed the interrupted append {self.completed}; " if self.completed else ""
+        if not self.generation:
+            return f"{done}{self.out_dir}: the catalog has not changed since state {self.from_state}; nothing to append"
+        return (
+            f"{done}appended generation {self.generation} to {self.out_dir} ({self.format}, state {self.from_state} "
+            f"-> {self.to_state}) in {self.seconds:.2f} s: {self.added} samples added in {self.shards} files "
+            f"({self.bytes} bytes), {self.removed} removed"
+        )
+
+
+def append_export(
+    catalog: Catalog,
+    out_dir: str | os.PathLike[str],
+    *,
+    read_threads: int = 0,
+    progress: Callable[[int], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+    note: Callable[[str], None] | None = None,
+) -> AppendSummary:
+    """Append to the export in ``out_dir`` what changed in ``catalog`` since its recorded state.
+
+    ExportError (nothing written) when ``out_dir`` is no export, was edited by hand, comes from
+    another catalog, or was selected in a way an append cannot continue (``--limit``,
+    ``--per-label``: a sample's place there depends on the whole selection).
+    """
+    started = time.perf_counter()
+    out = Path(out_dir)
+    if catalog.pinned is not None:
+        raise ExportError("--append adds what changed up to now; it takes no --at")
+    with held_export(out):
+        completed = apply_journal(out)  # a killed append first: its export is the one to extend
+        index = load_index(out)
+        fmt = get(index["format"])
+        _check_source(catalog, out, index)
+        spec, options = recorded_options(index, read_threads)
+        try:
+            check_old_export(out)
+        except ExportError as e:
+            raise ExportError(str(e).replace("refusing to replace", "refusing to append to", 1)) from None
+        before, after = int(index["catalog"]["changes"]), catalog.changes()
+        if after == before:
+            return AppendSummary(str(out), fmt.name, 0, before, after, 0, 0, 0, 0, {}, _since(started), completed)
+        added, removed = changed_membership(catalog, spec, before, after)
+        generation = 1 + max((int(a["generation"]) for a in index.get("appends", [])), default=0)
+        staging = clear_staging(out, create=True)
+        try:
+            delta = None
+            if added:
+                delta = _write_delta(catalog, staging, options, spec, added, index, progress, warn, note)
+            journal = stage(out, index, staging, generation, removed, (before, after), delta)
+        except BaseException:
+            clear_staging(out)
+            raise
+        apply_journal(out)
+    record_export(catalog, out, fmt.name, journal.samples, after)  # best effort, as export's
+    return AppendSummary(
+        str(out), fmt.name, generation, before, after, journal.added, len(removed), journal.files, journal.bytes,
+        delta.skipped if delta is not None else {}, _since(started), completed,
+    )  # fmt: skip
+
+
+def recorded_options(index: dict[str, Any], read_threads: int = 0) -> tuple[QuerySpec, ExportOptions]:
+    """The selection and options index.json records, as the export was written with them."""
+    filters, options = index.get("filters") or {}, index["options"]
+    for name, option in (("limit", "--limit"), ("per_label", "--per-label")):
+        if filters.get(name) is not None:
+            raise ExportError(
+                f"cannot append to an export made with {option}: which samples it keeps depends on the whole "
+                "selection; export it again instead"
+            )
+    spec = QuerySpec(
+        labels=filters.get("labels") or (), split=filters.get("split") or (), classes=filters.get("classes", "selected"),
+        has_class=True, status=filters.get("status") or (), processed=filters.get("processed"),
+        processing_status=filters.get("processing_status") or (), excluded=filters.get("excluded", False),
+        since=filters.get("since"), until=filters.get("until"), min_width=filters.get("min_width"),
+        min_height=filters.get("min_height"), columns=("id",), cache=False,
+    )  # fmt: skip
+    group = options.get("group") or {}
+    hashed = group.get("threshold") is None
+    export = ExportOptions(
+        format=index["format"], query=spec, shard_size=options.get("shard_size"),
+        shard_bytes=options.get("shard_bytes"), shuffle=bool(options.get("shuffle")), seed=int(options.get("seed", 0)),
+        split=options.get("split") or None, world_size=int(options.get("world_size", 1)),
+        drop_last=bool(options.get("drop_last")), features=options.get("features"),
+        absolute_paths=bool(options.get("absolute_paths")), read_threads=read_threads,
+        workers=int(options.get("workers") or 8), group=group.get("mode") if group.get("mode") != "column" else None,
+        group_by=group.get("column"), group_type=group.get("type"),
+        group_max_distance=group.get("max_distance") if hashed else None, group_threshold=group.get("threshold"),
+        appending=tuple(index.get("classes") or ()),
+    )  # fmt: skip
+    return spec, export
+
+
+def changed_membership(catalog: Catalog, spec: QuerySpec, before: int, after: int) -> tuple[list[int], list[int]]:
+    """(ids to add, ids to remove): among the samples whose row changed between the states,
+    those the selection takes now and did not then (or whose exported values changed), and
+    those it took then and does not now (or that are written again)."""
+    from dlindex.catalog.connection import Catalog as Opened
+
+    added: list[int] = []
+    removed: list[int] = []
+    then = Opened(catalog.url, at=f"state:{before}", log=False)  # refused first if that state was pruned
+    try:
+        changes = diff_states(catalog, before, after)
+        rewritten: dict[int, bool] = {c.id: bool(REWRITTEN.intersection(c.kinds)) for c in changes}
+        for batch in _batches(sorted(rewritten)):
+            was, now = _selected(then, spec, batch), _selected(catalog, spec, batch)
+            for i in batch:
+                again = rewritten[i] and i in was and i in now
+                if i in now and (i not in was or again):
+                    added.append(i)
+                if i in was and (i not in now or again):
+                    removed.append(i)
+    finally:
+        then.close()
+    return added, removed
+
+
+def _selected(catalog: Catalog, spec: QuerySpec, ids: list[int]) -> set[int]:
+    try:
+        return set(sample_ids(catalog, replace(spec, ids=ids)))
+    except InputError:  # a --label that did not exist at that state: it selected nothing then
+        return set()
+
+
+def _batches(ids: list[int]) -> Iterator[list[int]]:
+    for start in range(0, len(ids), _BATCH):
+        yield ids[start : start + _BATCH]
+
+
+def _write_delta(
+    catalog: Catalog, staging: Path, options: ExportOptions, spec: QuerySpec, added: list[int],
+    index: dict[str, Any], progress: Any, warn: Any, note: Any,
+) -> Any:  # fmt: skip
+    """The added samples as an export of their own in the staging folder (None: all skipped)."""
+    from dlindex.export.run import export_catalog
+
+    delta = replace(options, query=replace(spec, ids=added, columns=QuerySpec().columns))
+    try:
+        summary = export_catalog(catalog, staging / "delta", delta, progress, warn, note)
+    except NothingSelected:
+        return None  # every added file was skipped (the warnings said why): only removals this time
+    if tuple(load_index(staging / "delta").get("classes") or ())[: len(index.get("classes") or ())] != tuple(
+        index.get("classes") or ()
+    ):
+        raise ExportError("the appended samples would number the classes differently; export it again instead")
+    return summary
+
+
+def _check_source(catalog: Catalog, out: Path, index: dict[str, Any]) -> None:
+    written_from = str(index["catalog"].get("path", ""))
+    if not catalog.backend.is_location(written_from):
+        raise ExportError(
+            f"{out} was exported from {written_from}, not from {catalog.path}; append from the catalog it came from"
+        )
+    changes = index["catalog"].get("changes")
+    if not isinstance(changes, int) or isinstance(changes, bool) or changes < 0:
+        raise ExportError(f"{out}: its index records no catalog state, so what changed since is unknown")
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 3)
+
+
+__all__ = ["STAGING", "AppendSummary", "Journal", "append_export", "changed_membership", "recorded_options"]

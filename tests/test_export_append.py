@@ -1,0 +1,352 @@
+"""`export --append`: what changed since an export joins it in new files, the old ones untouched;
+its live samples are then exactly those of a new export of the catalog, read by dlindex and by
+each client's own recipe; a killed append leaves the old export and is completed by the next."""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import xxhash
+from typer.testing import CliRunner
+
+from dlindex import Catalog, QuerySpec, mark_samples
+from dlindex.export import load_index, verify_export
+from dlindex.export.append import AppendSummary, append_export
+from dlindex.exported.appended import generation, keeps, removed_ids
+from dlindex.exported.index import index_path, listed_shards
+from dlindex.loader import ManifestDataset, WdsDataset
+
+from .backends import ON_BOTH_BACKENDS, where
+from .conftest import export, invoke, make_png, one_error_line, scan
+
+pytestmark = ON_BOTH_BACKENDS
+
+MANIFESTS = ("jsonl", "csv", "parquet", "dali")
+SPLIT = "train=0.7,val=0.3"
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    for label in ("cat", "dog"):
+        for i in range(8):
+            make_png(root / label / f"{i:02d}.png", (10 + i, 12), (i * 20, 50 if label == "cat" else 150, 3))
+    return root
+
+
+@pytest.fixture
+def db(tree: Path, tmp_path: Path) -> Path:
+    location = where(tmp_path / "c.db")
+    scan(location, tree)
+    return location
+
+
+def week(db: Path, tree: Path) -> None:
+    """A week of changes: new files (one a copy of a sample, one of a new class), new content,
+    a file moved to another class, a file deleted, a sample set aside."""
+    make_png(tree / "cat" / "new0.png", (31, 30), (1, 2, 3))
+    make_png(tree / "bird" / "b0.png", (9, 9), (4, 5, 6))
+    shutil.copyfile(tree / "dog" / "03.png", tree / "dog" / "copy03.png")
+    make_png(tree / "cat" / "01.png", (11, 12), (255, 255, 0))
+    os.rename(tree / "dog" / "05.png", tree / "cat" / "moved05.png")
+    (tree / "cat" / "06.png").unlink()
+    scan(db, tree, prune=True)
+    with Catalog(db) as catalog:
+        mark_samples(catalog, ["2"], excluded=True)
+
+
+def file_hashes(out: Path) -> dict[str, str]:
+    """Every file of an export but its index files (the ones an append may replace)."""
+    found = {}
+    for path in out.rglob("*"):
+        if path.is_file() and path.name not in ("index.json", "_index.json"):
+            found[str(path.relative_to(out))] = xxhash.xxh3_128_hexdigest(path.read_bytes())
+    return found
+
+
+def live(out: Path) -> set[tuple[str, int, str]]:
+    """(split, id, label) of every sample dlindex's readers give from an export."""
+    index = load_index(out)
+    found: set[tuple[str, int, str]] = set()
+    for split in index["counts"]["splits"]:
+        if index["format"] == "wds":
+            world = index["options"]["world_size"]
+            for rank in range(world):
+                ds = WdsDataset(out, split, rank=rank, world_size=world, decode=False, with_metadata=True)
+                found |= {(split, meta["id"], ds.classes[label]) for _, label, meta in ds}
+        elif index["format"] == "mds":
+            found |= {(split, s["id"], index["classes"][s["label"]]) for s in streaming_recipe(out, split)}
+        else:
+            ds = ManifestDataset(out, split)
+            found |= {(split, int(i), ds.classes[label]) for i, label in zip(ds.ids, ds.labels, strict=True)}
+    return found
+
+
+def streaming_recipe(out: Path, split: str) -> list[dict[str, Any]]:
+    """docs/export-append.md's StreamingDataset recipe: each sample knows its shard's generation,
+    and a copy an append replaced or removed is skipped."""
+    pytest.importorskip("torch")
+    streaming = pytest.importorskip("streaming")
+    index = json.loads((out / "index.json").read_text())
+    generations = {s["file"]: s.get("generation", 0) for s in index["dlindex_shards"]}
+    removed: dict[int, int] = {}
+    for entry in index.get("appends", []):
+        if entry["removed_file"]:
+            for i in json.loads((out / entry["removed_file"]).read_text()):
+                removed[i] = max(removed.get(i, 0), entry["generation"])
+
+    class Live(streaming.StreamingDataset):  # type: ignore[misc]
+        def get_item(self, sample_id: int, retry: int = 7) -> Any:
+            sample = super().get_item(sample_id, retry)
+            shard_id, _ = self.spanner[sample_id]
+            sample["generation"] = generations[f"{split}/{self.shards[shard_id].raw_data.basename}"]
+            return sample
+
+    dataset = Live(local=str(out), split=split, shuffle=False, batch_size=1)
+    got = [s for s in (dataset[i] for i in range(len(dataset))) if s["generation"] >= removed.get(s["id"], 0)]
+    del dataset
+    gc.collect()
+    return got
+
+
+def append(db: Path, out: Path) -> AppendSummary:
+    with Catalog(db) as catalog:
+        return append_export(catalog, out)
+
+
+@pytest.mark.parametrize("fmt", [*MANIFESTS, "wds", "mds"])
+def test_an_appended_export_holds_what_a_new_export_holds_and_its_files_are_untouched(
+    db: Path, tree: Path, tmp_path: Path, fmt: str
+) -> None:
+    world = 2 if fmt == "wds" else 1
+    out = tmp_path / "out"
+    export(db, out, format=fmt, split=SPLIT, world_size=world, workers=2, drop_last=False)
+    before = file_hashes(out)
+    week(db, tree)
+    summary = append(db, out)
+    assert summary.generation == 1 and summary.added >= 4 and summary.removed == 3
+    after = file_hashes(out)
+    assert {k: after[k] for k in before} == before  # byte for byte
+    assert verify_export(out).ok
+    export(db, tmp_path / "fresh", format=fmt, split=SPLIT, world_size=world, workers=2)
+    assert live(out) == live(tmp_path / "fresh")
+    index = load_index(out)
+    assert index["classes"][:2] == ["cat", "dog"] and index["classes"][2] == "bird"  # old ids keep their meaning
+    with Catalog(db) as catalog:
+        assert index["catalog"]["changes"] == catalog.changes()
+    # a second week, appended again: still the same samples as a new export
+    make_png(tree / "dog" / "new1.png", (13, 13), (9, 9, 9))
+    with Catalog(db) as catalog:
+        mark_samples(catalog, ["2"], excluded=False)
+    scan(db, tree)
+    assert append(db, out).generation == 2
+    export(db, tmp_path / "fresh2", format=fmt, split=SPLIT, world_size=world, workers=2)
+    assert live(out) == live(tmp_path / "fresh2")
+    assert append(db, out).generation == 0  # nothing changed since: nothing written
+    assert verify_export(out).ok
+
+
+def test_a_new_copy_of_an_image_goes_to_the_split_of_the_original(db: Path, tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    export(db, out, format="jsonl", split="train=0.5,val=0.5", seed=3)
+    for path in sorted(tree.rglob("*.png")):
+        shutil.copyfile(path, path.with_name("copy-" + path.name))
+    scan(db, tree)
+    append(db, out)
+    split_of: dict[str, set[str]] = {}
+    index = load_index(out)
+    for split in index["counts"]["splits"]:
+        ds = ManifestDataset(out, split)
+        for path in ds.paths:
+            *_, label, name = os.fsdecode(path).split("/")
+            split_of.setdefault(f"{label}/{name.removeprefix('copy-')}", set()).add(split)
+    assert len(split_of) == 16 and all(len(s) == 1 for s in split_of.values())
+
+
+def test_the_wds_recipe_split_by_node_reads_the_appended_shards(
+    db: Path, tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch = pytest.importorskip("torch")
+    wds = pytest.importorskip("webdataset")
+    out = tmp_path / "w"
+    export(db, out, format="wds", world_size=2, workers=2)
+    week(db, tree)
+    append(db, out)
+    index = load_index(out)
+    urls = [str(out / name) for name in index["wds"]["urls"]["train"]]
+    assert urls == sorted(urls)
+    generations = {s["file"]: generation(s) for s in listed_shards(index)}
+    removed = removed_ids(out, index)
+
+    def current(sample: dict[str, Any]) -> bool:  # docs/export-append.md's select
+        return keeps(removed, generations[os.path.basename(sample["__url__"])], int(sample["__key__"][:12]))
+
+    got = set()
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        dataset = wds.WebDataset(urls, nodesplitter=wds.split_by_node, shardshuffle=False).select(current)
+        loader = torch.utils.data.DataLoader(dataset.to_tuple("__key__", "cls"), batch_size=None, num_workers=2)
+        mine = {int(key[:12]) for key, _ in loader}
+        assert not mine & got  # each rank its own shards
+        got |= mine
+    export(db, tmp_path / "fresh", format="wds")
+    assert got == {i for _, i, _ in live(tmp_path / "fresh")}
+
+
+def test_the_pyarrow_recipe_reads_the_appended_folder(db: Path, tree: Path, tmp_path: Path) -> None:
+    ds = pytest.importorskip("pyarrow.dataset")
+    pc = pytest.importorskip("pyarrow.compute")
+    pa = pytest.importorskip("pyarrow")
+    out = tmp_path / "p"
+    export(db, out, format="parquet")
+    week(db, tree)
+    append(db, out)
+    # docs/export-append.md: pyarrow.dataset(DIR), each file's rows less those a later generation removed
+    index = json.loads((out / "_index.json").read_text())
+    generations = {s["file"]: s.get("generation", 0) for s in index["dlindex_shards"]}
+    removed: dict[int, int] = {}
+    for entry in index.get("appends", []):
+        if entry["removed_file"]:
+            for i in json.loads((out / entry["removed_file"]).read_text()):
+                removed[i] = max(removed.get(i, 0), entry["generation"])
+    dataset = ds.dataset(str(out), format="parquet")
+    tables = []
+    for fragment in dataset.get_fragments():
+        g = generations[os.path.basename(fragment.path)]
+        stale = [i for i, r in removed.items() if r > g]
+        tables.append(fragment.to_table(filter=~pc.field("id").isin(stale)))
+    table = pa.concat_tables(tables)
+    assert len(dataset.files) == len(generations)  # the index and removal lists are not read as data
+    export(db, tmp_path / "fresh", format="parquet")
+    assert sorted(table.column("id").to_pylist()) == sorted(i for _, i, _ in live(tmp_path / "fresh"))
+
+
+def test_a_killed_append_leaves_the_old_export_and_the_next_one_completes_it(
+    db: Path, tree: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "w"
+    export(db, out, format="wds", world_size=2, workers=2)
+    old = load_index(out)
+    old_live = live(out)
+    week(db, tree)
+    # kill -9 after the journal, after the first file was renamed in
+    code = textwrap.dedent(f"""
+        import os, signal, types
+        import dlindex.export.graft as graft
+        from dlindex import Catalog
+        from dlindex.export.append import append_export
+        def rename(a, b):
+            os.rename(a, b)
+            if str(b).endswith(".tar"):
+                os.kill(os.getpid(), signal.SIGKILL)
+        graft.os = types.SimpleNamespace(**{{k: getattr(os, k) for k in dir(os)}})  # only graft's renames
+        graft.os.rename = rename
+        with Catalog({str(db)!r}) as catalog:
+            append_export(catalog, {str(out)!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert load_index(out) == old and live(out) == old_live  # the old export, whole and readable
+    summary = append(db, out)
+    assert summary.completed == 1 and summary.generation == 0  # completed, nothing more had changed
+    export(db, tmp_path / "fresh", format="wds", world_size=2, workers=2)
+    assert live(out) == live(tmp_path / "fresh")
+    assert verify_export(out).ok and not (out / ".dlindex-append").exists()
+
+
+def test_a_kill_before_the_journal_is_undone_by_the_next_append(db: Path, tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "j"
+    export(db, out, format="jsonl")
+    old, old_live = load_index(out), live(out)
+    week(db, tree)
+    code = textwrap.dedent(f"""
+        import os, signal
+        import dlindex.export.graft as graft
+        from dlindex import Catalog
+        from dlindex.export.append import append_export
+        def die(*a, **k):
+            os.kill(os.getpid(), signal.SIGKILL)
+        graft._write_synced = die
+        with Catalog({str(db)!r}) as catalog:
+            append_export(catalog, {str(out)!r})
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert (out / ".dlindex-append" / "delta").is_dir()  # what it wrote, not yet part of the export
+    assert load_index(out) == old and live(out) == old_live
+    assert append(db, out).generation == 1
+    export(db, tmp_path / "fresh", format="jsonl")
+    assert live(out) == live(tmp_path / "fresh")
+
+
+def test_an_edited_export_is_refused_and_nothing_is_written(
+    db: Path, tree: Path, tmp_path: Path, runner: CliRunner
+) -> None:
+    out = tmp_path / "w"
+    export(db, out, format="wds", workers=1)
+    week(db, tree)
+    shard = out / "train-000000.tar"
+    with open(shard, "ab") as f:
+        f.write(b"\0" * 512)
+    before = sorted(p.name for p in out.iterdir())
+    index = index_path(out).read_bytes()
+    line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
+    assert "refusing to append to" in line and "train-000000.tar" in line
+    assert sorted(p.name for p in out.iterdir()) == before and index_path(out).read_bytes() == index
+
+
+def test_appends_that_cannot_continue_the_selection_are_refused(
+    db: Path, tree: Path, tmp_path: Path, runner: CliRunner
+) -> None:
+    out = tmp_path / "l"
+    export(db, out, format="jsonl", query=QuerySpec(limit=5))
+    line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
+    assert "--limit" in line
+    line = one_error_line(invoke(runner, "export", str(tmp_path / "none"), "--append", "--db", str(db)))
+    assert "does not exist" in line
+    out = tmp_path / "ok"
+    export(db, out, format="jsonl")
+    result = invoke(runner, "export", str(out), "--append", "--at", "1", "--db", str(db))
+    assert result.exit_code == 2 and "--append extends OUT_DIR on this machine" in result.output
+    held = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another append at work
+        line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
+        assert "another dlindex export --append" in line
+    finally:
+        os.close(held)
+
+
+def test_the_cli_appends_with_the_catalog_its_index_names(db: Path, tree: Path, tmp_path: Path, runner: CliRunner) -> None:
+    out = tmp_path / "c"
+    export(db, out, format="csv")
+    result = invoke(runner, "export", str(out), "--append", "--db", str(db), "--json")
+    assert result.exit_code == 0 and json.loads(result.stdout)["generation"] == 0
+    week(db, tree)
+    result = invoke(runner, "export", str(out), "--append", "--db", str(db))
+    assert result.exit_code == 0 and "appended generation 1" in result.stdout
+
+
+def test_a_wds_dataset_reads_an_append_from_its_next_epoch(db: Path, tree: Path, tmp_path: Path) -> None:
+    out = tmp_path / "w"
+    export(db, out, format="wds", workers=1)
+    dataset = WdsDataset(out, "train", decode=False, with_metadata=True)
+    first = {meta["id"] for _, _, meta in dataset}
+    make_png(tree / "cat" / "late.png", (40, 41), (7, 7, 7))
+    scan(db, tree)
+    append(db, out)
+    assert {meta["id"] for _, _, meta in dataset} == first  # this epoch: as it began
+    dataset.set_epoch(1)
+    assert len({meta["id"] for _, _, meta in dataset} - first) == 1
