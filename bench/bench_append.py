@@ -33,9 +33,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_export_size import run
-from bench_versions import copy_catalog, week
+from bench_versions import _APPEND, copy_catalog, week
+from bench_watch import png
 from common import REPO, write_section
 from make_catalog import ensure_catalog
+from make_trees import ensure_tiny
 
 START, END = "<!-- bench_append:start -->", "<!-- bench_append:end -->"
 DLINDEX = [sys.executable, "-m", "dlindex"]
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--formats", default="jsonl,parquet")
     ap.add_argument("--work", default="/tmp/dlindex-append")
     ap.add_argument("--docs", default="docs/benchmarks.md")
+    ap.add_argument("--files", type=float, default=2e5, help="image files of the scan + features + wds run (0: none)")
     args = ap.parse_args(argv)
     n = int(args.rows)
     work = Path(args.work)
@@ -55,49 +58,128 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "PYTHONPATH": str(REPO), "DLINDEX_NO_LOG": "1"}
     results: list[dict[str, Any]] = []
     for fmt in args.formats.split(","):
-        db, small = work / "catalog.db", work / "small.db"
-        copy_catalog(ensure_catalog(n), db)
-        copy_catalog(ensure_catalog(n // 100), small)
-        for location in (db, small):  # the migration to versions, not timed with the exports
-            subprocess.run([*DLINDEX, "stats", "--db", str(location)], env=env, check=True, stdout=subprocess.DEVNULL)
-        out = work / "out"
-        first = run([*DLINDEX, "export", str(out), "--format", fmt, "--db", str(db)], env, work)
-        week(db, n, 1, random.Random(1))
-        appended = run([*DLINDEX, "export", str(out), "--append", "--db", str(db)], env, work)
-        index = json.loads((out / ("_index.json" if fmt == "parquet" else "index.json")).read_text())
-        again = run([*DLINDEX, "export", str(work / "again"), "--format", fmt, "--db", str(db)], env, work)
-        alone = run([*DLINDEX, "export", str(work / "alone"), "--format", fmt, "--db", str(small)], env, work)
-        entry = index["appends"][-1]
-        results.append({"format": fmt, "rows": n, "added": entry["samples"], "removed": entry["removed"],
-                        "first": first, "append": appended, "again": again, "alone": alone})  # fmt: skip
-        print(json.dumps(results[-1]), flush=True)
-        shutil.rmtree(work)
-        work.mkdir()
-    write(Path(args.docs), results)
+        for marked in (False, True):
+            results.append(catalog_week(n, fmt, marked, work, env))
+            shutil.rmtree(work)
+            work.mkdir()
+    files = files_week(int(args.files), work, env) if args.files else None
+    write(Path(args.docs), results, files)
     return 0
 
 
-def write(docs: Path, results: list[dict[str, Any]]) -> None:
+def catalog_week(n: int, fmt: str, marked: bool, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The export figures of one week on a copy of the generated catalog of ``n`` rows."""
+    db, small = work / "catalog.db", work / "small.db"
+    copy_catalog(ensure_catalog(n), db)
+    copy_catalog(ensure_catalog(n // 100), small)
+    for location in (db, small):  # the migration to versions, not timed with the exports
+        subprocess.run([*DLINDEX, "stats", "--db", str(location)], env=env, check=True, stdout=subprocess.DEVNULL)
+    out = work / "out"
+    first = run([*DLINDEX, "export", str(out), "--format", fmt, "--db", str(db)], env, work)
+    rng = random.Random(1)
+    if marked:
+        week(db, n, 1, rng)  # 1% marked (excluded: the export loses them) and 1% new rows
+    else:
+        from dlindex import Catalog
+
+        with Catalog(db, log=False) as catalog, catalog.versioned("append"), catalog.write_transaction() as conn:
+            conn.execute(
+                _APPEND, {"suffix": ".w1", "week": 1, "ids": json.dumps(rng.sample(range(1, n + 1), n // 100))}
+            )
+    appended = run([*DLINDEX, "export", str(out), "--append", "--db", str(db)], env, work)
+    index = json.loads((out / ("_index.json" if fmt == "parquet" else "index.json")).read_text())
+    again = run([*DLINDEX, "export", str(work / "again"), "--format", fmt, "--db", str(db)], env, work)
+    alone = run([*DLINDEX, "export", str(work / "alone"), "--format", fmt, "--db", str(small)], env, work)
+    entry = index["appends"][-1]
+    result = {"format": fmt, "rows": n, "week": "1% new + 1% marked" if marked else "1% new",
+              "added": entry["samples"], "removed": entry["removed"], "first": first, "append": appended,
+              "again": again, "alone": alone}  # fmt: skip
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def files_week(n: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """scan + features compute + export --append (wds) of 1% new image files in a tree of ``n``,
+    beside the same three steps on a tree of only those files, and a full wds re-export."""
+    tree, alone_tree = work / "tree", work / "alone-tree"
+    subprocess.run(["cp", "-al", str(ensure_tiny(n)), str(tree)], check=True)  # links: the source tree stays as it is
+    db, alone_db = work / "files.db", work / "alone.db"
+    out = work / "shards"
+    steps = (
+        lambda d, t: [*DLINDEX, "scan", str(t), "--db", str(d), "-q"],
+        lambda d, t: [*DLINDEX, "features", "compute", "--type", "dhash", "--db", str(d), "-q"],
+    )
+    for step in steps:
+        subprocess.run(step(db, tree), env=env, check=True, stdout=subprocess.DEVNULL)
+    first = run([*DLINDEX, "export", str(out), "--format", "wds", "--split", "train=0.9,val=0.1", "--db", str(db)],
+                env, work)  # fmt: skip
+    new = n // 100
+    for root in (tree, alone_tree):
+        for i in range(new):  # a new class folder of distinct small PNGs, in both trees
+            folder = root / f"new{i // 1000:03d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{i:07d}.png").write_bytes(png(i))
+    week: dict[str, Any] = {}
+    for name, step in zip(("scan", "features"), steps, strict=True):
+        week[name] = run(step(db, tree), env, work)
+    week["append"] = run([*DLINDEX, "export", str(out), "--append", "--db", str(db)], env, work)
+    alone: dict[str, Any] = {}
+    for name, step in zip(("scan", "features"), steps, strict=True):
+        alone[name] = run(step(alone_db, alone_tree), env, work)
+    alone["export"] = run([*DLINDEX, "export", str(work / "alone-shards"), "--format", "wds", "--split",
+                           "train=0.9,val=0.1", "--db", str(alone_db)], env, work)  # fmt: skip
+    again = run([*DLINDEX, "export", str(work / "again"), "--format", "wds", "--split", "train=0.9,val=0.1",
+                 "--db", str(db)], env, work)  # fmt: skip
+    result = {"files": n, "new": new, "first": first, "week": week, "alone": alone, "again": again}
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def write(docs: Path, results: list[dict[str, Any]], files: dict[str, Any] | None) -> None:
     lines = [
         START,
         "## `export --append` at size (`bench/bench_append.py`, #35)",
         "",
-        "One week on a copy of the generated catalog (1% of the rows marked, 1% new rows, as `bench_versions` "
-        "makes them), appended to its export; beside it in the same run the same export of a catalog of only "
-        "1% of the rows (the goal: an append costs at most 2x that) and a full re-export of the changed catalog. "
-        "Wall and CPU seconds of one process each, peak RSS of its process tree.",
+        "One week on a copy of the generated catalog, appended to its export: 1% new rows (copies of random "
+        "rows at new paths, as a scan inserts them), or that and a `mark --exclude` of another 1% (as "
+        "`bench_versions` makes a week); beside it in the same run the same export of a catalog of only 1% of "
+        "the rows (the goal: an append costs at most 2x that) and a full re-export of the changed catalog. Wall "
+        "and CPU seconds of one process each (start-up included), peak RSS of its process tree.",
         "",
-        "| format | rows | added / removed | append s (CPU) | 1% alone s (CPU) | append / alone | full re-export s | "
+        "| format | rows | week | added / removed | append s (CPU) | 1% alone s (CPU) | append / alone | full re-export s | "
         "re-export / append | append peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         a, alone, again = r["append"], r["alone"], r["again"]
         lines.append(
-            f"| {r['format']} | {r['rows']:,} | {r['added']:,} / {r['removed']:,} | {a['wall_s']:.2f} ({a['cpu_s']:.2f}) | "
+            f"| {r['format']} | {r['rows']:,} | {r['week']} | {r['added']:,} / {r['removed']:,} | {a['wall_s']:.2f} ({a['cpu_s']:.2f}) | "
             f"{alone['wall_s']:.2f} ({alone['cpu_s']:.2f}) | {a['wall_s'] / alone['wall_s']:.2f}x | {again['wall_s']:.2f} | "
             f"{again['wall_s'] / a['wall_s']:.1f}x | {a['peak_rss_mb']:.0f} |"
         )
+    if files is not None:
+        week, alone = files["week"], files["alone"]
+        total = sum(v["wall_s"] for v in week.values())
+        base = sum(v["wall_s"] for v in alone.values())
+        lines += [
+            "",
+            f"With image files (a tree of {files['files']:,} tiny images, `bench/make_trees.py` tiny, hard-linked; "
+            f"{files['new']:,} new PNGs in new class folders): `scan` + `features compute --type dhash` + "
+            "`export --append` of its wds export (`--split train=0.9,val=0.1`), beside the same three steps on a "
+            "tree of only the new files (first scan, compute, export):",
+            "",
+            "| step | the week, appended: s (CPU) | the 1% alone: s (CPU) |",
+            "|---|---|---|",
+        ]
+        for (name, a), (_, b) in zip(week.items(), alone.items(), strict=True):
+            lines.append(f"| {name} | {a['wall_s']:.2f} ({a['cpu_s']:.2f}) | {b['wall_s']:.2f} ({b['cpu_s']:.2f}) |")
+        lines += [
+            f"| **together** | **{total:.2f}** | **{base:.2f}** (appended / alone: **{total / base:.2f}x**) |",
+            "",
+            f"A full wds re-export of the {files['files'] + files['new']:,} files: {files['again']['wall_s']:.2f} s "
+            f"({files['again']['wall_s'] / week['append']['wall_s']:.0f}x the append; the first export "
+            f"{files['first']['wall_s']:.2f} s).",
+        ]
     lines += ["", END]
     write_section(docs, START, END, "\n".join(lines))
 

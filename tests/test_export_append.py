@@ -94,7 +94,7 @@ def live(out: Path) -> set[tuple[str, int, str]]:
 
 
 def streaming_recipe(out: Path, split: str) -> list[dict[str, Any]]:
-    """docs/export-append.md's StreamingDataset recipe: each sample knows its shard's generation,
+    """docs/versions.md's StreamingDataset recipe: each sample knows its shard's generation,
     and a copy an append replaced or removed is skipped."""
     pytest.importorskip("torch")
     streaming = pytest.importorskip("streaming")
@@ -189,7 +189,7 @@ def test_the_wds_recipe_split_by_node_reads_the_appended_shards(
     generations = {s["file"]: generation(s) for s in listed_shards(index)}
     removed = removed_ids(out, index)
 
-    def current(sample: dict[str, Any]) -> bool:  # docs/export-append.md's select
+    def current(sample: dict[str, Any]) -> bool:  # docs/versions.md's select
         return keeps(removed, generations[os.path.basename(sample["__url__"])], int(sample["__key__"][:12]))
 
     got = set()
@@ -213,7 +213,7 @@ def test_the_pyarrow_recipe_reads_the_appended_folder(db: Path, tree: Path, tmp_
     export(db, out, format="parquet")
     week(db, tree)
     append(db, out)
-    # docs/export-append.md: pyarrow.dataset(DIR), each file's rows less those a later generation removed
+    # docs/versions.md: pyarrow.dataset(DIR), each file's rows less those a later generation removed
     index = json.loads((out / "_index.json").read_text())
     generations = {s["file"]: s.get("generation", 0) for s in index["dlindex_shards"]}
     removed: dict[int, int] = {}
@@ -350,3 +350,36 @@ def test_a_wds_dataset_reads_an_append_from_its_next_epoch(db: Path, tree: Path,
     assert {meta["id"] for _, _, meta in dataset} == first  # this epoch: as it began
     dataset.set_epoch(1)
     assert len({meta["id"] for _, _, meta in dataset} - first) == 1
+
+
+def test_a_near_copy_joins_its_group_in_the_split_it_has(tmp_path: Path) -> None:
+    import random
+
+    from PIL import Image
+
+    tree = tmp_path / "textured"
+    rng = random.Random(5)
+    for k in range(12):  # textured images: solid ones carry too little to group (dlindex dups)
+        image = Image.new("L", (32, 32))
+        image.putdata([rng.randrange(256) for _ in range(32 * 32)])
+        (tree / ("a", "b")[k % 2]).mkdir(parents=True, exist_ok=True)
+        image.convert("RGB").save(tree / ("a", "b")[k % 2] / f"{k:02d}.png")
+    db = where(tmp_path / "g.db")
+    scan(db, tree)
+    out = tmp_path / "g"
+    export(db, out, format="jsonl", split="train=0.5,val=0.5", group="near-dups")
+
+    def named(p: bytes) -> str:
+        return "/".join(os.fsdecode(p).rsplit("/", 2)[-2:])
+
+    split_of = {named(p): s for s in ("train", "val") for p in ManifestDataset(out, s).paths}
+    assert set(split_of.values()) == {"train", "val"}
+    for name in split_of:
+        image = Image.open(tree / name).convert("RGB")
+        image.putpixel((0, 0), (255, 255, 255))  # a near copy: another content hash, the same dhash
+        image.save(tree / name.replace(".png", "-near.png"))
+    scan(db, tree)
+    append(db, out)
+    near = {named(p): s for s in ("train", "val") for p in ManifestDataset(out, s).paths if b"-near" in p}
+    assert len(near) == 12
+    assert all(split_of[name.replace("-near.png", ".png")] == s for name, s in near.items())

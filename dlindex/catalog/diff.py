@@ -35,6 +35,9 @@ _ROW = (*(c for c in _SHOWN if c != "label"), "label_id", "file_path_bytes")
 # history row that ended or began then (by its key: those that ended after lo).
 _CANDIDATES = """SELECT id FROM image_metadata WHERE valid_from > :lo AND valid_from <= :hi
     UNION SELECT id FROM image_history WHERE valid_to > :lo AND (valid_to <= :hi OR valid_from > :lo AND valid_from <= :hi)"""
+# Of the candidates, those that were in the catalog at state :at: a row that changed after it
+# has a history row that began by then and ended after it; one unchanged since is no candidate.
+_EXISTED = "SELECT id FROM image_history WHERE valid_to > :at AND valid_from <= :at"
 # Each candidate as it stood at state :a (side 0) and at :b (side 1), one stream in id order: at
 # most one row per side. (A join of the two states on id is what SQLite runs as a nested scan.)
 _STATE = """SELECT {side}, {cols} FROM image_metadata WHERE id IN (SELECT id FROM cand)
@@ -83,6 +86,16 @@ class DiffCounts:
 
     def as_dict(self) -> dict[str, Any]:
         return {"from_state": self.before, "to_state": self.after, "samples": self.samples, **self.by_kind}
+
+
+def changed_between(catalog: Catalog, before: int, after: int) -> tuple[list[int], list[int]]:
+    """The ids of the samples whose row changed somewhere between the two states (a superset of
+    those ``diff_states`` yields: a row changed and changed back is here too), in id order; and
+    those of them that were in the catalog at ``before`` (the others were added since)."""
+    params = {"lo": min(before, after), "hi": max(before, after)}
+    changed = sorted(int(i) for (i,) in catalog.read(_CANDIDATES, params))
+    existed = sorted(int(i) for (i,) in catalog.read(_EXISTED, {"at": before}))
+    return changed, existed
 
 
 def diff_states(catalog: Catalog, before: int, after: int) -> Iterator[RowChange]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dlindex.catalog.diff import diff_states
+from dlindex.catalog.diff import changed_between
 from dlindex.errors import InputError
 from dlindex.export.graft import STAGING, Journal, apply_journal, clear_staging, held_export, stage
 from dlindex.export.options import ExportOptions, NothingSelected
@@ -35,14 +35,15 @@ from dlindex.export.plan import ExportError
 from dlindex.export.registry import record_export
 from dlindex.exported.formats import get
 from dlindex.exported.reader import load_index
-from dlindex.query.rows import sample_ids
+from dlindex.query.rows import prepare
 from dlindex.query.spec import QuerySpec
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-# A change to one of these makes the exported copy wrong: it is removed and written again.
-REWRITTEN = frozenset({"content", "relabelled", "moved", "split"})
+# What an export writes of a sample besides its id: a change to one of these makes the exported
+# copy wrong, so it is removed and written again.
+EXPORTED = ("id", "xxh3_128", "label", "root", "file_path", "split")
 _BATCH = 50_000  # ids per membership query (one JSON parameter each)
 
 
@@ -168,26 +169,29 @@ def changed_membership(catalog: Catalog, spec: QuerySpec, before: int, after: in
     removed: list[int] = []
     then = Opened(catalog.url, at=f"state:{before}", log=False)  # refused first if that state was pruned
     try:
-        changes = diff_states(catalog, before, after)
-        rewritten: dict[int, bool] = {c.id: bool(REWRITTEN.intersection(c.kinds)) for c in changes}
-        for batch in _batches(sorted(rewritten)):
-            was, now = _selected(then, spec, batch), _selected(catalog, spec, batch)
+        changed, existed = changed_between(catalog, before, after)
+        earlier = set(existed)  # the others were added since: the export cannot hold them
+        for batch in _batches(changed):
+            old = [i for i in batch if i in earlier]
+            was = _selected(then, spec, old) if old else {}
+            now = _selected(catalog, spec, batch)
             for i in batch:
-                again = rewritten[i] and i in was and i in now
-                if i in now and (i not in was or again):
+                if i in now and was.get(i) != now[i]:  # new, or its exported values changed
                     added.append(i)
-                if i in was and (i not in now or again):
+                if i in was and now.get(i) != was[i]:
                     removed.append(i)
     finally:
         then.close()
     return added, removed
 
 
-def _selected(catalog: Catalog, spec: QuerySpec, ids: list[int]) -> set[int]:
+def _selected(catalog: Catalog, spec: QuerySpec, ids: list[int]) -> dict[int, tuple[Any, ...]]:
+    """Of ``ids``, those the selection takes, each with the values an export writes of it."""
     try:
-        return set(sample_ids(catalog, replace(spec, ids=ids)))
+        prepared = prepare(catalog, replace(spec, ids=ids, columns=EXPORTED))
     except InputError:  # a --label that did not exist at that state: it selected nothing then
-        return set()
+        return {}
+    return {int(row[0]): tuple(row[1:]) for row in catalog.read(prepared.sql, prepared.params)}
 
 
 def _batches(ids: list[int]) -> Iterator[list[int]]:
