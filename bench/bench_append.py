@@ -105,10 +105,15 @@ def files_week(n: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
     subprocess.run(["cp", "-al", str(ensure_tiny(n)), str(tree)], check=True)  # links: the source tree stays as it is
     db, alone_db = work / "files.db", work / "alone.db"
     out = work / "shards"
-    steps = (
+    steps = (  # dhash is an automatic type: the scan queues new rows, compute --queued reads the queue
         lambda d, t: [*DLINDEX, "scan", str(t), "--db", str(d), "-q"],
-        lambda d, t: [*DLINDEX, "features", "compute", "--type", "dhash", "--db", str(d), "-q"],
+        lambda d, t: [*DLINDEX, "features", "compute", "--queued", "--db", str(d), "-q"],
     )
+    for d in (db, alone_db):  # a new catalog each, dhash automatic before its first scan
+        made = f"from dlindex import Catalog; Catalog({str(d)!r}, create=True).close()"
+        subprocess.run([sys.executable, "-c", made], env=env, check=True)
+        subprocess.run([*DLINDEX, "features", "auto", "--type", "dhash", "--db", str(d)], env=env, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
     for step in steps:
         subprocess.run(step(db, tree), env=env, check=True, stdout=subprocess.DEVNULL)
     first = run([*DLINDEX, "export", str(out), "--format", "wds", "--split", "train=0.9,val=0.1", "--db", str(db)],
@@ -164,7 +169,7 @@ def write(docs: Path, results: list[dict[str, Any]], files: dict[str, Any] | Non
         lines += [
             "",
             f"With image files (a tree of {files['files']:,} tiny images, `bench/make_trees.py` tiny, hard-linked; "
-            f"{files['new']:,} new PNGs in new class folders): `scan` + `features compute --type dhash` + "
+            f"{files['new']:,} new PNGs in new class folders): `scan` + `features compute --queued` (dhash, an automatic type) + "
             "`export --append` of its wds export (`--split train=0.9,val=0.1`), beside the same three steps on a "
             "tree of only the new files (first scan, compute, export):",
             "",

@@ -383,3 +383,17 @@ def test_a_near_copy_joins_its_group_in_the_split_it_has(tmp_path: Path) -> None
     near = {named(p): s for s in ("train", "val") for p in ManifestDataset(out, s).paths if b"-near" in p}
     assert len(near) == 12
     assert all(split_of[name.replace("-near.png", ".png")] == s for name, s in near.items())
+
+
+def test_an_export_whose_state_was_pruned_is_refused(db: Path, tree: Path, tmp_path: Path, runner: CliRunner) -> None:
+    from dlindex.catalog.versions import list_versions, prune_before
+
+    out = tmp_path / "p"
+    export(db, out, format="jsonl")
+    week(db, tree)
+    with Catalog(db) as catalog:
+        prune_before(catalog, max(v.id for v in list_versions(catalog)))
+    index = index_path(out).read_bytes()
+    line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
+    assert "state" in line and "dlindex versions" in line
+    assert index_path(out).read_bytes() == index and not (out / ".dlindex-append").exists()

@@ -141,3 +141,16 @@ def test_cli_auto_and_queued(scanned_db: Path, image_tree: Path, runner: CliRunn
     assert refused.exit_code == 2 and "give no filters with it" in refused.stderr
     no_type = runner.invoke(app, ["features", "compute", *db])
     assert no_type.exit_code == 2 and "give --type NAME" in no_type.stderr
+
+
+def test_a_builtin_type_is_automatic_before_the_first_scan(tmp_path: Path, image_tree: Path) -> None:
+    from .backends import where
+
+    db = where(tmp_path / "fresh.db")
+    Catalog(db, create=True).close()
+    with Catalog(db) as catalog:
+        assert set_auto(catalog, "dhash").auto  # no compute first: the built-in's type is made here
+    with Catalog(db) as catalog:
+        scan_tree(catalog, image_tree, ScanOptions(workers=1))
+    assert len(queued(db, "dhash")) == 6  # every ok file of the first scan
+    assert compute(db, "dhash", queued=True).computed == 6

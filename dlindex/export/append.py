@@ -108,7 +108,15 @@ def append_export(
         before, after = int(index["catalog"]["changes"]), catalog.changes()
         if after == before:
             return AppendSummary(str(out), fmt.name, 0, before, after, 0, 0, 0, 0, {}, _since(started), completed)
-        added, removed = changed_membership(catalog, spec, before, after)
+        try:
+            added, removed = changed_membership(catalog, spec, before, after)
+        except ExportError:
+            raise
+        except InputError as e:  # its state is older than the history the catalog keeps
+            raise ExportError(
+                f"cannot append to {out}: it was written at state {before}, which the catalog no longer keeps "
+                f"({str(e).rsplit('(', 1)[-1].rstrip(')')}; see dlindex versions); export it again instead"
+            ) from None
         generation = 1 + max((int(a["generation"]) for a in index.get("appends", [])), default=0)
         staging = clear_staging(out, create=True)
         try:
@@ -161,7 +169,8 @@ def recorded_options(index: dict[str, Any], read_threads: int = 0) -> tuple[Quer
 
 def changed_membership(catalog: Catalog, spec: QuerySpec, before: int, after: int) -> tuple[list[int], list[int]]:
     """(ids to add, ids to remove): among the samples whose row changed between the states,
-    those the selection takes now and did not then (or whose exported values changed), and
+    those the selection may take now and did not then (or whose exported values changed; a
+    sample new since is passed on, the export of the added samples applying the filters), and
     those it took then and does not now (or that are written again)."""
     from dlindex.catalog.connection import Catalog as Opened
 
@@ -174,9 +183,12 @@ def changed_membership(catalog: Catalog, spec: QuerySpec, before: int, after: in
         for batch in _batches(changed):
             old = [i for i in batch if i in earlier]
             was = _selected(then, spec, old) if old else {}
-            now = _selected(catalog, spec, batch)
+            now = _selected(catalog, spec, old) if old else {}
             for i in batch:
-                if i in now and was.get(i) != now[i]:  # new, or its exported values changed
+                if i not in earlier:  # new since: the added samples' export applies the filters itself
+                    added.append(i)
+                    continue
+                if i in now and was.get(i) != now[i]:  # selected since, or its exported values changed
                     added.append(i)
                 if i in was and now.get(i) != was[i]:
                     removed.append(i)

@@ -130,7 +130,16 @@ def set_dim(conn: Connection, name: str, dim: int) -> None:
 
 def set_auto(catalog: Catalog, name: str, on: bool = True) -> FeatureType:
     """Make a type automatic (``on``: from now on the catalog queues every new or changed ok
-    sample for it, whoever writes the row) or not; InputError for an unknown or imported type."""
+    sample for it, whoever writes the row) or not; InputError for an unknown or imported type.
+    A built-in (dhash, colorhist, ...) needs no compute first: its type is made here, as compute
+    would make it, so it can be automatic before the first scan."""
+    if on and find_type(catalog, name) is None:
+        from dlindex.features.extractors import BUILTINS
+
+        builtin = BUILTINS.get(name)
+        if builtin is not None:
+            with catalog.write_transaction() as conn:
+                create_type(conn, name, "float32", builtin.spec, builtin.dim)
     ftype = get_type(catalog, name)
     if on and ftype.extractor == "import":
         raise InputError(f"feature type {name!r} was imported; it has no extractor to compute new samples with")
