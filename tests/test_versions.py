@@ -376,3 +376,38 @@ def test_stats_estimated_from_a_sample_reads_a_past_version_too(scanned_db: Path
             exact = catalog_stats(catalog, exact=True)
         assert estimated.estimated and not exact.estimated
         assert exact.processed == 7 * processed and (estimated.processed > 0) == bool(processed)
+
+
+def test_a_per_label_sample_at_a_version_is_served_by_the_index_and_the_same(tmp_path: Path) -> None:
+    """With a (label_id, path_hash) index, a past state's sample seeks the live rows and numbers
+    only the history rows with them; it must be the sample the one-pass statement gives."""
+    from dlindex.query.rows import prepare
+    from dlindex.query.spec import QuerySpec
+
+    from .backends import where
+
+    root = tmp_path / "tree"
+    for k in range(90):
+        make_png(root / f"c{k % 4}" / f"{k:03d}.png", (8 + k % 7, 9), (k, k * 2 % 256, 3))
+    db = where(tmp_path / "p.db")
+    scan(db, root)
+    for week in range(3):  # new files, a new class, deletions, marks: history in every label
+        for k in range(15):
+            make_png(root / f"c{k % 5}" / f"w{week}-{k:03d}.png", (9, 9 + k % 5), (week * 40, k, 9))
+        for f in sorted(root.rglob("*.png"))[week * 7 : week * 7 + 5]:
+            f.unlink()
+        scan(db, root, prune=True)
+        mark(db, list(range(3 + week, 90, 9)), excluded=bool(week % 2))
+
+    def sample(at: str) -> list[int]:
+        with Catalog(db, at=at, log=False) as catalog:
+            return [int(r["id"]) for r in query_rows(catalog, per_label=3, seed=5, columns=("id",), cache=False)]
+
+    states = numbers(db)
+    one_pass = {v: sample(v) for v in states}
+    with raw(db) as conn:
+        conn.execute("CREATE INDEX per_label ON image_metadata (label_id, path_hash, id) WHERE status = 'ok' AND excluded = 0")
+    if not is_server(db):
+        with Catalog(db, at=states[0], log=False) as catalog:
+            assert "sample_candidates" in prepare(catalog, QuerySpec(per_label=3, seed=5, cache=False)).sql
+    assert {v: sample(v) for v in states} == one_pass

@@ -112,7 +112,10 @@ def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
     window = WINDOW.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
     server = catalog.backend.is_server
     if catalog.pinned is not None and not server:
-        return _materialized(window)
+        params["pinned_state"] = catalog.pinned.state
+        pinned = _pinned_seek(where)
+        statement = pinned.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
+        return pinned if _served(catalog, statement, params) else _materialized(window)
     seek = _seek(" AND ".join(where), server)
     statement = seek.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
     return seek if (_server_served if server else _served)(catalog, statement, params) else window
@@ -126,6 +129,30 @@ _OUTER = "SELECT {columns} FROM image_metadata WHERE image_metadata.id IN ("
 def _materialized(window: str) -> str:
     inner, rest = window[len(_OUTER) :].rsplit("){order}", 1)
     return f"WITH sampled AS MATERIALIZED ({inner}) {_OUTER}SELECT sample_id FROM sampled){{order}}{rest}"
+
+
+# A past state's sample when an index serves the live table's seek: that seek on the live rows
+# of the state (each label's first N there) and every history row of the state (only rows
+# changed since it) are the candidates, numbered once as WINDOW numbers rows. A label's first N
+# of the state are among them: the live part's N first, or history rows.
+_PINNED = (
+    "WITH sample_candidates AS MATERIALIZED (SELECT id AS sample_id, label_id AS sample_label, path_hash AS "
+    "sample_key FROM main.image_metadata WHERE id IN ({live}) UNION ALL SELECT id, label_id, path_hash FROM "
+    "main.image_history WHERE valid_from <= :pinned_state AND valid_to > :pinned_state{history}), "
+    "sampled AS MATERIALIZED (SELECT sample_id FROM (SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY "
+    "sample_label ORDER BY CASE WHEN sample_key IS NULL THEN 2 WHEN sample_key >= :pivot THEN 0 ELSE 1 END, "
+    "sample_key, sample_id) AS label_rank FROM sample_candidates) AS numbered WHERE label_rank <= :per_label) "
+    + _OUTER
+    + "SELECT sample_id FROM sampled){order}{limit}"
+)
+_LIVE_AT_STATE = "(image_metadata.valid_from IS NULL OR image_metadata.valid_from <= :pinned_state)"
+
+
+def _pinned_seek(where: list[str]) -> str:
+    live = _seek(" AND ".join([*where, _LIVE_AT_STATE]))
+    live = live[len(_SEEK_HEAD) : -len(_SEEK_TAIL)].replace("FROM image_metadata AS", "FROM main.image_metadata AS")
+    history = "".join(" AND " + w.replace("image_metadata.", "image_history.") for w in where)
+    return _PINNED.replace("{live}", live).replace("{history}", history)
 
 
 def picked(template: str) -> str | None:
