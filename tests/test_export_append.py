@@ -18,17 +18,20 @@ from typing import Any
 
 import pytest
 import xxhash
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from dlindex import Catalog, QuerySpec, mark_samples
-from dlindex.export import load_index, verify_export
+from dlindex.export import ExportError, load_index, verify_export
 from dlindex.export.append import AppendSummary, append_export
+from dlindex.export.graft import apply_journal
 from dlindex.exported.appended import generation, keeps, removed_ids
 from dlindex.exported.index import index_path, listed_shards
 from dlindex.loader import ManifestDataset, WdsDataset
 
 from .backends import ON_BOTH_BACKENDS, where
-from .conftest import export, invoke, make_png, one_error_line, scan
+from .conftest import export, invoke, make_png, one_error_line, rewrite_export_file, scan
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -329,7 +332,9 @@ def test_appends_that_cannot_continue_the_selection_are_refused(
         os.close(held)
 
 
-def test_the_cli_appends_with_the_catalog_its_index_names(db: Path, tree: Path, tmp_path: Path, runner: CliRunner) -> None:
+def test_the_cli_appends_with_the_catalog_its_index_names(
+    db: Path, tree: Path, tmp_path: Path, runner: CliRunner
+) -> None:
     out = tmp_path / "c"
     export(db, out, format="csv")
     result = invoke(runner, "export", str(out), "--append", "--db", str(db), "--json")
@@ -397,3 +402,82 @@ def test_an_export_whose_state_was_pruned_is_refused(db: Path, tree: Path, tmp_p
     line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
     assert "state" in line and "dlindex versions" in line
     assert index_path(out).read_bytes() == index and not (out / ".dlindex-append").exists()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(max_size=64), st.builds(lambda v: json.dumps(v).encode(), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=8))))  # fmt: skip
+def test_a_tampered_removal_list_is_one_export_error(appended: Path, data: bytes) -> None:
+    """The removal list, rewritten with any bytes (and its hash in index.json to match): read as
+    ids, or refused as ExportError; never another exception."""
+    name = load_index(appended)["appends"][0]["removed_file"]
+    rewrite_export_file(appended, name, data)
+    try:
+        removed = removed_ids(appended, load_index(appended))
+    except ExportError:
+        return
+    assert all(isinstance(k, int) and v == 1 for k, v in removed.items())
+
+
+def test_a_journal_that_names_paths_outside_the_export_is_refused(appended: Path, tmp_path: Path) -> None:
+    staging = appended / ".dlindex-append"
+    staging.mkdir()
+    outside = tmp_path / "victim"
+    outside.write_text("keep")
+    journal = {"generation": 9, "renames": [["../victim", "x.jsonl"]], "replaced": [["../victim", "index.json"]]}
+    (staging / "journal.json").write_text(json.dumps(journal))
+    with pytest.raises(ExportError, match="outside the export"):
+        apply_journal(appended)
+    assert outside.read_text() == "keep" and load_index(appended)["appends"][0]["generation"] == 1
+
+
+@pytest.fixture
+def appended(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    """A jsonl export appended to once, with removals."""
+    root = tmp_path / "t"
+    for i in range(6):
+        make_png(root / ("a", "b")[i % 2] / f"{i}.png", (8 + i, 8), (i * 30, 1, 2))
+    db = where(tmp_path / "a.db")
+    scan(db, root)
+    out = tmp_path / "ap"
+    export(db, out, format="jsonl")
+    (root / "a" / "0.png").unlink()
+    make_png(root / "a" / "new.png", (20, 20), (9, 9, 9))
+    scan(db, root, prune=True)
+    append(db, out)
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(max_size=48), st.builds(lambda v: json.dumps(v).encode(), st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["generation", "renames", "replaced", "x"]), inner, max_size=4),
+    max_leaves=10))))  # fmt: skip
+def test_any_journal_is_completed_or_refused_in_one_line(appended: Path, data: bytes) -> None:
+    """A journal left in OUT with any content: applied, or ExportError; nothing outside OUT is touched."""
+    staging = appended / ".dlindex-append"
+    staging.mkdir(exist_ok=True)
+    (staging / "journal.json").write_bytes(data)
+    try:
+        apply_journal(appended)
+    except ExportError:
+        shutil.rmtree(staging)
+    assert load_index(appended)["format"] == "jsonl"
+
+
+def test_a_journal_cannot_reach_out_through_a_linked_folder(appended: Path, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (appended / "link").symlink_to(elsewhere)
+    staging = appended / ".dlindex-append"
+    staging.mkdir()
+    (staging / "x").write_text("x")
+    (staging / "journal.json").write_text(
+        json.dumps({"generation": 2, "renames": [[".dlindex-append/x", "link/x"]], "replaced": []})
+    )
+    with pytest.raises(ExportError, match="outside the export"):
+        apply_journal(appended)
+    assert list(elsewhere.iterdir()) == []

@@ -142,9 +142,11 @@ def apply_journal(out: Path) -> int | None:
         return None
     try:
         journal = json.loads(path.read_bytes())
-        renames, replaced = journal["renames"], journal["replaced"]
-        generation = int(journal["generation"])
-    except (ValueError, KeyError, TypeError):
+        renames, replaced = _pairs(journal["renames"]), _pairs(journal["replaced"])
+        generation = journal["generation"]
+        if not isinstance(generation, int) or isinstance(generation, bool):
+            raise TypeError(generation)
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise ExportError(f"{path} is damaged; remove {staging} and run the append again") from None
     for source, target in renames:
         src, dst = _inside(out, source), _inside(out, target)
@@ -207,6 +209,15 @@ def _new_index(
         return (json.dumps(new, indent=1, ensure_ascii=True) + "\n").encode()
 
 
+def _pairs(value: Any) -> list[tuple[str, str]]:
+    """A journal's list of (from, to) names; TypeError for anything else."""
+    if not isinstance(value, list) or not all(
+        isinstance(p, list) and len(p) == 2 and all(isinstance(n, str) for n in p) for p in value
+    ):
+        raise TypeError("not a list of name pairs")
+    return [(p[0], p[1]) for p in value]
+
+
 def _renumbered(name: str, base: int) -> str:
     """``train-000003.tar`` with ``base`` added to its number (its width kept, or wider)."""
     match = _NUMBER.match(name)
@@ -227,9 +238,12 @@ def _no_fetch(ids: list[int]) -> dict[int, bytes]:
 
 
 def _inside(out: Path, name: str) -> Path:
-    if not isinstance(name, str) or name.startswith("/") or ".." in name.split("/"):
+    """OUT/name, refused unless it is inside OUT (its folder too, after any symbolic link)."""
+    path = out / name
+    real = os.path.realpath(out)
+    if name.startswith("/") or ".." in name.split("/") or not os.path.realpath(path.parent).startswith(real):
         raise ExportError(f"{out / STAGING / _JOURNAL} names {name!r}, outside the export; remove it yourself")
-    return out / name
+    return path
 
 
 def _write_synced(path: Path, data: bytes) -> None:

@@ -55,7 +55,10 @@ def removed_ids(out_dir: str | os.PathLike[str], index: Mapping[str, Any]) -> di
             raise ExportError(f"{shown}: {e.strerror}") from None
         if xxhash.xxh3_128_hexdigest(data) != entry.get("xxh3_128"):
             raise ExportError(f"{shown} does not match its hash in index.json; the export was altered")
-        ids = json.loads(data)
+        try:
+            ids = json.loads(data)
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep
+            ids = None
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
             raise ExportError(f"{shown} is not a list of sample ids; the export was altered")
         g = int(number)
