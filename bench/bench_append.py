@@ -9,7 +9,8 @@ its own version), then ``dlindex export OUT --append``. Beside it, in the same r
 - **a full re-export** of the changed catalog, what an append saves (the ratio).
 
 Every figure is one process's wall and CPU seconds and the peak RSS of its process tree
-(bench_export_size.run). The generated catalogs name no image files, so the formats are the
+(bench_export_size.run); the append and the 1% alone are the median of three runs (the export
+put back between appends), the rest one run. The generated catalogs name no image files, so the formats are the
 manifests (jsonl, parquet); the packed formats' append writes only the added samples' shards
 (tests/test_export_append.py checks that no other file changes).
 
@@ -67,8 +68,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def catalog_week(n: int, fmt: str, marked: bool, work: Path, env: dict[str, str]) -> dict[str, Any]:
-    """The export figures of one week on a copy of the generated catalog of ``n`` rows."""
+def median_of(reps: int, measure: Any, undo: Any) -> dict[str, Any]:
+    """The run of median wall time among ``reps`` (``undo`` between them puts things back)."""
+    runs = []
+    for k in range(reps):
+        if k:
+            undo()
+        runs.append(measure())
+    return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+
+
+def restore(out: Path) -> None:
+    """The export as it was before its append: its saved index back, the appended files gone."""
+    saved = json.loads((out.parent / "saved-index.json").read_text())
+    name = "_index.json" if (out / "_index.json").exists() else "index.json"
+    keep = {e["file"] for e in [*saved.get("dlindex_shards", []), *saved.get("files", [])]} | {name}
+    for path in sorted(out.rglob("*"), reverse=True):
+        rel = str(path.relative_to(out))
+        if path.is_file() and rel not in keep:
+            path.unlink()
+    (out / name).write_text(json.dumps(saved))
+
+
+def catalog_week(n: int, fmt: str, marked: bool, work: Path, env: dict[str, str], reps: int = 3) -> dict[str, Any]:
+    """The export figures of one week on a copy of the generated catalog of ``n`` rows (append
+    and the 1% alone: the median of ``reps`` runs; the export put back between appends)."""
     db, small = work / "catalog.db", work / "small.db"
     copy_catalog(ensure_catalog(n), db)
     copy_catalog(ensure_catalog(n // 100), small)
@@ -76,6 +100,8 @@ def catalog_week(n: int, fmt: str, marked: bool, work: Path, env: dict[str, str]
         subprocess.run([*DLINDEX, "stats", "--db", str(location)], env=env, check=True, stdout=subprocess.DEVNULL)
     out = work / "out"
     first = run([*DLINDEX, "export", str(out), "--format", fmt, "--db", str(db)], env, work)
+    index_file = out / ("_index.json" if fmt == "parquet" else "index.json")
+    (work / "saved-index.json").write_bytes(index_file.read_bytes())
     rng = random.Random(1)
     if marked:
         week(db, n, 1, rng)  # 1% marked (excluded: the export loses them) and 1% new rows
@@ -86,10 +112,12 @@ def catalog_week(n: int, fmt: str, marked: bool, work: Path, env: dict[str, str]
             conn.execute(
                 _APPEND, {"suffix": ".w1", "week": 1, "ids": json.dumps(rng.sample(range(1, n + 1), n // 100))}
             )
-    appended = run([*DLINDEX, "export", str(out), "--append", "--db", str(db)], env, work)
+    appended = median_of(reps, lambda: run([*DLINDEX, "export", str(out), "--append", "--db", str(db)], env, work),
+                         undo=lambda: restore(out))  # fmt: skip
     index = json.loads((out / ("_index.json" if fmt == "parquet" else "index.json")).read_text())
     again = run([*DLINDEX, "export", str(work / "again"), "--format", fmt, "--db", str(db)], env, work)
-    alone = run([*DLINDEX, "export", str(work / "alone"), "--format", fmt, "--db", str(small)], env, work)
+    alone = median_of(reps, lambda: run([*DLINDEX, "export", str(work / "alone"), "--format", fmt, "--db", str(small)],
+                                        env, work), undo=lambda: shutil.rmtree(work / "alone"))  # fmt: skip
     entry = index["appends"][-1]
     result = {"format": fmt, "rows": n, "week": "1% new + 1% marked" if marked else "1% new",
               "added": entry["samples"], "removed": entry["removed"], "first": first, "append": appended,
@@ -149,7 +177,8 @@ def write(docs: Path, results: list[dict[str, Any]], files: dict[str, Any] | Non
         "rows at new paths, as a scan inserts them), or that and a `mark --exclude` of another 1% (as "
         "`bench_versions` makes a week); beside it in the same run the same export of a catalog of only 1% of "
         "the rows (the goal: an append costs at most 2x that) and a full re-export of the changed catalog. Wall "
-        "and CPU seconds of one process each (start-up included), peak RSS of its process tree.",
+        "and CPU seconds of one process each (start-up included; append and 1% alone: the run of median "
+        "wall time of three), peak RSS of its process tree.",
         "",
         "| format | rows | week | added / removed | append s (CPU) | 1% alone s (CPU) | append / alone | full re-export s | "
         "re-export / append | append peak RSS MB |",
