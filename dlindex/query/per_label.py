@@ -132,18 +132,28 @@ def _materialized(window: str) -> str:
 
 
 # A past state's sample when an index serves the live table's seek: that seek on the live rows
-# of the state (each label's first N there) and every history row of the state (only rows
-# changed since it) are the candidates, numbered once as WINDOW numbers rows. A label's first N
-# of the state are among them: the live part's N first, or history rows.
+# of the state gives each label's first N there; a history row of the state (a row changed since
+# it) can only be in the sample if it comes before the label's N-th live one, so only those are
+# read besides, and the two are numbered once as WINDOW numbers rows. (Row values compare arc,
+# key and id in WINDOW's order; a row without a path hash is arc 2, its key -1, ordered by id.)
+_ARC_OF = "CASE WHEN {t}.path_hash IS NULL THEN 2 WHEN {t}.path_hash >= :pivot THEN 0 ELSE 1 END"
 _PINNED = (
-    "WITH sample_candidates AS MATERIALIZED (SELECT id AS sample_id, label_id AS sample_label, path_hash AS "
-    "sample_key FROM main.image_metadata WHERE id IN ({live}) UNION ALL SELECT id, label_id, path_hash FROM "
-    "main.image_history WHERE valid_from <= :pinned_state AND valid_to > :pinned_state{history}), "
+    "WITH sample_live AS MATERIALIZED (SELECT id AS sample_id, label_id AS sample_label, coalesce(path_hash, -1) "
+    "AS sample_key, " + _ARC_OF.format(t="image_metadata") + " AS sample_arc FROM main.image_metadata WHERE id IN "
+    "({live})), sample_bounds AS MATERIALIZED (SELECT sample_label, sample_arc, sample_key, sample_id FROM (SELECT "
+    "sample_label, sample_arc, sample_key, sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY "
+    "sample_arc, sample_key, sample_id) AS bound_rank FROM sample_live) AS ranked WHERE bound_rank = :per_label "
+    "AND sample_label IS NOT NULL), sample_candidates AS MATERIALIZED (SELECT sample_id, sample_label, "
+    "sample_key, sample_arc FROM sample_live UNION ALL SELECT image_history.id, image_history.label_id, "
+    "coalesce(image_history.path_hash, -1), " + _ARC_OF.format(t="image_history") + " FROM main.image_history "
+    "LEFT JOIN sample_bounds ON sample_bounds.sample_label = image_history.label_id WHERE "
+    "image_history.valid_from <= :pinned_state AND image_history.valid_to > :pinned_state{history} AND "
+    "(sample_bounds.sample_label IS NULL OR (" + _ARC_OF.format(t="image_history") + ", "
+    "coalesce(image_history.path_hash, -1), image_history.id) < (sample_bounds.sample_arc, "
+    "sample_bounds.sample_key, sample_bounds.sample_id))), "
     "sampled AS MATERIALIZED (SELECT sample_id FROM (SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY "
-    "sample_label ORDER BY CASE WHEN sample_key IS NULL THEN 2 WHEN sample_key >= :pivot THEN 0 ELSE 1 END, "
-    "sample_key, sample_id) AS label_rank FROM sample_candidates) AS numbered WHERE label_rank <= :per_label) "
-    + _OUTER
-    + "SELECT sample_id FROM sampled){order}{limit}"
+    "sample_label ORDER BY sample_arc, sample_key, sample_id) AS label_rank FROM sample_candidates) AS numbered "
+    "WHERE label_rank <= :per_label) " + _OUTER + "SELECT sample_id FROM sampled){order}{limit}"
 )
 _LIVE_AT_STATE = "(image_metadata.valid_from IS NULL OR image_metadata.valid_from <= :pinned_state)"
 
