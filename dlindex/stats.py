@@ -7,6 +7,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dlindex.catalog.as_of import present_rows
 from dlindex.catalog.classes import SPLITS, catalog_classes
 from dlindex.catalog.connection import Catalog
 from dlindex.catalog.postgres.dialect import postgres_form
@@ -160,7 +161,7 @@ def catalog_stats(
         indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
         roots=[dict(zip(("id", "path", "added_at"), row, strict=True)) for row in read(_ROOTS)],
         last_scans=[dict(zip(_LAST_SCANS_KEYS, row, strict=True)) for row in read(_LAST_SCANS, (scans,))],
-        root_problems=unreachable_roots(read),
+        root_problems=unreachable_roots(read, present_rows(catalog)),
         estimated=ids is not None,
         sampled_rows=len(ids) if ids is not None else 0,
     )

@@ -411,3 +411,17 @@ def test_a_per_label_sample_at_a_version_is_served_by_the_index_and_the_same(tmp
         with Catalog(db, at=states[0], log=False) as catalog:
             assert "sample_candidates" in prepare(catalog, QuerySpec(per_label=3, seed=5, cache=False)).sql
     assert {v: sample(v) for v in states} == one_pass
+
+
+def test_stats_at_a_version_says_whether_each_tree_is_there_now(scanned_db: Path, image_tree: Path) -> None:
+    from dlindex.stats import catalog_stats
+
+    first = numbers(scanned_db)[0]
+    mark(scanned_db, [1], excluded=True)
+    with Catalog(scanned_db, at=first) as catalog:
+        assert catalog_stats(catalog).root_problems == []
+    image_tree.rename(image_tree.with_name("moved"))
+    with Catalog(scanned_db, at=first) as catalog:
+        problems = catalog_stats(catalog).root_problems
+    with Catalog(scanned_db) as catalog:
+        assert problems == catalog_stats(catalog).root_problems and len(problems) == 1

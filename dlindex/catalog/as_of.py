@@ -24,6 +24,7 @@ from dlindex.errors import InputError
 
 if TYPE_CHECKING:
     from dlindex.catalog.backend import ReadConnection
+    from dlindex.catalog.connection import Catalog
 
 _COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
 _VERSION = "SELECT id, last_change, finished_at FROM versions WHERE id = :id"
@@ -56,6 +57,13 @@ def pinned_state(pinned: Pinned) -> CatalogState:
     """The state key of a pinned read: its counter, and a token no write transaction draws (those
     are 32 hex digits), so a cache never mixes a past state's rows with the current one's."""
     return CatalogState(pinned.state, f"at-{pinned.state}")
+
+
+def present_rows(catalog: Catalog) -> str:
+    """The table of the catalog's rows as they are now, for a question about the present (is
+    a root's tree there?) asked by a reader of a past state: the view shadows the table, so a
+    file catalog names it in its schema; PostgreSQL reads the view, whose filters it pushes down."""
+    return "main.image_metadata" if catalog.pinned is not None and not catalog.backend.is_server else "image_metadata"
 
 
 def view_statements(state: int, *, qualify: str) -> tuple[str, ...]:

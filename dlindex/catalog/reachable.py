@@ -28,7 +28,7 @@ _GONE = (errno.ENOENT, errno.ENOTDIR)
 Reader = Callable[[str, dict[str, Any]], Iterable[tuple[Any, ...]]]
 
 
-def unreachable_roots(read: Reader) -> list[str]:
+def unreachable_roots(read: Reader, table: str = "image_metadata") -> list[str]:
     """One line per root whose tree is not where the catalog says: its folder is gone, or none
     of a few of its catalogued files (from both ends of the tree) is there (an unmounted or
     moved tree). Two index reads and up to six stat calls per root. A path this process may
@@ -36,13 +36,15 @@ def unreachable_roots(read: Reader) -> list[str]:
 
     Args:
         read: runs a statement with named parameters (``Catalog.read``, ``sqlite3.Connection.execute``).
+        table: the rows to look in: a past state's reader names the table itself (whether a
+            tree is there is a question about now, and the table's index answers it at once).
     """
     found = []
     for ident, text, raw in list(read(_ROOTS, {})):
         sample = {
             _path(name, name_raw)
             for query in (_FIRST_FILES, _LAST_FILES)
-            for name, name_raw in read(query, {"root": ident})
+            for name, name_raw in read(query.replace("FROM image_metadata", f"FROM {table}"), {"root": ident})
         }
         sample.discard(None)
         root = _path(text, raw)

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dlindex.catalog.as_of import present_rows
 from dlindex.catalog.classes import SPLITS, check_split_folders, has_presplit_root
 from dlindex.catalog.reachable import unreachable_roots
 from dlindex.engines.local import sigterm_as_interrupt
@@ -110,7 +111,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         options = replace(options, shard_size=record.shard_size)
         shard_bytes = record.shard_bytes
     if not record.packed:  # a manifest names source files: they must be there to be read
-        for problem in unreachable_roots(catalog.read):
+        for problem in unreachable_roots(catalog.read, present_rows(catalog)):
             raise ExportError(f"{problem}; a {fmt} export names the files there, so nothing was written")
     target = Path(out_dir)
     # Before anything is read: OUT_DIR must be safe to write (and to replace, with --overwrite).
