@@ -23,6 +23,7 @@ _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _PENDING_BYTE = 0x40000000
 _WAL_WRITE_LOCK = 120
 
+_SCHEMA_GONE = ("no such column:", "no such table:", "no such function:")
 # sqlite3's own error for a TEXT value whose bytes are not UTF-8 (it quotes the bytes after it)
 _NOT_UTF8 = re.compile(r"Could not decode to UTF-8 column '([^']*)'")
 
@@ -82,6 +83,10 @@ def translate_error(
     undecodable = _NOT_UTF8.match(str(exc))
     if undecodable is not None:  # dlindex writes only UTF-8 TEXT (other names get stand-ins): damage
         return damaged_error(catalog, f"a value in column {undecodable.group(1)[:60]} is not UTF-8 text")
+    if catalog is not None and isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(_SCHEMA_GONE):
+        # a write of dlindex's names only its own schema, checked at open: a name gone now is in a
+        # trigger or index whose text was changed (found by the schema fuzzer)
+        return damaged_error(catalog, f"its schema no longer has what a write needs: {exc}")
     if name.startswith("SQLITE_READONLY"):
         return ReadOnlyCatalogError(f"{where} is read-only ({exc}); nothing was changed")
     if name.startswith("SQLITE_BUSY") and catalog is not None:

@@ -345,6 +345,7 @@ def schema_text(tmp_path_factory: pytest.TempPathFactory) -> _SchemaText:
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pick=st.integers(0, 10**9), byte=st.integers(0, 255))
 @example(pick=10723, byte=128)  # `kind IN` -> `kind\x80IN`: SQLite's message is not UTF-8 (a traceback once)
+@example(pick=12478, byte=36)  # a history trigger's text damaged: "no such column" inside a write (a traceback once)
 def test_one_damaged_byte_of_the_schema_text_never_tracebacks(
     tmp_path_factory: pytest.TempPathFactory, schema_text: _SchemaText, pick: int, byte: int
 ) -> None:
