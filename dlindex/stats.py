@@ -161,7 +161,7 @@ def catalog_stats(
         indexes=[{"name": n, "table": t, "sql": s} for n, t, s in read(_INDEXES)],
         roots=[dict(zip(("id", "path", "added_at"), row, strict=True)) for row in read(_ROOTS)],
         last_scans=[dict(zip(_LAST_SCANS_KEYS, row, strict=True)) for row in read(_LAST_SCANS, (scans,))],
-        root_problems=unreachable_roots(read, present_rows(catalog)),
+        root_problems=unreachable_roots(read, present_rows(catalog.pinned, catalog.backend.is_server)),
         estimated=ids is not None,
         sampled_rows=len(ids) if ids is not None else 0,
     )

@@ -406,7 +406,9 @@ def test_a_per_label_sample_at_a_version_is_served_by_the_index_and_the_same(tmp
     states = numbers(db)
     one_pass = {v: sample(v) for v in states}
     with raw(db) as conn:
-        conn.execute("CREATE INDEX per_label ON image_metadata (label_id, path_hash, id) WHERE status = 'ok' AND excluded = 0")
+        conn.execute(
+            "CREATE INDEX per_label ON image_metadata (label_id, path_hash, id) WHERE status = 'ok' AND excluded = 0"
+        )
     if not is_server(db):
         with Catalog(db, at=states[0], log=False) as catalog:
             assert "sample_candidates" in prepare(catalog, QuerySpec(per_label=3, seed=5, cache=False)).sql

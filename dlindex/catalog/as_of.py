@@ -24,7 +24,6 @@ from dlindex.errors import InputError
 
 if TYPE_CHECKING:
     from dlindex.catalog.backend import ReadConnection
-    from dlindex.catalog.connection import Catalog
 
 _COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
 _VERSION = "SELECT id, last_change, finished_at FROM versions WHERE id = :id"
@@ -59,11 +58,12 @@ def pinned_state(pinned: Pinned) -> CatalogState:
     return CatalogState(pinned.state, f"at-{pinned.state}")
 
 
-def present_rows(catalog: Catalog) -> str:
+def present_rows(pinned: Pinned | None, server: bool) -> str:
     """The table of the catalog's rows as they are now, for a question about the present (is
-    a root's tree there?) asked by a reader of a past state: the view shadows the table, so a
-    file catalog names it in its schema; PostgreSQL reads the view, whose filters it pushes down."""
-    return "main.image_metadata" if catalog.pinned is not None and not catalog.backend.is_server else "image_metadata"
+    a root's tree there?) asked by a reader of a past state (``pinned``): the view shadows the
+    table, so a file catalog names it in its schema; a ``server`` reads the view, whose filters
+    it pushes down."""
+    return "main.image_metadata" if pinned is not None and not server else "image_metadata"
 
 
 def view_statements(state: int, *, qualify: str) -> tuple[str, ...]:

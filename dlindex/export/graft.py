@@ -32,7 +32,7 @@ from dlindex.export.describe import client_keys
 from dlindex.export.plan import ExportError
 from dlindex.export.shards import Features, ShardInfo
 from dlindex.exported.appended import removed_name
-from dlindex.exported.formats import get, load
+from dlindex.exported.formats import WDS, get, load
 from dlindex.exported.index import index_path, listed_shards, shards_key
 from dlindex.exported.reader import load_index
 
@@ -195,7 +195,8 @@ def _new_index(
     new["files"] = files
     seen = set()
     for source in (index, delta or {}):  # wds: the image member suffixes either wrote
-        seen |= {k for k, v in (source.get("wds") or {}).get("hf_features", {}).items() if v.get("_type") == "Image"}
+        keys = source.get(WDS.client_keys[0]) or {}
+        seen |= {k for k, v in keys.get("hf_features", {}).items() if v.get("_type") == "Image"}
     new.update(client_keys(index["format"], infos, splits, seen, features, index["options"].get("shard_bytes")))
     moment = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     new["appends"] = [*index.get("appends", []), {

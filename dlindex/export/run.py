@@ -111,7 +111,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         options = replace(options, shard_size=record.shard_size)
         shard_bytes = record.shard_bytes
     if not record.packed:  # a manifest names source files: they must be there to be read
-        for problem in unreachable_roots(catalog.read, present_rows(catalog)):
+        for problem in unreachable_roots(catalog.read, present_rows(catalog.pinned, catalog.backend.is_server)):
             raise ExportError(f"{problem}; a {fmt} export names the files there, so nothing was written")
     target = Path(out_dir)
     # Before anything is read: OUT_DIR must be safe to write (and to replace, with --overwrite).

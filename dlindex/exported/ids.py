@@ -43,18 +43,22 @@ def ids_name(generation: int) -> str:
     return IDS_FILE if generation == 0 else f"ids-{generation:06d}.i64"
 
 
-def wds_ids(out_dir: str | os.PathLike[str], index: Mapping[str, Any]) -> array.array[int] | None:
+def wds_ids(
+    out_dir: str | os.PathLike[str], index: Mapping[str, Any], samples: int | None = None
+) -> array.array[int] | None:
     """The ids of a wds export's samples in shard order (ids.i64, then each append's
     ids-NNNNNN.i64), checked against index.json (together one per listed sample, each its
-    hash); None for an export written before ids.i64."""
+    hash); None for an export written before ids.i64. ``samples``: the count to hold them
+    against (verify's, from the shards), instead of index.json's."""
     entries = [f for f in index.get("files", []) if isinstance(f, dict) and _is_ids(f.get("file"))]
     if not entries or entries[0].get("file") != IDS_FILE:
         return None
-    samples = sum(int(s["samples"]) for s in listed_shards(index))
+    if samples is None:
+        samples = sum(int(s["samples"]) for s in listed_shards(index))
     listed = sum(int(e["bytes"]) if isinstance(e.get("bytes"), int) else -1 for e in entries)
     if listed != 8 * samples:
         shown = os.path.join(os.fsdecode(out_dir), IDS_FILE)
-        raise ExportError(f"{shown}: index.json lists {listed} bytes of ids for {samples} samples; "
+        raise ExportError(f"{shown}: index.json lists {listed} bytes for the ids of {samples} samples; "
                           "the export was altered (see dlindex export --verify)")  # fmt: skip
     ids = array.array("q")
     for entry in entries:

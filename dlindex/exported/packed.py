@@ -109,7 +109,7 @@ def _check_ids(root: Path, index: Mapping[str, Any], found: array.array[int], pr
     """ids.i64 (and each append's ids file after it) must hold the shards' sample ids in shard
     order (readers seek by it)."""
     try:
-        ids = wds_ids(root, index)
+        ids = wds_ids(root, index, samples=len(found))
     except ExportError as e:
         problem(str(e).removeprefix(os.fsdecode(root) + "/"))
         return

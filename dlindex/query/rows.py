@@ -72,9 +72,7 @@ _WHERE_UNTIL = "image_metadata.created_at < :until"
 _WHERE_MIN_WIDTH = "image_metadata.width >= :min_width"
 _WHERE_MIN_HEIGHT = "image_metadata.height >= :min_height"
 # The sides of the image turned as its EXIF orientation says (NULL, not known: as stored).
-_WHERE_MIN_TURNED_WIDTH = (
-    "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.height ELSE image_metadata.width END) >= :min_width"
-)
+_WHERE_MIN_TURNED_WIDTH = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.height ELSE image_metadata.width END) >= :min_width"  # fmt: skip
 _WHERE_MIN_TURNED_HEIGHT = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.width ELSE image_metadata.height END) >= :min_height"
 _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
 _WHERE_IDS = "image_metadata.id IN (SELECT value FROM json_each(:only_ids))"
