@@ -438,3 +438,26 @@ def test_a_run_folder_dlindex_did_not_make_is_refused_untouched(tree: Path, tmp_
     assert sorted(p.name for p in folder.iterdir()) == ["notes.txt", "part-0.db"]
     assert (folder / "part-0.db").read_bytes() == other.read_bytes()
     assert db.exists() == (job == "export")
+
+
+def test_a_killed_workers_task_folder_is_removed_by_the_next_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ray worker killed mid-task never runs its own cleanup: the next task on the host removes
+    its folder (never a live worker's, nor a folder dlindex did not name)."""
+    import tempfile
+
+    from dlindex.engines import ray as engine
+    from dlindex.pids import host_tag, process_start
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = tmp_path / f"dlindex-task-{host_tag()}-{gone.stdout.strip()}-1.abc"
+    live = tmp_path / f"dlindex-task-{host_tag()}-{os.getpid()}-{process_start(os.getpid())}.def"
+    other = tmp_path / "dlindex-task-notours"
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "task.pickle").write_bytes(b"x")
+    assert engine._isolated(max, (1, 2)) == 2
+    assert not dead.exists() and live.exists() and other.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])

@@ -14,6 +14,8 @@ import contextlib
 import logging
 import os
 import pickle
+import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from typing import Any, TypeVar, cast
 
 from dlindex.engines.local import CStderrCapture, die_with_parent
 from dlindex.errors import DlindexError, InputError
+from dlindex.pids import host_tag, pid_alive, process_start
 
 INSTALL_HINT = "--engine ray needs the ray extra: pip install 'dlindex[ray]'"
 _PROBE_SECONDS = 5.0  # a TCP connect to the head; ray.init itself would retry for a minute
@@ -34,6 +37,8 @@ _SETTINGS_FRAME = 4
 _LOCAL_ADDRESSES = ("auto", "local")  # ray.init's own: find a cluster on this machine / start one
 
 T = TypeVar("T")
+_TASK = "dlindex-task-"
+_TASK_FOLDER = re.compile(r"^dlindex-task-(?P<host>[0-9a-f]{8})-(?P<pid>\d+)-(?P<start>\d+)\.[^/]+$")
 
 
 def import_ray() -> Any:
@@ -219,7 +224,10 @@ def _isolated(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     A Ray worker holds gRPC threads, and dlindex's scan and export fork worker pools: a fork of
     a process with gRPC threads can leave it stuck. A fresh interpreter forks safely, gets
     dlindex's own signal handling, and dies with the worker (PR_SET_PDEATHSIG)."""
-    with tempfile.TemporaryDirectory(prefix="dlindex-task-") as folder:
+    _remove_dead_tasks(Path(tempfile.gettempdir()))
+    with tempfile.TemporaryDirectory(
+        prefix=f"{_TASK}{host_tag()}-{os.getpid()}-{process_start(os.getpid())}."
+    ) as folder:
         task, result = Path(folder, "task.pickle"), Path(folder, "result.pickle")
         task.write_bytes(pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL))
         code = "from dlindex.engines.ray import child_main; child_main()"
@@ -230,6 +238,17 @@ def _isolated(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     if not ok:
         raise value
     return cast(T, value)
+
+
+def _remove_dead_tasks(parent: Path) -> None:
+    """The task folders of Ray workers on this host that were killed mid-task (their own
+    cleanup never ran); a live worker's are left alone."""
+    host = host_tag()
+    with contextlib.suppress(OSError):
+        for entry in os.listdir(parent):
+            found = _TASK_FOLDER.match(entry)
+            if found and found["host"] == host and not pid_alive(int(found["pid"]), int(found["start"])):
+                shutil.rmtree(parent / entry, ignore_errors=True)
 
 
 def child_main() -> None:
