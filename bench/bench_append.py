@@ -12,9 +12,12 @@ Every figure is one process's wall and CPU seconds and the peak RSS of its proce
 (bench_export_size.run); the append and the 1% alone are the median of three runs (the export
 put back between appends), the rest one run. The generated catalogs name no image files, so the formats are the
 manifests (jsonl, parquet); the packed formats' append writes only the added samples' shards
-(tests/test_export_append.py checks that no other file changes).
+(tests/test_export_append.py checks that no other file changes). With ``--files N``: a wds
+export of N tiny image files scanned into the generated catalog (its own rows set aside), and a
+week of 1% of the catalog's rows as new files: scan + ``features compute --queued`` + append,
+beside the same three steps on a catalog of only those files.
 
-    python bench/bench_append.py [--rows 10000000] [--formats jsonl,parquet] [--docs docs/benchmarks.md]
+    python bench/bench_append.py [--rows 10000000] [--formats jsonl,parquet] [--files 200000] [--files-catalog 10000000]
 
 Written to docs/benchmarks.md between <!-- bench_append:start --> and <!-- bench_append:end -->.
 """
@@ -26,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/dlindex-append")
     ap.add_argument("--docs", default="docs/benchmarks.md")
     ap.add_argument("--files", type=float, default=2e5, help="image files of the scan + features + wds run (0: none)")
+    ap.add_argument("--files-catalog", type=float, default=1e7,
+                    help="rows of the catalog the files are scanned into (0: the files alone)")  # fmt: skip
     args = ap.parse_args(argv)
     n = int(args.rows)
     work = Path(args.work)
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             results.append(catalog_week(n, fmt, marked, work, env))
             shutil.rmtree(work)
             work.mkdir()
-    files = files_week(int(args.files), work, env) if args.files else None
+    files = files_week(int(args.files), work, env, int(args.files_catalog)) if args.files else None
     write(Path(args.docs), results, files)
     return 0
 
@@ -126,18 +132,26 @@ def catalog_week(n: int, fmt: str, marked: bool, work: Path, env: dict[str, str]
     return result
 
 
-def files_week(n: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
+def files_week(n: int, work: Path, env: dict[str, str], catalog_rows: int = 0) -> dict[str, Any]:
     """scan + features compute + export --append (wds) of 1% new image files in a tree of ``n``,
-    beside the same three steps on a tree of only those files, and a full wds re-export."""
+    beside the same three steps on a tree of only those files, and a full wds re-export.
+
+    ``catalog_rows``: the tree is scanned into a copy of the generated catalog of that many rows
+    (set aside with `mark --exclude`'s flag, written before the copy has versions: they name no
+    files, so no export selects them), and the week is 1% of those rows."""
     tree, alone_tree = work / "tree", work / "alone-tree"
     subprocess.run(["cp", "-al", str(ensure_tiny(n)), str(tree)], check=True)  # links: the source tree stays as it is
     db, alone_db = work / "files.db", work / "alone.db"
+    if catalog_rows:
+        copy_catalog(ensure_catalog(catalog_rows), db)
+        with sqlite3.connect(db) as conn:
+            conn.execute("UPDATE image_metadata SET excluded = 1")
     out = work / "shards"
     steps = (  # dhash is an automatic type: the scan queues new rows, compute --queued reads the queue
         lambda d, t: [*DLINDEX, "scan", str(t), "--db", str(d), "-q"],
         lambda d, t: [*DLINDEX, "features", "compute", "--queued", "--db", str(d), "-q"],
     )
-    for d in (db, alone_db):  # a new catalog each, dhash automatic before its first scan
+    for d in (db, alone_db):  # a new catalog each (or the big one), dhash automatic before the first scan
         made = f"from dlindex import Catalog; Catalog({str(d)!r}, create=True).close()"
         subprocess.run([sys.executable, "-c", made], env=env, check=True)
         subprocess.run([*DLINDEX, "features", "auto", "--type", "dhash", "--db", str(d)], env=env, check=True,
@@ -146,7 +160,7 @@ def files_week(n: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
         subprocess.run(step(db, tree), env=env, check=True, stdout=subprocess.DEVNULL)
     first = run([*DLINDEX, "export", str(out), "--format", "wds", "--split", "train=0.9,val=0.1", "--db", str(db)],
                 env, work)  # fmt: skip
-    new = n // 100
+    new = (catalog_rows or n) // 100
     for root in (tree, alone_tree):
         for i in range(new):  # a new class folder of distinct small PNGs, in both trees
             folder = root / f"new{i // 1000:03d}"
@@ -163,7 +177,8 @@ def files_week(n: int, work: Path, env: dict[str, str]) -> dict[str, Any]:
                            "train=0.9,val=0.1", "--db", str(alone_db)], env, work)  # fmt: skip
     again = run([*DLINDEX, "export", str(work / "again"), "--format", "wds", "--split", "train=0.9,val=0.1",
                  "--db", str(db)], env, work)  # fmt: skip
-    result = {"files": n, "new": new, "first": first, "week": week, "alone": alone, "again": again}
+    result = {"files": n, "catalog_rows": catalog_rows or n + new, "new": new, "first": first, "week": week,
+              "alone": alone, "again": again}  # fmt: skip
     print(json.dumps(result), flush=True)
     return result
 
@@ -197,10 +212,12 @@ def write(docs: Path, results: list[dict[str, Any]], files: dict[str, Any] | Non
         base = sum(v["wall_s"] for v in alone.values())
         lines += [
             "",
-            f"With image files (a tree of {files['files']:,} tiny images, `bench/make_trees.py` tiny, hard-linked; "
-            f"{files['new']:,} new PNGs in new class folders): `scan` + `features compute --queued` (dhash, an automatic type) + "
-            "`export --append` of its wds export (`--split train=0.9,val=0.1`), beside the same three steps on a "
-            "tree of only the new files (first scan, compute, export):",
+            f"With image files: a catalog of {files['catalog_rows']:,} rows (the generated one, its rows set aside, "
+            f"and a tree of {files['files']:,} tiny images, `bench/make_trees.py` tiny, hard-linked, scanned into it) "
+            f"and a wds export of the images (`--split train=0.9,val=0.1`); the week is {files['new']:,} new PNGs "
+            "(1% of the catalog) in new class folders: `scan` of the tree + `features compute --queued` (dhash, "
+            "an automatic type) + `export --append`, beside the same three steps on a new catalog of only the new "
+            "files (first scan, compute, export):",
             "",
             "| step | the week, appended: s (CPU) | the 1% alone: s (CPU) |",
             "|---|---|---|",
