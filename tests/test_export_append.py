@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -481,3 +482,60 @@ def test_a_journal_cannot_reach_out_through_a_linked_folder(appended: Path, tmp_
     with pytest.raises(ExportError, match="outside the export"):
         apply_journal(appended)
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_group_by_export_puts_new_members_of_a_group_in_its_split(tmp_path: Path) -> None:
+    from dlindex import ScanOptions, scan_tree
+
+    root = tmp_path / "v"
+    for i in range(20):
+        make_png(root / ("a", "b")[i % 2] / f"{i:03d}.png", (9 + i, 9), (i * 10, 3, 3))
+    labels = tmp_path / "labels.csv"
+    labels.write_text("path,video\n" + "".join(f"{('a', 'b')[i % 2]}/{i:03d}.png,v{i % 5}\n" for i in range(20)))
+    db = where(tmp_path / "v.db")
+    with Catalog(db, create=True) as catalog:
+        scan_tree(catalog, root, ScanOptions(workers=1, labels_file=labels))
+    out = tmp_path / "g"
+    export(db, out, format="jsonl", split="train=0.5,val=0.5", group_by="video")
+    for i in range(20, 30):  # a second day of each video
+        make_png(root / ("a", "b")[i % 2] / f"{i:03d}.png", (40 + i, 9), (i * 5, 90, 3))
+    labels.write_text(
+        labels.read_text() + "".join(f"{('a', 'b')[i % 2]}/{i:03d}.png,v{i % 5}\n" for i in range(20, 30))
+    )
+    with Catalog(db) as catalog:
+        scan_tree(catalog, root, ScanOptions(workers=1, labels_file=labels))
+    assert append(db, out).generation == 1
+    video_split: dict[str, set[str]] = {}
+    for split in ("train", "val"):
+        for path in ManifestDataset(out, split).paths:
+            i = int(os.fsdecode(path).rsplit("/", 1)[-1][:3])
+            video_split.setdefault(f"v{i % 5}", set()).add(split)
+    assert len(video_split) == 5 and all(len(s) == 1 for s in video_split.values())
+
+
+def test_an_export_with_features_and_ranks_appends_both(db: Path, tree: Path, tmp_path: Path) -> None:
+    from .conftest import compute
+
+    compute(db, "dhash")
+    with Catalog(db) as catalog:
+        from dlindex.features import set_auto
+
+        set_auto(catalog, "dhash")
+    out = tmp_path / "f"
+    export(db, out, format="wds", features="dhash", world_size=2, workers=1)
+    make_png(tree / "dog" / "late.png", (30, 31), (5, 6, 7))
+    make_png(tree / "cat" / "later.png", (31, 30), (7, 6, 5))
+    scan(db, tree)
+    compute(db, "dhash", queued=True)
+    assert append(db, out).added >= 2
+    index = load_index(out)
+    new = [s for s in listed_shards(index) if generation(s) == 1]
+    assert sorted(s["rank"] for s in new) == [0, 1]  # each rank its share of the new samples
+    members = set()
+    for shard in new:
+        with tarfile.open(out / shard["file"]) as tar:
+            members |= {m.name.rsplit(".", 1)[1] for m in tar.getmembers()}
+    assert {"npy", "cls", "json"} <= members
+    assert verify_export(out).ok
+    export(db, tmp_path / "fresh", format="wds", features="dhash", world_size=2, workers=1)
+    assert live(out) == live(tmp_path / "fresh")
