@@ -97,18 +97,25 @@ def live(out: Path) -> set[tuple[str, int, str]]:
     return found
 
 
-def streaming_recipe(out: Path, split: str) -> list[dict[str, Any]]:
-    """docs/versions.md's StreamingDataset recipe: each sample knows its shard's generation,
-    and a copy an append replaced or removed is skipped."""
-    pytest.importorskip("torch")
-    streaming = pytest.importorskip("streaming")
-    index = json.loads((out / "index.json").read_text())
+def recipe_maps(out: Path, index_name: str) -> tuple[dict[str, int], dict[int, int]]:
+    """What each recipe of docs/versions.md reads first, as it reads it (plain json, no dlindex):
+    each shard's generation, and each removed id's latest removing generation."""
+    index = json.loads((out / index_name).read_text())
     generations = {s["file"]: s.get("generation", 0) for s in index["dlindex_shards"]}
     removed: dict[int, int] = {}
     for entry in index.get("appends", []):
         if entry["removed_file"]:
             for i in json.loads((out / entry["removed_file"]).read_text()):
                 removed[i] = max(removed.get(i, 0), entry["generation"])
+    return generations, removed
+
+
+def streaming_recipe(out: Path, split: str) -> list[dict[str, Any]]:
+    """docs/versions.md's StreamingDataset recipe: each sample knows its shard's generation,
+    and a copy an append replaced or removed is skipped."""
+    pytest.importorskip("torch")
+    streaming = pytest.importorskip("streaming")
+    generations, removed = recipe_maps(out, "index.json")
 
     class Live(streaming.StreamingDataset):  # type: ignore[misc]
         def get_item(self, sample_id: int, retry: int = 7) -> Any:
@@ -218,13 +225,7 @@ def test_the_pyarrow_recipe_reads_the_appended_folder(db: Path, tree: Path, tmp_
     week(db, tree)
     append(db, out)
     # docs/versions.md: pyarrow.dataset(DIR), each file's rows less those a later generation removed
-    index = json.loads((out / "_index.json").read_text())
-    generations = {s["file"]: s.get("generation", 0) for s in index["dlindex_shards"]}
-    removed: dict[int, int] = {}
-    for entry in index.get("appends", []):
-        if entry["removed_file"]:
-            for i in json.loads((out / entry["removed_file"]).read_text()):
-                removed[i] = max(removed.get(i, 0), entry["generation"])
+    generations, removed = recipe_maps(out, "_index.json")
     dataset = ds.dataset(str(out), format="parquet")
     tables = []
     for fragment in dataset.get_fragments():

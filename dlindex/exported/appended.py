@@ -15,10 +15,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import xxhash
-
 from dlindex.exported import ExportError
-from dlindex.exported.confine import ConfineError, read_regular, resolve_inside
+from dlindex.exported.confine import read_listed
 
 REMOVED_PREFIX = "_removed-"  # "_": pyarrow and pandas never read it as data
 MAX_REMOVED_BYTES = 1 << 31  # ~200M ids; a larger list is not one an append wrote
@@ -47,14 +45,7 @@ def removed_ids(out_dir: str | os.PathLike[str], index: Mapping[str, Any]) -> di
         size = entry.get("bytes")
         if not number.isdigit() or not name.endswith(".json") or not isinstance(size, int) or size > MAX_REMOVED_BYTES:
             raise ExportError(f"{shown}: not a removal list an append wrote; the export was altered")
-        try:
-            data = read_regular(resolve_inside(os.fsencode(out_dir), name, what="removal list"), size, exact=True)
-        except ConfineError as e:
-            raise ExportError(f"{shown}: {e}") from None
-        except OSError as e:
-            raise ExportError(f"{shown}: {e.strerror}") from None
-        if xxhash.xxh3_128_hexdigest(data) != entry.get("xxh3_128"):
-            raise ExportError(f"{shown} does not match its hash in index.json; the export was altered")
+        data = read_listed(out_dir, name, size, entry.get("xxh3_128"), what="removal list")
         try:
             ids = json.loads(data)
         except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deep

@@ -221,3 +221,18 @@ def bounded_lines(path: bytes | str, max_bytes: int | None) -> Iterator[tuple[in
             if len(line) > MAX_LINE_BYTES:
                 raise ConfineError(f"{_shown(path)}, line {number}: longer than {MAX_LINE_BYTES} bytes")
             yield number, line
+
+
+def read_listed(out_dir: str | os.PathLike[str], name: str, size: int, digest: object, *, what: str) -> bytes:
+    """A file an export's index lists, read whole: inside OUT_DIR, a regular file of exactly
+    ``size`` bytes with XXH3-128 ``digest``; ExportError (naming the file) for anything else."""
+    shown = os.path.join(os.fsdecode(out_dir), name)
+    try:
+        data = read_regular(resolve_inside(os.fsencode(out_dir), name, what=what), size, exact=True)
+    except ConfineError as e:
+        raise ExportError(f"{shown}: {e}") from None
+    except OSError as e:
+        raise ExportError(f"{shown}: {e.strerror}") from None
+    if xxhash.xxh3_128_hexdigest(data) != digest:
+        raise ExportError(f"{shown} does not match its hash in index.json; the export was altered")
+    return data

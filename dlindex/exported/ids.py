@@ -13,7 +13,7 @@ from typing import Any
 import xxhash
 
 from dlindex.exported import ExportError
-from dlindex.exported.confine import ConfineError, read_regular, resolve_inside
+from dlindex.exported.confine import read_listed
 from dlindex.exported.index import ShardInfo, listed_shards
 from dlindex.exported.tar import iter_members
 
@@ -62,18 +62,7 @@ def wds_ids(
                           "the export was altered (see dlindex export --verify)")  # fmt: skip
     ids = array.array("q")
     for entry in entries:
-        name = entry["file"]
-        shown = os.path.join(os.fsdecode(out_dir), name)
-        try:
-            path = resolve_inside(os.fsencode(out_dir), name, what="ids file")
-            data = read_regular(path, entry["bytes"], exact=True)
-        except ConfineError as e:
-            raise ExportError(f"{shown}: {e}") from None
-        except OSError as e:
-            raise ExportError(f"{shown}: {e.strerror}") from None
-        if xxhash.xxh3_128_hexdigest(data) != entry.get("xxh3_128"):
-            raise ExportError(f"{shown} does not match its hash in index.json; the export was altered")
-        ids.frombytes(data)
+        ids.frombytes(read_listed(out_dir, entry["file"], entry["bytes"], entry.get("xxh3_128"), what="ids file"))
     if sys.byteorder != "little":
         ids.byteswap()
     return ids
