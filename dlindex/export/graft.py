@@ -29,6 +29,7 @@ from typing import Any
 import xxhash
 
 from dlindex.export.describe import client_keys
+from dlindex.export.merge import recorded_features
 from dlindex.export.plan import ExportError
 from dlindex.export.shards import Features, ShardInfo
 from dlindex.exported.appended import removed_name
@@ -102,7 +103,7 @@ def stage(
             added.append({**entry, "file": name, "generation": generation})
     shards = [*old, *added]
     splits = list(dict.fromkeys([*(index["counts"].get("splits") or {}), *(e["split"] for e in added)]))
-    features = _features(index.get("features"))
+    features = recorded_features(index.get("features"))
     infos = [ShardInfo(e["file"], e["split"], e["rank"], e["samples"], e["bytes"], e["xxh3_128"]) for e in shards]
     files = [f for f in index.get("files", []) if not f["file"].startswith("_removed-")]
     replaced: list[tuple[str, str]] = []
@@ -226,16 +227,6 @@ def _renumbered(name: str, base: int) -> str:
         raise ExportError(f"cannot number the appended file {name!r} after the export's own")
     n = match["n"]
     return f"{match['head']}{int(n) + base:0{len(n)}d}{match['tail']}"
-
-
-def _features(value: Any) -> Features | None:
-    if value is None:
-        return None
-    return Features(value["name"], value["dtype"], value["dim"], _no_fetch, value.get("extractor_version"))
-
-
-def _no_fetch(ids: list[int]) -> dict[int, bytes]:
-    raise AssertionError("an append's index files read no vectors")  # pragma: no cover
 
 
 def _inside(out: Path, name: str) -> Path:

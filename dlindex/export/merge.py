@@ -112,7 +112,7 @@ def merge_exports(
                 shards.append(ShardInfo(name, shard.split, shard.rank, shard.samples, shard.bytes, shard.xxh3_128,
                                         shard.first))  # fmt: skip
         options = head["options"]
-        features = _features(head.get("features"))
+        features = recorded_features(head.get("features"))
         extra: list[dict[str, Any]] = []
         if fmt.finish is not None:  # the same as export's, on the same files
             shards, extra = load(fmt.finish)(
@@ -267,7 +267,7 @@ def _place(part: Part, shard: ShardInfo, target: Path) -> int:
     return linked
 
 
-def _features(value: Any) -> Features | None:
+def recorded_features(value: Any) -> Features | None:
     """The feature type's shape as index.json records it (merge fetches no vectors)."""
     if value is None:
         return None
@@ -278,4 +278,4 @@ def _features(value: Any) -> Features | None:
 
 
 def _no_fetch(ids: list[int]) -> dict[int, bytes]:
-    raise AssertionError("merge never reads feature vectors")  # pragma: no cover
+    raise AssertionError("merge and append never read feature vectors")  # pragma: no cover
