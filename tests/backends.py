@@ -209,6 +209,8 @@ def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
     a step made a table of its own; before the columns go (a trigger names its columns)."""
     from dlindex.catalog.sqlite.migrations import SCAN_DIGESTS
 
+    if version < 20:  # m020_history_by_label
+        conn.execute("DROP INDEX IF EXISTS image_history_label")
     if version < 19:  # m019_versions: its triggers, tables and index (before the columns go)
         for trigger, table in (
             ("image_history_inserted", "image_metadata"), ("image_history_updated", "image_metadata"),

@@ -379,40 +379,67 @@ def test_stats_estimated_from_a_sample_reads_a_past_version_too(scanned_db: Path
 
 
 def test_a_per_label_sample_at_a_version_is_served_by_the_index_and_the_same(tmp_path: Path) -> None:
-    """With a (label_id, path_hash) index, a past state's sample seeks the live rows and numbers
-    only the history rows with them; it must be the sample the one-pass statement gives."""
+    """With a (label_id, path_hash) index, a past state's sample seeks the live rows and reads
+    only the history rows before each label's N-th one (the schema's history index); it must
+    give the rows the one-pass statement gives, every column, for every N (a label with fewer
+    rows than N has no bound), rows without a class or a path hash, with a filter or none, in
+    id and in random order; without the history index it falls back to the one pass."""
     from dlindex.query.rows import prepare
-    from dlindex.query.spec import QuerySpec
+    from dlindex.query.spec import COLUMNS, QuerySpec
 
     from .backends import where
 
     root = tmp_path / "tree"
     for k in range(90):
         make_png(root / f"c{k % 4}" / f"{k:03d}.png", (8 + k % 7, 9), (k, k * 2 % 256, 3))
+    for k in range(6):  # no class folder: label_id NULL
+        make_png(root / f"loose-{k}.png", (7, 7 + k), (k, 1, 2))
     db = where(tmp_path / "p.db")
     scan(db, root)
+    with raw(db) as conn:  # rows no scan keyed (another program's): no path hash, ordered by id
+        conn.execute(
+            "UPDATE image_metadata SET path_hash = NULL WHERE id % 11 = 0 "
+            "OR label_id = (SELECT id FROM labels WHERE name = 'c3')"  # a class whose N-th row has none
+        )
     for week in range(3):  # new files, a new class, deletions, marks: history in every label
         for k in range(15):
             make_png(root / f"c{k % 5}" / f"w{week}-{k:03d}.png", (9, 9 + k % 5), (week * 40, k, 9))
         for f in sorted(root.rglob("*.png"))[week * 7 : week * 7 + 5]:
             f.unlink()
         scan(db, root, prune=True)
-        mark(db, list(range(3 + week, 90, 9)), excluded=bool(week % 2))
+        mark(db, list(range(3 + week, 100, 9)), excluded=bool(week % 2))
+        mark(db, list(range(5 + week, 100, 13)), processed=bool(week % 2))
 
-    def sample(at: str) -> list[int]:
+    asks = [
+        {"per_label": n, "seed": seed, **extra}
+        for n in (1, 3, 40)
+        for seed in (5, 8)
+        for extra in ({}, {"processed": False}, {"order": "random"})
+    ]
+
+    def samples(at: str) -> list[list[tuple[object, ...]]]:
         with Catalog(db, at=at, log=False) as catalog:
-            return [int(r["id"]) for r in query_rows(catalog, per_label=3, seed=5, columns=("id",), cache=False)]
+            return [
+                [tuple(r.values()) for r in query_rows(catalog, columns=COLUMNS, cache=False, **ask)] for ask in asks
+            ]
 
     states = numbers(db)
-    one_pass = {v: sample(v) for v in states}
+    one_pass = {v: samples(v) for v in states}
+    assert all(any(sample) for v in states for sample in one_pass[v])
     with raw(db) as conn:
         conn.execute(
             "CREATE INDEX per_label ON image_metadata (label_id, path_hash, id) WHERE status = 'ok' AND excluded = 0"
         )
     if not is_server(db):
         with Catalog(db, at=states[0], log=False) as catalog:
-            assert "sample_candidates" in prepare(catalog, QuerySpec(per_label=3, seed=5, cache=False)).sql
-    assert {v: sample(v) for v in states} == one_pass
+            assert "sample_past" in prepare(catalog, QuerySpec(per_label=3, seed=5, cache=False)).sql
+    assert {v: samples(v) for v in states} == one_pass
+    if not is_server(db):
+        with raw(db) as conn:
+            conn.execute("DROP INDEX image_history_label")
+        with Catalog(db, at=states[0], log=False) as catalog:
+            assert "sample_past" not in prepare(catalog, QuerySpec(per_label=3, seed=5, cache=False)).sql
+        assert samples(states[0]) == one_pass[states[0]]
 
 
 def test_stats_at_a_version_says_whether_each_tree_is_there_now(scanned_db: Path, image_tree: Path) -> None:

@@ -31,6 +31,8 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+from dlindex.catalog.sqlite.history_schema import ROW_COLUMNS
+
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
     from dlindex.catalog.postgres.connect import PgConnection
@@ -115,7 +117,8 @@ def template(catalog: Catalog, where: list[str], params: dict[str, Any]) -> str:
         params["pinned_state"] = catalog.pinned.state
         pinned = _pinned_seek(where)
         statement = pinned.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
-        return pinned if _served(catalog, statement, params) else _materialized(window)
+        plan = [str(r[3]) for r in catalog.conn.execute("EXPLAIN QUERY PLAN " + statement, params)]
+        return pinned if seek_served(plan) and history_served(plan) else _materialized(window)
     seek = _seek(" AND ".join(where), server)
     statement = seek.replace("{columns}", "image_metadata.id").replace("{order}", "").replace("{limit}", "")
     return seek if (_server_served if server else _served)(catalog, statement, params) else window
@@ -132,28 +135,48 @@ def _materialized(window: str) -> str:
 
 
 # A past state's sample when an index serves the live table's seek: that seek on the live rows
-# of the state gives each label's first N there; a history row of the state (a row changed since
-# it) can only be in the sample if it comes before the label's N-th live one, so only those are
-# read besides, and the two are numbered once as WINDOW numbers rows. (Row values compare arc,
-# key and id in WINDOW's order; a row without a path hash is arc 2, its key -1, ordered by id.)
+# of the state gives each label's first N there, read once with every column (the output comes
+# from these rows, not from the view a second time); a history row of the state (a row changed
+# since it) can only be in the sample if it comes before the label's N-th live row (its bound),
+# so only those are read besides, by the schema's history index (image_history_label), three
+# arcs as the live seek's, each up to the bound; a label with fewer than N live rows (no bound),
+# and the rows without a label, take all their history rows of the state. The two are numbered
+# once as WINDOW numbers rows, and the statement's own ``image_metadata`` (a name without a
+# schema finds the statement's table first) holds the sampled rows. Row values compare arc, key
+# and id in WINDOW's order; a row without a path hash is arc 2, its key -1, ordered by id.
 _ARC_OF = "CASE WHEN {t}.path_hash IS NULL THEN 2 WHEN {t}.path_hash >= :pivot THEN 0 ELSE 1 END"
+_RANKED = _ARC_OF + ", coalesce({t}.path_hash, -1), {t}.id"
+_ALL_COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
+_HISTORY_COLUMNS = ", ".join(f"sample_history.{c}" for c in (*ROW_COLUMNS, "valid_from"))
+_LAST_KEY = (1 << 63) - 1
+_IN_STATE = "sample_history.valid_from <= :pinned_state AND sample_history.valid_to > :pinned_state{history}"
+_BEFORE_BOUND = (
+    "(" + _RANKED.format(t="sample_history") + ") < (bounds.sample_arc, bounds.sample_key, bounds.sample_id)"
+)
+_BOUNDED = "SELECT {past} FROM sample_bounds AS bounds CROSS JOIN main.image_history AS sample_history WHERE sample_history.label_id = bounds.sample_label AND "
+_PAST = " UNION ALL ".join((
+    _BOUNDED + "sample_history.path_hash >= :pivot AND sample_history.path_hash <= CASE WHEN bounds.sample_arc = 0 "
+    f"THEN bounds.sample_key ELSE {_LAST_KEY} END AND {_IN_STATE} AND {_BEFORE_BOUND}",
+    _BOUNDED + "bounds.sample_arc >= 1 AND sample_history.path_hash < :pivot AND sample_history.path_hash <= CASE "
+    f"WHEN bounds.sample_arc = 1 THEN bounds.sample_key ELSE {_LAST_KEY} END AND {_IN_STATE} AND {_BEFORE_BOUND}",
+    _BOUNDED + f"bounds.sample_arc = 2 AND sample_history.path_hash IS NULL AND {_IN_STATE} AND {_BEFORE_BOUND}",
+    "SELECT {past} FROM labels AS unbounded CROSS JOIN main.image_history AS sample_history "
+    "WHERE sample_history.label_id = unbounded.id AND unbounded.id NOT IN (SELECT sample_label FROM sample_bounds) "
+    f"AND {_IN_STATE}",
+    f"SELECT {{past}} FROM main.image_history AS sample_history WHERE sample_history.label_id IS NULL AND {_IN_STATE}",
+)).replace("{past}", _HISTORY_COLUMNS)  # fmt: skip
 _PINNED = (
-    "WITH sample_live AS MATERIALIZED (SELECT id AS sample_id, label_id AS sample_label, coalesce(path_hash, -1) "
-    "AS sample_key, " + _ARC_OF.format(t="image_metadata") + " AS sample_arc FROM main.image_metadata WHERE id IN "
-    "({live})), sample_bounds AS MATERIALIZED (SELECT sample_label, sample_arc, sample_key, sample_id FROM (SELECT "
-    "sample_label, sample_arc, sample_key, sample_id, ROW_NUMBER() OVER (PARTITION BY sample_label ORDER BY "
-    "sample_arc, sample_key, sample_id) AS bound_rank FROM sample_live) AS ranked WHERE bound_rank = :per_label "
-    "AND sample_label IS NOT NULL), sample_candidates AS MATERIALIZED (SELECT sample_id, sample_label, "
-    "sample_key, sample_arc FROM sample_live UNION ALL SELECT image_history.id, image_history.label_id, "
-    "coalesce(image_history.path_hash, -1), " + _ARC_OF.format(t="image_history") + " FROM main.image_history "
-    "LEFT JOIN sample_bounds ON sample_bounds.sample_label = image_history.label_id WHERE "
-    "image_history.valid_from <= :pinned_state AND image_history.valid_to > :pinned_state{history} AND "
-    "(sample_bounds.sample_label IS NULL OR (" + _ARC_OF.format(t="image_history") + ", "
-    "coalesce(image_history.path_hash, -1), image_history.id) < (sample_bounds.sample_arc, "
-    "sample_bounds.sample_key, sample_bounds.sample_id))), "
-    "sampled AS MATERIALIZED (SELECT sample_id FROM (SELECT sample_id, ROW_NUMBER() OVER (PARTITION BY "
-    "sample_label ORDER BY sample_arc, sample_key, sample_id) AS label_rank FROM sample_candidates) AS numbered "
-    "WHERE label_rank <= :per_label) " + _OUTER + "SELECT sample_id FROM sampled){order}{limit}"
+    f"WITH sample_live AS MATERIALIZED (SELECT {_ALL_COLUMNS} FROM main.image_metadata WHERE id IN ({{live}})), "
+    "sample_bounds AS MATERIALIZED (SELECT sample_label, sample_arc, sample_key, sample_id FROM (SELECT label_id AS "
+    "sample_label, " + _ARC_OF.format(t="sample_live") + " AS sample_arc, coalesce(path_hash, -1) AS sample_key, id "
+    "AS sample_id, ROW_NUMBER() OVER (PARTITION BY label_id ORDER BY " + _RANKED.format(t="sample_live") + ") AS "
+    "bound_rank FROM sample_live) AS ranked WHERE bound_rank = :per_label AND sample_label IS NOT NULL), "
+    f"sample_past AS MATERIALIZED ({_PAST}), "
+    "sample_candidates AS (SELECT * FROM sample_live UNION ALL SELECT * FROM sample_past), "
+    "sampled AS MATERIALIZED (SELECT sample_id FROM (SELECT id AS sample_id, ROW_NUMBER() OVER (PARTITION BY label_id "
+    "ORDER BY " + _RANKED.format(t="sample_candidates") + ") AS label_rank FROM sample_candidates) AS numbered WHERE "
+    "label_rank <= :per_label), image_metadata AS (SELECT * FROM sample_candidates WHERE id IN (SELECT sample_id "
+    "FROM sampled)) " + _OUTER + "SELECT sample_id FROM sampled){order}{limit}"
 )
 _LIVE_AT_STATE = "(image_metadata.valid_from IS NULL OR image_metadata.valid_from <= :pinned_state)"
 
@@ -161,7 +184,7 @@ _LIVE_AT_STATE = "(image_metadata.valid_from IS NULL OR image_metadata.valid_fro
 def _pinned_seek(where: list[str]) -> str:
     live = _seek(" AND ".join([*where, _LIVE_AT_STATE]))
     live = live[len(_SEEK_HEAD) : -len(_SEEK_TAIL)].replace("FROM image_metadata AS", "FROM main.image_metadata AS")
-    history = "".join(" AND " + w.replace("image_metadata.", "image_history.") for w in where)
+    history = "".join(" AND " + w.replace("image_metadata.", "sample_history.") for w in where)
     return _PINNED.replace("{live}", live).replace("{history}", history)
 
 
@@ -209,6 +232,15 @@ def seek_served(plan: Sequence[str]) -> bool:
     reads = [line for line in plan if " sample_rows" in line]
     return bool(reads) and all(
         line.startswith("SEARCH sample_rows USING") and "INDEX" in line and "path_hash" in line for line in reads
+    )
+
+
+def history_served(plan: Sequence[str]) -> bool:
+    """Whether an EXPLAIN QUERY PLAN of a past state's seek reads the history rows by label
+    through an index (the schema's image_history_label), never the whole history."""
+    reads = [line for line in plan if " sample_history" in line]
+    return bool(reads) and all(
+        line.startswith("SEARCH sample_history USING") and "INDEX" in line and "label_id" in line for line in reads
     )
 
 

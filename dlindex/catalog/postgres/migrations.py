@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from dlindex.catalog.postgres.history_schema import SCHEMA_V19
+from dlindex.catalog.sqlite.history_schema import HISTORY_BY_LABEL
 from dlindex.errors import CatalogError, DamagedCatalogError
 
 
@@ -282,7 +283,7 @@ SCHEMA_V18 = (
 )
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15), (16, SCHEMA_V16),
-    (17, SCHEMA_V17), (18, SCHEMA_V18), (19, SCHEMA_V19),
+    (17, SCHEMA_V17), (18, SCHEMA_V18), (19, SCHEMA_V19), (20, HISTORY_BY_LABEL),
 )  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 

@@ -1,4 +1,4 @@
-"""Schema 19: the row history behind catalog versions (docs/versions.md).
+"""Schemas 19 and 20: the row history behind catalog versions, and its indexes (docs/versions.md).
 
 A catalog *state* is a value of the change counter (``catalog_changes.counter``), which every
 write transaction moves once, at its start (dlindex.catalog.connection). Each row says since
@@ -29,7 +29,7 @@ ROW_COLUMNS = (
     "updated_at", "split", "pixel_limit", "orientation", "excluded", "inode", "ctime_ns", "path_hash",
 )  # fmt: skip
 # Indexes the schema makes (every other index is the user's or `dlindex index`'s).
-SCHEMA_INDEXES = ("image_metadata_valid_from", "image_history_id")
+SCHEMA_INDEXES = ("image_metadata_valid_from", "image_history_id", "image_history_label")
 SCHEMA_INDEX_LIST = "(" + ", ".join(f"'{n}'" for n in SCHEMA_INDEXES) + ")"  # for SQL: names from this module
 # The state the running write transaction makes: the counter, already moved at its start.
 CURRENT = "(SELECT counter FROM catalog_changes WHERE id = 1)"
@@ -38,6 +38,11 @@ _OLD = ", ".join(f"OLD.{c}" for c in ROW_COLUMNS)
 _CHANGED = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in TRACKED)
 _INSERT_OLD = f"""INSERT INTO image_history ({", ".join(ROW_COLUMNS)}, valid_from, valid_to)
                 VALUES ({_OLD}, coalesce(OLD.valid_from, 0), {CURRENT});"""
+
+# Schema 20: a past state's history rows by label and path hash, so a per-label sample of that
+# state reads each label's few history rows before its N-th live one (dlindex.query.per_label),
+# not every history row of the state. Full, not partial: any filter is checked on the row.
+HISTORY_BY_LABEL = (f"CREATE INDEX {SCHEMA_INDEXES[2]} ON image_history (label_id, path_hash)",)
 
 HISTORY = (
     "ALTER TABLE image_metadata ADD COLUMN valid_from INTEGER",

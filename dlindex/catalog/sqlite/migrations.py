@@ -24,7 +24,7 @@ from dlindex.catalog.sqlite.early_migrations import (
     m006_classes,
     m007_feature_state,
 )
-from dlindex.catalog.sqlite.history_schema import HISTORY
+from dlindex.catalog.sqlite.history_schema import HISTORY, HISTORY_BY_LABEL
 
 # "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
 APPLICATION_ID = 0x646C6978
@@ -172,6 +172,12 @@ def m019_versions(conn: sqlite3.Connection) -> None:
         conn.execute(statement)
 
 
+def m020_history_by_label(conn: sqlite3.Connection) -> None:
+    # A past state's per-label sample reads the history by label (history_schema.HISTORY_BY_LABEL).
+    for statement in HISTORY_BY_LABEL:
+        conn.execute(statement)
+
+
 # What queues a sample for the automatic types: an ok row inserted, or new content in an ok
 # row (after the vectors and states of the old content are deleted, in the same trigger, so
 # the order of the two is fixed).
@@ -259,7 +265,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m001_initial, m002_query_log, m003_features, m004_index_changes, m005_cheap_status_checks,
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
     m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
-    m016_scan_digests, m017_extractor_versions, m018_auto_features, m019_versions,
+    m016_scan_digests, m017_extractor_versions, m018_auto_features, m019_versions, m020_history_by_label,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
