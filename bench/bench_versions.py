@@ -197,6 +197,7 @@ def reads(args: argparse.Namespace, with_h: Path, f: dict[str, object]) -> None:
     # --reuse run times the reads above without it again).
     with sqlite3.connect(with_h) as conn:
         conn.execute(_PER_LABEL_INDEX)
+        conn.execute("ANALYZE")  # as `dlindex index --apply` leaves it
     try:
         cmd = [*DLINDEX, *queries["per_label"], "--db", str(with_h), "--no-log"]
         now = median_run(cmd, args.reps)

@@ -149,7 +149,10 @@ _RANKED = _ARC_OF + ", coalesce({t}.path_hash, -1), {t}.id"
 _ALL_COLUMNS = ", ".join((*ROW_COLUMNS, "valid_from"))
 _HISTORY_COLUMNS = ", ".join(f"sample_history.{c}" for c in (*ROW_COLUMNS, "valid_from"))
 _LAST_KEY = (1 << 63) - 1
-_IN_STATE = "sample_history.valid_from <= :pinned_state AND sample_history.valid_to > :pinned_state{history}"
+# Unary plus: the state's span is checked on each row the label index finds, never the
+# history's key range read instead (after ANALYZE, SQLite may prefer "valid_to > S": at an old
+# state, every history row).
+_IN_STATE = "+sample_history.valid_from <= :pinned_state AND +sample_history.valid_to > :pinned_state{history}"
 _BEFORE_BOUND = (
     "(" + _RANKED.format(t="sample_history") + ") < (bounds.sample_arc, bounds.sample_key, bounds.sample_id)"
 )
@@ -238,7 +241,7 @@ def seek_served(plan: Sequence[str]) -> bool:
 def history_served(plan: Sequence[str]) -> bool:
     """Whether an EXPLAIN QUERY PLAN of a past state's seek reads the history rows by label
     through an index (the schema's image_history_label), never the whole history."""
-    reads = [line for line in plan if " sample_history" in line]
+    reads = [line for line in plan if line.startswith(("SEARCH sample_history", "SCAN sample_history"))]
     return bool(reads) and all(
         line.startswith("SEARCH sample_history USING") and "INDEX" in line and "label_id" in line for line in reads
     )
