@@ -48,22 +48,34 @@ class Watcher:
         self.proc = subprocess.Popen(
             [*command, "--db", str(db), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
-        self.out = self.err = ""
+        self.lines: list[str] = []  # its batches as they are printed (a test may wait for one)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        self.err = ""
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            self.out, self.err = self.proc.communicate(timeout=DEADLINE_S)
+            self.proc.wait(timeout=DEADLINE_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.out, self.err = self.proc.communicate()
-            raise AssertionError(f"the watcher did not stop: {self.err[-2000:]}") from None
+            self.proc.wait()
+            raise AssertionError("the watcher did not stop") from None
+        finally:
+            self.reader.join(timeout=DEADLINE_S)
+            assert self.proc.stderr is not None
+            self.err = self.proc.stderr.read()
         return self.proc.returncode
 
     @property
     def batches(self) -> list[dict[str, object]]:
-        return [json.loads(line) for line in self.out.splitlines()]
+        return [json.loads(line) for line in list(self.lines)]
 
 
 @contextmanager
@@ -114,18 +126,18 @@ def test_automatic_features_are_computed_as_samples_land(scanned_db: Path, image
         set_auto(catalog, "dhash")
     with watching(scanned_db, image_tree) as watcher:
         make_png(image_tree / "cat" / "auto.png", (24, 20), (90, 9, 9))
-        wait_for(
-            lambda: bool(
-                rows(
-                    scanned_db,
-                    "SELECT 1 FROM image_features f JOIN image_metadata m ON m.id = f.image_id "
-                    "WHERE m.file_path = 'cat/auto.png' AND f.feature_type = 'dhash'",
-                )
-            ),
-            "the new sample's dhash vector",
-        )
-    computed = [(f["feature_type"], f["computed"]) for b in watcher.batches for f in b["features"]]  # type: ignore[attr-defined]
-    assert ("dhash", 1) in computed
+
+        def computed() -> list[tuple[object, object]]:
+            return [(f["feature_type"], f["computed"]) for b in watcher.batches for f in b["features"]]  # type: ignore[attr-defined]
+
+        # the batch's line, printed after its vectors were committed (a SIGTERM in between
+        # would end the watch before the line, the catalog consistent)
+        wait_for(lambda: ("dhash", 1) in computed(), "the batch that computed the new sample's dhash")
+    assert rows(
+        scanned_db,
+        "SELECT count(*) FROM image_features f JOIN image_metadata m ON m.id = f.image_id "
+        "WHERE m.file_path = 'cat/auto.png' AND f.feature_type = 'dhash'",
+    ) == [(1,)]
     assert rows(scanned_db, "SELECT count(*) FROM feature_state") == [(0,)]
 
 
