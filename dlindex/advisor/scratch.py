@@ -36,10 +36,12 @@ from dlindex.advisor.sqltext import Constant, Value, index_where, quote_identifi
 from dlindex.catalog.sandbox import guarded
 from dlindex.catalog.sqlite.connect import readonly_uri
 from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEXES
+from dlindex.catalog.sqlite.virtual import is_virtual, rebuild, shadow_tables
 from dlindex.pids import pid_alive, process_start
 
 SAMPLE_ROWS = 250_000  # a table larger than this is sampled on the scratch copy (to about this many rows)
 _TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+_TABLES_SQL = "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
 _INDEXES = "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' ORDER BY tbl_name, name"
 _SCHEMA = "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
 _INDEX_STAT1 = "SELECT tbl, idx, stat FROM sqlite_stat1 WHERE idx = ?"
@@ -106,7 +108,11 @@ class Scratch:
         source.set_authorizer(None)  # our own reads below; the backup itself reads pages
         try:
             largest = 0
-            sizes = {name: _max_rowid(source, name) for (name,) in source.execute(_TABLES).fetchall()}
+            tables = source.execute(_TABLES_SQL).fetchall()
+            shadows = shadow_tables(source, tables)  # a full-text index's rowids are not row counts
+            sizes = {
+                name: _max_rowid(source, name) for name, sql in tables if name not in shadows and not is_virtual(sql)
+            }
             largest = max(sizes.values(), default=0)
             self.full_stats, self._defs = catalog_stat1(source), index_definitions(source)
             target = sqlite3.connect(self.path)
@@ -197,13 +203,16 @@ def _sampled_copy(
     """The schema, small tables whole, large ones every k-th rowid; then the indexes, and statistics
     where the catalog has any (``Scratch.carry_stats`` puts the catalog's in their place)."""
     schema = source.execute(_SCHEMA).fetchall()
-    for kind, _name, sql in schema:
-        if kind == "table":
+    # a user's full-text index (sqlite-utils enable-fts): made by its CREATE, rebuilt from the
+    # sampled rows below; its shadow tables are made with it and not copied
+    shadows = shadow_tables(source, [(name, sql) for kind, name, sql in schema if kind == "table"])
+    for kind, name, sql in schema:
+        if kind == "table" and name not in shadows:
             target.execute(sql)
     target.commit()
     target.execute("ATTACH DATABASE ? AS src", (readonly_uri(catalog),))
-    for kind, name, _sql in schema:
-        if kind != "table":
+    for kind, name, sql in schema:
+        if kind != "table" or name in shadows or is_virtual(sql):
             continue
         t, last = quote_identifier(name), _max_rowid(source, name)
         if last > rows:  # the rows whose rowid is a multiple of k, each found by its rowid: no full scan
@@ -214,6 +223,9 @@ def _sampled_copy(
             )
         else:
             target.execute(f"INSERT INTO main.{t} SELECT * FROM src.{t}")
+    for kind, name, sql in schema:
+        if kind == "table" and is_virtual(sql):
+            rebuild(target, name)
     target.commit()
     target.execute("DETACH DATABASE src")
     for kind, _name, sql in schema:

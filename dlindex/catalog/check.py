@@ -26,10 +26,9 @@ from dlindex.catalog.sqlite.migrations import (
     latest_columns,
     missing_tables,
 )
+from dlindex.catalog.sqlite.virtual import is_virtual, rebuild, shadow_tables
 from dlindex.errors import CatalogError, InputError
 
-# The tables each schema version brought and the version that dropped them (None: kept); a
-# catalog at version v must have every table with since <= v < until.
 _MAX_LINES = 20  # integrity problems reported; SQLite's own default is 100
 # quick_check(budget_s=...) checks a file of up to this size in full (~0.1 s; a test catalog always)
 _WHOLE_CHECK_BYTES = 32 << 20
@@ -126,12 +125,8 @@ class CheckReport:
         return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["healthy"] = self.healthy
-        data["interrupted_scans"] = list(self.interrupted_scans)
-        data["unreachable_roots"] = list(self.unreachable_roots)
-        data["problems"] = list(self.problems)
-        return data
+        lists = {name: list(getattr(self, name)) for name in ("interrupted_scans", "unreachable_roots", "problems")}
+        return {**asdict(self), "healthy": self.healthy, **lists}
 
 
 def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> CheckReport:
@@ -332,14 +327,19 @@ def recover_catalog(source: str | os.PathLike[str], target: str | os.PathLike[st
             if own:
                 apply_migrations(out)
             out.execute("BEGIN")
+            # a user's full-text index: its CREATE makes its shadow tables, whose rows are its
+            # own (never copied through it: that would index them twice), then it is rebuilt
+            shadows = shadow_tables(conn, [(name, sql) for kind, name, _t, sql in schema if kind == "table"])
             for kind, name, _table, sql in schema:
-                if kind == "table" and name not in own:
+                if kind == "table" and name not in own and name not in shadows:
                     out.execute(sql)
-            for kind, name, _table, _sql in schema:
-                if kind == "table" and name not in _NOT_RECOVERED:
+            for kind, name, _table, sql in schema:
+                if kind == "table" and name not in _NOT_RECOVERED and not is_virtual(sql):
                     rows[name], whole = _copy_rows(conn, out, name)
                     if not whole:
                         incomplete.append(name)
+            for name in (name for kind, name, _table, sql in schema if kind == "table" and is_virtual(sql)):
+                rebuild(out, name)
             made = {str(n) for (n,) in out.execute("SELECT name FROM sqlite_master")}
             for kind, name, _table, sql in schema:
                 if kind in ("index", "trigger", "view") and name not in made:

@@ -20,6 +20,9 @@ def _authorize(action: int, arg1: str | None, arg2: str | None, _db: str | None,
         # what SQLite asks while an eponymous virtual table (json_each) declares its columns;
         # the connection is read-only with query_only on, so nothing can be written anyway
         return sqlite3.SQLITE_OK
+    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() == "data_version" and arg2 is None:
+        # a read FTS5 makes when a full-text table is opened (sqlite-utils' enable-fts)
+        return sqlite3.SQLITE_OK
     if action not in _ALLOWED:
         return sqlite3.SQLITE_DENY
     if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() in _DENIED_FUNCTIONS:
