@@ -56,7 +56,7 @@ __all__ = [
 _EXPORTS = {
     "CheckReport": "catalog.check",
     "check_catalog": "catalog.check",
-    "recover_catalog": "catalog.check",
+    "recover_catalog": "catalog.recover",
     "Catalog": "catalog.connection",
     "open_catalog": "catalog.connection",
     "CatalogBusyError": "errors",
@@ -93,8 +93,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 if TYPE_CHECKING:
-    from dlindex.catalog.check import CheckReport, check_catalog, recover_catalog
+    from dlindex.catalog.check import CheckReport, check_catalog
     from dlindex.catalog.connection import Catalog, open_catalog
+    from dlindex.catalog.recover import recover_catalog
     from dlindex.errors import (
         CatalogBusyError,
         CatalogError,

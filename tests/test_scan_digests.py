@@ -239,7 +239,7 @@ def test_the_digest_covers_every_input_of_the_comparison() -> None:
 
 
 def test_a_recovered_catalog_remembers_nothing(tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dlindex.catalog.check import recover_catalog
+    from dlindex.catalog.recover import recover_catalog
 
     db, twins = rescanned(tree, tmp_path, monkeypatch)
     assert remembered(db)

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from dlindex import Catalog
 from dlindex.advisor.scratch import Scratch
 from dlindex.advisor.suggest import suggest_indexes
-from dlindex.catalog.check import check_catalog, recover_catalog
+from dlindex.catalog.check import check_catalog
+from dlindex.catalog.recover import recover_catalog
 from dlindex.cli import app
 
 from .conftest import make_png, scan
@@ -75,3 +76,30 @@ def test_recovery_copies_a_users_full_text_index_once(tmp_path: Path) -> None:
     with sqlite3.connect(tmp_path / "r.db") as conn:
         conn.execute("INSERT INTO image_metadata_fts (image_metadata_fts) VALUES ('integrity-check')")
     assert check_catalog(tmp_path / "r.db").integrity == "ok"
+
+
+def test_a_full_text_index_whose_module_is_missing_is_one_line_everywhere(tmp_path: Path) -> None:
+    """A virtual table whose module this SQLite lacks (another build's, or a damaged definition):
+    commands refuse the catalog in one line, `check` names it as a problem, and `--recover-to`
+    leaves it and the user's triggers that write to it out, naming them, so the new catalog takes
+    writes again."""
+    db = with_fts(Path(balanced(tmp_path / "b.db", {"cat": 5, "dog": 5})))
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_master SET sql = replace(sql, 'USING FTS5', 'USING fts9') WHERE name = ?",
+                     ("image_metadata_fts",))  # fmt: skip
+    runner = CliRunner()
+    for args in (["query", "--limit", "1"], ["check"]):
+        result = runner.invoke(app, [*args, "--db", str(db)])
+        assert result.exit_code == 1 and "no such module: fts9" in result.output, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+    report = recover_catalog(db, tmp_path / "r.db")
+    assert set(report.incomplete) == {
+        "image_metadata_fts",
+        "image_metadata_ai",
+        "image_metadata_ad",
+        "image_metadata_au",
+    }
+    assert report.check.integrity == "ok" and report.rows["image_metadata"] == 10
+    result = runner.invoke(app, ["mark", "--exclude", "--db", str(tmp_path / "r.db")], input="3\n")
+    assert result.exit_code == 0, result.output

@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from dlindex.catalog.check import CheckReport, check_catalog, recover_catalog
+from dlindex.catalog.check import CheckReport, check_catalog
+from dlindex.catalog.recover import recover_catalog
 from dlindex.cli._shared import DbOption, JsonFlag, handle_errors, print_json
 from dlindex.errors import ExitCode
 from dlindex.faults import recovery_hint
