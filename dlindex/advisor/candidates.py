@@ -186,8 +186,10 @@ def combine(a: Candidate, b: Candidate, stats: Stats) -> Candidate | None:
             if len(include) > MAX_INCLUDE:
                 include = list(long.include if long.weight >= short.weight else short.include)
                 include = [c for c in include if c not in long.key]
+            # only the leading columns both take in any order stay free (max let a later merge
+            # reorder a range column: a per-label seek's index became path_hash-led)
             return Candidate(
-                long.table, long.key, max(long.eq, short.eq), tuple(include), common,
+                long.table, long.key, min(long.eq, short.eq), tuple(include), common,
                 tuple(sorted(set(a.fingerprints) | set(b.fingerprints))), a.weight + b.weight, long.free and short.free,
             )  # fmt: skip
     return None
