@@ -40,8 +40,7 @@ from dlindex.catalog.sqlite.virtual import is_virtual, rebuild, shadow_tables
 from dlindex.pids import pid_alive, process_start
 
 SAMPLE_ROWS = 250_000  # a table larger than this is sampled on the scratch copy (to about this many rows)
-_TABLES = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
-_TABLES_SQL = "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+_TABLES = "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
 _INDEXES = "SELECT name, tbl_name, sql FROM sqlite_master WHERE type = 'index' ORDER BY tbl_name, name"
 _SCHEMA = "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'"
 _INDEX_STAT1 = "SELECT tbl, idx, stat FROM sqlite_stat1 WHERE idx = ?"
@@ -108,7 +107,7 @@ class Scratch:
         source.set_authorizer(None)  # our own reads below; the backup itself reads pages
         try:
             largest = 0
-            tables = source.execute(_TABLES_SQL).fetchall()
+            tables = source.execute(_TABLES).fetchall()
             shadows = shadow_tables(source, tables)  # a full-text index's rowids are not row counts
             sizes = {
                 name: _max_rowid(source, name) for name, sql in tables if name not in shadows and not is_virtual(sql)
@@ -133,7 +132,7 @@ class Scratch:
 
     def tables(self) -> dict[str, TableInfo]:
         infos: dict[str, TableInfo] = {}
-        for (name,) in self.admin.execute(_TABLES).fetchall():
+        for name, _sql in self.admin.execute(_TABLES).fetchall():
             cols = self.admin.execute(f"PRAGMA table_info({quote_identifier(name)})").fetchall()
             pk = [c for c in cols if c[5]]
             if self._has_rowid(name):
