@@ -209,6 +209,12 @@ def drop_made_after(conn: Any, version: int, server: bool = False) -> None:
     a step made a table of its own; before the columns go (a trigger names its columns)."""
     from dlindex.catalog.sqlite.migrations import SCAN_DIGESTS
 
+    if version < 21:  # m021_texts: the table takes its FTS5 triggers; then the index table, functions
+        conn.execute("DROP TABLE IF EXISTS image_texts")
+        conn.execute("DROP TABLE IF EXISTS image_texts_fts")
+        if server:
+            for function in ("image_texts_fts(TEXT)", "dlindex_tsquery(TEXT)", "dlindex_fold(TEXT)"):
+                conn.execute(f"DROP FUNCTION IF EXISTS {function}")
     if version < 20:  # m020_history_by_label
         conn.execute("DROP INDEX IF EXISTS image_history_label")
     if version < 19:  # m019_versions: its triggers, tables and index (before the columns go)

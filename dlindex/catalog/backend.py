@@ -198,6 +198,10 @@ class Backend(ABC):
         """After a write failed for space, give back what the failed transaction took."""
 
     @abstractmethod
+    def has_text_search(self, conn: Connection) -> bool:
+        """Whether the catalog has its full-text index of texts (``image_texts_fts``)."""
+
+    @abstractmethod
     def rollback_journal(self, conn: Connection, wait_s: float) -> AbstractContextManager[bool]:
         """A cheaper journal for a bulk append while the block runs, where the backend has
         one and no other connection is open; yields whether it switched (``Catalog.rollback_journal``)."""

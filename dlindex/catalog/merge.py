@@ -48,6 +48,7 @@ class CatalogMergeSummary:
     samples_same: int  # part rows equal to the target's (copies)
     vectors_written: int
     vectors_stale: int  # computed from content the merged row no longer has: left out
+    texts_written: int  # texts (captions...) new or changed in the catalog
     scans_added: int
     jobs: list[str] = field(default_factory=list)  # the sharded jobs whose parts were merged
     samples_kept_newer: int = 0  # part rows of samples the catalog changed after the cut: left out

@@ -19,6 +19,8 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from dlindex.catalog import merge_texts
+
 _CUT_LABEL = "cl.name"
 _KEY = "cr.path = {m}.root_path AND c.file_path = {m}.file_path"
 _CUT_ROW = (
@@ -54,7 +56,7 @@ def drop_copies(conn: sqlite3.Connection, cut: Path, content: Sequence[str]) -> 
             f"DELETE FROM temp.m_rows WHERE EXISTS (SELECT 1 {_CUT_ROW} WHERE {_KEY.format(m='m_rows')} AND "
             f"{_same(content, 'c', 'm_rows', _CUT_LABEL)})"
         )
-        for statement in (_COPIED_VECTOR, _COPIED_STATE, _COPIED_ATTR):
+        for statement in (_COPIED_VECTOR, _COPIED_STATE, _COPIED_ATTR, merge_texts.DROP_COPIES):
             conn.execute(statement)
         columns = ", ".join(_CUT_LABEL + " AS label" if c == "label" else "c." + c for c in content)
         conn.execute(

@@ -9,7 +9,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from dlindex.catalog import merge_cut
+from dlindex.catalog import merge_cut, merge_texts
 from dlindex.catalog.shard_runs import RUN_COLUMNS
 from dlindex.errors import InputError
 
@@ -37,6 +37,7 @@ _TEMP_TABLES = (
         started_at TEXT, finished_at TEXT, seen INTEGER, new INTEGER, changed INTEGER, unchanged INTEGER,
         missing INTEGER, corrupt INTEGER, skipped INTEGER, errors INTEGER, seconds REAL)""",
     f"CREATE TEMP TABLE m_runs (src INTEGER, {RUN_COLUMNS})",
+    merge_texts.TEMP_TABLE,
 )
 _COPY_FROM_PART = (
     """INSERT INTO temp.m_roots SELECT :part, path, path_bytes, presplit, added_at FROM part.roots""",
@@ -58,6 +59,7 @@ _COPY_FROM_PART = (
             s.new, s.changed, s.unchanged, s.missing, s.corrupt, s.skipped, s.errors, s.seconds
         FROM part.scans s JOIN part.roots r ON r.id = s.root_id""",
     f"INSERT INTO temp.m_runs SELECT :part, {RUN_COLUMNS} FROM part.shard_runs",
+    merge_texts.COPY_FROM_PART,
 )
 
 # The target's row for a key: (root path, file path) -> image_metadata via the unique index.
@@ -259,6 +261,7 @@ def apply(conn: sqlite3.Connection, paths: list[Path]) -> dict[str, int]:
             ("m_vectors", ", feature_type", "root_path, file_path, feature_type, vector"),
             ("m_state", ", feature_type", "root_path, file_path, feature_type, state, error"),
             ("m_attrs", ", name", "root_path, file_path, name, value"),
+            (*merge_texts.CONFLICT, merge_texts.SAME_AMONG_PARTS),
         ):
             conn.execute(_SAME_AMONG_PARTS.format(table=table, columns=columns))
             _refuse_conflict(conn, paths, table, extra, f"both change {table[2:].rstrip('s')} of the sample")
@@ -268,11 +271,12 @@ def apply(conn: sqlite3.Connection, paths: list[Path]) -> dict[str, int]:
     conn.execute(_UPSERT_STATE)
     conn.execute(_DONE_STATE)
     conn.execute(_UPSERT_ATTRS)
+    texts = merge_texts.apply(conn)
     scans = conn.execute(_ADD_SCANS).rowcount
     conn.execute(_ADD_RUNS)
     return {
         "samples_added": added, "samples_updated": updated, "samples_same": same if incoming else 0,
-        "vectors_written": vectors, "vectors_stale": stale, "scans_added": scans,
+        "vectors_written": vectors, "vectors_stale": stale, "texts_written": texts, "scans_added": scans,
     }  # fmt: skip
 
 

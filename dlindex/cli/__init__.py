@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str, bool]] = {
     "versions": ("versions", "versions", False),
     "tag": ("versions", "tag", False),
     "diff": ("versions", "diff", False),
+    "text": ("text", "app", True),
 }
 
 

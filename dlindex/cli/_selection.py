@@ -79,6 +79,15 @@ MinWidthOption = Annotated[
 MinHeightOption = Annotated[
     int | None, typer.Option("--min-height", min=0, help="Only images at least this tall.", show_default=False)
 ]
+TextOption = Annotated[
+    str | None,
+    typer.Option(
+        "--text",
+        help='Only samples with a text (caption, description) that matches: words, "a phrase", OR, -word.',
+        metavar="SEARCH",
+        show_default=False,
+    ),
+]
 ClassesOption = Annotated[
     ClassList,
     typer.Option(
@@ -110,6 +119,7 @@ class Selection:
     until: str | None
     min_width: int | None
     min_height: int | None
+    text: str | None
 
     def spec(self, **more: Any) -> QuerySpec:
         """The QuerySpec of these options plus ``more`` (limit, seed, per_label...)."""
@@ -118,7 +128,8 @@ class Selection:
         return QuerySpec(
             labels=tuple(self.label or ()), status=tuple(self.status or DEFAULT_STATUS), processed=self.processed,
             processing_status=tuple(self.processing_status or ()), excluded=EXCLUDED[self.excluded],
-            since=self.since, until=self.until, min_width=self.min_width, min_height=self.min_height, **more,
+            since=self.since, until=self.until, min_width=self.min_width, min_height=self.min_height, text=self.text,
+            **more,
         )  # fmt: skip
 
 
@@ -130,6 +141,7 @@ _OPTIONS = [
         ("processing_status", ProcessingStatusOption, None), ("excluded", ExcludedOption, Excluded.skip),
         ("since", SinceOption, None),
         ("until", UntilOption, None), ("min_width", MinWidthOption, None), ("min_height", MinHeightOption, None),
+        ("text", TextOption, None),
     )
 ]  # fmt: skip
 assert [p.name for p in _OPTIONS] == [f.name for f in fields(Selection)]

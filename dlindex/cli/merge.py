@@ -66,7 +66,8 @@ def merge(
         lines = [
             f"merged {s.parts} part(s) into {s.into} in {s.seconds:.2f} s: {s.samples_added} samples added, "
             f"{s.samples_updated} updated, {s.vectors_written} vectors written"
-            + (f", {s.vectors_stale} stale vectors left out" if s.vectors_stale else ""),
+            + (f", {s.vectors_stale} stale vectors left out" if s.vectors_stale else "")
+            + (f", {s.texts_written} texts written" if s.texts_written else ""),
             *s.jobs,
         ]
         stdout_console.print("\n".join(lines), highlight=False, markup=False)

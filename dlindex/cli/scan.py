@@ -96,6 +96,13 @@ def scan(
             "--force", help="Re-read every file, even unchanged ones (those found the same count as re-read)."
         ),
     ] = False,
+    texts: Annotated[
+        bool,
+        typer.Option(
+            "--texts",
+            help="Also catalogue each image's sidecar texts: NAME.txt, NAME.caption, NAME.json (a caption field).",
+        ),
+    ] = False,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 3 if any file could not be read.")] = False,
     watch: Annotated[
         bool,
@@ -140,17 +147,23 @@ def scan(
         io_threads=io_threads,
         prune=prune,
         force=force,
+        texts=texts,
         part=part_option(part, shard),
     )
     check_root(root)  # a bad ROOT must not leave a new catalog file behind
     if watch:
-        if engine is Engine.ray or options.part is not None:
+        if engine is Engine.ray or options.part is not None or texts:
             raise typer.BadParameter(
-                "--watch scans here, whole: not with --engine ray or --part", param_hint="'--watch'"
+                "--watch scans here, whole: not with --engine ray or --part (nor, yet, --texts)", param_hint="'--watch'"
             )
         _watch(db, root, options, WatchChoice(interval, events, as_json), no_log)
         return
     if engine is Engine.ray:
+        if texts:
+            raise typer.BadParameter(
+                "--texts cannot go with --engine ray yet: scan on Ray, then run dlindex scan ROOT --texts",
+                param_hint="'--texts'",
+            )
         from dlindex.scan.onray import scan_on_ray
 
         on_ray = scan_on_ray(db, root, options, address=address, tasks=ray_tasks)
@@ -229,5 +242,13 @@ def print_summary(s: ScanSummary) -> None:
         + (f"  relabeled {s.relabeled}" if s.relabeled else "")
         + (f"  pruned {s.pruned}" if s.pruned else "")
         + (f"\n  skipped: {', '.join(f'{r} {n}' for r, n in s.skipped_by_reason.items())}" if s.skipped else "")
+        + (_texts_line(s.texts) if s.texts is not None else "")
         + f"\n  {s.seconds:.2f} s, {s.files_per_s:,.0f} files/s",
+    )
+
+
+def _texts_line(texts: dict[str, Any]) -> str:
+    skipped = "".join(f", {reason} {n}" for reason, n in texts["skipped"].items())
+    return f"\n  texts: sidecars read {texts['read']}  unchanged {texts['unchanged']}  removed {texts['removed']}" + (
+        f"  (no text: {skipped[2:]})" if skipped else ""
     )

@@ -11,27 +11,24 @@ from __future__ import annotations
 
 import array
 import hashlib
-import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dlindex.catalog.classes import CLASS_LISTS, SPLITS, canonical_splits, check_split_folders
+from dlindex.catalog.classes import SPLITS
 from dlindex.errors import InputError
 from dlindex.query import cache, fetch, per_label, windows
-from dlindex.query.lookups import class_numbers, classes_of, label_ids, label_names, roots_by_id
+from dlindex.query.filters import filters
+from dlindex.query.lookups import class_numbers, classes_of, label_names, roots_by_id
 from dlindex.query.spec import (
     DERIVED,
     ORDERS,
-    PROCESSING_FILTERS,
-    STATUSES,
     STORED,
     QuerySpec,
     check_columns,
     check_count,
-    parse_when,
     with_columns,
 )
 
@@ -62,21 +59,6 @@ _SPLIT_COUNTS = (
 _ANY_SPLIT = "SELECT EXISTS (SELECT 1 FROM image_metadata WHERE {where})"
 _LIMIT_OFFSET = " LIMIT :limit OFFSET :offset"
 _OFFSET = " LIMIT -1 OFFSET :offset"  # SQLite takes OFFSET only after a LIMIT; -1 is none
-_WHERE_LABEL = "image_metadata.label_id = :label_id"
-_WHERE_LABELS = "image_metadata.label_id IN (SELECT value FROM json_each(:label_ids))"
-_WHERE_SPLIT = "image_metadata.split = :split"
-_WHERE_SPLITS = "image_metadata.split IN (SELECT value FROM json_each(:splits))"
-_WHERE_HAS_CLASS = {True: "image_metadata.label_id IS NOT NULL", False: "image_metadata.label_id IS NULL"}
-_WHERE_SINCE = "image_metadata.created_at >= :since"
-_WHERE_UNTIL = "image_metadata.created_at < :until"
-_WHERE_MIN_WIDTH = "image_metadata.width >= :min_width"
-_WHERE_MIN_HEIGHT = "image_metadata.height >= :min_height"
-# The sides of the image turned as its EXIF orientation says (NULL, not known: as stored).
-_WHERE_MIN_TURNED_WIDTH = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.height ELSE image_metadata.width END) >= :min_width"  # fmt: skip
-_WHERE_MIN_TURNED_HEIGHT = "(CASE WHEN image_metadata.orientation >= 5 THEN image_metadata.width ELSE image_metadata.height END) >= :min_height"
-_WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata.processed = 0"}
-_WHERE_IDS = "image_metadata.id IN (SELECT value FROM json_each(:only_ids))"
-_WHERE_EXCLUDED = {True: "image_metadata.excluded = 1", False: "image_metadata.excluded = 0"}
 
 
 @dataclass(frozen=True)
@@ -134,7 +116,7 @@ def explain(catalog: Catalog, spec: QuerySpec) -> Explained:
 def split_counts(catalog: Catalog, spec: QuerySpec) -> dict[str | None, int]:
     """Files per tree split (SPLITS; None: not in a split folder; only those with files) among
     those ``spec``'s filters select (before --per-label and --limit)."""
-    where, params = _filters(catalog, spec)
+    where, params = filters(catalog, spec)
     where_sql = " WHERE " + " AND ".join(where) if where else ""
     (counts,) = catalog.read(_SPLIT_COUNTS.replace("{where}", where_sql), params)
     return {split: int(n) for split, n in zip((*SPLITS, None), counts, strict=True) if n}
@@ -142,7 +124,7 @@ def split_counts(catalog: Catalog, spec: QuerySpec) -> dict[str | None, int]:
 
 def any_in_split_folder(catalog: Catalog, spec: QuerySpec) -> bool:
     """Is some sample ``spec``'s filters select in a tree split folder? (Stops at the first.)"""
-    where, params = _filters(catalog, spec)
+    where, params = filters(catalog, spec)
     where_sql = " AND ".join([*where, "image_metadata.split IS NOT NULL"])
     ((found,),) = catalog.read(_ANY_SPLIT.replace("{where}", where_sql), params)
     return bool(found)
@@ -151,7 +133,7 @@ def any_in_split_folder(catalog: Catalog, spec: QuerySpec) -> bool:
 def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     """Check every option and build the statement; all errors are InputError, raised here."""
     columns = check_columns(tuple(spec.columns or ()))
-    where, params = _filters(catalog, spec)
+    where, params = filters(catalog, spec)
     if spec.order not in ORDERS:
         raise InputError(f"unknown order {spec.order!r}; choose id or random")
     random_order = spec.order == "random"
@@ -199,82 +181,6 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         roots=roots_by_id(catalog) if "path" in columns or "root" in columns else None,
         picked_sql=picked_sql,
     )
-
-
-def _filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, Any]]:
-    where: list[str] = []
-    params: dict[str, Any] = {}
-    if spec.classes not in CLASS_LISTS:
-        raise InputError(f"unknown class list {spec.classes!r}; choose from: {', '.join(CLASS_LISTS)}")
-    if spec.labels:
-        _one_or_many(
-            where, params, label_ids(catalog, spec.labels), (_WHERE_LABEL, "label_id"), (_WHERE_LABELS, "label_ids")
-        )
-    if spec.split:
-        splits = canonical_splits(spec.split)
-        check_split_folders(catalog, spec.split)
-        _one_or_many(where, params, splits, (_WHERE_SPLIT, "split"), (_WHERE_SPLITS, "splits"))
-    if spec.has_class is not None:
-        where.append(_WHERE_HAS_CLASS[bool(spec.has_class)])
-    if spec.status:
-        where.append(_in_literals("image_metadata.status", spec.status, STATUSES, "status"))
-    if spec.processed is not None:
-        where.append(_WHERE_PROCESSED[bool(spec.processed)])
-    if spec.processing_status:
-        where.append(_processing_status(spec.processing_status))
-    if spec.excluded is not None:
-        where.append(_WHERE_EXCLUDED[bool(spec.excluded)])
-    if spec.ids is not None:
-        where.append(_WHERE_IDS)
-        params["only_ids"] = json.dumps([int(i) for i in spec.ids])
-    since = parse_when(spec.since, "--since") if spec.since is not None else None
-    until = parse_when(spec.until, "--until") if spec.until is not None else None
-    if since is not None and until is not None and since >= until:
-        raise InputError(f"empty time range: --since {since} is not before --until {until}")
-    if since is not None:
-        where.append(_WHERE_SINCE)
-        params["since"] = since
-    if until is not None:
-        where.append(_WHERE_UNTIL)
-        params["until"] = until
-    sides = (
-        (("min_width", _WHERE_MIN_TURNED_WIDTH), ("min_height", _WHERE_MIN_TURNED_HEIGHT))
-        if spec.exif_orient
-        else (("min_width", _WHERE_MIN_WIDTH), ("min_height", _WHERE_MIN_HEIGHT))
-    )
-    for name, fragment in sides:
-        value = getattr(spec, name)
-        if value is not None:
-            params[name] = check_count("--" + name.replace("_", "-"), value, 0)
-            where.append(fragment)
-    return where, params
-
-
-def _one_or_many(
-    where: list[str], params: dict[str, Any], values: Sequence[Any], one: tuple[str, str], many: tuple[str, str]
-) -> None:
-    """Filter by ``column = :one`` for one value, by ``column IN (json_each(:many))`` for several."""
-    fragment, name = one if len(values) == 1 else many
-    where.append(fragment)
-    params[name] = values[0] if len(values) == 1 else json.dumps(list(values))
-
-
-def _in_literals(column: str, values: Sequence[str], allowed: tuple[str, ...], what: str) -> str:
-    """``column = 'a'`` or ``column IN ('a', 'b')`` from whitelisted constants only (QuerySpec
-    has refused any other value, saying which option takes it)."""
-    assert set(values) <= set(allowed), (what, values)
-    chosen = [v for v in allowed if v in values]  # whitelist order: one template per set
-    literals = ", ".join("'" + v + "'" for v in chosen)
-    return f"{column} = {literals}" if len(chosen) == 1 else f"{column} IN ({literals})"
-
-
-def _processing_status(values: Sequence[str]) -> str:
-    """The processing_status filter; "none" is the rows mark never gave one (NULL)."""
-    chosen = [v for v in values if v != "none"]
-    if not chosen:
-        return "image_metadata.processing_status IS NULL"
-    literals = _in_literals("image_metadata.processing_status", chosen, PROCESSING_FILTERS, "processing status")
-    return f"({literals} OR image_metadata.processing_status IS NULL)" if "none" in values else literals
 
 
 def _seed_params(seed: int) -> dict[str, int]:

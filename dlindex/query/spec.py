@@ -78,7 +78,8 @@ class QuerySpec:
     are on stored pixels, as ``width``/``height``; with ``exif_orient`` on the image turned as
     its EXIF orientation says (width and height swapped for orientations 5-8). ``status`` is scan's verdict
     (ok, corrupt, missing); ``processing_status`` is mark's (queued, completed, failed, or
-    none: never set). ``excluded`` False leaves out the samples ``mark --exclude`` set aside
+    none: never set). ``text`` keeps the samples one of whose texts (captions, descriptions)
+    matches a search (docs/text.md#search). ``excluded`` False leaves out the samples ``mark --exclude`` set aside
     (the default), True selects only them, None both.
     """
 
@@ -102,6 +103,7 @@ class QuerySpec:
     seed: int = 0
     columns: Sequence[str] | str | None = DEFAULT_COLUMNS
     cache: bool = True
+    text: str | None = None  # a full-text search of the samples' texts (dlindex.text.search)
     ids: Sequence[int] | None = None  # only these samples (export --append's rows that changed)
 
     def __post_init__(self) -> None:

@@ -35,6 +35,7 @@ class ScanOptions:
     io_threads: int = 16
     prune: bool = False
     force: bool = False
+    texts: bool = False  # then the sidecar texts beside the images (dlindex.text.sidecar_pass)
     part: Part | None = None  # part I of N of the walk's units (docs/scale-out.md)
     shard: InitVar[Part | None] = None  # deprecated: the old name of ``part``
 
@@ -45,6 +46,11 @@ class ScanOptions:
             raise InputError(
                 "--prune cannot go with --part: a part does not know which rows other parts keep; "
                 "merge the parts, then run dlindex scan ROOT --prune on the merged catalog"
+            )
+        if self.part is not None and self.texts:
+            raise InputError(
+                "--texts cannot go with --part yet: merge the parts, then run dlindex scan ROOT --texts on the "
+                "merged catalog (it reads only the sidecars, the images are unchanged)"
             )
 
 
@@ -70,6 +76,7 @@ class ScanSummary:
     interrupted: bool = False
     error_samples: tuple[tuple[str, str], ...] = field(default=())
     skipped_by_reason: dict[str, int] = field(default_factory=dict)  # walk.SKIP_REASONS order
+    texts: dict[str, Any] | None = None  # with --texts: sidecars read, unchanged, removed, skipped by reason
     unknown_label_paths: int = 0  # paths in the --labels file matching no image under the root
     unknown_label_examples: tuple[str, ...] = field(default=())
 

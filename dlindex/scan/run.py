@@ -114,6 +114,7 @@ def _scan_tree(
         raise
     interrupted = False
     pruned = 0
+    texts: dict[str, object] | None = None
     shard_run: int | None = None
     restore = sigterm_as_interrupt()
     try:
@@ -126,6 +127,10 @@ def _scan_tree(
         writer.flush()
         if labels_file is not None:
             write_attributes(catalog, root_id, labels_file)
+        if options.texts:
+            from dlindex.text.sidecar_pass import scan_sidecars  # only for trees with texts
+
+            texts = asdict(scan_sidecars(catalog, root_id, root_bytes))
         if options.prune:
             pruned = prune_missing(catalog, root_id)
         if pruned or counts.relabeled:
@@ -154,6 +159,7 @@ def _scan_tree(
         interrupted=interrupted, error_samples=tuple(report.errors[:20]),
         skipped_by_reason={r: report.skips[r] for r in SKIP_REASONS if report.skips.get(r)},
         unknown_label_paths=len(unknown_labels), unknown_label_examples=tuple(unknown_labels[:_LABEL_EXAMPLES]),
+        texts=texts,
     )  # fmt: skip
     finish_scan(catalog, summary.as_dict())
     if interrupted:

@@ -117,6 +117,9 @@ class PostgresBackend(Backend):
     def release_space(self, conn: Connection) -> None:
         """Nothing: the server gives back a rolled-back transaction's space itself."""
 
+    def has_text_search(self, conn: Connection) -> bool:
+        return True  # PostgreSQL's full-text search is built in (text_schema)
+
     @contextmanager
     def rollback_journal(self, conn: Connection, wait_s: float) -> Iterator[bool]:
         yield False  # the server keeps its own write-ahead log

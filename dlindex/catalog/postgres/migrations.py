@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from dlindex.catalog.postgres.history_schema import SCHEMA_V19
+from dlindex.catalog.postgres.text_schema import SCHEMA_V21
 from dlindex.catalog.sqlite.history_schema import HISTORY_BY_LABEL
 from dlindex.errors import CatalogError, DamagedCatalogError
 
@@ -283,7 +284,7 @@ SCHEMA_V18 = (
 )
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (11, SCHEMA_V11), (12, SCHEMA_V12), (13, SCHEMA_V13), (14, SCHEMA_V14), (15, SCHEMA_V15), (16, SCHEMA_V16),
-    (17, SCHEMA_V17), (18, SCHEMA_V18), (19, SCHEMA_V19), (20, HISTORY_BY_LABEL),
+    (17, SCHEMA_V17), (18, SCHEMA_V18), (19, SCHEMA_V19), (20, HISTORY_BY_LABEL), (21, SCHEMA_V21),
 )  # fmt: skip
 LATEST_PG_VERSION = MIGRATIONS[-1][0]
 
@@ -295,7 +296,7 @@ PRIMARY_KEYS: dict[str, tuple[str, ...]] = {
     "index_changes": ("id",), "feature_state": ("image_id", "feature_type"), "exports": ("path",),
     "sample_attributes": ("image_id", "name"), "shard_runs": ("id",), "scan_digests": ("root_id", "start"),
     "extractor_versions": ("feature_type", "id"), "versions": ("id",), "version_tags": ("name",), "version_floor": ("id",),
-    "image_history": ("valid_to", "id"),
+    "image_history": ("valid_to", "id"), "image_texts": ("id",),
 }  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from dlindex.catalog.as_of import view_statements
 from dlindex.catalog.backend import Backend, Connection, ReadConnection
 from dlindex.catalog.sqlite.connect import Writeback, connect, connect_readonly, readonly_reason
 from dlindex.catalog.sqlite.migrations import schema_version
+from dlindex.catalog.sqlite.text_schema import has_search
 from dlindex.errors import CatalogBusyError
 
 if TYPE_CHECKING:
@@ -149,6 +150,9 @@ class SqliteBackend(Backend):
         """Committed pages move into the catalog and the -wal file is cut to zero."""
         with suppress(sqlite3.Error):
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def has_text_search(self, conn: Connection) -> bool:
+        return has_search(cast(sqlite3.Connection, conn))
 
     @contextmanager
     def rollback_journal(self, conn: Connection, wait_s: float) -> Iterator[bool]:

@@ -30,7 +30,11 @@ ROW_COLUMNS = (
 )  # fmt: skip
 # Indexes the schema makes (every other index is the user's or `dlindex index`'s).
 SCHEMA_INDEXES = ("image_metadata_valid_from", "image_history_id", "image_history_label")
-SCHEMA_INDEX_LIST = "(" + ", ".join(f"'{n}'" for n in SCHEMA_INDEXES) + ")"  # for SQL: names from this module
+# A server catalog's full-text index of the texts (SQLite's is the FTS5 table: dlindex.catalog.sqlite.text_schema).
+SERVER_SEARCH_INDEX = "image_texts_search"
+SCHEMA_INDEX_LIST = (
+    "(" + ", ".join(f"'{n}'" for n in (*SCHEMA_INDEXES, SERVER_SEARCH_INDEX)) + ")"
+)  # for SQL: names from this module
 # The state the running write transaction makes: the counter, already moved at its start.
 CURRENT = "(SELECT counter FROM catalog_changes WHERE id = 1)"
 

@@ -25,6 +25,7 @@ from dlindex.catalog.sqlite.early_migrations import (
     m007_feature_state,
 )
 from dlindex.catalog.sqlite.history_schema import HISTORY, HISTORY_BY_LABEL
+from dlindex.catalog.sqlite.text_schema import m021_texts
 
 # "dlix": marks the file as a dlindex catalog, so a random SQLite file is not mistaken for one.
 APPLICATION_ID = 0x646C6978
@@ -266,6 +267,7 @@ MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (
     m006_classes, m007_feature_state, m008_pixel_limit, m009_exports, m010_sample_attributes,
     m011_shard_runs, m012_change_token, m013_orientation, m014_excluded, m015_file_keys,
     m016_scan_digests, m017_extractor_versions, m018_auto_features, m019_versions, m020_history_by_label,
+    m021_texts,
 )  # fmt: skip
 LATEST_VERSION = len(MIGRATIONS)
 
@@ -312,6 +314,7 @@ _TABLES_SINCE: tuple[tuple[int, int | None, tuple[str, ...]], ...] = (
     (16, None, ("scan_digests",)),
     (17, None, ("extractor_versions",)),
     (19, None, ("image_history", "label_history", "versions", "version_tags", "version_floor")),
+    (21, None, ("image_texts",)),
 )
 
 
