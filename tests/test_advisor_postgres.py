@@ -21,7 +21,7 @@ from dlindex import Catalog, QuerySpec, query_rows
 from dlindex.advisor import server as server_module
 from dlindex.advisor.server_workload import server_fingerprint
 from dlindex.catalog.postgres.dialect import translate
-from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEXES
+from dlindex.catalog.sqlite.history_schema import SCHEMA_INDEXES, SERVER_SEARCH_INDEX
 
 from .conftest import invoke, one_error_line
 
@@ -140,7 +140,7 @@ def test_suggest_verifies_on_the_server_and_builds_no_competitor(
             "AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         built = [
-            r[0] for r in rows if "planted_" not in r[0] and not any(n in r[0] for n in SCHEMA_INDEXES)
+            r[0] for r in rows if "planted_" not in r[0] and not any(n in r[0] for n in (*SCHEMA_INDEXES, SERVER_SEARCH_INDEX))
         ]  # the fixture's, the schema's
     assert built and all("idx_dlindex_" in q for q in built), built
     unused = {f["name"]: f for f in advice["unused"]}

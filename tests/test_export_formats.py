@@ -29,6 +29,9 @@ ALLOWED = {
     ("dlindex/cli/dups.py", "jsonl"): "dups --format: an output format of rows, not an export",
     ("dlindex/cli/dups.py", "csv"): "dups --format: an output format of rows, not an export",
     ("dlindex/export/mds.py", "mds"): "streaming's own shard encoding name in each shard's config",
+    ("dlindex/text/records.py", "csv"): "text import --format: a file of texts read in, not an export",
+    ("dlindex/text/records.py", "jsonl"): "text import --format: a file of texts read in, not an export",
+    ("dlindex/text/records.py", "parquet"): "text import --format: a file of texts read in, not an export",
 }
 BASE = {"dlindex.errors", "dlindex.faults", "dlindex._lazy", "dlindex.version", "dlindex.orientation"}
 _HOOKS = ("writer", "needs", "names", "finish", "clients", "check_clients", "verify")

@@ -211,7 +211,15 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dlindex.catalog",),
     ("dlindex.query", "dlindex.querylog"),
     ("dlindex.engines",),  # where work runs (fork pool, Ray, parts I/N): used by the next layer
-    ("dlindex.scan", "dlindex.features", "dlindex.quality", "dlindex.export", "dlindex.advisor", "dlindex.stats"),
+    (
+        "dlindex.scan",
+        "dlindex.features",
+        "dlindex.quality",
+        "dlindex.export",
+        "dlindex.advisor",
+        "dlindex.stats",
+        "dlindex.text",
+    ),
     ("dlindex.loader",),  # the training loader: datasets over an export, the catalog loader
     ("dlindex.torch", "dlindex"),  # the facade and the package root (lazy re-exports of every layer)
     ("dlindex.cli", "dlindex.__main__"),

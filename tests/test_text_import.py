@@ -11,14 +11,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlindex import Catalog, query_rows
+from dlindex import Catalog, QuerySpec, query_rows
+from dlindex.catalog.texts import MAX_TEXT_BYTES, texts_of
 from dlindex.errors import InputError
+from dlindex.query.rows import explain
 from dlindex.text.importer import import_texts
-from dlindex.text.store import MAX_TEXT_BYTES, texts_of
 
-from .backends import ON_BOTH_BACKENDS, Location, raw
+from .backends import ON_BOTH_BACKENDS, SQLITE_ONLY, Location, is_server, raw
 from .conftest import invoke, one_error_line
-from .synthetic import ROOT, balanced
+from .synthetic import ROOT, Row, balanced, make_catalog, present_root
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -183,3 +184,47 @@ def test_texts_go_with_their_sample(db: Location, tmp_path: Path) -> None:
         conn.execute("DELETE FROM image_metadata WHERE id = 1")
     assert ids(db, "red") == [4]
     assert ids(db, "car") == [2]
+
+
+@SQLITE_ONLY  # a server catalog's advisor reads pg_stat_statements (tests/test_advisor_postgres.py)
+def test_the_advisor_replays_logged_text_searches(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    with Catalog(db) as catalog:
+        import_texts(catalog, jsonl(tmp_path / "caps.jsonl", CAPTIONS))
+    for _ in range(3):
+        assert invoke(runner, "query", "--text", "red OR dog", "--label", "cat", "--db", str(db)).exit_code == 0
+    done = invoke(runner, "index", "--suggest", "--json", "--db", str(db))
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.stdout)
+    assert report["skipped"] == [], report["skipped"]
+    assert any("image_texts_fts" in json.dumps(s) for s in report["statements"]), report["statements"]
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 10])
+def test_a_limited_search_answers_the_same_asked_per_sample(
+    db: Location, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    import dlindex.query.filters as filters
+
+    with Catalog(db) as catalog:
+        import_texts(catalog, jsonl(tmp_path / "caps.jsonl", CAPTIONS))
+    listed = {s: ids(db, s, limit=limit, offset=1) for s in ("a", "red OR blue", "car -blue", "dog")}
+    monkeypatch.setattr(filters, "_PROBE_OVER_LIST", 0)  # every limited search asked per sample (file catalogs)
+    assert {s: ids(db, s, limit=limit, offset=1) for s in listed} == listed
+    with Catalog(db) as catalog:
+        explained = explain(catalog, QuerySpec(text="a", limit=limit, cache=False))
+    assert ("EXISTS" in explained.sql) != is_server(db)
+
+
+def test_an_export_selects_by_text(tmp_path: Path, runner: CliRunner) -> None:
+    rows = [Row(label) for label in ("cat",) * 3 + ("dog",) * 3]
+    db = make_catalog(tmp_path / "e.db", rows, root=present_root(tmp_path / "tree", rows))  # files a manifest finds
+    with Catalog(db) as catalog:
+        import_texts(catalog, jsonl(tmp_path / "caps.jsonl", CAPTIONS))
+    out = tmp_path / "out"
+    done = invoke(runner, "export", str(out), "--format", "jsonl", "--text", "red OR asleep", "--db", str(db))
+    assert done.exit_code == 0, done.output
+    lines = [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.read_text().splitlines()]
+    assert [r["id"] for r in lines] == [1, 4, 5]
+    assert json.loads((out / "index.json").read_text())["filters"]["text"] == "red OR asleep"
+    line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
+    assert "cannot append to an export made with --text" in line

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlindex.errors import InputError
-from dlindex.text.search import MAX_TERMS, parse_search
+from dlindex.query.text_search import MAX_TERMS, parse_search
 
 _TEXTS = ("a red car on the road", "a blue car", "red apples", "Café au lait", "the car's door", "OR and NOT")
 

@@ -137,6 +137,7 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
             "(check it with PostgreSQL's pg_amcheck)"
         )
     from dlindex.catalog.sqlite.connect import connect_readonly
+    from dlindex.catalog.sqlite.text_schema import search_problems
     from dlindex.pids import pid_alive
 
     started = time.perf_counter()
@@ -191,6 +192,8 @@ def check_catalog(path: str | os.PathLike[str], *, quick: bool = False) -> Check
             problems.append(f"cannot read the tables' columns: {e}")
         integrity = _integrity(conn, quick)
         problems.extend(f"integrity: {line}" for line in integrity)
+        if not integrity and not quick:
+            problems.extend(search_problems(os.fspath(db)))
         orphans = _orphans(conn)
         problems.extend(f"{n} orphan row(s) in {what}" for what, n in orphans.items())
         dead: list[int] = []

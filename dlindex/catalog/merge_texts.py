@@ -1,5 +1,5 @@
 """The texts of a merge (dlindex.catalog.merge_rows): each part's texts of a sample and source
-replace the catalog's, as ``text import`` would (dlindex.text.store).
+replace the catalog's, as ``text import`` would (dlindex.catalog.texts).
 
 A part carries a (sample, source) text set whole; the catalog's set of that pair becomes it,
 texts that are the same staying as they were. A pair no part carries is left alone (a merge
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from dlindex.text.store import apply_texts, start_staging
+from dlindex.catalog.texts import apply_texts, start_staging
 
 TEMP_TABLE = """CREATE TEMP TABLE m_texts (src INTEGER, root_path TEXT, file_path TEXT, source TEXT, seq INTEGER,
     text TEXT, encoding TEXT, file_bytes INTEGER, file_mtime_ns INTEGER)"""

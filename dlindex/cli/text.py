@@ -93,9 +93,23 @@ def list_(
 
     dlindex text list 12 57
     """
-    from dlindex.text.store import texts_of
+    from dlindex.catalog.texts import texts_of
 
     with Catalog(db, log=False) as catalog:
         found = texts_of(catalog, ids)
     rows = ({"id": i, **t} for i in dict.fromkeys(ids) for t in found.get(i, []))
     emit_rows(rows, resolve_format(fmt), ("id", "source", "seq", "text"))
+
+
+@app.command("reindex")
+@handle_errors
+def reindex(db: DbOption = None) -> None:
+    """Rebuild the full-text index of the texts from the texts (after check reports it damaged).
+
+    dlindex text reindex --db train.db
+    """
+    from dlindex.catalog.texts import reindex as rebuild
+
+    with Catalog(db, log=False) as catalog:
+        rebuild(catalog)
+    stdout_console.print("rebuilt the full-text index of the texts", markup=False, highlight=False)

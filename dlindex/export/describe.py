@@ -57,7 +57,7 @@ def describe_export(
             "since": None if spec.since is None else str(spec.since),
             "until": None if spec.until is None else str(spec.until),
             "min_width": spec.min_width, "min_height": spec.min_height, "per_label": spec.per_label,
-            "limit": spec.limit,
+            "limit": spec.limit, **({"text": spec.text} if spec.text is not None else {}),
         },
         "options": {
             "shuffle": options.shuffle, "seed": options.seed,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from dlindex.catalog.classes import CLASS_LISTS, canonical_splits, check_split_folders
 from dlindex.errors import InputError
 from dlindex.query.lookups import label_ids
-from dlindex.query.spec import PROCESSING_FILTERS, STATUSES, QuerySpec, check_count, parse_when
-from dlindex.text.search import parse_search
+from dlindex.query.spec import ID_SPAN, PROCESSING_FILTERS, STATUSES, QuerySpec, check_count, parse_when
+from dlindex.query.text_search import parse_search
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -37,9 +37,17 @@ _WHERE_PROCESSED = {True: "image_metadata.processed = 1", False: "image_metadata
 _WHERE_IDS = "image_metadata.id IN (SELECT value FROM json_each(:only_ids))"
 _WHERE_EXCLUDED = {True: "image_metadata.excluded = 1", False: "image_metadata.excluded = 0"}
 # The samples with a text the search matches (an IN list, so a sample with two matching
-# texts is one row): the index gives text ids, their image ids select the samples.
-_WHERE_TEXT = """image_metadata.id IN (SELECT image_texts.image_id FROM image_texts
-    WHERE image_texts.id IN (SELECT rowid FROM image_texts_fts(:text_match)))"""
+# texts is one row): the index gives its texts' sample ids.
+_WHERE_TEXT = "image_metadata.id IN (SELECT image_id FROM image_texts_fts(:text_match))"
+# The same filter asked of each sample in turn (its texts by the unique index, each text's
+# match by FTS5's own rowid seek): for a LIMIT over a broad search, which stops after LIMIT
+# matching samples instead of listing every match first (dlindex.query.filters.text_form).
+_WHERE_TEXT_PROBE = """EXISTS (SELECT 1 FROM image_texts WHERE image_texts.image_id = image_metadata.id
+    AND EXISTS (SELECT 1 FROM image_texts_fts(:text_match) AS f WHERE f.rowid = image_texts.id))"""
+_MATCHES = "SELECT count(*) FROM image_texts_fts(:text_match)"
+# Measured at 10^7 rows (docs/benchmarks.md#texts): listing a match costs ~0.6 us, probing a
+# sample ~17 us; a LIMIT L at selectivity m/N probes about L*N/m samples.
+_PROBE_OVER_LIST = 30
 
 
 def filters(catalog: Catalog, spec: QuerySpec) -> tuple[list[str], dict[str, Any]]:
@@ -120,6 +128,19 @@ def _processing_status(values: Sequence[str]) -> str:
         return "image_metadata.processing_status IS NULL"
     literals = _in_literals("image_metadata.processing_status", chosen, PROCESSING_FILTERS, "processing status")
     return f"({literals} OR image_metadata.processing_status IS NULL)" if "none" in values else literals
+
+
+def text_form(catalog: Catalog, where: list[str], params: dict[str, Any], rows_wanted: int) -> list[str]:
+    """``where`` with the text filter asked per sample where that is cheaper: a file catalog, a
+    query wanting ``rows_wanted`` rows in id order, and so many matches (counted by the index,
+    a few ms) that listing them all costs more than probing the samples up to the limit."""
+    if _WHERE_TEXT not in where or catalog.backend.is_server:
+        return where
+    ((matches,),) = catalog.read(_MATCHES, {"text_match": params["text_match"]})
+    ((low, high),) = catalog.read(ID_SPAN)
+    if not matches or low is None or matches * matches <= _PROBE_OVER_LIST * rows_wanted * (high - low + 1):
+        return where
+    return [_WHERE_TEXT_PROBE if w == _WHERE_TEXT else w for w in where]
 
 
 def text_match(catalog: Catalog, text: str) -> str:

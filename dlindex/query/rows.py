@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from dlindex.catalog.classes import SPLITS
 from dlindex.errors import InputError
 from dlindex.query import cache, fetch, per_label, windows
-from dlindex.query.filters import filters
+from dlindex.query.filters import filters, text_form
 from dlindex.query.lookups import class_numbers, classes_of, label_names, roots_by_id
 from dlindex.query.spec import (
     DERIVED,
@@ -162,6 +162,8 @@ def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
         template = per_label.template(catalog, where, params)
         picked_sql = None if random_order else per_label.picked(template)
     else:
+        if spec.text is not None and spec.limit is not None and not random_order:
+            where = text_form(catalog, where, params, spec.limit + (spec.offset or 0))
         where, narrow = windows.choose(catalog, where, params)
         template = _SELECT.replace("{where}", " WHERE " + " AND ".join(where) if where else "")
         picked_sql = windows.ids_from_index(catalog, where, params) if narrow and not random_order else None

@@ -103,7 +103,7 @@ class QuerySpec:
     seed: int = 0
     columns: Sequence[str] | str | None = DEFAULT_COLUMNS
     cache: bool = True
-    text: str | None = None  # a full-text search of the samples' texts (dlindex.text.search)
+    text: str | None = None  # a full-text search of the samples' texts (dlindex.query.text_search)
     ids: Sequence[int] | None = None  # only these samples (export --append's rows that changed)
 
     def __post_init__(self) -> None:

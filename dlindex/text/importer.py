@@ -5,7 +5,7 @@ tables, nothing written to the catalog); a bad record, or a key that names no sa
 the import with one line and the catalog as it was (``skip_unknown`` writes the rest). Then
 one write transaction makes each named sample's texts of this *source* exactly the file's,
 in file order (``seq`` 0, 1, ...): importing the same file again changes nothing, an edited
-file changes what it edits (dlindex.text.store).
+file changes what it edits (dlindex.catalog.texts).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from dlindex.catalog.paths import AMBIGUOUS, NO_ROOT, UNKNOWN, path_key, resolve_paths, root_prefixes
 from dlindex.catalog.sqlite.connect import INT64_MAX, INT64_MIN, rollback
+from dlindex.catalog.texts import apply_texts, end_staging, start_staging
 from dlindex.errors import InputError
 from dlindex.text.records import Record, file_format, read_file
-from dlindex.text.store import apply_texts, end_staging, start_staging
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -48,6 +48,8 @@ _RANK = """INSERT INTO temp.text_rows (image_id, source, seq, text, encoding, fi
     SELECT image_id, :source, row_number() OVER (PARTITION BY image_id ORDER BY n) - 1, text, 'utf-8', NULL, NULL
     FROM temp.text_import"""
 _COUNTS = "SELECT count(*), count(DISTINCT image_id) FROM temp.text_import"
+_ANALYZE = "ANALYZE image_texts"
+_ANALYZE_AFTER = 10_000
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,10 @@ def import_texts(
     finally:
         end_staging(catalog, conn)
         catalog.backend.end_temp_table(conn, "text_import")
+    if catalog.backend.is_server and changes.added + changes.removed >= _ANALYZE_AFTER:
+        # The server's planner has no statistics of new texts until autovacuum comes by: a
+        # search right after a big import was planned blind (10^6 texts: 8 ms -> 760 ms).
+        conn.execute(_ANALYZE)
     return TextImport(str(path), source, int(texts), int(samples), changes.added, changes.removed, unknown)
 
 

@@ -17,15 +17,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from dlindex.catalog.texts import MAX_TEXT_BYTES
 from dlindex.errors import InputError
 from dlindex.query.mark import read_records
-from dlindex.text.store import MAX_TEXT_BYTES
 
 KEY_FIELDS = ("id", "path", "file_path", "file_name", "filename", "image", "image_path")
 TEXT_FIELDS = ("text", "caption", "captions", "description", "alt_text", "alt", "title")
 FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".parquet": "parquet"}
-# A whole JSON file is parsed at once (COCO captions of train2017: 92 MB); past this, JSONL.
-MAX_JSON_BYTES = 256 << 20
+# A whole JSON file is parsed at once (COCO captions of train2017: 92 MB; Python's objects for
+# it take several times the file); past this, JSONL, which is read a line at a time.
+MAX_JSON_BYTES = 128 << 20
 _SHOWN = 60
 
 Record = tuple[str, int | str, list[str]]  # where (for messages), key, texts
@@ -104,7 +105,7 @@ def _jsonl(path: Path, key_field: str | None, text_field: str | None) -> Iterato
             if not line.strip():
                 continue
             where = f"{path}, line {number}"
-            yield _from_object(_loads(line, where), where, key_field, text_field, path)
+            yield _from_object(_loads(line, where), where, key_field, text_field)
 
 
 def _json(path: Path, key_field: str | None, text_field: str | None) -> Iterator[Record]:
@@ -120,7 +121,7 @@ def _json(path: Path, key_field: str | None, text_field: str | None) -> Iterator
         raise InputError(f"{path}: expected a list of objects, or COCO captions (images and annotations)")
     for number, item in enumerate(data, start=1):
         where = f"{path}, item {number}"
-        yield _from_object(item, where, key_field, text_field, path)
+        yield _from_object(item, where, key_field, text_field)
 
 
 def _coco(data: dict[str, Any], path: Path) -> Iterator[Record]:
@@ -179,7 +180,7 @@ def _loads(raw: bytes, where: str) -> Any:
         raise InputError(f"{where}: not usable JSON ({str(e)[:120]})") from None
 
 
-def _from_object(obj: Any, where: str, key_field: str | None, text_field: str | None, path: Path) -> Record:
+def _from_object(obj: Any, where: str, key_field: str | None, text_field: str | None) -> Record:
     if not isinstance(obj, dict):
         raise InputError(f"{where}: expected a JSON object, not {type(obj).__name__}")
     fields = list(obj)

@@ -18,8 +18,8 @@ import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dlindex.catalog.texts import STAGE_SCOPE, apply_texts, end_staging, stage_rows, start_staging
 from dlindex.text.sidecars import SOURCES, UNREADABLE, read_sidecar
-from dlindex.text.store import STAGE_SCOPE, apply_texts, end_staging, stage_rows, start_staging
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog

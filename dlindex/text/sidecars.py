@@ -16,8 +16,8 @@ import codecs
 import json
 import os
 
+from dlindex.catalog.texts import MAX_TEXT_BYTES
 from dlindex.text.records import TEXT_FIELDS
-from dlindex.text.store import MAX_TEXT_BYTES
 
 # The sources scan writes: the sidecar's suffix (an import's source never starts with '.').
 SOURCES = (".caption", ".json", ".txt")

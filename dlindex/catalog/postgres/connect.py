@@ -5,8 +5,9 @@ The URL, the checks before any write, the schema under an advisory lock, and the
 fetch, rowcount, lastrowid, in_transaction) and raises dlindex's own exceptions for what fails
 (``dlindex_error``: CatalogLockTimeout for a lock wait that ran out or a deadlock, CatalogFullError,
 CatalogReadOnlySQLError, CatalogIntegrityError, else CatalogOperationalError). Statements are rewritten
-by ``dialect.translate``; bulk inserts use COPY (``copy_rows``); psycopg 3 is imported only when a
-``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``).
+by ``dialect.translate``; bulk inserts use COPY (``copy_rows``); psycopg 3 is imported only when
+a ``postgresql://`` catalog is opened (``pip install 'dlindex[postgres]'``). Streamed reads are
+read whole, so every connection plans cursors for all their rows (``cursor_tuple_fraction``).
 """
 
 from __future__ import annotations
@@ -106,10 +107,8 @@ def connect_readonly(url: str, *, wait_s: float, aside: bool = True) -> PgConnec
     ``aside``: its streamed reads go to a second one (``dlindex.catalog.postgres.aside``)."""
     psycopg = _psycopg()
     try:
-        raw = psycopg.connect(
-            url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name="dlindex",
-            options="-c default_transaction_read_only=on",
-        )  # fmt: skip
+        raw = psycopg.connect(url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S, application_name="dlindex",
+                              options="-c default_transaction_read_only=on")  # fmt: skip
     except psycopg.Error as e:
         raise CatalogError(f"cannot open the PostgreSQL catalog {redact(url)}: {_first_line(e)}") from None
     conn = PgConnection(
@@ -142,6 +141,7 @@ class PgConnection:
         self._lost_because = "the server closed the connection"
         self._psycopg = _psycopg()
         self._register_numeric()
+        raw.execute("SET cursor_tuple_fraction = 1")
 
     def _register_numeric(self) -> None:
         # sum() and avg() of integers are numeric on PostgreSQL; dlindex (like SQLite) wants

@@ -32,17 +32,21 @@ TEXTS = """CREATE TABLE image_texts (
 SEARCH_TABLE = "image_texts_fts"
 # unicode61 folds case and (remove_diacritics 2) accents: 'Cafe' finds 'café'.
 SEARCH = (
-    f"""CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5(text, content='image_texts', content_rowid='id',
-        tokenize='unicode61 remove_diacritics 2')""",
+    # image_id UNINDEXED: read from the table by rowid, so a search names samples in one
+    # statement shape on both backends (``SELECT image_id FROM image_texts_fts(q)``).
+    f"""CREATE VIRTUAL TABLE {SEARCH_TABLE} USING fts5(text, image_id UNINDEXED, content='image_texts',
+        content_rowid='id', tokenize='unicode61 remove_diacritics 2')""",
     f"""CREATE TRIGGER image_texts_inserted AFTER INSERT ON image_texts BEGIN
-            INSERT INTO {SEARCH_TABLE} (rowid, text) VALUES (NEW.id, NEW.text);
+            INSERT INTO {SEARCH_TABLE} (rowid, text, image_id) VALUES (NEW.id, NEW.text, NEW.image_id);
         END""",
     f"""CREATE TRIGGER image_texts_deleted AFTER DELETE ON image_texts BEGIN
-            INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, text) VALUES ('delete', OLD.id, OLD.text);
+            INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, text, image_id)
+                VALUES ('delete', OLD.id, OLD.text, OLD.image_id);
         END""",
-    f"""CREATE TRIGGER image_texts_updated AFTER UPDATE OF text ON image_texts BEGIN
-            INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, text) VALUES ('delete', OLD.id, OLD.text);
-            INSERT INTO {SEARCH_TABLE} (rowid, text) VALUES (NEW.id, NEW.text);
+    f"""CREATE TRIGGER image_texts_updated AFTER UPDATE OF text, image_id ON image_texts BEGIN
+            INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rowid, text, image_id)
+                VALUES ('delete', OLD.id, OLD.text, OLD.image_id);
+            INSERT INTO {SEARCH_TABLE} (rowid, text, image_id) VALUES (NEW.id, NEW.text, NEW.image_id);
         END""",
 )
 _FTS5 = "SELECT 1 FROM pragma_module_list WHERE name = 'fts5'"
@@ -54,6 +58,36 @@ def m021_texts(conn: sqlite3.Connection) -> None:
     if conn.execute(_FTS5).fetchone() is not None:
         for statement in SEARCH:
             conn.execute(statement)
+
+
+_CHECK = f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}, rank) VALUES ('integrity-check', 1)"
+_SQLITE_CORRUPT = 11  # FTS5's integrity-check fails with SQLITE_CORRUPT_VTAB (an extended code of it)
+REBUILD = f"INSERT INTO {SEARCH_TABLE} ({SEARCH_TABLE}) VALUES ('rebuild')"
+
+
+def search_problems(path: str) -> list[str]:
+    """Whether the full-text index agrees with the texts (FTS5's own integrity-check, which
+    PRAGMA integrity_check does not run). FTS5 runs it as an INSERT, so it needs a writable
+    connection: inside a transaction that is rolled back, nothing is written. A catalog
+    that cannot be written now (read-only, locked) is not checked."""
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, timeout=1)
+    except sqlite3.Error:
+        return []
+    try:
+        if conn.execute(_HAS_SEARCH).fetchone() is None:
+            return []
+        conn.execute("BEGIN")
+        conn.execute(_CHECK)
+    except sqlite3.DatabaseError as e:
+        if e.sqlite_errorcode & 0xFF != _SQLITE_CORRUPT:  # read-only, locked, busy: not checked now
+            return []
+        return [f"the full-text index of texts is damaged ({e}): rebuild it with dlindex text reindex"]
+    finally:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        conn.close()
+    return []
 
 
 def has_search(conn: sqlite3.Connection) -> bool:

@@ -15,6 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from dlindex.catalog.sqlite.history_schema import SERVER_SEARCH_INDEX
+from dlindex.errors import InputError
+
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
@@ -96,6 +99,20 @@ def apply_texts(conn: Connection) -> TextChanges:
 def end_staging(catalog: Catalog, conn: Any) -> None:
     for table in ("text_rows", "text_scope"):
         catalog.backend.end_temp_table(conn, table)
+
+
+def reindex(catalog: Catalog) -> None:
+    """Rebuild the full-text index of the texts from the texts themselves (``text reindex``):
+    the way back from a damaged index, which ``check`` reports."""
+    from dlindex.catalog.sqlite.text_schema import REBUILD
+
+    if not catalog.backend.is_server and not catalog.backend.has_text_search(catalog.conn):
+        raise InputError(f"catalog {catalog.path} has no full-text index: the SQLite that made it has no FTS5")
+    with catalog.write_transaction() as tx:
+        tx.execute(_REINDEX_SERVER if catalog.backend.is_server else REBUILD)
+
+
+_REINDEX_SERVER = f"REINDEX INDEX {SERVER_SEARCH_INDEX}"
 
 
 def texts_of(catalog: Catalog, ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:

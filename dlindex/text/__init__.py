@@ -1,0 +1,1 @@
+"""Texts that come with images: sidecars read by scan, files attached by `text import` (docs/text.md)."""
