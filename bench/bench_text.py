@@ -13,6 +13,11 @@ warm, median of --reps) beside the bare FTS5 statement that finds the same texts
 
     python bench/bench_text.py [--rows 10000000] [--reps 5] [--docs docs/benchmarks.md]
     python bench/bench_text.py --db postgresql://.../empty_db --rows 1000000   # a server catalog
+    python bench/bench_text.py --sidecars 200000   # scan --texts on a tree of N images, each with a .txt
+
+``--sidecars N``: a tree of N tiny images (hard links to make_trees' tiny-200000 files) each
+with a one-line ``.txt``; first scans and unchanged rescans with and without ``--texts`` (fresh
+catalogs, the tree warm in the page cache), medians of --reps, written under their own markers.
 
 With ``--db`` a PostgreSQL URL (an empty database), the catalog is made there by
 make_catalog_pg (the same rows), and the section is written under its own markers.
@@ -129,6 +134,69 @@ def import_bare(db: Path, file: Path) -> float:
     return time.perf_counter() - started
 
 
+def sidecar_tree(work: Path, n: int) -> Path:
+    """N hard links to tiny-200000's images, each with a caption beside it (made once)."""
+    tree = work / f"text-tree-{n}"
+    marker = tree.with_name(tree.name + ".complete")
+    if marker.exists():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    source = work / "tiny-200000"
+    if not (work / "tiny-200000.complete").exists():
+        subprocess.run([sys.executable, str(Path(__file__).parent / "make_trees.py"), "--only", "tiny", "--tiny",
+                        "200000", "--work", str(work)], check=True)  # fmt: skip
+    images = sorted(p for p in source.rglob("*") if p.is_file())[:n]
+    for k, image in enumerate(images):
+        target = tree / image.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.link(image, target)
+        target.with_suffix(".txt").write_text(f"a photo of thing {k % 997} in class {image.parent.parent.name}\n")
+    marker.write_text(str(n))
+    return tree
+
+
+def bench_sidecars(work: Path, n: int, reps: int, docs: Path) -> None:
+    tree = sidecar_tree(work, n)
+    subprocess.run(["find", str(tree), "-type", "f"], check=True, stdout=subprocess.DEVNULL)  # warm
+    figures = {}
+    for texts in (False, True):
+        flag = ["--texts"] if texts else []
+        first, again = [], []
+        for k in range(reps):
+            db = work / f"text-tree-{n}-{k}.db"
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+            for times in (first, again):
+                started = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "dlindex", "scan", str(tree), "--db", str(db), "-q", "--no-log",
+                                *flag], check=True)  # fmt: skip
+                times.append(time.perf_counter() - started)
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+        figures[texts] = (statistics.median(first), statistics.median(again))
+        print(f"texts={texts}: first {figures[texts][0]:.2f} s, unchanged rescan {figures[texts][1]:.2f} s")
+    (plain_first, plain_again), (text_first, text_again) = figures[False], figures[True]
+    start, end = "<!-- bench_text_sidecars:start -->", "<!-- bench_text_sidecars:end -->"
+    lines = [
+        start,
+        "## Texts: `scan --texts`",
+        "",
+        f"`python bench/bench_text.py --sidecars {n}` (this machine: 2 cores, shared; medians of {reps}, each a "
+        f"fresh catalog; the tree warm): {n:,} tiny images, each with a one-line `.txt` beside it.",
+        "",
+        "| | first scan | unchanged rescan |",
+        "|---|---|---|",
+        f"| `scan` | {plain_first:.2f} s | {plain_again:.2f} s |",
+        f"| `scan --texts` | {text_first:.2f} s ({text_first / plain_first:.2f}x) | "
+        f"{text_again:.2f} s ({text_again / plain_again:.2f}x) |",
+        "",
+        "The sidecar pass lists each folder once and, on a rescan, stats only the sidecars it finds",
+        "there, reading none whose size and mtime are unchanged.",
+        end,
+    ]
+    write_section(docs, start, end, "\n".join(lines))
+
+
 def timed(run: object, reps: int) -> tuple[float, int]:
     times, count = [], 0
     for _ in range(reps):
@@ -150,9 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--db", help="a postgresql:// URL of an empty database: the server catalog's figures")
     ap.add_argument("--docs", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"))
+    ap.add_argument("--sidecars", type=int, help="scan --texts on a tree of N images with sidecars (only that)")
     args = ap.parse_args(argv)
     rows = int(args.rows)
     compile_sources()
+    if args.sidecars:
+        bench_sidecars(Path(args.work), args.sidecars, args.reps, Path(args.docs))
+        return 0
     from dlindex import Catalog, query_rows
     from dlindex.query.filters import text_match
 

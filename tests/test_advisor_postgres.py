@@ -140,7 +140,9 @@ def test_suggest_verifies_on_the_server_and_builds_no_competitor(
             "AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         built = [
-            r[0] for r in rows if "planted_" not in r[0] and not any(n in r[0] for n in (*SCHEMA_INDEXES, SERVER_SEARCH_INDEX))
+            r[0]
+            for r in rows
+            if "planted_" not in r[0] and not any(n in r[0] for n in (*SCHEMA_INDEXES, SERVER_SEARCH_INDEX))
         ]  # the fixture's, the schema's
     assert built and all("idx_dlindex_" in q for q in built), built
     unused = {f["name"]: f for f in advice["unused"]}

@@ -228,3 +228,17 @@ def test_an_export_selects_by_text(tmp_path: Path, runner: CliRunner) -> None:
     assert json.loads((out / "index.json").read_text())["filters"]["text"] == "red OR asleep"
     line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
     assert "cannot append to an export made with --text" in line
+
+
+def test_a_query_shows_the_texts(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    with Catalog(db) as catalog:
+        import_texts(catalog, jsonl(tmp_path / "caps.jsonl", CAPTIONS))
+        import_texts(catalog, jsonl(tmp_path / "alt.jsonl", {"cat/0001.png": ["alt of cat 1"]}))
+        got = {r["id"]: (r["text"], r["texts"]) for r in query_rows(catalog, columns=("id", "text", "texts"))}
+        sampled = list(query_rows(catalog, text="dog", per_label=1, seed=1, columns=("id", "texts")))
+    assert got[1] == ("alt of cat 1", ["alt of cat 1", "a red car beside a cat", "a cat"])  # sources by name
+    assert got[3] == (None, [])
+    assert sampled == [{"id": 4, "texts": ["a dog in a red café"]}] or sampled == [{"id": 5, "texts": ["a dog asleep"]}]
+    assert invoke(runner, "mark", "--processed", "-", "--db", str(db), input="1\n").exit_code == 0  # version 1
+    line = one_error_line(invoke(runner, "query", "--columns", "id,text", "--at", "1", "--db", str(db)))
+    assert "texts as they are now" in line

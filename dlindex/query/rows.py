@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from dlindex.query.spec import (
     DERIVED,
     ORDERS,
     STORED,
+    TEXT_COLUMNS,
     QuerySpec,
     check_columns,
     check_count,
@@ -133,6 +135,10 @@ def any_in_split_folder(catalog: Catalog, spec: QuerySpec) -> bool:
 def prepare(catalog: Catalog, spec: QuerySpec) -> PreparedQuery:
     """Check every option and build the statement; all errors are InputError, raised here."""
     columns = check_columns(tuple(spec.columns or ()))
+    if catalog.pinned is not None and set(columns) & set(TEXT_COLUMNS):
+        raise InputError(
+            "the text and texts columns are the texts as they are now (texts keep no history yet): not with --at"
+        )
     where, params = filters(catalog, spec)
     if spec.order not in ORDERS:
         raise InputError(f"unknown order {spec.order!r}; choose id or random")
@@ -283,6 +289,9 @@ def _getter(column: str, position: dict[str, int], prepared: PreparedQuery) -> C
     if column == "label_id":
         index, i = (prepared.class_index or {}).get, position["label_row"]
         return lambda row: index(row[i])
+    if column == "texts":  # a JSON array (SQLite's text, the server's list); no texts: [] (the server's NULL)
+        i = position["texts_json"]
+        return lambda row: json.loads(row[i]) if isinstance(row[i], str) else (row[i] or [])
     roots = prepared.roots or {}
     if column == "root":
         root_texts, i = {k: v[0] for k, v in roots.items()}.get, position["root_id"]

@@ -45,13 +45,19 @@ STORED = {
     "excluded": "image_metadata.excluded",
     "created_at": "image_metadata.created_at",
     "updated_at": "image_metadata.updated_at",
+    # The sample's texts (dlindex.catalog.texts): its first (by source, then seq), and all of them.
+    "text": "(SELECT image_texts.text FROM image_texts WHERE image_texts.image_id = image_metadata.id "
+    "ORDER BY image_texts.source, image_texts.seq LIMIT 1)",
+    "texts_json": "(SELECT json_group_array(t.text) FROM (SELECT image_texts.text FROM image_texts "
+    "WHERE image_texts.image_id = image_metadata.id ORDER BY image_texts.source, image_texts.seq) AS t)",
 }
 DERIVED = {
     "path": ("root_id", "file_path", "file_path_bytes"), "root": ("root_id",), "label": ("label_row",),
-    "label_id": ("label_row",),
+    "label_id": ("label_row",), "texts": ("texts_json",),
 }  # fmt: skip
+TEXT_COLUMNS = ("text", "texts")  # of the texts as they are now: no history (docs/text.md)
 COLUMNS = ("id", "path", "root", "file_path", "label", "label_id", "split", *[c for c in STORED if c not in
-           ("id", "root_id", "file_path", "file_path_bytes", "label_row", "split")])  # fmt: skip
+           ("id", "root_id", "file_path", "file_path_bytes", "label_row", "split", "texts_json")], "texts")  # fmt: skip
 DEFAULT_COLUMNS = ("id", "path", "label", "width", "height", "status", "processed", "processing_status", "created_at")
 _TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|d|day|days|w|wk|wks)\s*$", re.I)

@@ -156,7 +156,7 @@ def _stage(catalog: Catalog, records: Iterator[Record]) -> tuple[int, list[str]]
             for text in texts:
                 number += 1
                 rows.append((number, image_id, text))
-        conn.executemany(_STAGE, rows)
+        catalog.backend.bulk_insert(conn, "text_import", ("n", "image_id", "text"), rows, statement=_STAGE)
     return unknown, examples
 
 
