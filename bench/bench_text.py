@@ -14,6 +14,7 @@ warm, median of --reps) beside the bare FTS5 statement that finds the same texts
     python bench/bench_text.py [--rows 10000000] [--reps 5] [--docs docs/benchmarks.md]
     python bench/bench_text.py --db postgresql://.../empty_db --rows 1000000   # a server catalog
     python bench/bench_text.py --sidecars 200000   # scan --texts on a tree of N images, each with a .txt
+    python bench/bench_text.py --export --limit 1000000   # manifests with and without --texts
 
 ``--sidecars N``: a tree of N tiny images (hard links to make_trees' tiny-200000 files) each
 with a one-line ``.txt``; first scans and unchanged rescans with and without ``--texts`` (fresh
@@ -197,6 +198,46 @@ def bench_sidecars(work: Path, n: int, reps: int, docs: Path) -> None:
     write_section(docs, start, end, "\n".join(lines))
 
 
+def bench_export(work: Path, rows: int, limit: int, reps: int, docs: Path) -> None:
+    """Each manifest format with and without --texts, the same selection, medians of ``reps``."""
+    db = work / f"text-{rows}.db"
+    if not db.exists():
+        raise SystemExit(f"{db} is missing: run bench_text.py --rows {rows} first (it imports the captions)")
+    lines = []
+    for fmt in ("jsonl", "csv", "parquet"):
+        seconds = {}
+        for texts in (False, True):
+            times = []
+            for _ in range(reps):
+                out = work / "text-export"
+                shutil.rmtree(out, ignore_errors=True)
+                started = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "dlindex", "export", str(out), "--format", fmt, "--limit",
+                                str(limit), "--db", str(db), "--no-log", "-q", *(["--texts"] if texts else [])],
+                               check=True)  # fmt: skip
+                times.append(time.perf_counter() - started)
+            seconds[texts] = statistics.median(times)
+        shutil.rmtree(work / "text-export", ignore_errors=True)
+        ratio = seconds[False] / seconds[True]
+        print(f"{fmt}: {seconds[False]:.2f} s, with --texts {seconds[True]:.2f} s ({ratio:.2f}x)")
+        lines.append(f"| {fmt} | {seconds[False]:.2f} s | {seconds[True]:.2f} s | **{ratio:.2f}x** |")
+    start, end = "<!-- bench_text_export:start -->", "<!-- bench_text_export:end -->"
+    section = [
+        start,
+        "## Texts: `export --texts`",
+        "",
+        f"`python bench/bench_text.py --export --rows {rows} --limit {limit}` (this machine: 2 cores, shared; "
+        f"medians of {reps}): `export --limit {limit}` of the {rows:,}-row catalog with one caption a sample, "
+        "without and with `--texts` (speed with texts as a share of without).",
+        "",
+        "| format | without | with `--texts` | speed |",
+        "|---|---|---|---|",
+        *lines,
+        end,
+    ]
+    write_section(docs, start, end, "\n".join(section))
+
+
 def timed(run: object, reps: int) -> tuple[float, int]:
     times, count = [], 0
     for _ in range(reps):
@@ -219,11 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", help="a postgresql:// URL of an empty database: the server catalog's figures")
     ap.add_argument("--docs", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"))
     ap.add_argument("--sidecars", type=int, help="scan --texts on a tree of N images with sidecars (only that)")
+    ap.add_argument("--export", action="store_true", help="manifest exports with and without --texts (only that)")
+    ap.add_argument("--limit", type=int, default=1_000_000, help="with --export: the rows exported")
     args = ap.parse_args(argv)
     rows = int(args.rows)
     compile_sources()
     if args.sidecars:
         bench_sidecars(Path(args.work), args.sidecars, args.reps, Path(args.docs))
+        return 0
+    if args.export:
+        bench_export(Path(args.work), rows, args.limit, args.reps, Path(args.docs))
         return 0
     from dlindex import Catalog, query_rows
     from dlindex.query.filters import text_match

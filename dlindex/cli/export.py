@@ -141,6 +141,10 @@ def export(
             "--features", metavar="TYPE", help="Add this type's vectors from the feature cache.", show_default=False
         ),
     ] = None,
+    texts: Annotated[
+        bool,
+        typer.Option("--texts", help="Add each sample's texts: text (the first) and texts (all); jsonl, csv, parquet."),
+    ] = False,
     absolute_paths: Annotated[
         bool,
         typer.Option("--absolute-paths", help="Absolute paths in manifests and metadata (else relative to file_root)."),
@@ -290,7 +294,7 @@ def export(
     )
     options = ExportOptions(
         format=str(fmt), query=spec, shard_size=shard_size, shard_bytes=shard_bytes, shuffle=shuffle, seed=seed,
-        split=split, world_size=world_size, drop_last=drop_last, features=features,
+        split=split, world_size=world_size, drop_last=drop_last, features=features, texts=texts,
         absolute_paths=absolute_paths, overwrite=overwrite, read_threads=read_threads, workers=workers,
         group=group, group_by=group_by, group_type=group_type, group_max_distance=group_max_distance,
         group_threshold=group_threshold, shard=part_option(part, shard),
@@ -308,6 +312,10 @@ def export(
         raise typer.BadParameter(f"--at exports the rows of a past version on this machine, not with {what}",
                                  param_hint="'--at'")  # fmt: skip
     if engine is Engine.ray:
+        if texts:
+            raise typer.BadParameter(
+                "--texts is written on this machine, not with --engine ray yet", param_hint="'--texts'"
+            )
         from dlindex.export.onray import export_on_ray
 
         merged = export_on_ray(db, out_dir, options, address=address, tasks=ray_tasks)

@@ -144,10 +144,10 @@ def recorded_options(index: dict[str, Any], read_threads: int = 0) -> tuple[Quer
                 f"cannot append to an export made with {option}: which samples it keeps depends on the whole "
                 "selection; export it again instead"
             )
-    if filters.get("text") is not None:
+    if filters.get("text") is not None or options.get("texts"):
         raise ExportError(
-            "cannot append to an export made with --text: texts keep no history yet, so the samples whose "
-            "texts changed since cannot be found; export it again instead"
+            "cannot append to an export made with --text or --texts: texts keep no history yet, so the samples "
+            "whose texts changed since cannot be found; export it again instead"
         )
     spec = QuerySpec(
         labels=filters.get("labels") or (), split=filters.get("split") or (), classes=filters.get("classes", "selected"),

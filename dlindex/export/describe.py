@@ -64,6 +64,7 @@ def describe_export(
             "split": options.split if options.split == "tree" else parse_split(options.split),
             "world_size": options.world_size, "drop_last": options.drop_last and options.world_size > 1,
             "shard_size": options.shard_size, "shard_bytes": shard_bytes, "features": options.features,
+            **({"texts": True} if options.texts else {}),
             "absolute_paths": options.absolute_paths, "workers": options.workers if get(fmt).workers else None,
             "group": None if grouping is None else dict(grouping),
         },

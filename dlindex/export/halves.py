@@ -19,8 +19,9 @@ from typing import Any
 from dlindex.export.dealing import Dealing, OutsideSplit
 from dlindex.export.gcpause import paused_gc
 from dlindex.export.jsonl import deal, jsonl_lines
-from dlindex.export.plan import ExportError, Group, Tally, UpperHalf, split_of
+from dlindex.export.plan import ID, ExportError, Group, Tally, UpperHalf, split_of
 from dlindex.export.shards import Context
+from dlindex.export.texts import TextSource
 
 _BATCH = 4096
 
@@ -78,7 +79,7 @@ def start(ctx: Context, group: Group, upper: UpperHalf, dealing: Dealing | None 
     part = ctx.out / ".upper.part"
     # Only what formatting needs travels: no rows, no open connection.
     plan = replace(ctx.plan, groups=(), tally=Tally())
-    light = replace(ctx, plan=plan, progress=None, upper=None)
+    light = replace(ctx, plan=plan, progress=None, upper=None, texts=None if ctx.texts is None else True)
     spawn = multiprocessing.get_context("spawn")
     parent_conn, child_conn = spawn.Pipe(duplex=False)
     args = (light, upper, group.split, group.rank, part, child_conn, dealing)
@@ -112,9 +113,15 @@ def _reader(upper: UpperHalf) -> Any:
     return db
 
 
+def _with_texts(ctx: Context, db: Any) -> Context:
+    """The child's own texts, read through its own connection (the parent's cannot cross)."""
+    return ctx if ctx.texts is None else replace(ctx, texts=TextSource(db.execute))  # True in the parent's copy
+
+
 def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) -> dict[str, Any]:
-    lines = jsonl_lines(ctx)
     db = _reader(upper)
+    ctx = _with_texts(ctx, db)
+    lines = jsonl_lines(ctx)
     tally = Tally()
     try:
         cursor = db.execute(upper.sql, dict(upper.params))
@@ -127,6 +134,8 @@ def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) ->
                 if keep is not None:
                     batch = list(filter(keep, batch))
                 tally.add(split, rank, batch)
+                if ctx.texts is not None:
+                    ctx.texts.load([row[ID] for row in batch])
                 f.write("".join(lines(batch, {})).encode("utf-8", "surrogateescape"))
     finally:
         db.close()
@@ -135,15 +144,18 @@ def _write(ctx: Context, upper: UpperHalf, split: str, rank: int, part: Path) ->
 
 def _deal(ctx: Context, upper: UpperHalf, part: Path, dealing: Dealing) -> dict[str, Any]:
     """The rows of ``upper``, each line to its split's part file (``part.SPLIT``)."""
+    db = _reader(upper)
+    ctx = _with_texts(ctx, db)
     lines, dealer, names = jsonl_lines(ctx), dealing.dealer(), list(dealing.names)
     samples = dict.fromkeys(names, 0)
     labels: Counter[tuple[str, Any]] = Counter()
-    db = _reader(upper)
     files = {name: open(part.with_name(f"{part.name}.{name}"), "wb") for name in names}  # noqa: SIM115
     try:
         cursor = db.execute(upper.sql, dict(upper.params))
         while batch := cursor.fetchmany(_BATCH):
             rows, splits = dealer(batch)
+            if ctx.texts is not None:
+                ctx.texts.load([row[ID] for row in rows])
             out, counted = deal(rows, lines(rows, {}), splits, names)
             for name, text in out.items():
                 if text:

@@ -13,6 +13,7 @@ from dlindex.export.dealing import partition
 from dlindex.export.files import drain_into
 from dlindex.export.plan import ID, LABEL, Group
 from dlindex.export.shards import Context, json_maker, text_prefixes, vector_list
+from dlindex.export.texts import json_fields
 from dlindex.export.writer import TextWriter
 
 
@@ -27,26 +28,29 @@ def jsonl_lines(ctx: Context) -> Callable[[Sequence[tuple[Any, ...]], dict[int, 
 
     def lines(batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> list[str]:
         if feature is not None:
-            return [
-                make(row)[:-1] + ',"feature":' + json.dumps(vector_list(vectors[row[ID]], feature.dtype)) + "}\n"
-                for row in batch
-            ]
+            return [make(row)[:-1] + _more(row, vectors) + "}\n" for row in batch]
         # The common row (UTF-8 name under a UTF-8 root, no NULLs) inline: this loop is the
         # whole cost of a million-row manifest next to SQLite's own.
         out: list[str] = []
         append = out.append
+        of = None if ctx.texts is None else ctx.texts.of
         for row in batch:
             ident, root, name, raw, label, width, height, fmt, size, digest = row
             prefix = texts.get(root)
+            end = "}\n" if of is None else json_fields(of(ident)) + "}\n"
             if (prefix is None or raw is not None or fmt is None or digest is None or width is None
                     or height is None or size is None):  # fmt: skip
-                append(make(row) + "\n")
+                append(make(row)[:-1] + end)
             else:
                 append(
                     f'{{"id":{ident},"path":{quote(prefix + name)},{parts[label]},"width":{width},'
-                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}","path_b64":""}}\n'
+                    f'"height":{height},"format":"{fmt}","bytes":{size},"xxh3_128":"{digest}","path_b64":""' + end
                 )
         return out
+
+    def _more(row: tuple[Any, ...], vectors: dict[int, bytes]) -> str:
+        more = "" if feature is None else ',"feature":' + json.dumps(vector_list(vectors[row[ID]], feature.dtype))
+        return more if ctx.texts is None else more + json_fields(ctx.texts.of(row[ID]))
 
     return lines
 

@@ -129,7 +129,8 @@ class CsvWriter(TextWriter):
     def __init__(self, ctx: Context, group: Group, number: int) -> None:
         super().__init__(ctx, group, number)
         self.line = csv.writer(_Line(), lineterminator="\n").writerow
-        self.header = self.line([*TEXT_KEYS, *(["feature"] if ctx.features is not None else [])])
+        self.header = self.line([*TEXT_KEYS, *(["feature"] if ctx.features is not None else []),
+                                 *(["text", "texts"] if ctx.texts is not None else [])])  # fmt: skip
         self.columnar: _CsvColumnar | None = None  # the lookups of take_arrow, made on its first batch
 
     def values(self, row: tuple[Any, ...]) -> list[Any]:
@@ -148,6 +149,9 @@ class CsvWriter(TextWriter):
             values = self.values(row)
             if feature is not None:
                 values.append(json.dumps(vector_list(vectors[row[ID]], feature.dtype)))
+            if self.ctx.texts is not None:
+                texts = self.ctx.texts.of(row[ID])
+                values += [texts[0] if texts else None, json.dumps(texts, ensure_ascii=False)]
             if by_bytes:  # an estimate, as --shard-bytes has always counted a csv row
                 sizes.append(sum(len(str(v)) for v in values) + len(values))
             text.append(line(["" if v is None else v for v in values]))
@@ -156,7 +160,7 @@ class CsvWriter(TextWriter):
 
     def arrow_ready(self) -> bool:
         """Whether ``take_arrow`` can take this export's rows (no vectors, no byte limit)."""
-        return self.ctx.features is None and self.max_bytes is None
+        return self.ctx.features is None and self.ctx.texts is None and self.max_bytes is None
 
     def take_arrow(self, rows: Any) -> None:
         """A batch of rows as Arrow (ROW's columns: dlindex.export.arrow_rows): the same lines

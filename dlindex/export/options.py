@@ -62,6 +62,7 @@ class ExportOptions:
     world_size: int = 1
     drop_last: bool = False
     features: str | None = None
+    texts: bool = False  # each sample's texts in a manifest's rows (dlindex.export.texts)
     absolute_paths: bool = False
     overwrite: bool = False
     read_threads: int = 0

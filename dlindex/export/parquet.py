@@ -10,7 +10,7 @@ from typing import Any
 
 from dlindex.export.arrow_rows import ArrowPaths, odd_rows
 from dlindex.export.files import hash_file
-from dlindex.export.plan import EXTRA, FILE, HASH, ExportError, Group, sample_path
+from dlindex.export.plan import EXTRA, FILE, HASH, ID, ExportError, Group, sample_path
 from dlindex.export.shards import Context, ShardInfo, shown_path, text_prefixes, vector_list
 from dlindex.export.writer import ShardWriter, fill
 
@@ -46,6 +46,7 @@ class ParquetWriter(ShardWriter[_Sample]):
         self.file: Any = None  # the open shard's pq.ParquetWriter
         self.encoding: _Encoding | None = None  # the row group being written on its thread
         self.vectors: dict[int, bytes] = {}  # the pending rows' vectors (--features)
+        self.row_texts: dict[int, list[str]] = {}  # the pending rows' texts (--texts)
         self.texts = text_prefixes(ctx)
         index, names = ctx.plan.label_index, ctx.plan.labels
         self.label_names = {row: names[k] for row, k in index.items()}
@@ -54,13 +55,15 @@ class ParquetWriter(ShardWriter[_Sample]):
     def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
         if self.ctx.features is not None:
             self.vectors.update(vectors)
+        if self.ctx.texts is not None:  # the batch's texts wait with its rows, as vectors do
+            self.row_texts.update((row[ID], self.ctx.texts.of(row[ID])) for row in batch)
         sizes = (48 + len(row[FILE]) + len(row[HASH] or "") for row in batch)  # an estimate per row
         self.add_batch(batch, sizes)
         self.stage()
 
     def arrow_ready(self) -> bool:
         """Whether ``take_arrow`` can take this export's rows (no vectors, no byte limit)."""
-        return self.ctx.features is None and self.max_bytes is None
+        return self.ctx.features is None and self.ctx.texts is None and self.max_bytes is None
 
     def take_arrow(self, rows: Any) -> None:
         """A batch of rows as Arrow (ROW's columns: dlindex.export.arrow_rows), cut into shards
@@ -152,6 +155,12 @@ class ParquetWriter(ShardWriter[_Sample]):
             values = [v for blob in blobs for v in vector_list(blob, ctx.features.dtype)]
             flat = pa.array(values, pa.float64() if ctx.features.dtype == "<f8" else pa.float32())
             columns["feature"] = pa.FixedSizeListArray.from_arrays(flat, ctx.features.dim)
+        if ctx.texts is not None:
+            captions = [self.row_texts.get(i, []) for i in ident]  # get: a --pad repeat shares its sample's
+            for i in ident:
+                self.row_texts.pop(i, None)
+            columns["text"] = pa.array([t[0] if t else None for t in captions], pa.string())
+            columns["texts"] = pa.array(captions, pa.list_(pa.string()))
         return pa.table(columns)
 
 

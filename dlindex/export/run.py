@@ -39,6 +39,7 @@ from dlindex.export.plan import (
 )
 from dlindex.export.registry import record_export
 from dlindex.export.shards import Context, ShardInfo
+from dlindex.export.texts import text_source
 from dlindex.export.vectors import feature_source
 from dlindex.exported.formats import FORMATS as _REGISTRY
 from dlindex.exported.formats import NAMES, Format, load
@@ -143,7 +144,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         # deals each row to its split folder's shards, no count of the folders first
         # (dlindex.export.dealing).
         sinks = (record.sink is not None and features is None and options.world_size == 1 and shard is None
-                 and grouping is None)  # fmt: skip
+                 and grouping is None and not options.texts)  # fmt: skip
         by_folder = split is None and _deals_tree_folders(catalog, query, tree, halves or sinks)
         shares: dict[str, float] = {}  # each tree split's share of the selection
         if by_folder:
@@ -222,6 +223,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         ctx = Context.make(
             plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
             progress=progress, read_threads=options.read_threads, upper=uppers if record.halves else None,
+            texts=text_source(catalog.read, fmt, catalog.pinned) if options.texts else None,
         )  # fmt: skip
         shards: list[ShardInfo] = []
         if shard is not None:

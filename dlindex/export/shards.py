@@ -54,6 +54,7 @@ class Context:
     shard_size: int | None
     shard_bytes: int | None
     features: Features | None = None
+    texts: Any = None  # dlindex.export.texts.TextSource, with --texts
     progress: Callable[[int], None] | None = None
     read_threads: int = 0
     prefixes: Mapping[int, bytes] = field(default_factory=dict)

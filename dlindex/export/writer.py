@@ -40,6 +40,8 @@ def batches(group: Group, ctx: Context) -> Iterator[tuple[Sequence[tuple[Any, ..
             missing = [row[ID] for row in batch if row[ID] not in vectors]
             if missing:
                 raise ExportError(_missing_message(group, ctx, missing, rows))
+        if ctx.texts is not None:
+            ctx.texts.load([row[ID] for row in batch])
         yield batch, vectors
 
 

@@ -168,11 +168,14 @@ def _csv_rows(reader: csv.DictReader[str], shown: str) -> Iterator[dict[str, Any
                     out[key] = int(row[key]) if row.get(key) else None
                 except ValueError:
                     raise ExportError(f"{where}: {key!r} must be a whole number, not {row[key][:40]!r}") from None
-            if row.get("feature"):
-                try:
-                    out["feature"] = json.loads(row["feature"])
-                except (ValueError, RecursionError):
-                    raise ExportError(f"{where}: 'feature' is not a JSON list") from None
+            for key in ("feature", "texts"):  # JSON lists in a csv field
+                if row.get(key):
+                    try:
+                        out[key] = json.loads(row[key])
+                    except (ValueError, RecursionError):
+                        raise ExportError(f"{where}: {key!r} is not a JSON list") from None
+            if "text" in row and not row["text"]:
+                out["text"] = None
             yield out
     except csv.Error as e:
         raise ExportError(f"{shown}, line {reader.line_num}: {e}") from None

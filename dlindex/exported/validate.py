@@ -221,6 +221,11 @@ def check_row(row: Any, where: str, classes: int, absolute_paths: bool = False) 
     digest = row.get("xxh3_128")
     if digest is not None:
         _digest(digest, where, "'xxh3_128'")
+    if row.get("text") is not None and not isinstance(row["text"], str):
+        raise ExportError(f"{where}: 'text' must be a string")
+    texts = row.get("texts")
+    if texts is not None and (not isinstance(texts, list) or not all(isinstance(t, str) for t in texts)):
+        raise ExportError(f"{where}: 'texts' must be a list of strings")
     feature = row.get("feature")
     if feature is not None and (not isinstance(feature, list) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in feature)):  # fmt: skip

@@ -1,0 +1,97 @@
+"""`export --texts`: manifests carry each sample's texts (`text`, `texts`), read back by the real
+clients by their own recipes and by dlindex's own reader and verify; where texts cannot go
+yet (packed formats, --at, --append, Ray) one line says so and nothing is written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlindex import Catalog
+from dlindex.export import load_index, manifest_files, manifest_rows, verify_export
+from dlindex.text.importer import import_texts
+
+from .backends import ON_BOTH_BACKENDS, Location, where
+from .conftest import invoke, make_png, one_error_line
+
+pytestmark = ON_BOTH_BACKENDS
+
+CAPTIONS = {
+    "cat/0001.png": ['a red car, "quoted"', "line one\nline two"],
+    "cat/0002.png": ["café ☕"],
+    "dog/0001.png": ["a dog"],
+}
+EXPECTED = {**CAPTIONS, "cat/0003.png": [], "dog/0002.png": []}
+
+
+@pytest.fixture
+def db(tmp_path: Path, runner: CliRunner) -> Location:
+    for k, name in enumerate(EXPECTED):
+        make_png(tmp_path / "tree" / name, (8 + k, 8), (k, 40, 9))
+    location = where(tmp_path / "c.db")
+    assert invoke(runner, "scan", str(tmp_path / "tree"), "--db", str(location), "-q").exit_code == 0
+    (tmp_path / "caps.jsonl").write_text(
+        "".join(json.dumps({"path": k, "caption": v}) + "\n" for k, v in CAPTIONS.items())
+    )
+    with Catalog(location) as catalog:
+        import_texts(catalog, tmp_path / "caps.jsonl")
+    return location
+
+
+def exported(db: Location, out: Path, runner: CliRunner, fmt: str, *more: str) -> Path:
+    done = invoke(runner, "export", str(out), "--format", fmt, "--texts", *more, "--db", str(db))
+    assert done.exit_code == 0, done.output
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet"])
+def test_manifests_carry_the_texts_to_every_client(db: Location, tmp_path: Path, runner: CliRunner, fmt: str) -> None:
+    out = exported(db, tmp_path / "out", runner, fmt)
+    files = sorted(str(p) for p in out.glob(f"*.{fmt}"))
+    if fmt == "jsonl":
+        import pandas as pd
+
+        frame = pd.concat(pd.read_json(f, lines=True) for f in files)
+        got = {p: list(t) for p, t in zip(frame["path"], frame["texts"], strict=True)}
+    elif fmt == "csv":
+        import pandas as pd
+
+        frame = pd.concat(pd.read_csv(f, keep_default_na=False) for f in files)
+        got = {p: json.loads(t) for p, t in zip(frame["path"], frame["texts"], strict=True)}
+    else:
+        import pyarrow.dataset as ds
+
+        table = ds.dataset(str(out), format="parquet").to_table(columns=["path", "text", "texts"])
+        got = dict(zip(table.column("path").to_pylist(), table.column("texts").to_pylist(), strict=True))
+        firsts = dict(zip(table.column("path").to_pylist(), table.column("text").to_pylist(), strict=True))
+        assert firsts == {i: (t[0] if t else None) for i, t in EXPECTED.items()}
+    assert got == EXPECTED
+    index = load_index(out)
+    own = {
+        r["path"]: (r["text"], r["texts"] or [])  # relative to the export's file_root
+        for name in manifest_files(index) for r in manifest_rows(out, name)
+    }  # fmt: skip
+    assert own == {i: (t[0] if t else None, t) for i, t in EXPECTED.items()}
+    assert verify_export(out).ok
+    assert index["options"]["texts"] is True
+
+
+def test_hf_datasets_reads_the_caption_column(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    datasets = pytest.importorskip("datasets")
+    out = exported(db, tmp_path / "out", runner, "parquet")
+    data = datasets.load_dataset("parquet", data_dir=str(out), split="train", cache_dir=str(tmp_path / "hf"))
+    assert dict(zip(data["path"], data["texts"], strict=True)) == EXPECTED
+
+
+def test_where_texts_cannot_go_yet_it_says_so(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    for fmt in ("wds", "mds", "dali"):
+        line = one_error_line(
+            invoke(runner, "export", str(tmp_path / fmt), "--format", fmt, "--texts", "--db", str(db))
+        )
+        assert "do not carry texts yet" in line and not (tmp_path / fmt).exists()
+    out = exported(db, tmp_path / "out", runner, "jsonl")
+    line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
+    assert "--texts" in line
