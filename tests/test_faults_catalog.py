@@ -346,6 +346,7 @@ def schema_text(tmp_path_factory: pytest.TempPathFactory) -> _SchemaText:
 @given(pick=st.integers(0, 10**9), byte=st.integers(0, 255))
 @example(pick=10723, byte=128)  # `kind IN` -> `kind\x80IN`: SQLite's message is not UTF-8 (a traceback once)
 @example(pick=12478, byte=36)  # a history trigger's text damaged: "no such column" inside a write (a traceback once)
+@example(pick=952, byte=128)  # a column name damaged, quoted as non-UTF-8 to check's full-text index check (once)
 def test_one_damaged_byte_of_the_schema_text_never_tracebacks(
     tmp_path_factory: pytest.TempPathFactory, schema_text: _SchemaText, pick: int, byte: int
 ) -> None:

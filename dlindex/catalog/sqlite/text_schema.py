@@ -79,6 +79,8 @@ def search_problems(path: str) -> list[str]:
             return []
         conn.execute("BEGIN")
         conn.execute(_CHECK)
+    except UnicodeDecodeError:  # SQLite's message quoted a damaged schema: check reports the schema
+        return []
     except sqlite3.DatabaseError as e:
         if e.sqlite_errorcode & 0xFF != _SQLITE_CORRUPT:  # read-only, locked, busy: not checked now
             return []
