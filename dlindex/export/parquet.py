@@ -63,7 +63,7 @@ class ParquetWriter(ShardWriter[_Sample]):
 
     def arrow_ready(self) -> bool:
         """Whether ``take_arrow`` can take this export's rows (no vectors, no byte limit)."""
-        return self.ctx.features is None and self.ctx.texts is None and self.max_bytes is None
+        return self.ctx.features is None and self.max_bytes is None
 
     def take_arrow(self, rows: Any) -> None:
         """A batch of rows as Arrow (ROW's columns: dlindex.export.arrow_rows), cut into shards
@@ -201,7 +201,7 @@ class _Columnar:
         def own(name: str) -> Any:
             return pa.concat_arrays([rows.column(name)])
 
-        return pa.table({
+        columns = {
             "id": own("id"),
             "path": path,
             "label": pc.take(self.label_names, label),
@@ -212,7 +212,15 @@ class _Columnar:
             "bytes": own("bytes"),
             "xxh3_128": own("xxh3_128"),
             "path_bytes": exact,
-        })  # fmt: skip
+        }  # fmt: skip
+        texts = self.ctx.texts
+        if texts is not None:  # the batch's texts, fetched as batches() fetches them for tuples
+            ids = rows.column("id").to_pylist()
+            texts.load(ids)
+            captions = [texts.of(i) for i in ids]
+            columns["text"] = pa.array([t[0] if t else None for t in captions], pa.string())
+            columns["texts"] = pa.array(captions, pa.list_(pa.string()))
+        return pa.table(columns)
 
 
 class _Encoding:

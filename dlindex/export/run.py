@@ -223,7 +223,7 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         ctx = Context.make(
             plan, output.tmp, shard_size=options.shard_size, shard_bytes=shard_bytes, features=features,
             progress=progress, read_threads=options.read_threads, upper=uppers if record.halves else None,
-            texts=text_source(catalog.read, fmt, catalog.pinned) if options.texts else None,
+            texts=text_source(catalog.conn.execute, fmt, catalog.pinned) if options.texts else None,
         )  # fmt: skip
         shards: list[ShardInfo] = []
         if shard is not None:

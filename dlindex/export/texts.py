@@ -28,7 +28,9 @@ _quote = json.encoder.encode_basestring
 
 @dataclass
 class TextSource:
-    """The texts of the batch being written, by sample id."""
+    """The texts of the batch being written, by sample id. ``read`` is a connection's execute: a
+    batch's texts are one short statement, read in C (the query log's per-row generator cost
+    ~1 us a row, a third of what the texts add to a manifest)."""
 
     read: Callable[[str, dict[str, Any]], Iterable[tuple[Any, ...]]]
     current: dict[int, list[str]] = field(default_factory=dict)
