@@ -11,6 +11,7 @@ in the full-text index untouched). Nothing outside the scope is touched: an impo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -62,8 +63,10 @@ _INSERT = """INSERT INTO image_texts (image_id, source, seq, text, encoding, fil
 _RESTAT = """UPDATE image_texts SET file_bytes = r.file_bytes, file_mtime_ns = r.file_mtime_ns FROM temp.text_rows r
     WHERE r.image_id = image_texts.image_id AND r.source = image_texts.source AND r.seq = image_texts.seq
     AND (r.file_bytes IS NOT image_texts.file_bytes OR r.file_mtime_ns IS NOT image_texts.file_mtime_ns)"""
-_TEXTS_OF = """SELECT image_id, source, seq, text FROM image_texts
+# Samples' texts by id, in the order every reader shows them (texts_of, export --texts).
+TEXTS_OF = """SELECT image_id, source, seq, text FROM image_texts
     WHERE image_id IN (SELECT value FROM json_each(:ids)) ORDER BY image_id, source, seq"""
+_REINDEX_SERVER = f"REINDEX INDEX {SERVER_SEARCH_INDEX}"
 
 
 @dataclass(frozen=True)
@@ -106,20 +109,15 @@ def reindex(catalog: Catalog) -> None:
     the way back from a damaged index, which ``check`` reports."""
     from dlindex.catalog.sqlite.text_schema import REBUILD
 
-    if not catalog.backend.is_server and not catalog.backend.has_text_search(catalog.conn):
+    if not catalog.backend.has_text_search(catalog.conn):
         raise InputError(f"catalog {catalog.path} has no full-text index: the SQLite that made it has no FTS5")
     with catalog.write_transaction() as tx:
         tx.execute(_REINDEX_SERVER if catalog.backend.is_server else REBUILD)
 
 
-_REINDEX_SERVER = f"REINDEX INDEX {SERVER_SEARCH_INDEX}"
-
-
 def texts_of(catalog: Catalog, ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:
     """Each sample's texts, by id: ``{"source", "seq", "text"}`` in source then seq order."""
-    import json
-
     found: dict[int, list[dict[str, Any]]] = {}
-    for image_id, source, seq, text in catalog.read(_TEXTS_OF, {"ids": json.dumps([int(i) for i in ids])}):
+    for image_id, source, seq, text in catalog.read(TEXTS_OF, {"ids": json.dumps([int(i) for i in ids])}):
         found.setdefault(int(image_id), []).append({"source": source, "seq": int(seq), "text": text})
     return found

@@ -67,8 +67,7 @@ class TextImport:
 
 def default_source(path: Path) -> str:
     """The file's name without its suffix, made a valid source name."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)[:64].lstrip(".-") or "import"
-    return name
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem)[:64].lstrip(".-") or "import"
 
 
 def check_source(source: str) -> str:
