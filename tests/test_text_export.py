@@ -1,6 +1,7 @@
-"""`export --texts`: manifests carry each sample's texts (`text`, `texts`), read back by the real
-clients by their own recipes and by dlindex's own reader and verify; where texts cannot go
-yet (packed formats, --at, --append, Ray) one line says so and nothing is written."""
+"""`export --texts`: every export carries each sample's texts (`text`, `texts`; wds a `.txt`
+member, mds a `text` column), read back by the real clients by their own recipes and by
+dlindex's own readers and verify; where texts cannot go (dali's file lists, --at, --append,
+Ray) one line says so and nothing is written."""
 
 from __future__ import annotations
 
@@ -86,12 +87,56 @@ def test_hf_datasets_reads_the_caption_column(db: Location, tmp_path: Path, runn
     assert dict(zip(data["path"], data["texts"], strict=True)) == EXPECTED
 
 
-def test_where_texts_cannot_go_yet_it_says_so(db: Location, tmp_path: Path, runner: CliRunner) -> None:
-    for fmt in ("wds", "mds", "dali"):
-        line = one_error_line(
-            invoke(runner, "export", str(tmp_path / fmt), "--format", fmt, "--texts", "--db", str(db))
-        )
-        assert "do not carry texts yet" in line and not (tmp_path / fmt).exists()
+def test_webdataset_hf_and_dlindex_read_the_txt_members(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    wds = pytest.importorskip("webdataset")
+    datasets = pytest.importorskip("datasets")
+    out = exported(db, tmp_path / "w", runner, "wds", "--workers", "2")
+    index = load_index(out)
+    urls = [str(out / u) for u in index["wds"]["urls"]["train"]]
+    # img2dataset's layout: the caption in {key}.txt (empty without one), every text in the .json
+    got = {m["path"]: (txt, m["text"], m["texts"]) for txt, m in wds.WebDataset(urls, shardshuffle=False)
+           .decode().to_tuple("txt", "json")}  # fmt: skip
+    assert got == {p: (t[0] if t else "", t[0] if t else None, t) for p, t in EXPECTED.items()}
+    features = datasets.Features.from_dict(index["wds"]["hf_features"])
+    rows = datasets.load_dataset("webdataset", data_files={"train": urls}, features=features, split="train",
+                                 cache_dir=str(tmp_path / "hf"))  # fmt: skip
+    assert {r["json"]["path"]: (r["txt"], r["json"]["texts"]) for r in rows} == {
+        p: (t[0] if t else "", t) for p, t in EXPECTED.items()
+    }
+    assert all(r["png"].size == (r["json"]["width"], r["json"]["height"]) for r in rows)  # .txt is no image
+    from dlindex.loader import WdsDataset
+
+    own = WdsDataset(out, "train", decode=True, with_metadata=True)
+    assert {info["path"]: (image.size, info["texts"]) for image, _, info in own} == {
+        p: ((8 + k, 8), t) for k, (p, t) in enumerate(EXPECTED.items())
+    }
+    assert verify_export(out).ok
+
+
+def test_streaming_reads_the_text_column(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    pytest.importorskip("torch")
+    streaming = pytest.importorskip("streaming")
+    out = exported(db, tmp_path / "m", runner, "mds")
+    dataset = streaming.StreamingDataset(local=str(out), shuffle=False, batch_size=1)
+    got = {(s := dataset[i])["json"]["path"]: (s["text"], s["json"]["texts"]) for i in range(len(dataset))}
+    del dataset
+    assert got == {p: (t[0] if t else "", t) for p, t in EXPECTED.items()}
+    assert verify_export(out).ok
+
+
+def test_parts_merge_into_an_export_with_texts(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    for i in range(2):
+        exported(db, tmp_path / f"p{i}", runner, "wds", "--part", f"{i}/2", "--world-size", "2")
+    done = invoke(runner, "merge", str(tmp_path / "p0"), str(tmp_path / "p1"), "--into", str(tmp_path / "m"))
+    assert done.exit_code == 0, done.output
+    index = load_index(tmp_path / "m")
+    assert index["options"]["texts"] is True and "txt" in index["wds"]["hf_features"]
+    assert verify_export(tmp_path / "m").ok
+
+
+def test_where_texts_cannot_go_it_says_so(db: Location, tmp_path: Path, runner: CliRunner) -> None:
+    line = one_error_line(invoke(runner, "export", str(tmp_path / "d"), "--format", "dali", "--texts", "--db", str(db)))
+    assert "dali file lists carry no texts" in line and not (tmp_path / "d").exists()
     out = exported(db, tmp_path / "out", runner, "jsonl")
     line = one_error_line(invoke(runner, "export", str(out), "--append", "--db", str(db)))
     assert "--texts" in line

@@ -131,18 +131,19 @@ def complete_index(
 
 def client_keys(
     fmt: str, shards: Sequence[ShardInfo], splits: Sequence[str], seen: Iterable[str], features: Any,
-    shard_bytes: int | None,
+    shard_bytes: int | None, texts: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
     """What a format's own client reads from index.json (the registry's ``client_keys``:
     streaming's for mds, the webdataset recipe's for wds).
 
     Args:
         seen: the image member suffixes written (packed formats).
+        texts: the export carries texts (``--texts``).
     """
     record = get(fmt)
     if record.clients is None:
         return {}
-    values = load(record.clients)(shards, splits, seen, features, shard_bytes)
+    values = load(record.clients)(shards, splits, seen, features, shard_bytes, texts)
     return dict(zip(record.client_keys, values, strict=True))
 
 

@@ -8,8 +8,9 @@ the root also carries streaming's ``version`` and ``shards`` keys (every split's
 (uint32), n+1 sample offsets (uint32), the shard's config as JSON, then the samples; a sample
 is the sizes (uint32) of its variable-size columns followed by every column's bytes, columns
 in name order. Columns: ``id`` (int64), ``image`` (the original file bytes), ``ext``,
-``key``, ``label`` (int64 class index), ``json`` (metadata), and ``feature``
-(``ndarray:<dtype>:<dim>``) with ``--features``.
+``key``, ``label`` (int64 class index), ``json`` (metadata), ``feature``
+(``ndarray:<dtype>:<dim>``) with ``--features``, and ``text`` (str: the first text, empty
+without one; every text is in ``json``'s ``texts``) with ``--texts``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import xxhash
 from dlindex.export.files import hash_file, read_sources
 from dlindex.export.plan import ID, LABEL, Group, absolute_path
 from dlindex.export.shards import Context, Features, ShardInfo, json_maker, sample_key
+from dlindex.export.texts import json_fields
 from dlindex.export.wds import extension
 from dlindex.export.writer import ShardWriter, batches
 
@@ -32,7 +34,7 @@ VERSION = 2
 _NUMPY_DTYPES = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
 
 
-def columns(features: Features | None) -> dict[str, tuple[str, int | None]]:
+def columns(features: Features | None, texts: bool = False) -> dict[str, tuple[str, int | None]]:
     """Column name -> (MDS encoding, fixed size or None), in name order."""
     cols: dict[str, tuple[str, int | None]] = {
         "ext": ("str", None), "id": ("int", 8), "image": ("bytes", None), "json": ("json", None),
@@ -42,6 +44,8 @@ def columns(features: Features | None) -> dict[str, tuple[str, int | None]]:
         f = features
         size = f.dim * int(f.dtype[-1])
         cols["feature"] = (f"ndarray:{_NUMPY_DTYPES[f.dtype]}:{f.dim}", size)
+    if texts:
+        cols["text"] = ("str", None)
     return dict(sorted(cols.items()))
 
 
@@ -58,7 +62,8 @@ class MdsWriter(ShardWriter[bytes]):
 
     def __init__(self, ctx: Context, group: Group, number: int) -> None:
         super().__init__(ctx, group, number)
-        self.config = json.dumps(shard_config(columns(ctx.features), ctx.shard_bytes), sort_keys=True).encode()
+        cols = columns(ctx.features, ctx.texts is not None)
+        self.config = json.dumps(shard_config(cols, ctx.shard_bytes), sort_keys=True).encode()
         if self.max_bytes is not None:
             self.max_bytes -= 8 + len(self.config)  # the shard's header counts against --shard-bytes
         (ctx.out / group.split).mkdir(exist_ok=True)
@@ -75,7 +80,7 @@ class MdsWriter(ShardWriter[bytes]):
 def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     make = json_maker(ctx)
     index = ctx.plan.label_index
-    cols = columns(ctx.features)
+    cols = columns(ctx.features, ctx.texts is not None)
     sink = MdsWriter(ctx, group, number)
     j = 0
     for batch, vectors in batches(group, ctx):
@@ -88,6 +93,10 @@ def write_mds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
             }  # fmt: skip
             if ctx.features is not None:
                 values["feature"] = vectors[row[ID]]
+            if ctx.texts is not None:
+                mine = ctx.texts.of(row[ID])
+                values["json"] = values["json"][:-1] + json_fields(mine).encode() + b"}"
+                values["text"] = mine[0].encode() if mine else b""
             sample = encode_sample(cols, values)
             sink.add(sample, len(sample) + 4)  # + its offset
             j += 1
@@ -106,11 +115,11 @@ def shard_files(split: str, rank: int, base: int, count: int) -> list[str]:
 
 def finish_mds(
     out: Path, shards: Sequence[ShardInfo], splits: Sequence[str], *, features: Features | None,
-    shard_bytes: int | None, **_: Any,
+    shard_bytes: int | None, texts: bool = False, **_: Any,
 ) -> tuple[list[ShardInfo], list[dict[str, Any]]]:  # fmt: skip
     """Once every group is written: streaming's index.json in each split folder."""
     files = []
-    for name, data in split_index(splits, features, shard_bytes, shards).items():
+    for name, data in split_index(splits, features, shard_bytes, shards, texts).items():
         (out / name).parent.mkdir(exist_ok=True)  # a split none of whose groups wrote a shard
         (out / name).write_bytes(data)
         size, digest = hash_file(out / name)
@@ -137,10 +146,15 @@ def extend_mds(
 
 
 def streaming_keys(
-    shards: Sequence[ShardInfo], splits: Sequence[str], seen: Any, features: Features | None, shard_bytes: int | None
+    shards: Sequence[ShardInfo],
+    splits: Sequence[str],
+    seen: Any,
+    features: Features | None,
+    shard_bytes: int | None,
+    texts: bool = False,
 ) -> tuple[int, list[dict[str, Any]]]:
     """The root index.json's ``version`` and ``shards``: all streaming reads of it (StreamingDataset(local=OUT_DIR))."""
-    return VERSION, streaming_shards(features, shard_bytes, shards)
+    return VERSION, streaming_shards(features, shard_bytes, shards, texts=texts)
 
 
 def encode_sample(cols: dict[str, tuple[str, int | None]], values: dict[str, bytes]) -> bytes:
@@ -158,22 +172,31 @@ def encode_shard(samples: Sequence[bytes], config_bytes: bytes) -> bytes:
 
 
 def split_index(
-    splits: Sequence[str], features: Features | None, shard_bytes: int | None, shards: Sequence[ShardInfo]
+    splits: Sequence[str],
+    features: Features | None,
+    shard_bytes: int | None,
+    shards: Sequence[ShardInfo],
+    texts: bool = False,
 ) -> dict[str, bytes]:
     """streaming's index.json for each split folder, as bytes by file name."""
     out: dict[str, bytes] = {}
     for split in splits:
-        entries = streaming_shards(features, shard_bytes, [s for s in shards if s.split == split], in_split=True)
+        mine = [s for s in shards if s.split == split]
+        entries = streaming_shards(features, shard_bytes, mine, in_split=True, texts=texts)
         out[f"{split}/index.json"] = json.dumps({"shards": entries, "version": VERSION}, sort_keys=True).encode()
     return out
 
 
 def streaming_shards(
-    features: Features | None, shard_bytes: int | None, shards: Sequence[ShardInfo], in_split: bool = False
+    features: Features | None,
+    shard_bytes: int | None,
+    shards: Sequence[ShardInfo],
+    in_split: bool = False,
+    texts: bool = False,
 ) -> list[dict[str, Any]]:
     """streaming's shard entries: basenames relative to the split folder (``in_split``), else
     to the export root (``train/shard.00000.mds``, as streaming's ``merge_index`` writes them)."""
-    cols = columns(features)
+    cols = columns(features, texts)
     entries = []
     for shard in shards:
         entry = shard_config(cols, shard_bytes)

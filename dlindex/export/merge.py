@@ -117,10 +117,12 @@ def merge_exports(
         if fmt.finish is not None:  # the same as export's, on the same files
             shards, extra = load(fmt.finish)(
                 output.tmp, shards, splits, world_size=options["world_size"], workers=options["workers"],
-                features=features, shard_bytes=options["shard_bytes"],
+                features=features, shard_bytes=options["shard_bytes"], texts=bool(options.get("texts")),
             )  # fmt: skip
         seen = {ext for part in loaded for ext in part.seen}
-        clients = client_keys(fmt.name, shards, splits, seen, features, options["shard_bytes"])
+        clients = client_keys(
+            fmt.name, shards, splits, seen, features, options["shard_bytes"], bool(options.get("texts"))
+        )
         counts = split_counts(
             [(g.split, g.rank) for g in groups], {(g.split, g.rank): g.samples for g in groups},
             [entry for part in loaded for entry in part.labels],

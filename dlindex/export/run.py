@@ -256,9 +256,9 @@ def _export(catalog: Catalog, out_dir: str | os.PathLike[str], options: ExportOp
         if record.finish is not None:
             shards, extra = load(record.finish)(
                 ctx.out, shards, plan.splits, world_size=options.world_size, workers=options.workers,
-                features=features, shard_bytes=shard_bytes,
+                features=features, shard_bytes=shard_bytes, texts=options.texts,
             )  # fmt: skip
-        clients = client_keys(fmt, shards, plan.splits, ctx.seen, features, shard_bytes)
+        clients = client_keys(fmt, shards, plan.splits, ctx.seen, features, shard_bytes, options.texts)
         index = build_index(
             catalog, replace(options, query=query, split=split_option), fmt, shard_bytes, changes, plan, selected,
             shards, extra, features, clients, skipped,

@@ -2,9 +2,11 @@
 
 Two fields after the sample's own: ``text``, its first text (by source name, then its place in
 the source; null without one), what a caption column of HF ``load_dataset`` or a CLIP loader
-reads; and ``texts``, all of them in that order (a list; in csv a JSON array). Fetched a batch
-at a time beside the rows (``load``), so memory is one batch's texts. The packed formats (wds,
-mds) and dali's file lists do not carry texts yet (docs/text.md).
+reads; and ``texts``, all of them in that order (a list; in csv a JSON array). The packed
+formats put both in each sample's metadata JSON and the first text where their clients look
+for a caption too: wds a ``{key}.txt`` member (as img2dataset writes it), mds a ``text`` str
+column (empty without one). Fetched a batch at a time beside the rows (``load``), so memory is
+one batch's texts. dali's file lists carry no texts (its readers take a file and a label).
 """
 
 from __future__ import annotations
@@ -51,15 +53,15 @@ class TextSource:
 
 def text_source(read: Callable[[str, dict[str, Any]], Iterable[tuple[Any, ...]]], fmt: str, at: object) -> TextSource:
     """The texts of an export of format ``fmt``; ExportError where they cannot go yet."""
-    manifests = [name for name, record in FORMATS.items() if record.sink is not None]  # a row per sample
-    if fmt not in manifests:
-        raise ExportError(f"--texts goes into {', '.join(manifests)} manifests; {fmt} shards do not carry texts yet")
+    carriers = [name for name, record in FORMATS.items() if record.texts]
+    if fmt not in carriers:
+        raise ExportError(f"--texts goes into {', '.join(carriers)} exports; {fmt} file lists carry no texts")
     if at is not None:
         raise ExportError("--texts exports the texts as they are now (texts keep no history yet): not with --at")
     return TextSource(read)
 
 
 def json_fields(texts: list[str]) -> str:
-    """``,"text":...,"texts":[...]``: the two fields as a jsonl line writes them."""
+    """``,"text":...,"texts":[...]``: the two fields as a jsonl line (and a packed sample's JSON) writes them."""
     quoted = list(map(_quote, texts))  # each text quoted once: the first is written twice
     return f',"text":{quoted[0] if quoted else "null"},"texts":[{",".join(quoted)}]'

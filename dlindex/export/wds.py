@@ -24,8 +24,10 @@ from typing import Any
 from dlindex.export.files import RawShard, read_sources
 from dlindex.export.plan import FORMAT, ID, LABEL, ExportError, Group, absolute_path
 from dlindex.export.shards import Context, ShardInfo, json_maker, sample_key, shard_name
+from dlindex.export.texts import json_fields
 from dlindex.export.writer import StreamWriter, batches
 from dlindex.exported.ids import IDS_FILE, ids_name, write_wds_ids
+from dlindex.exported.tar import NOT_IMAGE
 
 BLOCK = 512
 _ZEROS = bytes(BLOCK * 2)
@@ -37,7 +39,7 @@ EXTENSIONS = {
 # The image member suffixes, in the order of the ``to_tuple`` spec index.json prints.
 IMAGE_KEYS = ("jpg", "png", "webp", "gif", "bmp", "tiff")
 # Member suffixes a sample's other members use: an image never takes one of these.
-_RESERVED = {"cls", "json", "npy", "txt", "bin"}
+_RESERVED = NOT_IMAGE | {"bin"}
 
 
 def _template() -> tuple[bytes, bytes, int]:
@@ -82,7 +84,7 @@ _JSON_TYPES = {"id": "int64", "path": "string", "label": "string", "label_id": "
 _NUMPY = {"<f4": "float32", "<f8": "float64", "<f2": "float16"}
 
 
-def hf_features(extensions: Iterable[str], features: Any = None) -> dict[str, Any]:
+def hf_features(extensions: Iterable[str], features: Any = None, texts: bool = False) -> dict[str, Any]:
     """HF ``datasets.Features.to_dict()`` of this export's samples, for
     ``load_dataset("webdataset", ..., features=Features.from_dict(...))``: with it HF does not
     guess the columns from the first samples (where an all-JPEG start would drop the png column)."""
@@ -90,6 +92,10 @@ def hf_features(extensions: Iterable[str], features: Any = None) -> dict[str, An
     out: dict[str, Any] = {key: {"_type": "Image"} for key in image_key_spec(used).split(";") if key in used}
     out["cls"] = {"dtype": "int64", "_type": "Value"}
     out["json"] = {k: {"dtype": t, "_type": "Value"} for k, t in _JSON_TYPES.items()}
+    if texts:  # export --texts: the caption member, and every text in the metadata
+        out["txt"] = {"dtype": "string", "_type": "Value"}
+        out["json"]["text"] = {"dtype": "string", "_type": "Value"}
+        out["json"]["texts"] = {"feature": {"dtype": "string", "_type": "Value"}, "_type": "List"}
     if features is not None:
         out["npy"] = {"feature": {"dtype": _NUMPY[features.dtype], "_type": "Value"}, "_type": "List"}
     out["__key__"] = {"dtype": "string", "_type": "Value"}
@@ -126,6 +132,7 @@ def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
     index = ctx.plan.label_index
     roots = ctx.plan.roots
     feature = ctx.features
+    texts = ctx.texts
     make = json_maker(ctx)
     sink = WdsWriter(ctx, group, number)
     j = 0
@@ -134,12 +141,19 @@ def write_wds(ctx: Context, group: Group, number: int) -> list[ShardInfo]:
         for row, path, data in read_sources(items, ctx.read_threads):
             key = sample_key(row, group, j).encode()
             # Three buffers a sample: the image header, the image, and everything after it.
-            meta = make(row).encode()
+            made = make(row)
+            if texts is not None:
+                mine = texts.of(row[ID])
+                made = made[:-1] + json_fields(mine) + "}"
+            meta = made.encode()
             tail = [_pad(len(data)), header(key + b".cls", len(cls := b"%d" % index[row[LABEL]])), cls, _pad(len(cls)),
                     header(key + b".json", len(meta)), meta, _pad(len(meta))]  # fmt: skip
             if feature is not None:
                 vector = npy(vectors[row[ID]], feature.dtype, feature.dim)
                 tail += [header(key + b".npy", len(vector)), vector, _pad(len(vector))]
+            if texts is not None:  # the caption as img2dataset writes it: UTF-8, empty without one
+                caption = mine[0].encode() if mine else b""
+                tail += [header(key + b".txt", len(caption)), caption, _pad(len(caption))]
             ext = extension(row, path)
             ctx.seen.add(ext)
             parts = [header(key + b"." + ext.encode(), len(data)), data, b"".join(tail)]
@@ -181,7 +195,12 @@ def extend_wds(
 
 
 def recipe_keys(
-    shards: Sequence[ShardInfo], splits: Sequence[str], seen: Iterable[str], features: Any, shard_bytes: int | None
+    shards: Sequence[ShardInfo],
+    splits: Sequence[str],
+    seen: Iterable[str],
+    features: Any,
+    shard_bytes: int | None,
+    texts: bool = False,
 ) -> tuple[dict[str, Any]]:
     """index.json's ``wds``: what the webdataset recipe reads (``seen``: the image member suffixes written)."""
     used = set(seen)
@@ -192,7 +211,7 @@ def recipe_keys(
     return ({
         "image_key": image_key_spec(used), "shards_per_rank": per_rank,
         "urls": {split: [s.file for s in shards if s.split == split] for split in splits},
-        "hf_features": hf_features(used, features),
+        "hf_features": hf_features(used, features, texts),
     },)  # fmt: skip
 
 

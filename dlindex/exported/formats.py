@@ -39,11 +39,11 @@ class Format:
     - ``names(split, rank, base, count) -> list[str]``: the names the writer gives a group's
       ``count`` files, its split's earlier groups having written ``base`` shards (merge's
       rule); None: ``{split}-{base + k:06d}{suffix}``, the files of each suffix in turn.
-    - ``finish(out, shards, splits, *, world_size, workers, features, shard_bytes) ->
+    - ``finish(out, shards, splits, *, world_size, workers, features, shard_bytes, texts) ->
       (shards, files)``: the format's own files once every group is written (export and
       merge alike): the shards as index.json lists them and index.json's ``files`` entries.
-    - ``clients(shards, splits, seen, features, shard_bytes) -> tuple``: the values of
-      ``client_keys``, in order, as index.json carries them.
+    - ``clients(shards, splits, seen, features, shard_bytes, texts) -> tuple``: the values of
+      ``client_keys``, in order, as index.json carries them (``texts``: written with ``--texts``).
     - ``check_clients(data, path, listed, version) -> None``: ExportError if those keys of
       a loaded index.json are not what the client may read (``listed``: the files it lists).
     - ``verify(root, index, skip, problem) -> int``: ``--verify``'s reading of the shards
@@ -82,6 +82,7 @@ class Format:
     verified: str = "{files} files, {samples} source images"  # --verify's summary
     sink: Ref | None = None
     extend: Ref | None = None
+    texts: bool = True  # it carries each sample's texts (``export --texts``; dlindex.export.texts)
 
     @property
     def files_per_shard(self) -> int:
@@ -106,7 +107,7 @@ PARQUET = Format(
 )  # fmt: skip
 DALI = Format(
     "dali", "file lists", False, "dlindex.export.dali:write_dali", (".txt", ".jsonl"), manifest=".jsonl",
-    one_pass=False, reader=_MANIFEST_READER,
+    one_pass=False, reader=_MANIFEST_READER, texts=False,  # DALI's readers take a file and a label
 )  # fmt: skip
 WDS = Format(
     "wds", "WebDataset tars", True, "dlindex.export.wds:write_wds", (".tar",), shard_bytes=256 << 20,

@@ -20,11 +20,11 @@ from dlindex.exported import ExportError
 from dlindex.exported.confine import ConfineError, check_relative, resolve_inside
 from dlindex.exported.ids import IDS_FILE, wds_ids
 from dlindex.exported.index import listed_shards
-from dlindex.exported.tar import is_regular, iter_headers
+from dlindex.exported.tar import NOT_IMAGE, is_regular, iter_headers
 
 _KEY = re.compile(rb"[0-9]{12}(_[0-9]+)?")
 _EXT = re.compile(rb"[a-z0-9]{1,8}")
-_NOT_IMAGE = (b"cls", b"json", b"npy")
+_NOT_IMAGE = frozenset(ext.encode() for ext in NOT_IMAGE)
 _MAX_CLS_BYTES = 20
 _KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
           b"5": "a folder", b"6": "a FIFO", b"x": "a pax header", b"g": "a pax header"}  # fmt: skip

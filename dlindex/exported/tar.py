@@ -16,6 +16,8 @@ from dlindex.exported import ExportError
 from dlindex.exported.confine import open_regular
 
 BLOCK = 512
+# The members of a sample besides its image (the writer never gives an image one of these suffixes).
+NOT_IMAGE = frozenset({"cls", "json", "npy", "txt"})
 _EMPTY = bytes(BLOCK)
 _OCTAL = frozenset(b"01234567")
 

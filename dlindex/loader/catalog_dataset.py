@@ -15,6 +15,7 @@ from dlindex.loader.epoch import MISSING_FEATURES, EpochOptions, EpochPlan, Gene
 from dlindex.loader.export_datasets import rank_and_world
 from dlindex.loader.l2 import wanted
 from dlindex.loader.row_cache import DEFAULT_SIZE
+from dlindex.loader.texts import Tokenizer
 from dlindex.loader.torch_optional import TorchOptionalIterable
 from dlindex.loader.worker import ON_ERROR, WorkerJob, run_worker
 from dlindex.query.spec import QuerySpec
@@ -32,7 +33,10 @@ class CatalogDataset(TorchOptionalIterable):
     class-balanced set per (seed, epoch) — splits it into equal rank shares and, within a
     rank, into whole batches per DataLoader worker. It yields batches of ``batch_size``
     (dicts of ``id``, ``label``, ``image`` and/or ``features`` arrays), or single samples
-    when ``batch_size`` is None (for torch's own DataLoader to batch).
+    when ``batch_size`` is None (for torch's own DataLoader to batch). ``texts=True`` adds
+    each sample's ``text`` (its first, "" without one) and ``texts`` (all); ``tokenizer=``
+    (an HF tokenizer or any function of a list of texts) adds their token ids
+    (dlindex.loader.texts).
 
     Query filters are the keyword arguments of ``dlindex.QuerySpec`` (``labels``, ``split``,
     ``status``, ``since``, ``min_width``, ``per_label``, ...). Images are the stored pixels
@@ -51,7 +55,8 @@ class CatalogDataset(TorchOptionalIterable):
         batch_size: int | None = None, drop_last: bool = False, shuffle: bool = True, shuffle_buffer: int = 512,
         seed: int = 0, rank: int | None = None, world_size: int | None = None, missing_features: str = "skip",
         on_error: str = "skip", row_cache_size: int = DEFAULT_SIZE, l2: str = "auto", l2_url: str | None = None,
-        exif_orient: bool = False, at: str | None = None, **filters: Any,
+        exif_orient: bool = False, at: str | None = None, texts: bool = False, tokenizer: Tokenizer | None = None,
+        **filters: Any,
     ) -> None:  # fmt: skip
         unknown = sorted(set(filters) - _FILTERS)
         if unknown:
@@ -67,10 +72,17 @@ class CatalogDataset(TorchOptionalIterable):
         self.database_path = os.fspath(database_path)
         if not is_server_url(self.database_path) and not os.path.isfile(self.database_path):
             raise InputError(f"no catalog at {self.database_path}; run dlindex scan first")
+        if tokenizer is not None and not callable(tokenizer):
+            raise InputError(f"tokenizer must be callable (an HF tokenizer or a function of a list of texts), "
+                             f"not {type(tokenizer).__name__}")  # fmt: skip
+        self.texts = bool(texts) or tokenizer is not None
+        if self.texts and at is not None:
+            raise InputError("texts are read as they are now (they keep no history yet): not with at=")
+        self.tokenizer = tokenizer
         self.feature_type = feature_type
         self.images = feature_type is None if images is None else bool(images)
-        if not self.images and feature_type is None:
-            raise InputError("images=False needs a feature_type: a batch would carry nothing")
+        if not self.images and feature_type is None and not self.texts:
+            raise InputError("images=False needs a feature_type or texts=True: a batch would carry nothing")
         size = (image_size, image_size) if isinstance(image_size, int) else image_size
         self.spec = ImageSpec(size=None if size is None else (int(size[0]), int(size[1])), mode=mode,
                               exif_orient=bool(exif_orient))  # fmt: skip
@@ -137,7 +149,8 @@ class CatalogDataset(TorchOptionalIterable):
         job = WorkerJob(plan=plan, rank=rank, worker=worker, database_path=self.database_path, images=self.images,
                         spec=self.spec, transform=self.transform, feature_type=self.feature_type,
                         on_error=self.on_error, batch_size=self.batch_size, row_cache_size=self.row_cache_size,
-                        l2_url=self.options.l2_url, track=self.track, at=self.reading_at())  # fmt: skip
+                        l2_url=self.options.l2_url, track=self.track, at=self.reading_at(), texts=self.texts,
+                        tokenizer=self.tokenizer)  # fmt: skip
         return run_worker(job)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -35,7 +35,7 @@ from dlindex.exported.confine import read_regular, real_inside, resolve_inside
 from dlindex.exported.formats import WDS
 from dlindex.exported.index import listed_shards
 from dlindex.exported.reader import absolute_paths, exact_path, load_index, manifest_files, manifest_rows, source_path
-from dlindex.exported.tar import iter_tar
+from dlindex.exported.tar import NOT_IMAGE, iter_tar
 from dlindex.exported.validate import listed_bytes
 from dlindex.loader.torch_optional import TorchOptionalIterable
 
@@ -306,7 +306,7 @@ class WdsDataset(TorchOptionalIterable):
         key = sample.pop("__key__")
         cls = sample.pop("cls", b"")
         meta = sample.pop("json", None)
-        data = next((v for k, v in sample.items() if k != "npy"), None)
+        data = next((v for k, v in sample.items() if k not in NOT_IMAGE), None)
         label = int(cls) if cls.isdigit() and len(cls) < 10 else -1
         if data is None or not 0 <= label < len(self.classes):
             raise DlindexError(

@@ -24,7 +24,7 @@ from dlindex.exported.formats import WDS
 from dlindex.exported.ids import wds_ids
 from dlindex.exported.index import listed_shards
 from dlindex.exported.reader import load_index
-from dlindex.exported.tar import iter_members
+from dlindex.exported.tar import NOT_IMAGE, iter_members
 from dlindex.loader.selection import Selection, pick
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 Ints = npt.NDArray[np.int64]
 MAX_SAMPLE_BYTES = 1 << 30  # one image file; a larger one is refused before it is read
 FILE_RUN = 16  # neighbouring files read as one chunk: locality, while batches still mix classes
-_NOT_IMAGE = frozenset({"cls", "json", "npy", "txt"})
 Read = bytes | str  # the bytes, or why they could not be read
 
 
@@ -230,7 +229,7 @@ def _shard_samples(
                 yield n, (_key_id(key), image)
             key, n, image = member_key, n + 1, None
             cursor.next_member = n + 1
-        if n in wanted and image is None and ext.decode("ascii", "replace") not in _NOT_IMAGE:
+        if n in wanted and image is None and ext.decode("ascii", "replace") not in NOT_IMAGE:
             image = read()
     if image is not None:
         yield n, (_key_id(key), image)

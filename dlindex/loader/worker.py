@@ -20,6 +20,7 @@ from dlindex.loader.decode import DecodeError, ImageSpec, decode_image
 from dlindex.loader.l2 import L2Cache
 from dlindex.loader.row_cache import RowCache
 from dlindex.loader.sources import FileReader, Read, WdsReader
+from dlindex.loader.texts import Tokenizer, batch_texts, tokenized
 from dlindex.query.spec import LOADER_FAILURE
 
 if TYPE_CHECKING:
@@ -66,6 +67,8 @@ class WorkerJob:
     l2_url: str | None  # the L2 cache, when on
     track: bool  # add the "_dlindex" entry the dlindex DataLoader follows for resume
     at: str | None = None  # the catalog version the plan read (``at=``): rows are read as of it too
+    texts: bool = False  # each batch carries its texts (dlindex.loader.texts)
+    tokenizer: Tokenizer | None = None  # ... and their token ids
 
 
 def run_worker(job: WorkerJob) -> Iterator[dict[str, Any]]:
@@ -251,15 +254,27 @@ def _emit(
         from dlindex.features.storage import feature_vectors
 
         vectors = feature_vectors(catalog, ids, job.feature_type)  # one query a batch
+    firsts: list[str] = []
+    if job.texts:
+        firsts, every = batch_texts(catalog, ids.tolist())  # one query a batch too
     if job.batch_size is None:
         for k, s in enumerate(piece):
-            yield _sample_dict(int(ids[k]), int(labels[k]), s.image, None if vectors is None else vectors[k], job)
+            out = _sample_dict(int(ids[k]), int(labels[k]), s.image, None if vectors is None else vectors[k], job)
+            if job.texts:
+                out.update(text=firsts[k], texts=every[k])
+                if job.tokenizer is not None:
+                    out.update((key, value[0]) for key, value in tokenized(job.tokenizer, firsts[k : k + 1]).items())
+            yield out
         return
     batch: dict[str, Any] = {"id": ids, "label": labels}
     if job.images:
         batch["image"] = _stack([s.image for s in piece], job.transform is None)
     if vectors is not None:
         batch["features"] = vectors
+    if job.texts:
+        batch.update(text=firsts, texts=every)
+        if job.tokenizer is not None:
+            batch.update(tokenized(job.tokenizer, firsts))
     if job.track:
         batch["_dlindex"] = _progress(job, stats, done)
     yield batch
