@@ -212,9 +212,9 @@ def bench_export(work: Path, rows: int, limit: int, reps: int, docs: Path) -> No
                 out = work / "text-export"
                 shutil.rmtree(out, ignore_errors=True)
                 started = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "dlindex", "export", str(out), "--format", fmt, "--limit",
-                                str(limit), "--db", str(db), "--no-log", "-q", *(["--texts"] if texts else [])],
-                               check=True)  # fmt: skip
+                subprocess.run([sys.executable, "-m", "dlindex", "export", str(out), "--format", fmt,
+                                *(["--limit", str(limit)] if limit else []), "--db", str(db), "--no-log", "-q",
+                                *(["--texts"] if texts else [])], check=True)  # fmt: skip
                 times.append(time.perf_counter() - started)
             seconds[texts] = statistics.median(times)
         shutil.rmtree(work / "text-export", ignore_errors=True)
@@ -227,8 +227,8 @@ def bench_export(work: Path, rows: int, limit: int, reps: int, docs: Path) -> No
         "## Texts: `export --texts`",
         "",
         f"`python bench/bench_text.py --export --rows {rows} --limit {limit}` (this machine: 2 cores, shared; "
-        f"medians of {reps}): `export --limit {limit}` of the {rows:,}-row catalog with one caption a sample, "
-        "without and with `--texts` (speed with texts as a share of without).",
+        f"medians of {reps}): `export{f' --limit {limit}' if limit else ''}` of the {rows:,}-row catalog with one "
+        "caption a sample, without and with `--texts` (speed with texts as a share of without).",
         "",
         "| format | without | with `--texts` | speed |",
         "|---|---|---|---|",
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--docs", default=str(Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"))
     ap.add_argument("--sidecars", type=int, help="scan --texts on a tree of N images with sidecars (only that)")
     ap.add_argument("--export", action="store_true", help="manifest exports with and without --texts (only that)")
-    ap.add_argument("--limit", type=int, default=1_000_000, help="with --export: the rows exported")
+    ap.add_argument("--limit", type=int, default=1_000_000, help="with --export: the rows exported (0: all)")
     args = ap.parse_args(argv)
     rows = int(args.rows)
     compile_sources()

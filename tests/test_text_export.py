@@ -80,6 +80,24 @@ def test_manifests_carry_the_texts_to_every_client(db: Location, tmp_path: Path,
     assert index["options"]["texts"] is True
 
 
+def test_csv_from_arrow_is_the_per_row_csv(
+    db: Location, tmp_path: Path, runner: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dlindex.export.manifest import CsvWriter
+
+    took = []
+    take_arrow = CsvWriter.take_arrow
+    monkeypatch.setattr(
+        CsvWriter, "take_arrow", lambda self, rows: took.append(rows.num_rows) or take_arrow(self, rows)
+    )
+    fast = exported(db, tmp_path / "arrow", runner, "csv")
+    assert sum(took) == len(EXPECTED) or not str(db).endswith(".db")  # SQLite reads the rows as Arrow
+    monkeypatch.setattr(CsvWriter, "arrow_ready", lambda self: False)
+    slow = exported(db, tmp_path / "rows", runner, "csv")
+    files = sorted(p.name for p in fast.glob("*.csv"))
+    assert files and [(fast / f).read_bytes() for f in files] == [(slow / f).read_bytes() for f in files]
+
+
 def test_hf_datasets_reads_the_caption_column(db: Location, tmp_path: Path, runner: CliRunner) -> None:
     datasets = pytest.importorskip("datasets")
     out = exported(db, tmp_path / "out", runner, "parquet")

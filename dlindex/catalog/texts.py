@@ -63,8 +63,27 @@ _INSERT = """INSERT INTO image_texts (image_id, source, seq, text, encoding, fil
 _RESTAT = """UPDATE image_texts SET file_bytes = r.file_bytes, file_mtime_ns = r.file_mtime_ns FROM temp.text_rows r
     WHERE r.image_id = image_texts.image_id AND r.source = image_texts.source AND r.seq = image_texts.seq
     AND (r.file_bytes IS NOT image_texts.file_bytes OR r.file_mtime_ns IS NOT image_texts.file_mtime_ns)"""
+# Feature types made from texts (extractor ``text:...``, dlindex.features.text_extractors): a
+# sample whose texts change loses its vectors and failures of them, as a changed image loses its
+# image vectors (the image_features_stale trigger), so the next compute makes them again.
+TEXT_TYPE_LIKE = "text:%"
+_HAS_TEXT_TYPES = "SELECT 1 FROM feature_types WHERE extractor LIKE ? LIMIT 1"
+_CHANGED = """SELECT image_id FROM image_texts WHERE EXISTS (SELECT 1 FROM temp.text_scope s
+        WHERE s.image_id = image_texts.image_id AND s.source = image_texts.source)
+    AND NOT EXISTS (SELECT 1 FROM temp.text_rows r WHERE r.image_id = image_texts.image_id
+        AND r.source = image_texts.source AND r.seq = image_texts.seq AND r.text = image_texts.text)
+    UNION SELECT image_id FROM temp.text_rows r WHERE NOT EXISTS (SELECT 1 FROM image_texts t
+        WHERE t.image_id = r.image_id AND t.source = r.source AND t.seq = r.seq AND t.text = r.text)"""
+_DROP_TEXT_VECTORS = tuple(
+    f"""DELETE FROM {table} WHERE feature_type IN (SELECT name FROM feature_types WHERE extractor LIKE ?)
+    AND image_id IN ({_CHANGED}){more}"""
+    for table, more in (("image_features", ""), ("feature_state", " AND state = 'failed'"))
+)
 # Samples' texts by id, in the order every reader shows them (texts_of, export --texts).
 TEXTS_OF = """SELECT image_id, source, seq, text FROM image_texts
+    WHERE image_id IN (SELECT value FROM json_each(:ids)) ORDER BY image_id, source, seq"""
+# The texts alone, in that order: what export --texts, the loader and text features read.
+TEXT_BODIES_OF = """SELECT image_id, text FROM image_texts
     WHERE image_id IN (SELECT value FROM json_each(:ids)) ORDER BY image_id, source, seq"""
 _REINDEX_SERVER = f"REINDEX INDEX {SERVER_SEARCH_INDEX}"
 
@@ -91,6 +110,9 @@ def stage_rows(conn: Connection, rows: Iterable[tuple[int, str, int, str, str, i
 def apply_texts(conn: Connection) -> TextChanges:
     """Replace the scoped pairs' texts by the staged ones, inside the caller's write transaction."""
     conn.execute(_SCOPE_ROWS)
+    if conn.execute(_HAS_TEXT_TYPES, (TEXT_TYPE_LIKE,)).fetchone() is not None:
+        for statement in _DROP_TEXT_VECTORS:
+            conn.execute(statement, (TEXT_TYPE_LIKE,))
     removed = conn.execute(_DELETE).rowcount
     added = conn.execute(_INSERT).rowcount
     conn.execute(_RESTAT)
@@ -113,6 +135,14 @@ def reindex(catalog: Catalog) -> None:
         raise InputError(f"catalog {catalog.path} has no full-text index: the SQLite that made it has no FTS5")
     with catalog.write_transaction() as tx:
         tx.execute(_REINDEX_SERVER if catalog.backend.is_server else REBUILD)
+
+
+def grouped_texts(rows: Iterable[tuple[int, str]]) -> dict[int, list[str]]:
+    """(sample id, text) rows, in order, as each sample's list of texts."""
+    found: dict[int, list[str]] = {}
+    for image_id, text in rows:
+        found.setdefault(image_id, []).append(text)
+    return found
 
 
 def texts_of(catalog: Catalog, ids: Iterable[int]) -> dict[int, list[dict[str, Any]]]:

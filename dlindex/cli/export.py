@@ -143,7 +143,10 @@ def export(
     ] = None,
     texts: Annotated[
         bool,
-        typer.Option("--texts", help="Add each sample's texts: text (the first) and texts (all); wds a .txt member, mds a text column."),
+        typer.Option(
+            "--texts",
+            help="Add each sample's texts: text (the first) and texts (all); wds a .txt member, mds a text column.",
+        ),
     ] = False,
     absolute_paths: Annotated[
         bool,

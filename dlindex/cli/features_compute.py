@@ -135,6 +135,7 @@ def _print_summary(s: ComputeSummary) -> None:
         f"  selected {s.selected:,}  computed {s.computed:,}  failed {s.failed:,}\n"
         f"  already done {s.already_done:,}  failed before {s.skipped_failed:,}\n"
         + (f"  stale {s.stale:,} (made by another version of the extractor: made again)\n" if s.stale else "")
+        + (f"  no text {s.no_text:,} (samples without a text have no vector of a text type)\n" if s.no_text else "")
         + f"  {s.seconds:.2f} s, {s.images_per_s:,.0f} images/s", highlight=False,
     )  # fmt: skip
     for image_id, error in s.error_samples[:10]:

@@ -47,6 +47,24 @@ def similar(
             "--ids", metavar="FILE", help="Batch mode: query ids, one per line; - reads stdin.", show_default=False
         ),
     ] = None,
+    to_text: Annotated[
+        str | None,
+        typer.Option(
+            "--to-text",
+            metavar="TEXT",
+            show_default=False,
+            help="Rank samples by how near they are to this text (embedded by a text type).",
+        ),
+    ] = None,
+    text_type: Annotated[
+        str | None,
+        typer.Option(
+            "--text-type",
+            metavar="NAME",
+            show_default=False,
+            help="The text type that embeds --to-text, where --type is an image type of the same model (CLIP).",
+        ),
+    ] = None,
     *,
     select: Selection,
     fmt: FormatOption = None,
@@ -54,12 +72,19 @@ def similar(
     no_log: NoLogFlag = False,
     db: DbOption = None,
 ) -> None:
-    """Exact k nearest neighbours of a sample (or of many, with --ids) by a feature type.
+    """Exact k nearest neighbours of a sample (or of many, with --ids, or of a text) by a feature type.
 
     dlindex similar cat/001.jpg --type colorhist -k 5 --other-labels --format paths
+    dlindex similar --to-text 'a red car' --type captions
     """
-    if (target is None) == (ids is None):
-        raise typer.BadParameter("give one sample (ID or PATH) or --ids FILE", param_hint="'ID|PATH'")
+    if sum(x is not None for x in (target, ids, to_text)) != 1:
+        raise typer.BadParameter("give one sample (ID or PATH), --ids FILE or --to-text TEXT", param_hint="'ID|PATH'")
+    if text_type is not None and to_text is None:
+        raise typer.BadParameter("--text-type embeds --to-text: give both", param_hint="'--text-type'")
+    if to_text is not None and other_labels:
+        raise typer.BadParameter(
+            "a text has no label: --other-labels goes with a sample", param_hint="'--other-labels'"
+        )
     if null and fmt not in (None, OutputFormat.paths):
         raise typer.BadParameter("-0 applies to --format paths only", param_hint="'-0'")
     from dlindex.features import nearest
@@ -67,8 +92,16 @@ def similar(
 
     spec = select.spec()
     with Catalog(db, log=not no_log) as catalog:
-        queries = _read_ids(ids) if ids is not None else [resolve_sample(catalog, target or "")]
-        found = nearest(catalog, queries, feature_type, k=k, metric=metric.value, other_labels=other_labels, spec=spec)
+        if to_text is not None:
+            from dlindex.features.text_query import nearest_to_text
+
+            found = nearest_to_text(catalog, [to_text], feature_type, text_type=text_type, k=k, metric=metric.value,
+                                    spec=spec)  # fmt: skip
+        else:
+            queries = _read_ids(ids) if ids is not None else [resolve_sample(catalog, target or "")]
+            found = nearest(
+                catalog, queries, feature_type, k=k, metric=metric.value, other_labels=other_labels, spec=spec
+            )
         out = OutputFormat.paths if null else resolve_format(fmt)
         emit_rows(neighbour_rows(catalog, found), out, COLUMNS, null=null)
 

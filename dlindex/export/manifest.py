@@ -140,6 +140,13 @@ class CsvWriter(TextWriter):
         name = self.ctx.plan.labels[k]
         return [row[ID], path, name, k, row[WIDTH], row[HEIGHT], row[FORMAT], row[BYTES], row[HASH], b64]
 
+    def text_values(self, row: tuple[Any, ...]) -> list[Any]:
+        """With --texts, a row's ``text`` and ``texts`` fields (the batch's texts loaded); else none."""
+        if self.ctx.texts is None:
+            return []
+        texts = self.ctx.texts.of(row[ID])
+        return [texts[0] if texts else None, json.dumps(texts, ensure_ascii=False)]
+
     def take(self, batch: Sequence[tuple[Any, ...]], vectors: dict[int, bytes]) -> None:
         line, feature = self.line, self.ctx.features
         by_bytes = self.ctx.shard_bytes is not None
@@ -149,9 +156,7 @@ class CsvWriter(TextWriter):
             values = self.values(row)
             if feature is not None:
                 values.append(json.dumps(vector_list(vectors[row[ID]], feature.dtype)))
-            if self.ctx.texts is not None:
-                texts = self.ctx.texts.of(row[ID])
-                values += [texts[0] if texts else None, json.dumps(texts, ensure_ascii=False)]
+            values += self.text_values(row)
             if by_bytes:  # an estimate, as --shard-bytes has always counted a csv row
                 sizes.append(sum(len(str(v)) for v in values) + len(values))
             text.append(line(["" if v is None else v for v in values]))
@@ -160,7 +165,7 @@ class CsvWriter(TextWriter):
 
     def arrow_ready(self) -> bool:
         """Whether ``take_arrow`` can take this export's rows (no vectors, no byte limit)."""
-        return self.ctx.features is None and self.ctx.texts is None and self.max_bytes is None
+        return self.ctx.features is None and self.max_bytes is None
 
     def take_arrow(self, rows: Any) -> None:
         """A batch of rows as Arrow (ROW's columns: dlindex.export.arrow_rows): the same lines
@@ -208,12 +213,35 @@ class _CsvColumnar:
 
         fields = [number("id"), texts[0], texts[1], pc.take(self.label_ids, label), number("width"), number("height"),
                   texts[2], number("bytes"), texts[3], ""]  # fmt: skip
+        if self.writer.ctx.texts is not None:
+            first, every, odd = self.texts(rows, odd)
+            fields += [first, every]
         lines = pc.binary_join_element_wise(pc.binary_join_element_wise(*fields, ","), "\n", "")
         if pc.any(odd).as_py():
             writer = self.writer
-            kept = [writer.line(["" if v is None else v for v in writer.values(row)]) for row in odd_rows(rows, odd)]
+            kept = [
+                writer.line(["" if v is None else v for v in [*writer.values(row), *writer.text_values(row)]])
+                for row in odd_rows(rows, odd)
+            ]
             lines = pc.replace_with_mask(lines, odd, pa.array(kept, pa.string()))
         return lines
+
+    def texts(self, rows: Any, odd: Any) -> tuple[Any, Any, Any]:
+        """The ``text`` and ``texts`` fields of a batch as ``take`` writes them: the first text
+        as it is (a row whose first text csv would quote goes to ``take``), the JSON array (as
+        ``json.dumps`` writes it: the texts quoted by json's own C encoder) in quotes, its quotes
+        doubled (csv.writer quotes it: it holds quotes), unless it is ``[]``."""
+        pa, pc = self.pa, self.pc
+        source = self.writer.ctx.texts
+        ids = rows.column("id").to_pylist()
+        source.load(ids)
+        every = [source.of(i) for i in ids]
+        quote = _json_text
+        first = pa.array([t[0] if t else "" for t in every], pa.string())
+        arrays = pa.array([f"[{', '.join(map(quote, t))}]" for t in every], pa.string())
+        quoted = pc.binary_join_element_wise('"', pc.replace_substring(arrays, '"', '""'), '"', "")
+        shown = pc.if_else(pc.equal(arrays, "[]"), arrays, quoted)
+        return first, shown, pc.or_(odd, pc.match_substring_regex(first, self._QUOTED))
 
     def joined(self, lines: Any) -> bytes:
         """The lines as one piece of UTF-8, joined in C."""
@@ -221,6 +249,9 @@ class _CsvColumnar:
         whole = pa.ListArray.from_arrays(pa.array([0, len(lines)], pa.int32()), lines.cast(pa.binary()))
         data: bytes = pc.binary_join(whole, b"")[0].as_py()
         return data
+
+
+_json_text = json.encoder.encode_basestring  # json.dumps(..., ensure_ascii=False)'s quoting of a str
 
 
 def write_csv(ctx: Context, group: Group, number: int) -> list[ShardInfo]:

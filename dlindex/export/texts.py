@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlindex.catalog.texts import TEXTS_OF
+from dlindex.catalog.texts import TEXT_BODIES_OF, grouped_texts
 from dlindex.export.plan import ExportError
 from dlindex.exported.formats import FORMATS
 
 # A batch of dense ids (an export in id order) reads its span in one range of the index, in
 # index order, instead of a seek per id (10^6 rows of a 10^7 catalog: 0.65x -> see benchmarks).
-_TEXTS_IN = """SELECT image_id, source, seq, text FROM image_texts WHERE image_id BETWEEN :low AND :high
+_TEXTS_IN = """SELECT image_id, text FROM image_texts WHERE image_id BETWEEN :low AND :high
     ORDER BY image_id, source, seq"""
 _quote = json.encoder.encode_basestring
 
@@ -37,15 +37,12 @@ class TextSource:
     current: dict[int, list[str]] = field(default_factory=dict)
 
     def load(self, ids: list[int]) -> None:
-        found: dict[int, list[str]] = {}
         low, high = min(ids, default=0), max(ids, default=-1)
         if high - low < 2 * len(ids):
             rows = self.read(_TEXTS_IN, {"low": low, "high": high})
         else:
-            rows = self.read(TEXTS_OF, {"ids": json.dumps(ids)})
-        for image_id, _source, _seq, text in rows:
-            found.setdefault(int(image_id), []).append(text)
-        self.current = found
+            rows = self.read(TEXT_BODIES_OF, {"ids": json.dumps(ids)})
+        self.current = grouped_texts(rows)
 
     def of(self, ident: int) -> list[str]:
         return self.current.get(ident, [])

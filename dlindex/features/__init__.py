@@ -28,6 +28,8 @@ _EXPORTS = {
     "METRICS": "neighbours",
     "Neighbour": "neighbours",
     "nearest": "neighbours",
+    "nearest_to": "neighbours",
+    "nearest_to_text": "text_query",
     "ComputeOptions": "pipeline",
     "ComputeSummary": "pipeline",
     "compute_features": "pipeline",
@@ -72,6 +74,8 @@ __all__ = [
     "load_extractor",
     "load_matrix",
     "nearest",
+    "nearest_to",
+    "nearest_to_text",
     "set_auto",
     "show_features",
 ]
@@ -83,7 +87,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 if TYPE_CHECKING:
     from dlindex.features.extractors import BUILTINS, Extractor, load_extractor
     from dlindex.features.matrix import load_matrix
-    from dlindex.features.neighbours import METRICS, Neighbour, nearest
+    from dlindex.features.neighbours import METRICS, Neighbour, nearest, nearest_to
     from dlindex.features.pipeline import ComputeOptions, ComputeSummary, compute_features, compute_queued
     from dlindex.features.storage import (
         DropResult,
@@ -96,5 +100,6 @@ if TYPE_CHECKING:
         list_feature_types,
         show_features,
     )
+    from dlindex.features.text_query import nearest_to_text
     from dlindex.features.types import FeatureType, check_name, get_type, set_auto
     from dlindex.features.vector_import import ImportSummary, import_features

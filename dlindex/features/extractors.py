@@ -27,7 +27,8 @@ from PIL import Image, ImageFilter
 
 from dlindex.errors import InputError
 from dlindex.features import jpeg, visible
-from dlindex.features.extractor_versions import file_digest
+from dlindex.features.extractor_versions import file_digest, function_version
+from dlindex.features.text_extractors import BUILTIN_DIMS, BUILTIN_TEXT, PREFIX, declared_version
 
 Vector = npt.NDArray[np.float32]  # what the built-ins return
 
@@ -56,6 +57,10 @@ class Extractor:
     # What makes its vectors (dlindex.features.extractor_versions): set for built-ins and model
     # files; None: worked out from the function.
     version: str | None = None
+    # A text extractor (``text:`` specs, dlindex.features.text_extractors): ``embed`` takes a
+    # list of texts and returns a vector per text; ``fn`` is then never called.
+    embed: Callable[[list[str]], Any] | None = None
+    dtype: str = "float32"  # what a new type of it stores without --dtype
 
 
 def colorhist(image: Image.Image) -> Vector:
@@ -142,13 +147,15 @@ BUILTINS: dict[str, Extractor] = {
 }
 _SPEC_HELP = (
     "expected a built-in (colorhist, thumb, colorthumb, dhash), module:function, path/to/file.py:function, "
-    "torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE"
+    "torch:MODEL_FILE, torchvision:MODEL:WEIGHTS_FILE, text:ngrams or text:module:function"
 )
 
 
 def canonical_spec(spec: str) -> str:
     """The spec as stored: file paths made absolute, so a rerun from elsewhere finds them."""
     spec = spec.strip()
+    if spec.startswith(PREFIX):
+        return PREFIX + canonical_spec(spec[len(PREFIX) :])
     if spec.startswith("torch:"):
         return "torch:" + _absolute(spec[len("torch:") :])
     if spec.startswith("torchvision:"):
@@ -169,11 +176,18 @@ def load_extractor(spec: str) -> Extractor:
     spec = canonical_spec(spec)
     if spec in BUILTINS:
         return BUILTINS[spec]
+    if spec.startswith(PREFIX):
+        return _text_extractor(spec)
     if spec.startswith("torchvision:"):
         return _torchvision(spec)
     if spec.startswith("torch:"):
         return _torch_file(spec)
-    module_name, sep, attr = spec.rpartition(":")
+    return Extractor(spec, _user_function(spec, spec))
+
+
+def _user_function(spec: str, target: str) -> Any:
+    """The function ``target`` (``module:function`` or ``file.py:function``) names."""
+    module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr.isidentifier():
         raise InputError(f"bad extractor spec {spec!r}: {_SPEC_HELP}")
     try:
@@ -187,7 +201,21 @@ def load_extractor(spec: str) -> Extractor:
         raise InputError(f"cannot import extractor {spec!r}: {module_name} has no attribute {attr!r}")
     if not callable(fn):
         raise InputError(f"extractor {spec!r} is not callable")
-    return Extractor(spec, fn)
+    return fn
+
+
+def _text_extractor(spec: str) -> Extractor:
+    """``text:ngrams`` or ``text:module:function`` (dlindex.features.text_extractors)."""
+    target = spec[len(PREFIX) :]
+    builtin = BUILTIN_TEXT.get(target)
+    embed = builtin if builtin is not None else _user_function(spec, target)
+    version = declared_version(embed) or function_version(embed)
+    dtype = "float16" if builtin is not None else "float32"  # ngrams' unit vectors lose nothing that counts
+    return Extractor(spec, _not_an_image, BUILTIN_DIMS.get(target), version=PREFIX + version, embed=embed, dtype=dtype)
+
+
+def _not_an_image(image: Image.Image) -> Vector:
+    raise TypeError("a text extractor takes texts, not images")
 
 
 def _import(module_name: str) -> Any:

@@ -56,7 +56,7 @@ Answer = tuple[Rows, Distances]  # the k nearest rows of one query, nearest firs
 class Neighbour:
     """One answer: ``rank`` 1 is nearest; cosine distance is 1 - cosine similarity."""
 
-    query: int
+    query: int | str  # the query sample's id, or the text of similar --to-text
     rank: int
     id: int
     distance: float
@@ -109,6 +109,38 @@ def nearest(
     ]
 
 
+def nearest_to(
+    catalog: Catalog,
+    queries: npt.NDArray[np.float32],
+    names: Sequence[int | str],
+    feature_type: str,
+    *,
+    k: int = 10,
+    metric: str = "cosine",
+    spec: QuerySpec | None = None,
+) -> list[list[Neighbour]]:
+    """The exact ``k`` nearest samples to each of the vectors ``queries`` (named ``names`` in
+    the answers) among those ``spec`` selects; as ``nearest``, but the queries are no samples."""
+    if metric not in METRICS:
+        raise InputError(f"unknown metric {metric!r}; choose cosine or l2")
+    if k < 1:
+        raise InputError(f"-k must be at least 1, not {k}")
+    matrix = load_matrix(catalog, feature_type)
+    dim = matrix.vectors.shape[1]
+    if queries.ndim != 2 or queries.shape[1] != dim:
+        raise InputError(f"the query vector has {queries.shape[-1]} values; {feature_type!r} has dim {dim}")
+    allowed = _candidates(catalog, matrix, spec or QuerySpec())
+    rows = np.full(len(queries), -1, dtype=np.intp)
+    found = search(matrix, rows, k, metric, allowed, None, queries.astype(np.float32))
+    return [
+        [
+            Neighbour(name, rank, int(matrix.ids[r]), float(d))
+            for rank, (r, d) in enumerate(zip(*answer, strict=True), 1)
+        ]
+        for name, answer in zip(names, found, strict=True)
+    ]
+
+
 def search(
     matrix: Matrix,
     query_rows: Rows,
@@ -116,8 +148,11 @@ def search(
     metric: str,
     allowed: Mask | None = None,
     labels: Labels | None = None,
+    vectors_in: npt.NDArray[np.float32] | None = None,
 ) -> list[Answer]:
-    """For each query row: (rows, distances) of its k nearest other rows, exactly.
+    """For each query row: (rows, distances) of its k nearest other rows, exactly. With
+    ``vectors_in`` (one query vector per ``query_rows`` entry, each -1: no row of the matrix),
+    the nearest rows to those vectors instead (``similar --to-text``).
 
     The matrix is read a block of rows at a time (at most _BLOCK_ELEMENTS scores held), each
     query keeping only the rows that may still belong to its top k (``_Pool``), so memory does
@@ -136,17 +171,27 @@ def search(
         columns = min(columns, span)
     blocked = None if allowed is None else ~allowed
     least, most = _norm_range(norms, columns)
+    if vectors_in is None:
+        query_norms = norms
+    else:
+        query_norms = np.sqrt((vectors_in.astype(np.float64) ** 2).sum(axis=1))
+        q_least, q_most = _norm_range(query_norms, query_norms.size or 1)
+        least, most = min(least, q_least), max(most, q_most)
     if paged:  # the ids and norms read so far (the selection's rows, the range): 16 bytes a row
         matrix.release()
     if most > _LARGEST or least < _SMALLEST:
         # float32 products could overflow or underflow, which the bound does not cover:
         # score every candidate in float64 instead (slow, and only for such data).
-        return [_all_exact(vectors, row, blocked, labels, k, metric) for row in query_rows.tolist()]
+        return [
+            _all_exact(vectors, row, _query(vectors, vectors_in, row, i), blocked, labels, k, metric)
+            for i, row in enumerate(query_rows.tolist())
+        ]
     results: list[Answer] = []
     for start in range(0, query_rows.size, block):
         chunk = query_rows[start : start + block]
-        queries = vectors[chunk]
-        qn = norms[chunk].astype(np.float32)[:, None]
+        queries = vectors[chunk] if vectors_in is None else vectors_in[start : start + block]
+        chunk_norms = norms[chunk] if vectors_in is None else query_norms[start : start + block]
+        qn = chunk_norms.astype(np.float32)[:, None]
         pools = [_Pool() for _ in range(chunk.size)]
         for c0 in range(0, n, columns):
             c1 = min(n, c0 + columns)
@@ -159,7 +204,7 @@ def search(
                 with np.errstate(divide="ignore", invalid="ignore"):
                     approx = 1.0 - dots / (rn[None, :] * qn)
                 approx[:, norms[c0:c1] == 0] = 1.0  # cosine with a zero vector: defined as distance 1
-                approx[norms[chunk] == 0, :] = 1.0
+                approx[chunk_norms == 0, :] = 1.0
                 bound = np.full((1, c1 - c0), 2 * slack, dtype=np.float32)
             for i, row in enumerate(chunk.tolist()):
                 a = approx[i]
@@ -172,7 +217,7 @@ def search(
                 pools[i].add(a, bound[min(i, len(bound) - 1)], c0, k)
             if paged:
                 matrix.release()
-        results += [pool.ranked(vectors, row, k, metric) for pool, row in zip(pools, chunk.tolist(), strict=True)]
+        results += [pool.ranked(vectors, queries[i], k, metric) for i, pool in enumerate(pools)]
     return results
 
 
@@ -216,7 +261,7 @@ class _Pool:
             close = self.approx - self.bound <= self.threshold
             self.rows, self.approx, self.bound = self.rows[close], self.approx[close], self.bound[close]
 
-    def ranked(self, vectors: npt.NDArray[np.float32], row: int, k: int, metric: str) -> Answer:
+    def ranked(self, vectors: npt.NDArray[np.float32], query: npt.NDArray[np.float32], k: int, metric: str) -> Answer:
         """Re-score in float64 every row that may belong to the top k."""
         kk = min(k, self.valid)
         if kk == 0:
@@ -224,22 +269,33 @@ class _Pool:
         best = np.argpartition(self.approx, kk - 1)[:kk]
         threshold = np.max(self.approx[best] + self.bound[best])  # >= the true k-th distance
         candidates = self.rows[self.approx - self.bound <= threshold]  # so every true top-k row is here
-        return _ranked(vectors, row, np.sort(candidates), kk, metric)
+        return _ranked(vectors, query, np.sort(candidates), kk, metric)
+
+
+def _query(
+    vectors: npt.NDArray[np.float32], vectors_in: npt.NDArray[np.float32] | None, row: int, i: int
+) -> npt.NDArray[np.float32]:
+    query: npt.NDArray[np.float32] = vectors[row] if vectors_in is None else vectors_in[i]
+    return query
 
 
 def _all_exact(
-    vectors: npt.NDArray[np.float32], row: int, blocked: Mask | None, labels: Labels | None, k: int, metric: str
-) -> Answer:
+    vectors: npt.NDArray[np.float32], row: int, query: npt.NDArray[np.float32], blocked: Mask | None,
+    labels: Labels | None, k: int, metric: str,
+) -> Answer:  # fmt: skip
     valid = np.ones(len(vectors), dtype=bool) if blocked is None else ~blocked
     if labels is not None:
         valid &= labels != labels[row]
-    valid[row] = False
-    return _ranked(vectors, row, np.flatnonzero(valid), k, metric)
+    if row >= 0:
+        valid[row] = False
+    return _ranked(vectors, query, np.flatnonzero(valid), k, metric)
 
 
-def _ranked(vectors: npt.NDArray[np.float32], row: int, candidates: Rows, k: int, metric: str) -> Answer:
-    """The k of ``candidates`` nearest to ``row`` by exact distance, ties to the lower row."""
-    exact = exact_distances(vectors[candidates], vectors[row], metric)
+def _ranked(
+    vectors: npt.NDArray[np.float32], query: npt.NDArray[np.float32], candidates: Rows, k: int, metric: str
+) -> Answer:
+    """The k of ``candidates`` nearest to ``query`` by exact distance, ties to the lower row."""
+    exact = exact_distances(vectors[candidates], query, metric)
     order = np.lexsort((candidates, exact))[:k]
     return candidates[order], exact[order]
 

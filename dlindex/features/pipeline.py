@@ -31,8 +31,10 @@ from dlindex.engines.parts import Part, id_parts, renamed_shard
 from dlindex.engines.ray import connected
 from dlindex.errors import InputError, Interrupted
 from dlindex.features import compute_state, extractor_versions
-from dlindex.features.blobs import Ids, write_vectors
+from dlindex.features.blobs import Ids
 from dlindex.features.extractors import BUILTINS, Extractor, canonical_spec, load_extractor
+from dlindex.features.text_compute import have_texts
+from dlindex.features.text_extractors import BUILTIN_TEXT, PREFIX
 from dlindex.features.types import (
     FeatureType,
     all_types,
@@ -41,8 +43,8 @@ from dlindex.features.types import (
     create_type,
     find_type,
     get_type,
-    set_dim,
 )
+from dlindex.features.vector_writer import VectorWriter
 from dlindex.features.workers import Pool, Results
 from dlindex.query.rows import query_rows
 from dlindex.query.spec import QuerySpec
@@ -50,15 +52,8 @@ from dlindex.query.spec import QuerySpec
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
 
-_EXISTS = "SELECT id FROM image_metadata WHERE id IN (SELECT value FROM json_each(?))"
-
-# A sample the current extractor version fails on keeps no vector an older version made.
-_DROP_STALE = """DELETE FROM image_features WHERE feature_type = ? AND extractor_version IS NOT ?
-    AND image_id IN (SELECT value FROM json_each(?))"""
-
-_FLUSH_ROWS = 1000
-_FLUSH_SECONDS = 0.5
 _QUEUE_CHUNK = 50_000
+_TEXT_BATCHES = 16
 
 
 @dataclass(frozen=True)
@@ -98,6 +93,7 @@ class ComputeSummary:
     error_samples: tuple[tuple[int, str], ...] = field(default=())
     extractor_version: str = ""  # the version that made this run's vectors
     stale: int = 0  # selected samples whose vector another version made: made again
+    no_text: int = 0  # a text type's selected samples without a text: no vector, not failed
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -128,6 +124,8 @@ def compute_features(
             raise InputError("--queued computes the samples queued for the type; give no filters with it")
         get_type(catalog, check_name(feature_type))  # an unknown type has no queue
     ftype, extractor = _prepare_type(catalog, check_name(feature_type), options)
+    if extractor.embed is not None and options.engine == "ray":
+        raise InputError("a text type is computed on this machine (--engine local), not with --engine ray yet")
     with connected(options.address) if options.engine == "ray" else nullcontext():
         return _compute(catalog, feature_type, ftype, extractor, spec, options, progress, started)
 
@@ -161,7 +159,7 @@ def _compute(
     done, stale = _vector_ids(catalog, ftype, vid, claim)
     failed = _ids(catalog, compute_state.FAILED_IDS, ftype if not options.retry_failed else None)
     todo: list[tuple[int, bytes]] = []
-    selected = already = outdated = 0
+    selected = already = outdated = no_text = 0
     for chunk in _chunks(rows, _QUEUE_CHUNK):  # streamed: only what is left to do is kept
         ids = np.fromiter((r["id"] for r in chunk), dtype=np.int64, count=len(chunk))
         if options.part is not None:
@@ -169,14 +167,22 @@ def _compute(
             chunk = [r for r, keep in zip(chunk, mine, strict=True) if keep]
             ids = ids[mine]
         have, skip = _member(ids, done), _member(ids, failed)
+        if extractor.embed is not None:  # a text type: samples without a text have nothing to embed
+            empty = ~have_texts(catalog, ids)
+            no_text += int((empty & ~have).sum())
+            skip |= empty
         selected += len(chunk)
         already += int(have.sum())
         outdated += int((_member(ids, stale) & ~skip).sum())
-        todo.extend((r["id"], os.fsencode(r["path"])) for r, leave in zip(chunk, have | skip, strict=True) if not leave)
+        # A text type's task is its ids alone (its worker reads their texts): a pipe takes a task
+        # of 16 image batches' ids at once, and a worker writing its result never blocks a send.
+        ids_only = extractor.embed is not None
+        todo.extend((r["id"], b"" if ids_only else os.fsencode(r["path"]))
+                    for r, leave in zip(chunk, have | skip, strict=True) if not leave)  # fmt: skip
     if ftype is None or todo or ftype.extractor_version != vid:
         with catalog.write_transaction() as conn:
             if ftype is None:
-                create_type(conn, feature_type, options.dtype or "float32", extractor.spec, extractor.dim)
+                create_type(conn, feature_type, options.dtype or extractor.dtype, extractor.spec, extractor.dim)
             extractor_versions.record(conn, feature_type, version, claim=claim)
             for start in range(0, len(todo), _QUEUE_CHUNK):
                 compute_state.queue(conn, feature_type, [i for i, _ in todo[start : start + _QUEUE_CHUNK]])
@@ -184,7 +190,7 @@ def _compute(
         _prepare_type(catalog, feature_type, replace(options, extractor=extractor.spec))
     ftype = find_type(catalog, feature_type)
     assert ftype is not None
-    writer = _Writer(catalog, ftype, vid)
+    writer = VectorWriter(catalog, ftype, vid)
     interrupted = False
     shard_run = None
     if options.part is not None:
@@ -193,7 +199,7 @@ def _compute(
     restore = sigterm_as_interrupt()
     try:
         if todo:
-            _run(todo, extractor, ftype, options, writer, progress or (lambda n: None))
+            _run(catalog, todo, extractor, ftype, options, writer, progress or (lambda n: None))
         writer.flush()
     except KeyboardInterrupt:
         interrupted = True
@@ -206,10 +212,11 @@ def _compute(
     final = find_type(catalog, feature_type) or ftype
     summary = ComputeSummary(
         feature_type=ftype.name, extractor=ftype.extractor, dim=final.dim, dtype=ftype.dtype,
-        selected=selected, already_done=already, skipped_failed=selected - already - len(todo),
+        selected=selected, already_done=already, skipped_failed=selected - already - len(todo) - no_text,
         computed=writer.computed, failed=writer.failed, seconds=round(seconds, 3),
         images_per_s=round((writer.computed + writer.failed) / seconds, 1) if seconds > 0 else 0.0,
         interrupted=interrupted, error_samples=tuple(writer.errors), extractor_version=version, stale=outdated,
+        no_text=no_text,
     )  # fmt: skip
     if interrupted:
         raise Interrupted(
@@ -274,11 +281,11 @@ def _prepare_type(catalog: Catalog, name: str, options: ComputeOptions) -> tuple
         check_dtype(options.dtype)
     ftype = find_type(catalog, name)
     if ftype is None:
-        spec = options.extractor or (name if name in BUILTINS else None)
+        spec = options.extractor or (name if name in BUILTINS else PREFIX + name if name in BUILTIN_TEXT else None)
         if spec is None:
             raise InputError(
                 f"feature type {name!r} is new: give --extractor SPEC (colorhist, thumb, colorthumb, dhash, "
-                "module:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE)"
+                "module:function, torch:MODEL_FILE, torchvision:MODEL:WEIGHTS_FILE, text:ngrams or text:module:function)"
             )
         return None, load_extractor(spec)
     if options.extractor is not None and canonical_spec(options.extractor) != ftype.extractor:
@@ -294,11 +301,12 @@ def _prepare_type(catalog: Catalog, name: str, options: ComputeOptions) -> tuple
 
 
 def _run(
+    catalog: Catalog,
     todo: list[tuple[int, bytes]],
     extractor: Extractor,
     ftype: FeatureType,
     options: ComputeOptions,
-    writer: _Writer,
+    writer: VectorWriter,
     progress: Callable[[int], None],
 ) -> None:
     if options.engine == "ray":
@@ -311,9 +319,12 @@ def _run(
 
         run_on_ray(todo, extractor, ftype.np_dtype, batch_size=options.batch_size, workers=options.workers, add=add)
         return
-    batches = deque(todo[i : i + options.batch_size] for i in range(0, len(todo), options.batch_size))
+    # A text is ~1000x less work than an image: a text task is 16 of an image's, so the workers
+    # stay busy while the writer commits, and a model sees batches of texts worth running.
+    size = options.batch_size * (_TEXT_BATCHES if extractor.embed is not None else 1)
+    batches = deque(todo[i : i + size] for i in range(0, len(todo), size))
     workers = max(1, options.workers or os.cpu_count() or 1)
-    pool = Pool(workers, extractor, ftype.np_dtype)
+    pool = Pool(workers, extractor, ftype.np_dtype, catalog.location if extractor.embed is not None else None)
     try:
         while batches or pool.inflight:
             while batches and pool.inflight < 3 * workers:
@@ -326,62 +337,3 @@ def _run(
         pool.close(abort=True)
         raise
     pool.close()
-
-
-class _Writer:
-    """The single writer: checks every vector against the type, commits batches of results."""
-
-    def __init__(self, catalog: Catalog, ftype: FeatureType, extractor_version: int) -> None:
-        self.catalog = catalog
-        self.ftype = ftype
-        self.extractor_version = extractor_version
-        self.pending: Results = []
-        self.computed = 0
-        self.failed = 0
-        self.errors: list[tuple[int, str]] = []
-        self._last_flush = time.monotonic()
-
-    def add(self, results: Results) -> None:
-        self.pending.extend(results)
-
-    def maybe_flush(self) -> None:
-        if len(self.pending) >= _FLUSH_ROWS or (self.pending and time.monotonic() - self._last_flush > _FLUSH_SECONDS):
-            self.flush()
-
-    def flush(self) -> None:
-        self._last_flush = time.monotonic()
-        if not self.pending:
-            return
-        name = self.ftype.name
-        with self.catalog.write_transaction() as conn:
-            dim = self.ftype.dim
-            if dim is None:
-                first = next((blob for _, blob, _ in self.pending if blob is not None), None)
-                if first is not None:
-                    dim = len(first) // self.ftype.np_dtype.itemsize
-                    set_dim(conn, name, dim)
-            expected = None if dim is None else dim * self.ftype.np_dtype.itemsize
-            ids = [r[0] for r in self.pending]
-            alive = {r[0] for r in conn.execute(_EXISTS, (json.dumps(ids),))}  # pruned meanwhile?
-            ok: list[tuple[int, bytes]] = []
-            bad: list[tuple[int, str]] = []
-            for image_id, blob, error in self.pending:
-                if image_id not in alive:
-                    continue
-                if blob is not None and len(blob) != expected:
-                    got = len(blob) // self.ftype.np_dtype.itemsize
-                    error = f"extractor returned {got} values; feature type {name!r} has dim {dim}"
-                if error is None and blob is not None:
-                    ok.append((image_id, blob))
-                else:
-                    bad.append((image_id, error or "no vector"))
-            if ok:
-                write_vectors(conn, replace(self.ftype, dim=dim), ok, self.extractor_version)
-            if bad:
-                conn.execute(_DROP_STALE, (name, self.extractor_version, json.dumps([i for i, _ in bad])))
-            compute_state.record(conn, name, [i for i, _ in ok], bad)
-        self.ftype = replace(self.ftype, dim=dim)
-        self.pending.clear()
-        self.computed += len(ok)
-        self.failed += len(bad)
-        self.errors.extend(bad[: max(0, 20 - len(self.errors))])

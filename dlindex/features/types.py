@@ -143,6 +143,9 @@ def set_auto(catalog: Catalog, name: str, on: bool = True) -> FeatureType:
     ftype = get_type(catalog, name)
     if on and ftype.extractor == "import":
         raise InputError(f"feature type {name!r} was imported; it has no extractor to compute new samples with")
+    if on and ftype.extractor.startswith("text:"):  # the queue follows image rows, not texts
+        raise InputError(f"feature type {name!r} is made from texts: run features compute --type {name} after "
+                         "texts change (a changed text's vectors are dropped); it cannot be automatic yet")  # fmt: skip
     with catalog.write_transaction() as conn:
         conn.execute(_SET_AUTO, (int(on), ftype.name))
     found = find_type(catalog, ftype.name)

@@ -1,6 +1,6 @@
 """What a loader's batches carry of the samples' texts (``texts=True``) and their token ids (``tokenizer=``).
 
-A batch's texts are one statement (dlindex.catalog.texts.TEXTS_OF) beside its feature vectors:
+A batch's texts are one statement (dlindex.catalog.texts.TEXT_BODIES_OF) beside its feature vectors:
 ``text``, each sample's first text ("" without one: a tokenizer takes it as it is), and
 ``texts``, all of them. A tokenizer is called once a batch with the ``text`` list, as HF
 tokenizers are (``tokenizer(texts, padding=True, return_tensors="np")``): a mapping it returns
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from dlindex.catalog.texts import TEXTS_OF
+from dlindex.catalog.texts import TEXT_BODIES_OF, grouped_texts
 from dlindex.errors import DlindexError
 
 Tokenizer = Callable[[list[str]], Any]
@@ -31,9 +31,7 @@ class TokenizerError(DlindexError):
 
 def batch_texts(catalog: Any, ids: Sequence[int]) -> tuple[list[str], list[list[str]]]:
     """(first text of each sample, all its texts), in the order of ``ids``."""
-    found: dict[int, list[str]] = {}
-    for image_id, _source, _seq, text in catalog.read(TEXTS_OF, {"ids": json.dumps([int(i) for i in ids])}):
-        found.setdefault(int(image_id), []).append(text)
+    found = grouped_texts(catalog.read(TEXT_BODIES_OF, {"ids": json.dumps([int(i) for i in ids])}))
     every = [found.get(int(i), []) for i in ids]
     return [texts[0] if texts else "" for texts in every], every
 
