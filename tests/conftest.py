@@ -206,6 +206,25 @@ def invoke(runner: CliRunner, *args: str, input: str | bytes | None = None) -> R
     return result
 
 
+def captioned_catalog(
+    tmp_path: Path, runner: CliRunner, images: dict[str, tuple[tuple[int, int], tuple[int, int, int]]],
+    captions: dict[str, Any],
+) -> Location:  # fmt: skip
+    """A scanned tree of PNGs (name -> (size, colour)) with ``captions`` (name -> a caption or a
+    list of them) imported from ``caps.jsonl`` (source ``caps``): its catalog's location."""
+    for name, (size, colour) in images.items():
+        make_png(tmp_path / "tree" / name, size, colour)
+    location = where(tmp_path / "c.db")
+    assert invoke(runner, "scan", str(tmp_path / "tree"), "--db", str(location), "-q").exit_code == 0
+    lines = (json.dumps({"path": name, "caption": caption}) + "\n" for name, caption in captions.items())
+    (tmp_path / "caps.jsonl").write_text("".join(lines))
+    from dlindex.text.importer import import_texts  # the text stage: only where a test asks for it
+
+    with Catalog(location) as catalog:
+        import_texts(catalog, tmp_path / "caps.jsonl")
+    return location
+
+
 def one_error_line(result: Result) -> str:
     """Exit 1 with exactly one ``Error:`` line on stderr; returns that line."""
     assert result.exit_code == 1, result.output

@@ -11,12 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlindex import Catalog
 from dlindex.export import load_index, manifest_files, manifest_rows, verify_export
-from dlindex.text.importer import import_texts
 
-from .backends import ON_BOTH_BACKENDS, Location, where
-from .conftest import invoke, make_png, one_error_line
+from .backends import ON_BOTH_BACKENDS, Location
+from .conftest import captioned_catalog, invoke, one_error_line
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -30,16 +28,8 @@ EXPECTED = {**CAPTIONS, "cat/0003.png": [], "dog/0002.png": []}
 
 @pytest.fixture
 def db(tmp_path: Path, runner: CliRunner) -> Location:
-    for k, name in enumerate(EXPECTED):
-        make_png(tmp_path / "tree" / name, (8 + k, 8), (k, 40, 9))
-    location = where(tmp_path / "c.db")
-    assert invoke(runner, "scan", str(tmp_path / "tree"), "--db", str(location), "-q").exit_code == 0
-    (tmp_path / "caps.jsonl").write_text(
-        "".join(json.dumps({"path": k, "caption": v}) + "\n" for k, v in CAPTIONS.items())
-    )
-    with Catalog(location) as catalog:
-        import_texts(catalog, tmp_path / "caps.jsonl")
-    return location
+    images = {name: ((8 + k, 8), (k, 40, 9)) for k, name in enumerate(EXPECTED)}
+    return captioned_catalog(tmp_path, runner, images, CAPTIONS)
 
 
 def exported(db: Location, out: Path, runner: CliRunner, fmt: str, *more: str) -> Path:

@@ -18,8 +18,8 @@ from dlindex.errors import InputError
 from dlindex.features.text_extractors import NGRAMS_DIM, ngrams, sample_vectors
 from dlindex.text.importer import import_texts
 
-from .backends import ON_BOTH_BACKENDS, Location, where
-from .conftest import compute, invoke, make_png, one_error_line
+from .backends import ON_BOTH_BACKENDS, Location
+from .conftest import captioned_catalog, compute, invoke, one_error_line
 
 pytestmark = ON_BOTH_BACKENDS
 
@@ -60,18 +60,10 @@ def flat(texts):
 
 @pytest.fixture
 def db(tmp_path: Path, runner: CliRunner) -> Location:
-    for name in [*CAPTIONS, "b/plain.png"]:
-        colour = next((c for w, c in COLOURS.items() if w in name), (128, 128, 128))
-        make_png(tmp_path / "tree" / name, (12, 12), colour)
-    location = where(tmp_path / "c.db")
-    assert invoke(runner, "scan", str(tmp_path / "tree"), "--db", str(location), "-q").exit_code == 0
-    (tmp_path / "caps.jsonl").write_text(
-        "".join(json.dumps({"path": p, "caption": t}) + "\n" for p, t in CAPTIONS.items())
-    )
-    with Catalog(location) as catalog:
-        import_texts(catalog, tmp_path / "caps.jsonl")
+    images = {name: ((12, 12), next((c for w, c in COLOURS.items() if w in name), (128, 128, 128)))
+              for name in [*CAPTIONS, "b/plain.png"]}  # fmt: skip
     (tmp_path / "model.py").write_text(MODEL)
-    return location
+    return captioned_catalog(tmp_path, runner, images, CAPTIONS)
 
 
 def ids(db: Location) -> dict[str, int]:

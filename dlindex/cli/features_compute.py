@@ -52,7 +52,8 @@ def compute(
             "--extractor",
             "-e",
             metavar="SPEC",
-            help="colorhist, thumb, colorthumb, dhash, module:function, file.py:function, torch:MODEL_FILE or torchvision:MODEL:WEIGHTS_FILE (needed for a new type).",
+            help="colorhist, thumb, colorthumb, dhash, module:function, file.py:function, torch:MODEL_FILE, "
+            "torchvision:MODEL:WEIGHTS_FILE, or text:ngrams / text:module:function for a text type (needed for a new type).",
             show_default=False,
         ),
     ] = None,

@@ -41,10 +41,6 @@ _MAX_ERROR = 300
 Embed = Callable[[list[str]], Any]
 
 
-def is_text_spec(spec: str) -> bool:
-    return spec.strip().startswith(PREFIX)
-
-
 def ngrams(texts: list[str]) -> npt.NDArray[np.float32]:
     """``text:ngrams``: (len(texts), 1024) unit vectors of hashed words and their character trigrams."""
     out = np.zeros((len(texts), NGRAMS_DIM), dtype=np.float32)

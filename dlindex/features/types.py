@@ -14,6 +14,7 @@ import numpy as np
 
 from dlindex.catalog.backend import Connection
 from dlindex.errors import InputError
+from dlindex.features.text_extractors import PREFIX as TEXT_PREFIX
 
 if TYPE_CHECKING:
     from dlindex.catalog.connection import Catalog
@@ -143,7 +144,7 @@ def set_auto(catalog: Catalog, name: str, on: bool = True) -> FeatureType:
     ftype = get_type(catalog, name)
     if on and ftype.extractor == "import":
         raise InputError(f"feature type {name!r} was imported; it has no extractor to compute new samples with")
-    if on and ftype.extractor.startswith("text:"):  # the queue follows image rows, not texts
+    if on and ftype.extractor.startswith(TEXT_PREFIX):  # the queue follows image rows, not texts
         raise InputError(f"feature type {name!r} is made from texts: run features compute --type {name} after "
                          "texts change (a changed text's vectors are dropped); it cannot be automatic yet")  # fmt: skip
     with catalog.write_transaction() as conn:
